@@ -1,0 +1,130 @@
+/* touchstone/backend_abi.h - THE SESSION CONTRACT. Read this first.
+ *
+ * A backend is a shared library (libtouchstone_backend_<name>.so) that exports
+ * one C symbol, `touchstone_backend_entry`, returning a table of function
+ * pointers. The harness dlopen()s the library by name or by path, checks
+ * `api_version`, and drives the token loop through a session:
+ *
+ *    model   = load_model(gguf_path)            weights, in the backend's own layout
+ *    session = open_session(model, options)     owns its KV cache
+ *    prefill(tokens[n])  -> logits [n_vocab] of the last position
+ *                           (or [n, n_vocab], row-major, when all_positions != 0)
+ *    decode(token)       -> logits [n_vocab] of the new position
+ *    rewind(p)           -> drop KV entries at positions >= p (KV truncation)
+ *    position()          -> number of tokens in the KV cache
+ *
+ * Units and dtypes: token ids are int32 in [0, n_vocab); logits are float32
+ * raw (pre-softmax) values, natural-log scale; positions count tokens from 0.
+ * The caller owns every output buffer; the backend never allocates memory the
+ * caller must free (except through the *_free functions).
+ *
+ * Errors: every function returns a ts_status. On anything but TS_OK the
+ * backend's last_error() returns a human-readable message (thread-local, valid
+ * until the next call on that thread). No C++ exception may cross this ABI.
+ *
+ * Versioning (after ggml's ggml-backend-reg): a loader refuses a library whose
+ * api_version differs from TS_BACKEND_API_VERSION and names both numbers.
+ * Structs passed in carry struct_size so fields can be appended later.
+ */
+#ifndef TOUCHSTONE_BACKEND_ABI_H
+#define TOUCHSTONE_BACKEND_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_BACKEND_API_VERSION 1
+#define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
+
+typedef enum ts_status {
+  TS_OK = 0,
+  TS_ERR_INVALID_ARGUMENT = 1, /* bad token id, bad position, bad option */
+  TS_ERR_UNSUPPORTED = 2,      /* weight type / option / feature not supported */
+  TS_ERR_IO = 3,               /* model file unreadable or malformed */
+  TS_ERR_OUT_OF_MEMORY = 4,
+  TS_ERR_CONTEXT_FULL = 5,     /* position would exceed the session's max context */
+  TS_ERR_DEVICE = 6,           /* no usable device / device call failed */
+  TS_ERR_INTERNAL = 7
+} ts_status;
+
+/* Capability flags (ts_capabilities.flags). */
+#define TS_CAP_ALL_POSITION_LOGITS (1u << 0) /* prefill can return logits of every position */
+#define TS_CAP_DEVICE_GREEDY       (1u << 1) /* greedy argmax computed on the device      */
+#define TS_CAP_BATCHED_SESSIONS    (1u << 2) /* several sessions may run concurrently     */
+#define TS_CAP_KV_PREFIX_COPY      (1u << 3) /* a session's KV prefix can be copied       */
+#define TS_CAP_BITWISE_DETERMINISM (1u << 4) /* same inputs -> same bits, any thread count */
+#define TS_CAP_STATIC_SHAPES       (1u << 5) /* prefill runs in fixed shape buckets       */
+
+/* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
+ * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */
+#define TS_WEIGHT_TYPE_BIT(ggml_type) (1ull << (ggml_type))
+
+typedef struct ts_capabilities {
+  uint32_t struct_size;    /* sizeof(ts_capabilities), set by the caller */
+  uint32_t flags;          /* TS_CAP_* */
+  uint64_t weight_types;   /* TS_WEIGHT_TYPE_BIT(...) of GGUF types it consumes */
+  int32_t max_context;     /* tokens; 0 = limited only by the model */
+  int32_t n_shape_buckets; /* number of valid entries in shape_buckets */
+  int32_t shape_buckets[16];  /* static prefill lengths, ascending */
+  const char* determinism_note; /* why not deterministic, or NULL */
+} ts_capabilities;
+
+/* Which weights the session computes with. */
+typedef enum ts_weight_path {
+  TS_WEIGHTS_FULL_PRECISION = 0, /* every weight dequantized to fp32 at load */
+  TS_WEIGHTS_QUANTIZED = 1       /* weights stay in their GGUF block format  */
+} ts_weight_path;
+
+typedef struct ts_session_options {
+  uint32_t struct_size;        /* sizeof(ts_session_options), set by the caller */
+  ts_weight_path weight_path;
+  int32_t n_threads;           /* 0 = backend default (number of cores) */
+  int32_t max_context;         /* 0 = model's context_length */
+  const char* fault;           /* test-only fault injection name, NULL = none;
+                                  a backend that does not know it returns
+                                  TS_ERR_UNSUPPORTED */
+} ts_session_options;
+
+typedef struct ts_model ts_model;     /* opaque, backend-defined */
+typedef struct ts_session ts_session; /* opaque, backend-defined */
+
+typedef struct ts_backend {
+  uint32_t api_version; /* == TS_BACKEND_API_VERSION */
+  const char* name;     /* "reference", "cpu_simd", ... */
+  const char* version;  /* backend's own version string */
+
+  const char* (*last_error)(void);
+  /* Human-readable device description ("CPU: AMD EPYC ...", "Vulkan: llvmpipe"). */
+  const char* (*device_name)(void);
+  ts_status (*capabilities)(ts_capabilities* out);
+
+  ts_status (*load_model)(const char* gguf_path, ts_model** out);
+  void (*free_model)(ts_model* model);
+  int32_t (*n_vocab)(const ts_model* model);
+
+  ts_status (*open_session)(ts_model* model, const ts_session_options* options,
+                            ts_session** out);
+  void (*free_session)(ts_session* session);
+
+  /* Append n_tokens at the current position. logits_out holds n_vocab floats,
+   * or n_tokens * n_vocab when all_positions != 0 (needs TS_CAP_ALL_POSITION_LOGITS). */
+  ts_status (*prefill)(ts_session* session, const int32_t* tokens, int32_t n_tokens,
+                       int32_t all_positions, float* logits_out);
+  /* Append one token; logits_out holds n_vocab floats. */
+  ts_status (*decode)(ts_session* session, int32_t token, float* logits_out);
+  /* Truncate the KV cache to `position` tokens (0 <= position <= position()). */
+  ts_status (*rewind)(ts_session* session, int32_t position);
+  int32_t (*position)(const ts_session* session);
+} ts_backend;
+
+/* The one exported symbol. */
+typedef const ts_backend* (*ts_backend_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOUCHSTONE_BACKEND_ABI_H */
