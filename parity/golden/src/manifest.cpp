@@ -1,0 +1,426 @@
+// goldens/manifest.json parsing: strict, every error names file + JSON pointer.
+#include "touchstone/manifest.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "touchstone/error.h"
+
+namespace touchstone {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string escape_key(const std::string& k) {
+  std::string out;
+  for (char c : k) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
+
+std::string child(const std::string& ptr, const std::string& key) {
+  return ptr + "/" + escape_key(key);
+}
+std::string child(const std::string& ptr, size_t i) { return ptr + "/" + std::to_string(i); }
+
+std::string got(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string known_list(const std::vector<std::string>& known) {
+  return known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "));
+}
+
+bool valid_name(const std::string& s) {
+  if (s.empty() || s == "." || s == "..") return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool is_hex64(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return false;
+  return true;
+}
+
+std::string read_text(const std::string& path, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *error = std::strerror(errno);
+    return {};
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) {
+    *error = "read error";
+    return {};
+  }
+  return ss.str();
+}
+
+class Parser {
+ public:
+  explicit Parser(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& ptr, const std::string& msg) const {
+    throw Error("{}: {}: {}", file_, ptr.empty() ? std::string("/") : ptr, msg);
+  }
+
+  const json& object(const json& v, const std::string& ptr) const {
+    if (!v.is_object()) fail(ptr, "expected an object, got " + got(v));
+    return v;
+  }
+  const json& array(const json& v, const std::string& ptr) const {
+    if (!v.is_array()) fail(ptr, "expected an array, got " + got(v));
+    return v;
+  }
+
+  void allow_keys(const json& obj, const std::string& ptr,
+                  std::initializer_list<const char*> allowed) const {
+    for (const auto& [key, value] : obj.items()) {
+      bool ok = false;
+      for (const char* a : allowed) ok = ok || key == a;
+      if (!ok)
+        fail(child(ptr, key), fmt::format("unknown key '{}' (allowed: {})", key,
+                                          fmt::join(allowed, ", ")));
+    }
+  }
+
+  const json* find(const json& obj, const char* key) const {
+    auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  }
+  const json& require(const json& obj, const std::string& ptr, const char* key) const {
+    const json* v = find(obj, key);
+    if (v == nullptr) fail(ptr, fmt::format("missing required key '{}'", key));
+    return *v;
+  }
+
+  std::string string(const json& v, const std::string& ptr) const {
+    if (!v.is_string()) fail(ptr, "expected a string, got " + got(v));
+    return v.get<std::string>();
+  }
+  std::string name(const json& v, const std::string& ptr) const {
+    std::string s = string(v, ptr);
+    if (!valid_name(s))
+      fail(ptr, fmt::format("invalid name {}: use letters, digits, '_', '-', '.'", got(v)));
+    return s;
+  }
+  int positive_int(const json& v, const std::string& ptr) const {
+    if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<uint64_t>() == 0 ||
+                                                                v.get<uint64_t>() > INT32_MAX
+                                                          : v.get<int64_t>() <= 0))
+      fail(ptr, "expected a positive integer, got " + got(v));
+    return static_cast<int>(v.get<int64_t>());
+  }
+  double number(const json& v, const std::string& ptr) const {
+    if (!v.is_number()) fail(ptr, "expected a number, got " + got(v));
+    return v.get<double>();
+  }
+  double non_negative(const json& v, const std::string& ptr) const {
+    const double d = number(v, ptr);
+    if (!(d >= 0)) fail(ptr, "expected a non-negative number, got " + got(v));
+    return d;
+  }
+  bool boolean(const json& v, const std::string& ptr) const {
+    if (!v.is_boolean()) fail(ptr, "expected true or false, got " + got(v));
+    return v.get<bool>();
+  }
+  std::vector<std::string> strings(const json& v, const std::string& ptr) const {
+    array(v, ptr);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v.size(); ++i) out.push_back(string(v[i], child(ptr, i)));
+    return out;
+  }
+
+  template <typename T>
+  void check_unique(const std::vector<T>& items, const std::string& list_ptr, const char* kind) const {
+    std::map<std::string, size_t> first;
+    for (size_t i = 0; i < items.size(); ++i) {
+      auto [it, inserted] = first.emplace(items[i].name, i);
+      if (!inserted)
+        fail(child(child(list_ptr, i), "name"),
+             fmt::format("duplicate {} name '{}' (first at {})", kind, items[i].name,
+                         child(list_ptr, it->second)));
+    }
+  }
+
+  template <typename T>
+  void check_ref(const std::vector<T>& items, const std::string& ref, const std::string& ptr,
+                 const char* kind) const {
+    std::vector<std::string> known;
+    for (const auto& x : items) {
+      if (x.name == ref) return;
+      known.push_back(x.name);
+    }
+    fail(ptr, fmt::format("unknown {} '{}' (known: {})", kind, ref, known_list(known)));
+  }
+
+  Manifest parse(const json& root, Manifest m) const {
+    object(root, "");
+    allow_keys(root, "", {"format_version", "models", "profiles", "cases", "scoring", "suites"});
+
+    const json& fv = require(root, "", "format_version");
+    if (!fv.is_number_integer() || fv.get<int64_t>() != kManifestFormatVersion)
+      fail("/format_version",
+           fmt::format("unsupported format_version {} (expected {})", got(fv), kManifestFormatVersion));
+    m.format_version = kManifestFormatVersion;
+
+    // models
+    const json& models = array(require(root, "", "models"), "/models");
+    for (size_t i = 0; i < models.size(); ++i) {
+      const std::string p = child("/models", i);
+      const json& o = object(models[i], p);
+      allow_keys(o, p, {"name", "package", "package_version", "file_in_package", "filename",
+                        "sha256", "golden"});
+      ManifestModel mm;
+      mm.name = name(require(o, p, "name"), child(p, "name"));
+      mm.package = string(require(o, p, "package"), child(p, "package"));
+      mm.package_version = string(require(o, p, "package_version"), child(p, "package_version"));
+      mm.file_in_package = string(require(o, p, "file_in_package"), child(p, "file_in_package"));
+      mm.filename = string(require(o, p, "filename"), child(p, "filename"));
+      mm.sha256 = string(require(o, p, "sha256"), child(p, "sha256"));
+      if (!is_hex64(mm.sha256))
+        fail(child(p, "sha256"), "expected 64 hex characters, got " + got(o["sha256"]));
+      mm.golden = string(require(o, p, "golden"), child(p, "golden"));
+      m.models.push_back(std::move(mm));
+    }
+    check_unique(m.models, "/models", "model");
+
+    // profiles
+    const json& profiles = object(require(root, "", "profiles"), "/profiles");
+    for (const auto& [pname, pv] : profiles.items()) {
+      const std::string p = child("/profiles", pname);
+      if (!valid_name(pname))
+        fail(p, fmt::format("invalid profile name '{}': use letters, digits, '_', '-', '.'", pname));
+      const json& o = object(pv, p);
+      allow_keys(o, p, {"description", "greedy", "near_tie_margin", "near_tie_top_k",
+                        "logits_nmse_max", "logits_max_abs_max", "kld_mean_max", "kld_p99_max",
+                        "top1_agreement_min", "ppl_ratio_max"});
+      Profile pr;
+      pr.name = pname;
+      if (const json* v = find(o, "description")) pr.description = string(*v, child(p, "description"));
+      pr.greedy = string(require(o, p, "greedy"), child(p, "greedy"));
+      if (pr.greedy != "identical" && pr.greedy != "tolerance")
+        fail(child(p, "greedy"), "expected \"identical\" or \"tolerance\", got " + got(o["greedy"]));
+      if (const json* v = find(o, "near_tie_margin"))
+        pr.near_tie_margin = non_negative(*v, child(p, "near_tie_margin"));
+      if (const json* v = find(o, "near_tie_top_k"))
+        pr.near_tie_top_k = positive_int(*v, child(p, "near_tie_top_k"));
+      auto opt = [&](const char* key, std::optional<double>& out) {
+        if (const json* v = find(o, key)) out = non_negative(*v, child(p, key));
+      };
+      opt("logits_nmse_max", pr.logits_nmse_max);
+      opt("logits_max_abs_max", pr.logits_max_abs_max);
+      opt("kld_mean_max", pr.kld_mean_max);
+      opt("kld_p99_max", pr.kld_p99_max);
+      opt("top1_agreement_min", pr.top1_agreement_min);
+      opt("ppl_ratio_max", pr.ppl_ratio_max);
+      if (pr.top1_agreement_min && *pr.top1_agreement_min > 1.0)
+        fail(child(p, "top1_agreement_min"),
+             "expected a fraction in [0, 1], got " + got(o["top1_agreement_min"]));
+      m.profiles.push_back(std::move(pr));
+    }
+
+    // cases
+    const json& cases = array(require(root, "", "cases"), "/cases");
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const std::string p = child("/cases", i);
+      const json& o = object(cases[i], p);
+      allow_keys(o, p, {"name", "model", "prompt", "chat", "n_predict", "tags"});
+      ManifestCase c;
+      c.name = name(require(o, p, "name"), child(p, "name"));
+      c.model = string(require(o, p, "model"), child(p, "model"));
+      check_ref(m.models, c.model, child(p, "model"), "model");
+      c.prompt = string(require(o, p, "prompt"), child(p, "prompt"));
+      if (const json* v = find(o, "chat")) c.chat = boolean(*v, child(p, "chat"));
+      c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"));
+      if (const json* v = find(o, "tags")) c.tags = strings(*v, child(p, "tags"));
+      m.cases.push_back(std::move(c));
+    }
+    check_unique(m.cases, "/cases", "case");
+
+    // scoring
+    if (const json* sv = find(root, "scoring")) {
+      const json& scoring = array(*sv, "/scoring");
+      for (size_t i = 0; i < scoring.size(); ++i) {
+        const std::string p = child("/scoring", i);
+        const json& o = object(scoring[i], p);
+        allow_keys(o, p, {"name", "model", "text_file"});
+        ManifestScoring s;
+        s.name = name(require(o, p, "name"), child(p, "name"));
+        s.model = string(require(o, p, "model"), child(p, "model"));
+        check_ref(m.models, s.model, child(p, "model"), "model");
+        s.text_file = string(require(o, p, "text_file"), child(p, "text_file"));
+        if (s.text_file.empty()) fail(child(p, "text_file"), "expected a file name, got \"\"");
+        std::string err;
+        const std::string full = m.resolve(s.text_file);
+        s.text = read_text(full, &err);
+        if (!err.empty()) fail(child(p, "text_file"), fmt::format("cannot read {}: {}", full, err));
+        m.scoring.push_back(std::move(s));
+      }
+      check_unique(m.scoring, "/scoring", "scoring");
+    }
+
+    // suites
+    if (const json* sv = find(root, "suites")) {
+      const json& suites = object(*sv, "/suites");
+      for (const auto& [sname, val] : suites.items()) {
+        const std::string p = child("/suites", sname);
+        if (!valid_name(sname))
+          fail(p, fmt::format("invalid suite name '{}': use letters, digits, '_', '-', '.'", sname));
+        const json& o = object(val, p);
+        allow_keys(o, p, {"cases", "scoring"});
+        Suite s;
+        s.name = sname;
+        auto refs = [&](const char* key, std::vector<std::string>& out, auto& items,
+                        const char* kind) {
+          const json* v = find(o, key);
+          if (v == nullptr) return;
+          out = strings(*v, child(p, key));
+          std::set<std::string> seen;
+          for (size_t i = 0; i < out.size(); ++i) {
+            const std::string ip = child(child(p, key), i);
+            check_ref(items, out[i], ip, kind);
+            if (!seen.insert(out[i]).second)
+              fail(ip, fmt::format("{} '{}' listed twice", kind, out[i]));
+          }
+        };
+        refs("cases", s.cases, m.cases, "case");
+        refs("scoring", s.scoring, m.scoring, "scoring");
+        m.suites.push_back(std::move(s));
+      }
+    }
+    return m;
+  }
+
+ private:
+  std::string file_;
+};
+
+// Parser callback rejecting duplicate object keys (nlohmann keeps the last one
+// silently), reporting the JSON pointer of the duplicate.
+class DuplicateKeyCheck {
+ public:
+  explicit DuplicateKeyCheck(std::string file) : file_(std::move(file)) {}
+
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+      case E::array_start: {
+        std::string ptr;
+        if (!stack_.empty()) {
+          Frame& parent = stack_.back();
+          ptr = parent.is_array ? child(parent.ptr, parent.index++) : child(parent.ptr, parent.key);
+        }
+        stack_.push_back(Frame{event == E::array_start, 0, std::move(ptr), {}, {}});
+        break;
+      }
+      case E::key: {
+        Frame& f = stack_.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second)
+          throw Error("{}: {}: duplicate key '{}'", file_, child(f.ptr, f.key), f.key);
+        break;
+      }
+      case E::value:
+        if (!stack_.empty() && stack_.back().is_array) ++stack_.back().index;
+        break;
+      case E::object_end:
+      case E::array_end:
+        if (!stack_.empty()) stack_.pop_back();
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool is_array;
+    size_t index;
+    std::string ptr;
+    std::set<std::string> keys;
+    std::string key;
+  };
+  std::string file_;
+  std::vector<Frame> stack_;
+};
+
+template <typename T>
+const T& find_named(const std::vector<T>& items, std::string_view name, const std::string& path,
+                    const char* kind) {
+  std::vector<std::string> known;
+  for (const auto& x : items) {
+    if (x.name == name) return x;
+    known.push_back(x.name);
+  }
+  throw Error("{}: unknown {} '{}' (known: {})", path, kind, name, known_list(known));
+}
+
+}  // namespace
+
+const ManifestModel& Manifest::find_model(std::string_view n) const {
+  return find_named(models, n, path, "model");
+}
+const ManifestCase& Manifest::find_case(std::string_view n) const {
+  return find_named(cases, n, path, "case");
+}
+const ManifestScoring& Manifest::find_scoring(std::string_view n) const {
+  return find_named(scoring, n, path, "scoring passage");
+}
+const Profile& Manifest::find_profile(std::string_view n) const {
+  return find_named(profiles, n, path, "profile");
+}
+const Suite& Manifest::find_suite(std::string_view n) const {
+  return find_named(suites, n, path, "suite");
+}
+
+std::string Manifest::resolve(const std::string& relative) const {
+  if (!relative.empty() && relative.front() == '/') return relative;
+  return dir + "/" + relative;
+}
+
+Manifest load_manifest(const std::string& path) {
+  std::string err;
+  const std::string text = read_text(path, &err);
+  if (!err.empty()) throw Error("{}: cannot read manifest: {}", path, err);
+
+  json root;
+  try {
+    DuplicateKeyCheck dup(path);
+    root = json::parse(text, std::ref(dup), /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::parse_error& e) {
+    throw Error("{}: invalid JSON at byte {}: {}", path, e.byte, e.what());
+  }
+
+  Manifest m;
+  m.path = path;
+  const auto slash = path.rfind('/');
+  m.dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  return Parser(path).parse(root, std::move(m));
+}
+
+}  // namespace touchstone

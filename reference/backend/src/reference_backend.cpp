@@ -1,0 +1,160 @@
+// reference_backend.cpp - the scalar reference transformer behind the session
+// contract (touchstone/backend_abi.h). Built as libtouchstone_backend_reference.so.
+#include <omp.h>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "touchstone/backend_abi.h"
+#include "touchstone/backend_impl.h"
+#include "touchstone/gguf.h"
+#include "touchstone/llama_forward.h"
+#include "touchstone/llama_weights.h"
+
+struct ts_model {
+  touchstone::LlamaWeights weights;
+};
+
+struct ts_session {
+  std::unique_ptr<touchstone::LlamaReference> ref;
+};
+
+namespace {
+
+using touchstone::abi::StatusError;
+
+const char* device_name() {
+  thread_local std::string name;
+  name = "CPU (scalar reference, fp64 accumulation, " +
+         std::to_string(std::thread::hardware_concurrency()) + " hardware threads)";
+  return name.c_str();
+}
+
+ts_status capabilities(ts_capabilities* out) {
+  return touchstone::abi::guard([&] {
+    if (!out || out->struct_size < sizeof(ts_capabilities)) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "capabilities: struct_size too small");
+    }
+    *out = ts_capabilities{};
+    out->struct_size = sizeof(ts_capabilities);
+    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
+    // Everything the dequantizer understands; all are converted to fp32 at load.
+    out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
+                        TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
+                        TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
+    out->max_context = 0;
+    out->determinism_note = nullptr;
+  });
+}
+
+ts_status load_model(const char* path, ts_model** out) {
+  return touchstone::abi::guard([&] {
+    if (!path || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "load_model: null argument");
+    *out = nullptr;
+    std::unique_ptr<ts_model> m;
+    try {
+      const touchstone::gguf::File file = touchstone::gguf::File::open(path);
+      m = std::make_unique<ts_model>(ts_model{touchstone::load_llama_weights(file)});
+    } catch (const touchstone::Error& e) {
+      throw StatusError(TS_ERR_IO, e.what());
+    }
+    *out = m.release();
+  });
+}
+
+void free_model(ts_model* m) { delete m; }
+
+int32_t n_vocab(const ts_model* m) { return m ? m->weights.config.n_vocab : 0; }
+
+ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
+  return touchstone::abi::guard([&] {
+    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    if (opt->struct_size < sizeof(ts_session_options)) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
+    }
+    if (opt->weight_path != TS_WEIGHTS_FULL_PRECISION) {
+      throw StatusError(TS_ERR_UNSUPPORTED,
+                        "the reference backend computes only with fp32 weights (full_precision)");
+    }
+    touchstone::Faults faults;
+    try {
+      faults = touchstone::parse_fault(opt->fault ? opt->fault : "");
+    } catch (const touchstone::Error& e) {
+      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
+    }
+    const int threads = opt->n_threads > 0 ? opt->n_threads : omp_get_num_procs();
+    auto s = std::make_unique<ts_session>();
+    s->ref = std::make_unique<touchstone::LlamaReference>(m->weights, opt->max_context, threads, faults);
+    *out = s.release();
+  });
+}
+
+void free_session(ts_session* s) { delete s; }
+
+void check_room(const ts_session* s, int64_t n) {
+  if (s->ref->position() + n > s->ref->max_context()) {
+    throw StatusError(TS_ERR_CONTEXT_FULL,
+                      "position " + std::to_string(s->ref->position()) + " + " + std::to_string(n) +
+                          " tokens exceeds max context " + std::to_string(s->ref->max_context()));
+  }
+}
+
+void check_token(const ts_session* s, int32_t t, int64_t index) {
+  if (t < 0 || t >= s->ref->n_vocab()) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(index) + " = " +
+                                                   std::to_string(t) + " outside [0, " +
+                                                   std::to_string(s->ref->n_vocab()) + ")");
+  }
+}
+
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+  return touchstone::abi::guard([&] {
+    if (!s || !tokens || !logits || n <= 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
+    }
+    for (int32_t i = 0; i < n; ++i) check_token(s, tokens[i], i);
+    check_room(s, n);
+    const size_t v = size_t(s->ref->n_vocab());
+    for (int32_t i = 0; i < n; ++i) {
+      float* row = all_positions ? logits + size_t(i) * v : logits;
+      s->ref->forward(tokens[i], std::span<float>(row, v));
+    }
+  });
+}
+
+ts_status decode(ts_session* s, int32_t token, float* logits) {
+  return touchstone::abi::guard([&] {
+    if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
+    check_token(s, token, 0);
+    check_room(s, 1);
+    s->ref->forward(token, std::span<float>(logits, size_t(s->ref->n_vocab())));
+  });
+}
+
+ts_status rewind(ts_session* s, int32_t position) {
+  return touchstone::abi::guard([&] {
+    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
+    if (position < 0 || position > s->ref->position()) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) +
+                                                     " outside [0, " + std::to_string(s->ref->position()) + "]");
+    }
+    s->ref->rewind(position);
+  });
+}
+
+int32_t position(const ts_session* s) { return s ? s->ref->position() : 0; }
+
+const ts_backend kBackend = {
+    TS_BACKEND_API_VERSION, "reference", "0.1.0",  touchstone::abi::last_error,
+    device_name,            capabilities, load_model, free_model,
+    n_vocab,                open_session, free_session, prefill,
+    decode,                 rewind,       position,
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
+  return &kBackend;
+}

@@ -1,0 +1,30 @@
+// Shared pieces of the touchstone subcommands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "touchstone/backend.h"
+#include "touchstone/manifest.h"
+#include "touchstone/tokenizer.h"
+
+namespace touchstone::cli {
+
+// Exit codes: 0 = success / parity PASS, 1 = parity FAIL or check mismatch, 2 = error.
+inline constexpr int kExitFail = 1;
+inline constexpr int kExitError = 2;
+
+std::string default_manifest_path();
+Tokenizer load_tokenizer(const std::string& gguf_path);
+// "reference" revision: `git rev-parse HEAD` of the source tree (+ "-dirty"), or "unknown".
+std::string source_revision();
+ts_weight_path parse_weight_path(const std::string& s);
+const char* weight_path_name(ts_weight_path w);
+
+void add_run(CLI::App& app, int& exit_code);
+void add_golden(CLI::App& app, int& exit_code);
+void add_parity(CLI::App& app, int& exit_code);
+
+}  // namespace touchstone::cli

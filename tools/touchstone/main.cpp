@@ -1,0 +1,28 @@
+// touchstone - does backend X compute the same thing as the model?
+//   touchstone run     greedy generation with any backend
+//   touchstone golden  (re)record goldens with the reference, or --check them
+//   touchstone parity  compare a backend with the goldens
+#include <fmt/format.h>
+
+#include <exception>
+
+#include "cli_common.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Touchstone: parity harness for LLM inference backends"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  touchstone::cli::add_run(app, exit_code);
+  touchstone::cli::add_golden(app, exit_code);
+  touchstone::cli::add_parity(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : touchstone::cli::kExitError;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "touchstone: error: {}\n", e.what());
+    return touchstone::cli::kExitError;
+  }
+  return exit_code;
+}
