@@ -12,9 +12,11 @@
 
 namespace touchstone::cli {
 
-// Exit codes: 0 = success / parity PASS, 1 = parity FAIL or check mismatch, 2 = error.
+// Exit codes: 0 = success / parity PASS, 1 = parity FAIL or check mismatch, 2 = error,
+// 77 = skipped: the backend has no usable device on this machine.
 inline constexpr int kExitFail = 1;
 inline constexpr int kExitError = 2;
+inline constexpr int kExitSkip = 77;  // no device for this backend here (CTest SKIP_RETURN_CODE)
 
 std::string default_manifest_path();
 Tokenizer load_tokenizer(const std::string& gguf_path);

@@ -20,6 +20,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : touchstone::cli::kExitError;
+  } catch (const touchstone::BackendError& e) {
+    if (e.status() == TS_ERR_DEVICE) {
+      fmt::print("SKIP: {}\n", e.what());
+      return touchstone::cli::kExitSkip;
+    }
+    fmt::print(stderr, "touchstone: error: {}\n", e.what());
+    return touchstone::cli::kExitError;
   } catch (const std::exception& e) {
     fmt::print(stderr, "touchstone: error: {}\n", e.what());
     return touchstone::cli::kExitError;

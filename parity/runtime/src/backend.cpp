@@ -122,8 +122,8 @@ ts_capabilities BackendLibrary::capabilities() const {
 void BackendLibrary::check(ts_status status, const char* what) const {
   if (status == TS_OK) return;
   const char* msg = api_->last_error();
-  throw Error("backend '{}': {}: {}: {}", api_->name, what, status_name(status),
-              msg && *msg ? msg : "(no message)");
+  throw BackendError(status, fmt::format("backend '{}': {}: {}: {}", api_->name, what, status_name(status),
+                                         msg && *msg ? msg : "(no message)"));
 }
 
 Model::Model(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path) : lib_(std::move(lib)) {

@@ -12,8 +12,20 @@
 #include <vector>
 
 #include "touchstone/backend_abi.h"
+#include "touchstone/error.h"
 
 namespace touchstone {
+
+// An error reported by a backend through the C ABI; keeps its ts_status so
+// callers can tell "no device here" (TS_ERR_DEVICE -> test SKIP) from a bug.
+class BackendError : public Error {
+ public:
+  BackendError(ts_status status, const std::string& what) : Error(what), status_(status) {}
+  ts_status status() const { return status_; }
+
+ private:
+  ts_status status_;
+};
 
 class BackendLibrary {
  public:
@@ -31,7 +43,7 @@ class BackendLibrary {
   const std::string& path() const { return path_; }
   std::string device_name() const;
   ts_capabilities capabilities() const;
-  // Throws Error "<backend>: <what>: <status>: <last_error>" when status != TS_OK.
+  // Throws BackendError "<backend>: <what>: <status>: <last_error>" when status != TS_OK.
   void check(ts_status status, const char* what) const;
 
  private:
