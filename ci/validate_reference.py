@@ -171,6 +171,12 @@ def versions():
             "numpy": np.__version__, "h5py": h5py.__version__}
 
 
+def shown(path):  # repo-relative when inside the repository
+    root = Path(__file__).resolve().parent.parent
+    p = Path(path).resolve()
+    return p.relative_to(root) if p.is_relative_to(root) else p
+
+
 def g3(x):
     return "-" if x is None or x != x else f"{x:.3g}"
 
@@ -178,8 +184,8 @@ def g3(x):
 def report(golden, attrs, gguf, sha, cases, scoring):
     L = [f"### {text(attrs.get('model_name', golden.stem))}", "",
          f"- date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
-         f"- golden: `{golden}` (format_version {text(attrs.get('format_version', '?'))}, "
-         f"reference {text(attrs.get('reference_version', '?'))} @ {text(attrs.get('reference_revision', '?'))})",
+         f"- golden: `{shown(golden)}` (format_version {text(attrs.get('format_version', '?'))}, "
+         f"recorded by `{text(attrs.get('reference_version', '?'))}` at revision `{text(attrs.get('reference_revision', '?'))}`)",
          f"- model: `{gguf.name}`, sha256 `{sha}`",
          "- " + ", ".join(f"{k} {v}" for k, v in versions().items()),
          f"- HF: fp32 dequantized GGUF, eager attention, CPU, deterministic algorithms, {torch.get_num_threads()} threads",

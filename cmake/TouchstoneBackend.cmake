@@ -10,6 +10,8 @@ function(touchstone_add_backend name)
     PREFIX "lib" OUTPUT_NAME touchstone_backend_${name}
     CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   target_link_libraries(${target} PRIVATE touchstone_common)
+  # Static libraries linked in (gguf, reference model, ...) must not leak symbols.
+  target_link_options(${target} PRIVATE -Wl,--exclude-libs,ALL)
   touchstone_target_defaults(${target})
   set_property(GLOBAL APPEND PROPERTY TOUCHSTONE_BACKEND_TARGETS ${target})
 endfunction()

@@ -45,3 +45,15 @@ function(touchstone_add_parity_tests backend weights tier)
       LABELS "parity;${backend};${tier};${weights};${ARGN}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
   endforeach()
 endfunction()
+
+# touchstone_add_contract_tests(BACKEND WEIGHTS)
+#
+# The contract conformance suite (tests/contract) against one backend + weight
+# path. Exits 77 (SKIP) when the backend has no device here.
+function(touchstone_add_contract_tests backend weights)
+  set(_t contract.${backend}.${weights})
+  add_test(NAME ${_t} COMMAND touchstone_contract_test)
+  set_tests_properties(${_t} PROPERTIES
+    LABELS "contract;${backend};${weights}" SKIP_RETURN_CODE 77 TIMEOUT 600
+    ENVIRONMENT "TOUCHSTONE_CONTRACT_BACKEND=${backend};TOUCHSTONE_CONTRACT_WEIGHTS=${weights};TOUCHSTONE_MODEL_PATH=${TOUCHSTONE_MODEL_PATH}")
+endfunction()

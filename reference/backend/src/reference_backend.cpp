@@ -1,7 +1,6 @@
 // reference_backend.cpp - the scalar reference transformer behind the session
 // contract (touchstone/backend_abi.h). Built as libtouchstone_backend_reference.so.
-#include <omp.h>
-
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
@@ -84,7 +83,7 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
-    const int threads = opt->n_threads > 0 ? opt->n_threads : omp_get_num_procs();
+    const int threads = opt->n_threads > 0 ? opt->n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
     auto s = std::make_unique<ts_session>();
     s->ref = std::make_unique<touchstone::LlamaReference>(m->weights, opt->max_context, threads, faults);
     *out = s.release();

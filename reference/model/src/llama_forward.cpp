@@ -21,7 +21,7 @@
 //     to s0 in order before combining. Other sums run in increasing index.
 //   - Elementwise maths (rsqrt, exp, sin/cos, SiLU) are done in fp64 and the
 //     result is rounded once to fp32 when stored.
-//   - Matrix rows are split across OpenMP threads but a row is never split, so
+//   - Matrix rows are split across the threads of a RowPool but a row is never split, so
 //     results are bitwise identical for any thread count and across runs.
 #include "touchstone/llama_forward.h"
 
@@ -50,12 +50,11 @@ __attribute__((target_clones("avx2", "default"))) double dot(const float* a, con
   return (s0 + s1) + (s2 + s3);
 }
 
-// y[o] = W[o, :] . x for a row-major W of shape [n_out][n_in].
-void matvec(const float* W, const float* x, float* y, int64_t n_out, int64_t n_in, int n_threads) {
-#pragma omp parallel for schedule(static) num_threads(n_threads)
-  for (int64_t o = 0; o < n_out; ++o) {
-    y[o] = static_cast<float>(dot(W + o * n_in, x, n_in));
-  }
+// y[o] = W[o, :] . x for a row-major W of shape [n_out][n_in]; rows split across the pool.
+void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_out, int64_t n_in) {
+  pool.run(n_out, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) y[o] = static_cast<float>(dot(W + o * n_in, x, n_in));
+  });
 }
 
 // out = x / sqrt(mean(x^2) + eps) * weight   (HF LlamaRMSNorm)
@@ -108,7 +107,7 @@ Faults parse_fault(const std::string& name) {
 
 LlamaReference::LlamaReference(const LlamaWeights& weights, int32_t max_context, int n_threads,
                                Faults faults)
-    : w_(weights), faults_(faults), n_threads_(n_threads > 0 ? n_threads : 1) {
+    : w_(weights), faults_(faults), pool_(n_threads) {
   const LlamaConfig& c = w_.config;
   max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
   const size_t kv_dim = size_t(c.n_head_kv) * size_t(c.head_dim);
@@ -156,9 +155,9 @@ void LlamaReference::forward(int32_t token, std::span<float> logits) {
 
     // ---- attention ----
     rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), d, eps);
-    matvec(L.wq.data(), xn_.data(), q_.data(), q_dim, d, n_threads_);
-    matvec(L.wk.data(), xn_.data(), k_.data(), kv_dim, d, n_threads_);
-    matvec(L.wv.data(), xn_.data(), v_.data(), kv_dim, d, n_threads_);
+    matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d);
+    matvec(pool_, L.wk.data(), xn_.data(), k_.data(), kv_dim, d);
+    matvec(pool_, L.wv.data(), xn_.data(), v_.data(), kv_dim, d);
     for (int32_t h = 0; h < c.n_head; ++h) rope(q_.data() + h * hd, hd, pos, rope_base);
     for (int32_t h = 0; h < c.n_head_kv; ++h) rope(k_.data() + h * hd, hd, pos, rope_base);
     std::memcpy(k_layer + size_t(pos) * size_t(kv_dim), k_.data(), size_t(kv_dim) * sizeof(float));
@@ -187,24 +186,24 @@ void LlamaReference::forward(int32_t token, std::span<float> logits) {
         att_out_[size_t(h * hd + i)] = static_cast<float>(acc / sum);
       }
     }
-    matvec(L.wo.data(), att_out_.data(), xn_.data(), d, q_dim, n_threads_);
+    matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim);
     for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{x_[size_t(i)]} + double{xn_[size_t(i)]});
 
     // ---- SwiGLU MLP ----
     rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
-    matvec(L.w_gate.data(), xn_.data(), gate_.data(), n_ff, d, n_threads_);
-    matvec(L.w_up.data(), xn_.data(), up_.data(), n_ff, d, n_threads_);
+    matvec(pool_, L.w_gate.data(), xn_.data(), gate_.data(), n_ff, d);
+    matvec(pool_, L.w_up.data(), xn_.data(), up_.data(), n_ff, d);
     for (int64_t i = 0; i < n_ff; ++i) {
       const double g = gate_[size_t(i)];
       gate_[size_t(i)] = static_cast<float>(g / (1.0 + std::exp(-g)) * double{up_[size_t(i)]});
     }
-    matvec(L.w_down.data(), gate_.data(), xn_.data(), d, n_ff, n_threads_);
+    matvec(pool_, L.w_down.data(), gate_.data(), xn_.data(), d, n_ff);
     for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{x_[size_t(i)]} + double{xn_[size_t(i)]});
   }
 
   // ---- final norm + LM head ----
   rms_norm(x_.data(), w_.output_norm.data(), xn_.data(), d, eps);
-  matvec(w_.lm_head().data(), xn_.data(), logits.data(), c.n_vocab, d, n_threads_);
+  matvec(pool_, w_.lm_head().data(), xn_.data(), logits.data(), c.n_vocab, d);
   if (faults_.logit_noise != 0.0) {
     const uint64_t base = uint64_t(pos) * uint64_t(c.n_vocab);
     for (size_t i = 0; i < logits.size(); ++i) {

@@ -13,7 +13,7 @@ namespace touchstone {
 
 struct RecordOptions {
   int32_t case_top_k = 64;      // K stored per greedy step
-  int32_t n_full_steps = 4;     // steps whose full-vocabulary logits are stored
+  int32_t n_full_steps = 2;     // steps whose full-vocabulary logits are stored (keeps goldens < 5 MB)
   int32_t scoring_top_k = 256;  // K stored per scored position
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "touchstone/llama_weights.h"
+#include "touchstone/row_pool.h"
 
 namespace touchstone {
 
@@ -48,7 +49,7 @@ class LlamaReference {
   Faults faults_;
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
-  int n_threads_ = 1;
+  RowPool pool_;
   std::vector<float> k_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim], RoPE already applied
   std::vector<float> v_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim]
   // Scratch activations, allocated once: x (residual), xn (normed), q, k, v, att_out, gate, up.

@@ -1,0 +1,206 @@
+// Contract conformance suite: every backend runs the same checks of the session
+// contract (touchstone/backend_abi.h) on the real model, like IREE's HAL CTS.
+//
+// Environment: TOUCHSTONE_CONTRACT_BACKEND (name or path), TOUCHSTONE_CONTRACT_WEIGHTS
+// (full_precision | quantized), TOUCHSTONE_MODEL_PATH (the GGUF).
+// Tolerance for "same logits" between two computations of the same position:
+// bitwise when the backend claims TS_CAP_BITWISE_DETERMINISM for repeated runs;
+// prefill(N) vs N decode steps may legitimately use different kernels (GEMM vs
+// GEMV), so they must agree to max|a-b| <= 1e-3 * max(1, max|a|) and NMSE <= 1e-8
+// (docs/contract.md), and the argmax must agree.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "touchstone/backend.h"
+#include "touchstone/metrics.h"
+
+namespace touchstone {
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+class Contract : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = env("TOUCHSTONE_MODEL_PATH");
+    if (path.empty() || !std::filesystem::exists(path)) return;
+    try {
+      lib_ = BackendLibrary::load(env("TOUCHSTONE_CONTRACT_BACKEND"));
+      model_ = std::make_unique<Model>(lib_, path);
+    } catch (const BackendError& e) {
+      if (e.status() != TS_ERR_DEVICE) throw;
+      skip_reason_ = e.what();
+    }
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    lib_.reset();
+  }
+  void SetUp() override {
+    if (env("TOUCHSTONE_MODEL_PATH").empty()) GTEST_SKIP() << "TOUCHSTONE_MODEL_PATH not set";
+    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+    ASSERT_TRUE(model_) << "model not loaded";
+  }
+  SessionOptions options() const {
+    SessionOptions o;
+    o.weight_path = env("TOUCHSTONE_CONTRACT_WEIGHTS") == "quantized" ? TS_WEIGHTS_QUANTIZED
+                                                                       : TS_WEIGHTS_FULL_PRECISION;
+    o.max_context = 256;
+    return o;
+  }
+  bool deterministic() const { return (lib_->capabilities().flags & TS_CAP_BITWISE_DETERMINISM) != 0; }
+
+
+ public:  // skip_reason_ is read by main()
+  static inline std::shared_ptr<BackendLibrary> lib_;
+  static inline std::unique_ptr<Model> model_;
+  static inline std::string skip_reason_;
+};
+
+const std::vector<int32_t> kTokens = {1, 504, 3458, 253, 1135, 28, 354, 2114, 314, 216, 1978, 30};
+
+void expect_close(std::span<const float> a, std::span<const float> b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  double amax = 0;
+  for (float x : a) amax = std::max(amax, double(std::abs(x)));
+  EXPECT_LE(metrics::max_abs_diff(a, b), 1e-3 * std::max(1.0, amax)) << what;
+  EXPECT_LE(metrics::nmse(a, b), 1e-8) << what;
+  EXPECT_EQ(metrics::argmax(a), metrics::argmax(b)) << what;
+}
+
+TEST_F(Contract, CapabilitiesAreSane) {
+  const ts_capabilities c = lib_->capabilities();
+  EXPECT_EQ(c.struct_size, sizeof(ts_capabilities));
+  EXPECT_NE(c.weight_types & TS_WEIGHT_TYPE_BIT(0), 0u) << "every backend must consume F32 tensors";
+  EXPECT_GE(c.n_shape_buckets, 0);
+  EXPECT_LE(c.n_shape_buckets, 16);
+  if (!(c.flags & TS_CAP_BITWISE_DETERMINISM)) {
+    EXPECT_NE(c.determinism_note, nullptr) << "a non-deterministic backend must say why";
+  }
+  EXPECT_FALSE(lib_->device_name().empty());
+  EXPECT_EQ(model_->n_vocab(), 49152);
+}
+
+TEST_F(Contract, PrefillMatchesStepwiseDecode) {
+  Session a(*model_, options());
+  const std::vector<float> pre = a.prefill(kTokens);
+  EXPECT_EQ(a.position(), int32_t(kTokens.size()));
+  Session b(*model_, options());
+  std::vector<float> step = b.prefill(std::span<const int32_t>(kTokens.data(), 1));
+  for (size_t i = 1; i < kTokens.size(); ++i) b.decode(kTokens[i], step);
+  expect_close(pre, step, "prefill(12) vs prefill(1) + 11 decode steps");
+}
+
+TEST_F(Contract, AllPositionLogitsMatchLastPosition) {
+  if (!(lib_->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS)) GTEST_SKIP() << "no all-position logits";
+  Session a(*model_, options());
+  const std::vector<float> all = a.prefill_all(kTokens);
+  Session b(*model_, options());
+  const std::vector<float> last = b.prefill(kTokens);
+  const size_t V = last.size();
+  ASSERT_EQ(all.size(), V * kTokens.size());
+  expect_close(last, std::span<const float>(all.data() + (kTokens.size() - 1) * V, V), "last row");
+}
+
+TEST_F(Contract, RewindThenReplayReproducesLogits) {
+  Session s(*model_, options());
+  s.prefill(std::span<const int32_t>(kTokens.data(), 6));
+  std::vector<float> first(size_t(s.n_vocab())), again(size_t(s.n_vocab()));
+  s.decode(kTokens[6], first);
+  s.decode(kTokens[7], again);  // garbage we will rewind over
+  s.rewind(6);
+  EXPECT_EQ(s.position(), 6);
+  s.decode(kTokens[6], again);
+  if (deterministic()) {
+    EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)))
+        << "deterministic backend: rewind + replay must be bitwise identical";
+  } else {
+    expect_close(first, again, "rewind + replay");
+  }
+  s.rewind(0);
+  EXPECT_EQ(s.position(), 0);
+}
+
+TEST_F(Contract, RepeatedRunsAreBitwiseIdenticalWhenClaimed) {
+  if (!deterministic()) GTEST_SKIP() << "backend does not claim bitwise determinism";
+  Session a(*model_, options()), b(*model_, options());
+  const std::vector<float> x = a.prefill(kTokens), y = b.prefill(kTokens);
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
+}
+
+TEST_F(Contract, BadArgumentsAreErrorsNotCrashes) {
+  Session s(*model_, options());
+  const std::vector<int32_t> bad = {1, 49152};
+  try {
+    s.prefill(bad);
+    ADD_FAILURE() << "out-of-range token accepted";
+  } catch (const BackendError& e) {
+    EXPECT_EQ(e.status(), TS_ERR_INVALID_ARGUMENT) << e.what();
+    EXPECT_NE(std::string(e.what()).find("49152"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.position(), 0) << "a rejected prefill must not change the position";
+  try {
+    s.rewind(5);
+    ADD_FAILURE() << "rewind past the end accepted";
+  } catch (const BackendError& e) {
+    EXPECT_EQ(e.status(), TS_ERR_INVALID_ARGUMENT) << e.what();
+  }
+}
+
+TEST_F(Contract, ContextFullIsReported) {
+  SessionOptions o = options();
+  o.max_context = 8;
+  Session s(*model_, o);
+  s.prefill(std::span<const int32_t>(kTokens.data(), 8));
+  std::vector<float> logits(size_t(s.n_vocab()));
+  try {
+    s.decode(kTokens[8], logits);
+    ADD_FAILURE() << "decode beyond max_context accepted";
+  } catch (const BackendError& e) {
+    EXPECT_EQ(e.status(), TS_ERR_CONTEXT_FULL) << e.what();
+  }
+  EXPECT_EQ(s.position(), 8);
+}
+
+TEST_F(Contract, UnknownFaultIsRefused) {
+  SessionOptions o = options();
+  o.fault = "no_such_fault";
+  try {
+    Session s(*model_, o);
+    ADD_FAILURE() << "unknown fault accepted";
+  } catch (const BackendError& e) {
+    EXPECT_EQ(e.status(), TS_ERR_UNSUPPORTED) << e.what();
+  }
+}
+
+TEST_F(Contract, MissingModelFileIsAnIoError) {
+  try {
+    Model m(lib_, "/nonexistent/model.gguf");
+    ADD_FAILURE() << "missing file accepted";
+  } catch (const BackendError& e) {
+    EXPECT_EQ(e.status(), TS_ERR_IO) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/model.gguf"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+// A backend without a device here must show up as SKIPPED in CTest (exit 77), never as passed.
+bool contract_skipped() { return !Contract::skip_reason_.empty(); }
+
+}  // namespace touchstone
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rc = RUN_ALL_TESTS();
+  if (rc == 0 && touchstone::contract_skipped()) return 77;
+  return rc;
+}

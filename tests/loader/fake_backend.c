@@ -1,0 +1,53 @@
+/* A minimal backend used to test the loader: built several times with
+ * FAKE_API_VERSION / FAKE_NULL_ENTRY / FAKE_MISSING_FN to exercise every
+ * refusal path of BackendLibrary::load. Every session call fails loudly. */
+#include <stddef.h>
+
+#include "touchstone/backend_abi.h"
+
+#ifndef FAKE_API_VERSION
+#define FAKE_API_VERSION TS_BACKEND_API_VERSION
+#endif
+
+static const char* last_error(void) { return "fake backend: nothing is implemented"; }
+static const char* device_name(void) { return "fake device"; }
+static ts_status capabilities(ts_capabilities* c) {
+  if (!c || c->struct_size < sizeof(*c)) return TS_ERR_INVALID_ARGUMENT;
+  c->flags = 0;
+  c->weight_types = TS_WEIGHT_TYPE_BIT(0);
+  c->max_context = 0;
+  c->n_shape_buckets = 0;
+  c->determinism_note = "fake";
+  return TS_OK;
+}
+static ts_status load_model(const char* p, ts_model** m) { (void)p; (void)m; return TS_ERR_DEVICE; }
+static void free_model(ts_model* m) { (void)m; }
+static int32_t n_vocab(const ts_model* m) { (void)m; return 0; }
+static ts_status open_session(ts_model* m, const ts_session_options* o, ts_session** s) {
+  (void)m; (void)o; (void)s; return TS_ERR_UNSUPPORTED;
+}
+static void free_session(ts_session* s) { (void)s; }
+static ts_status prefill(ts_session* s, const int32_t* t, int32_t n, int32_t a, float* l) {
+  (void)s; (void)t; (void)n; (void)a; (void)l; return TS_ERR_UNSUPPORTED;
+}
+static ts_status decode(ts_session* s, int32_t t, float* l) { (void)s; (void)t; (void)l; return TS_ERR_UNSUPPORTED; }
+static ts_status rewind_to(ts_session* s, int32_t p) { (void)s; (void)p; return TS_ERR_UNSUPPORTED; }
+static int32_t position(const ts_session* s) { (void)s; return 0; }
+
+static const ts_backend kFake = {
+    FAKE_API_VERSION, "fake", "0", last_error, device_name, capabilities, load_model, free_model,
+    n_vocab, open_session, free_session, prefill, decode, rewind_to,
+#ifdef FAKE_MISSING_FN
+    NULL
+#else
+    position
+#endif
+};
+
+__attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
+#ifdef FAKE_NULL_ENTRY
+  return NULL;
+#else
+  return &kFake;
+#endif
+}

@@ -1,0 +1,77 @@
+// BackendLibrary::load refuses every malformed backend with a message naming the problem.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "touchstone/backend.h"
+
+namespace touchstone {
+namespace {
+
+std::string fake(const char* variant) { return std::string(FAKE_BACKEND_DIR) + "/libfake_backend_" + variant + ".so"; }
+
+std::string load_error(const std::string& what) {
+  try {
+    BackendLibrary::load(what);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Loader, LoadsAWellFormedBackendByPath) {
+  auto lib = BackendLibrary::load(fake("ok"));
+  EXPECT_EQ(lib->name(), "fake");
+  EXPECT_EQ(lib->device_name(), "fake device");
+  EXPECT_EQ(lib->capabilities().weight_types, TS_WEIGHT_TYPE_BIT(0));
+}
+
+TEST(Loader, BackendErrorsCarryStatusAndMessage) {
+  auto lib = BackendLibrary::load(fake("ok"));
+  try {
+    Model m(lib, "x.gguf");
+    FAIL() << "fake load_model succeeded";
+  } catch (const BackendError& e) {
+    EXPECT_EQ(e.status(), TS_ERR_DEVICE);
+    EXPECT_NE(std::string(e.what()).find("nothing is implemented"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("TS_ERR_DEVICE"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Loader, RefusesApiVersionMismatchNamingBothVersions) {
+  const std::string msg = load_error(fake("v999"));
+  EXPECT_NE(msg.find("api_version 999"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(TS_BACKEND_API_VERSION)), std::string::npos) << msg;
+}
+
+TEST(Loader, RefusesNullEntryAndMissingFunctions) {
+  EXPECT_NE(load_error(fake("null_entry")).find("returned NULL"), std::string::npos);
+  EXPECT_NE(load_error(fake("missing_fn")).find("NULL"), std::string::npos);
+}
+
+TEST(Loader, RefusesLibrariesWithoutTheEntrySymbol) {
+  const std::string msg = load_error("libm.so.6");
+  EXPECT_FALSE(msg.empty());
+}
+
+TEST(Loader, UnknownNameListsThePlacesSearched) {
+  setenv("TOUCHSTONE_BACKEND_PATH", "/nonexistent-a:/nonexistent-b", 1);
+  const std::string msg = load_error("no_such_backend");
+  unsetenv("TOUCHSTONE_BACKEND_PATH");
+  EXPECT_NE(msg.find("/nonexistent-a/libtouchstone_backend_no_such_backend.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/nonexistent-b/"), std::string::npos) << msg;
+}
+
+TEST(Loader, FindsBackendsByNameThroughTheSearchPath) {
+  setenv("TOUCHSTONE_BACKEND_PATH", FAKE_BACKEND_DIR, 1);
+  const std::string msg = load_error("fake_named");
+  unsetenv("TOUCHSTONE_BACKEND_PATH");
+  EXPECT_EQ(msg, "");
+}
+
+TEST(Loader, MissingPathIsAClearError) {
+  EXPECT_NE(load_error("/nonexistent/libx.so").find("does not exist"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace touchstone
