@@ -1,0 +1,194 @@
+// cpu_simd_backend.cpp - the cpu_simd backend behind the session contract
+// (touchstone/backend_abi.h). Built as libtouchstone_backend_cpu_simd.so.
+#include "cpu_simd_backend.h"
+
+#include <cblas.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "engine.h"
+#include "touchstone/backend_impl.h"
+#include "touchstone/error.h"
+
+struct ts_model {
+  std::unique_ptr<ts_cpu::Model> model;
+};
+
+struct ts_session {
+  std::unique_ptr<ts_cpu::Session> s;
+  int32_t n_vocab = 0;
+};
+
+namespace {
+
+using touchstone::abi::StatusError;
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto p = line.find(':');
+      if (p != std::string::npos) return line.substr(p + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+const char* device_name() {
+  thread_local std::string name;
+  const char* act = std::getenv("TOUCHSTONE_CPU_SIMD_ACTIVATIONS");
+  const bool int8 = act && std::string(act) == "int8";
+  name = "CPU: " + cpu_model() + " (" + std::to_string(std::thread::hardware_concurrency()) +
+         " hardware threads; fp32 kernels: Highway " + ts_cpu::hwy_current_target() +
+         (int8 ? std::string("; quantized path: int8 activations, ") + ts_cpu::qlevel_name(ts_cpu::qlevel())
+               : std::string("; quantized path: fp32 activations, blocks dequantized in registers")) +
+         "; prefill sgemm: OpenBLAS)";
+  return name.c_str();
+}
+
+ts_status capabilities(ts_capabilities* out) {
+  return touchstone::abi::guard([&] {
+    if (!out || out->struct_size < sizeof(ts_capabilities)) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "capabilities: struct_size too small");
+    }
+    *out = ts_capabilities{};
+    out->struct_size = sizeof(ts_capabilities);
+    // Bitwise determinism across runs and thread counts holds for both paths:
+    // work is split by output rows / (token, head) pairs in fixed-size chunks,
+    // never inside one reduction (tested in cpu_simd_test).
+    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
+    // full_precision: every type the dequantizer knows; quantized: Q4_0/Q4_1/Q8_0 matrices, F32 norms.
+    out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
+                        TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
+                        TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
+    out->max_context = 0;
+    out->determinism_note = nullptr;
+  });
+}
+
+ts_status load_model(const char* path, ts_model** out) {
+  return touchstone::abi::guard([&] {
+    if (!path || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "load_model: null argument");
+    *out = nullptr;
+    auto m = std::make_unique<ts_model>();
+    try {
+      m->model = std::make_unique<ts_cpu::Model>(path);
+    } catch (const StatusError&) {
+      throw;
+    } catch (const touchstone::Error& e) {
+      throw StatusError(TS_ERR_IO, e.what());
+    }
+    *out = m.release();
+  });
+}
+
+void free_model(ts_model* m) { delete m; }
+
+int32_t n_vocab(const ts_model* m) { return m ? m->model->config().n_vocab : 0; }
+
+ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
+  return touchstone::abi::guard([&] {
+    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    *out = nullptr;
+    if (opt->struct_size < sizeof(ts_session_options)) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
+    }
+    if (opt->weight_path != TS_WEIGHTS_FULL_PRECISION && opt->weight_path != TS_WEIGHTS_QUANTIZED) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: unknown weight path");
+    }
+    if (opt->n_threads < 0 || opt->max_context < 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: negative n_threads or max_context");
+    }
+    ts_cpu::SessionOptions so;
+    so.quantized = opt->weight_path == TS_WEIGHTS_QUANTIZED;
+    if (const char* act = std::getenv("TOUCHSTONE_CPU_SIMD_ACTIVATIONS")) {
+      const std::string a = act;
+      if (a == "int8") {
+        so.int8_activations = true;
+      } else if (a != "fp32" && !a.empty()) {
+        throw StatusError(TS_ERR_INVALID_ARGUMENT, "TOUCHSTONE_CPU_SIMD_ACTIVATIONS must be fp32 or int8, not '" + a + "'");
+      }
+    }
+    so.n_threads = opt->n_threads;
+    so.max_context = opt->max_context;
+    try {
+      so.faults = touchstone::parse_fault(opt->fault ? opt->fault : "");
+    } catch (const touchstone::Error& e) {
+      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
+    }
+    // OpenBLAS runs single-threaded inside our own pool's tasks.
+    openblas_set_num_threads(1);
+    auto s = std::make_unique<ts_session>();
+    s->s = std::make_unique<ts_cpu::Session>(*m->model, so);
+    s->n_vocab = m->model->config().n_vocab;
+    *out = s.release();
+  });
+}
+
+void free_session(ts_session* s) { delete s; }
+
+void check_room(const ts_session* s, int64_t n) {
+  if (s->s->position() + n > s->s->max_context()) {
+    throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(s->s->position()) + " + " +
+                                               std::to_string(n) + " tokens exceeds max context " +
+                                               std::to_string(s->s->max_context()));
+  }
+}
+
+void check_token(const ts_session* s, int32_t t, int64_t index) {
+  if (t < 0 || t >= s->n_vocab) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(index) + " = " + std::to_string(t) +
+                                                   " outside [0, " + std::to_string(s->n_vocab) + ")");
+  }
+}
+
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+  return touchstone::abi::guard([&] {
+    if (!s || !tokens || !logits || n <= 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
+    }
+    for (int32_t i = 0; i < n; ++i) check_token(s, tokens[i], i);
+    check_room(s, n);
+    s->s->forward(tokens, n, all_positions != 0, logits);
+  });
+}
+
+ts_status decode(ts_session* s, int32_t token, float* logits) {
+  return touchstone::abi::guard([&] {
+    if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
+    check_token(s, token, 0);
+    check_room(s, 1);
+    s->s->forward(&token, 1, false, logits);
+  });
+}
+
+ts_status rewind(ts_session* s, int32_t position) {
+  return touchstone::abi::guard([&] {
+    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
+    if (position < 0 || position > s->s->position()) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) + " outside [0, " +
+                                                     std::to_string(s->s->position()) + "]");
+    }
+    s->s->rewind(position);
+  });
+}
+
+int32_t position(const ts_session* s) { return s ? s->s->position() : 0; }
+
+const ts_backend kBackend = {
+    TS_BACKEND_API_VERSION, "cpu_simd",   "0.1.0",    touchstone::abi::last_error,
+    device_name,            capabilities, load_model, free_model,
+    n_vocab,                open_session, free_session, prefill,
+    decode,                 rewind,       position,
+};
+
+}  // namespace
+
+namespace ts_cpu {
+const ts_backend* backend_table() { return &kBackend; }
+}  // namespace ts_cpu

@@ -1,0 +1,119 @@
+// engine.h - the cpu_simd forward pass (model views, sessions).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "thread_pool.h"
+#include "touchstone/gguf.h"
+#include "touchstone/llama_config.h"
+#include "touchstone/llama_forward.h"
+#include "touchstone/llama_weights.h"
+
+namespace ts_cpu {
+
+// One weight matrix [n_out][n_in]: either GGUF blocks (q) or fp32 (f).
+struct Linear {
+  const uint8_t* q = nullptr;
+  QType qtype = QType::Q4_1;
+  size_t row_bytes = 0;
+  const float* f = nullptr;
+  size_t n_out = 0, n_in = 0;
+};
+
+struct LayerView {
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  Linear wq, wk, wv, wo, gate, up, down;
+};
+
+struct WeightSet {
+  std::vector<LayerView> layers;
+  Linear lm_head;
+  const float* output_norm = nullptr;
+};
+
+class Model {
+ public:
+  explicit Model(const std::string& path);
+  const touchstone::LlamaConfig& config() const { return cfg_; }
+  // Throws StatusError(TS_ERR_UNSUPPORTED) when a matrix type has no quantized kernel.
+  const WeightSet& quantized() const;
+  const WeightSet& full_precision();  // dequantizes on first use (thread-safe)
+  // Embedding row of `token` as fp32 (full precision: from the fp32 copy).
+  void embed(int32_t token, bool fp32, float* out) const;
+  uint64_t quantized_bytes_per_token() const;  // weight bytes streamed per decoded token
+
+ private:
+  touchstone::gguf::File file_;
+  touchstone::LlamaConfig cfg_;
+  std::vector<std::vector<float>> norms_;  // fp32 norm vectors (quantized path)
+  WeightSet q_;
+  std::string q_unsupported_;  // non-empty: why the quantized path is unavailable
+  const touchstone::gguf::TensorInfo* embd_ = nullptr;
+  std::once_flag fp_once_;
+  std::unique_ptr<touchstone::LlamaWeights> fp_;
+  WeightSet f_;
+};
+
+struct SessionOptions {
+  bool quantized = true;
+  // Quantized path only: quantize activations to int8 per 32-block (llama.cpp
+  // style, VNNI) instead of fp32 activations. Faster, less accurate; opt-in
+  // through TOUCHSTONE_CPU_SIMD_ACTIVATIONS=int8.
+  bool int8_activations = false;
+  int n_threads = 0;
+  int32_t max_context = 0;
+  touchstone::Faults faults;
+};
+
+class Session {
+ public:
+  Session(Model& model, const SessionOptions& opt);
+  ~Session();
+  // Runs n tokens at positions position()..; writes logits of every position
+  // (all_positions) or of the last one, n_vocab floats per row.
+  void forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  int32_t position() const { return pos_; }
+  int32_t max_context() const { return max_ctx_; }
+  void rewind(int32_t p) { pos_ = p; }
+  int n_threads() const { return pool_.size(); }
+
+  static constexpr int32_t kMaxBatch = 128;  // prefill is processed in chunks of this many tokens
+
+ private:
+  struct Job {
+    const Linear* w;
+    float* y;
+    size_t ldy;
+  };
+  void forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok);
+  void attention(int32_t layer, int32_t n);
+
+  Model& model_;
+  const touchstone::LlamaConfig& c_;
+  const WeightSet* w_;
+  bool quant_;
+  bool int8_;
+  touchstone::Faults faults_;
+  int32_t max_ctx_;
+  int32_t pos_ = 0;
+  ThreadPool pool_;
+  // KV cache [layer][pos][n_head_kv * head_dim] fp32 (calloc: untouched pages cost no RSS).
+  float* k_cache_ = nullptr;
+  float* v_cache_ = nullptr;
+  // Scratch for kMaxBatch tokens, allocated once.
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
+  std::vector<int8_t> act_qs_;
+  std::vector<float> act_d_, act_s_;
+  std::vector<ActRow> act_;
+  std::vector<double> inv_freq_;
+};
+
+}  // namespace ts_cpu

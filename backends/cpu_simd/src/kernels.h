@@ -1,0 +1,76 @@
+// kernels.h - the compute kernels of the cpu_simd backend.
+//
+// Two families, both selected at run time for the CPU we run on:
+//  * fp32 (dot, matrix-vector rows, axpy): Highway 1.0.3 (foreach_target +
+//    HWY_DYNAMIC_DISPATCH), compiled for every x86 target Highway attains
+//    (SSE2/SSSE3/SSE4/AVX2/AVX-512 "AVX3") plus a portable EMU128/scalar one.
+//  * quantized (Q4_0/Q4_1/Q8_0 weight blocks x int8 activation blocks):
+//    hand-written intrinsics, because Highway 1.0.3 has no u8 x s8 dot product
+//    (SumOfMulQuadAccumulate arrived in Highway 1.2). Levels: scalar (portable),
+//    AVX2 (vpmaddubsw), AVX-512 VNNI (vpdpbusd, two blocks per 512-bit register).
+//    The level is detected with __builtin_cpu_supports and can be forced (tests).
+//
+// Numerics. fp32 kernels accumulate in fp32 (vector lanes, then a fixed
+// pairwise reduction), so the result for one output element never depends on
+// the thread count or on which other rows/tokens are computed in the same call.
+// Quantized kernels: exact int32 block dot products, then fp32 scale/accumulate
+// per lane in block order; same independence property.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ts_cpu {
+
+// ---------------- fp32 (Highway) ----------------
+float dot_f32(const float* a, const float* b, size_t n);
+// y[r] = dot(W + r*ld, x, n) for r in [0, n_rows)
+void matvec_f32(const float* W, size_t ld, const float* x, float* y, size_t n_rows, size_t n);
+// y += a * x
+void axpy_f32(float a, const float* x, float* y, size_t n);
+// y *= a
+void scale_f32(float a, float* y, size_t n);
+
+// Highway targets compiled into this library and supported by this CPU
+// (bit, name), best first; force_hwy_target(0) restores the default.
+std::vector<std::pair<int64_t, std::string>> hwy_targets();
+void force_hwy_target(int64_t target);
+std::string hwy_current_target();
+
+// ---------------- int8 activations ----------------
+// A row of n (multiple of 32) activations quantized per 32-block, symmetric:
+//   d[b] = max|x| / 127,  qs[i] = round(x[i] / d[b]) in [-127, 127],
+//   s[b] = d[b] * sum(qs of block b)   (for the Q4_1 min term, as llama.cpp's Q8_1)
+// Scales are kept in fp32 (llama.cpp's block_q8_1 rounds d and s to fp16).
+struct ActRow {
+  int8_t* qs;
+  float* d;
+  float* s;
+};
+void quantize_act(const float* x, size_t n, ActRow out);
+
+// ---------------- quantized matmul ----------------
+enum class QType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+size_t qtype_block_bytes(QType t);
+
+// Y[t * ldy + r] = sum_b  W_r,b . X_t,b  for rows r in [r0, r1), tokens t in [0, n_tok).
+// W: row-major GGUF blocks, row r at W + r * row_bytes, nb blocks per row.
+// X: n_tok activation rows (quantize_act), nb blocks each.
+void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+            const ActRow* X, size_t n_tok, float* Y, size_t ldy);
+
+// Same contract with fp32 activations X (n_tok rows, stride ldx): weight blocks
+// are dequantized in registers exactly as ggml's dequantize_row_* does, so the
+// products equal the full-precision path's; fp32 accumulation (Highway).
+void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const float* X,
+                size_t ldx, size_t n_tok, float* Y, size_t ldy);
+
+enum class QLevel : int { Scalar = 0, AVX2 = 1, AVX512VNNI = 2 };
+QLevel qlevel_best();              // best the CPU supports
+QLevel qlevel();                   // currently used
+void force_qlevel(QLevel level);   // tests; must be <= qlevel_best()
+const char* qlevel_name(QLevel level);
+
+}  // namespace ts_cpu

@@ -1,0 +1,188 @@
+// kernels_hwy.cpp - fp32 kernels, compiled once per Highway target
+// (foreach_target) and dispatched at run time (HWY_DYNAMIC_DISPATCH).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels_hwy.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <string.h>
+
+#include "kernels.h"
+#include "touchstone/quant.h"
+
+#ifndef TS_CPU_H2F_EXACT
+#define TS_CPU_H2F_EXACT
+namespace ts_cpu {
+inline float h2f_exact(uint16_t h) { return touchstone::gguf::fp16_to_fp32(h); }
+}  // namespace ts_cpu
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace ts_cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Four vector accumulators over i = 4*N*k + j*N, then (a0+a1)+(a2+a3), then a
+// lane reduction, then the scalar tail in order.
+HWY_ATTR float DotF32(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(df, a + i + N), hn::LoadU(df, b + i + N), s1);
+    s2 = hn::MulAdd(hn::LoadU(df, a + i + 2 * N), hn::LoadU(df, b + i + 2 * N), s2);
+    s3 = hn::MulAdd(hn::LoadU(df, a + i + 3 * N), hn::LoadU(df, b + i + 3 * N), s3);
+  }
+  for (; i + N <= n; i += N) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
+  float r = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+HWY_ATTR void MatvecF32(const float* HWY_RESTRICT W, size_t ld, const float* HWY_RESTRICT x,
+                        float* HWY_RESTRICT y, size_t n_rows, size_t n) {
+  for (size_t r = 0; r < n_rows; ++r) y[r] = DotF32(W + r * ld, x, n);
+}
+
+HWY_ATTR void AxpyF32(float alpha, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  const auto va = hn::Set(df, alpha);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+HWY_ATTR void ScaleF32(float alpha, float* HWY_RESTRICT y, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  const auto va = hn::Set(df, alpha);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(va, hn::LoadU(df, y + i)), df, y + i);
+  for (; i < n; ++i) y[i] *= alpha;
+}
+
+// ---- GGUF blocks x fp32 activations (weights dequantized in registers) ----
+// Element i of a block: Q4: low nibble of qs[i] (i < 16) / high nibble of
+// qs[i - 16]; Q8_0: qs[i]. The weight is formed exactly as ggml's
+// dequantize_row_* (and touchstone::gguf::dequantize_row) does, in fp32:
+//   Q4_0: float(q - 8) * d    Q4_1: float(q) * d + m (no FMA)    Q8_0: float(q) * d
+// so this computes the same products as the full-precision path; only the
+// fp32 summation order differs.
+HWY_INLINE float H2F(const uint8_t* p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  if ((h & 0x7c00u) == 0x7c00u) return h2f_exact(h);  // inf / nan
+  const uint32_t mag = uint32_t(h & 0x7fffu) << 13;
+  float f;
+  memcpy(&f, &mag, 4);
+  f *= 5.192296858534828e+33f;  // 2^112: exact for normal and subnormal halves
+  return (h & 0x8000u) ? -f : f;
+}
+
+template <int T, int NT>
+HWY_ATTR void QRowTile(const uint8_t* HWY_RESTRICT row, size_t nb, const float* HWY_RESTRICT x, size_t ldx,
+                       float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const hn::Rebind<int8_t, decltype(df)> di8;
+  constexpr size_t bb = T == 2 ? 18 : T == 3 ? 20 : 34;
+  constexpr size_t off = T == 3 ? 4 : 2;
+  const size_t N = hn::Lanes(df);
+  hn::Vec<decltype(df)> acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = hn::Zero(df);
+  const auto mask = hn::Set(di, 0x0f);
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * bb;
+    const auto d = hn::Set(df, H2F(blk));
+    const auto m = hn::Set(df, T == 3 ? H2F(blk + 2) : 0.0f);
+    const uint8_t* qs = blk + off;
+    for (size_t j = 0; j < 32; j += N) {
+      hn::Vec<decltype(df)> w;
+      if constexpr (T == 8) {
+        w = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs) + j))), d);
+      } else {
+        const auto raw = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<decltype(df)>(), hn::LoadU(du8, qs + (j & 15))));
+        const auto q = j < 16 ? hn::And(raw, mask) : hn::ShiftRight<4>(raw);
+        if constexpr (T == 2) {
+          w = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 8))), d);
+        } else {
+          w = hn::Add(hn::Mul(hn::ConvertTo(df, q), d), m);
+        }
+      }
+      for (int t = 0; t < NT; ++t) acc[t] = hn::MulAdd(w, hn::LoadU(df, x + size_t(t) * ldx + b * 32 + j), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = hn::GetLane(hn::SumOfLanes(df, acc[t]));
+}
+
+template <int T>
+HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const float* X,
+                        size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+  constexpr int kNT = 8;
+  float out[kNT];
+  for (size_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W + r * row_bytes;
+    size_t t = 0;
+    for (; t + kNT <= n_tok; t += kNT) {
+      QRowTile<T, kNT>(row, nb, X + t * ldx, ldx, out);
+      for (int j = 0; j < kNT; ++j) Y[(t + size_t(j)) * ldy + r] = out[j];
+    }
+    for (; t < n_tok; ++t) {
+      QRowTile<T, 1>(row, nb, X + t * ldx, ldx, out);
+      Y[t * ldy + r] = out[0];
+    }
+  }
+}
+
+HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+                       const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+  switch (type) {
+    case 2: return GemmQF32T<2>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+    case 3: return GemmQF32T<3>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+    default: return GemmQF32T<8>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace ts_cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace ts_cpu {
+HWY_EXPORT(DotF32);
+HWY_EXPORT(MatvecF32);
+HWY_EXPORT(AxpyF32);
+HWY_EXPORT(ScaleF32);
+HWY_EXPORT(GemmQF32);
+
+void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const float* X,
+                size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+  HWY_DYNAMIC_DISPATCH(GemmQF32)(int(type), W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+}
+
+float dot_f32(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n); }
+void matvec_f32(const float* W, size_t ld, const float* x, float* y, size_t n_rows, size_t n) {
+  HWY_DYNAMIC_DISPATCH(MatvecF32)(W, ld, x, y, n_rows, n);
+}
+void axpy_f32(float a, const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(AxpyF32)(a, x, y, n); }
+void scale_f32(float a, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleF32)(a, y, n); }
+
+std::vector<std::pair<int64_t, std::string>> hwy_targets() {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) out.emplace_back(t, hwy::TargetName(t));
+  return out;
+}
+
+void force_hwy_target(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+std::string hwy_current_target() {
+  // The best target among those supported (and not masked by a test).
+  const int64_t supported = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(supported & -supported);
+}
+}  // namespace ts_cpu
+#endif

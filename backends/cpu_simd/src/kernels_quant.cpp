@@ -1,0 +1,364 @@
+// kernels_quant.cpp - quantized weight blocks x int8 activation blocks.
+//
+// Weight blocks are read exactly as stored in the GGUF file (ggml-common.h):
+//   Q4_0: {fp16 d; u8 qs[16]}        w = d * (q - 8)
+//   Q4_1: {fp16 d; fp16 m; u8 qs[16]} w = d * q + m
+//   Q8_0: {fp16 d; s8 qs[32]}        w = d * q
+// with element i (< 16) in the low nibble of qs[i] and element i + 16 in its
+// high nibble. Activations: see quantize_act() in kernels.h.
+//
+// Per block b of one (row, token) pair the exact integer sum
+//   isum_b = sum_i q_w[i] * q_a[i]
+// is computed (vpdpbusd / vpmaddubsw+vpmaddwd / int32), then in fp32
+//   Q4_1: y += (d_w * d_a) * isum_b + m_w * s_a
+//   Q4_0: y += (d_w * d_a) * isum_b - 8 d_w * s_a
+//   Q8_0: y += (d_w * d_a) * isum_b
+// accumulated per vector lane in block order and reduced at the end of the row.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace ts_cpu {
+namespace {
+
+inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  // Exact binary16 -> binary32 (portable; the SIMD paths use F16C).
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+      bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+constexpr size_t kBlockBytes[3] = {18, 20, 34};  // Q4_0, Q4_1, Q8_0
+constexpr int tix(QType t) { return t == QType::Q4_0 ? 0 : t == QType::Q4_1 ? 1 : 2; }
+
+// ------------------------------------------------------------------ scalar
+template <QType T>
+float block_dot_scalar(const uint8_t* blk, const int8_t* a, float da, float sa) {
+  int32_t isum = 0;
+  if constexpr (T == QType::Q8_0) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+    for (int i = 0; i < 32; ++i) isum += int32_t{q[i]} * int32_t{a[i]};
+    return h2f(blk) * da * static_cast<float>(isum);
+  } else {
+    const uint8_t* q = blk + (T == QType::Q4_1 ? 4 : 2);
+    for (int i = 0; i < 16; ++i) {
+      isum += int32_t(q[i] & 0x0f) * int32_t{a[i]} + int32_t(q[i] >> 4) * int32_t{a[i + 16]};
+    }
+    const float d = h2f(blk);
+    const float m = T == QType::Q4_1 ? h2f(blk + 2) : -8.0f * d;
+    return d * da * static_cast<float>(isum) + m * sa;
+  }
+}
+
+template <QType T>
+void gemm_scalar(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const ActRow* X,
+                 size_t n_tok, float* Y, size_t ldy) {
+  constexpr size_t bb = kBlockBytes[tix(T)];
+  for (size_t t = 0; t < n_tok; ++t) {
+    for (size_t r = r0; r < r1; ++r) {
+      const uint8_t* row = W + r * row_bytes;
+      float acc = 0.0f;
+      for (size_t b = 0; b < nb; ++b) acc += block_dot_scalar<T>(row + b * bb, X[t].qs + b * 32, X[t].d[b], X[t].s[b]);
+      Y[t * ldy + r] = acc;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ AVX2
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <QType T, int NR, int NT>
+void tile_avx2(const uint8_t* const* rows, size_t nb, const ActRow* X, float* out /*[NT][NR]*/) {
+  constexpr size_t bb = kBlockBytes[tix(T)];
+  __m256 acc[NR][NT];
+  float macc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) { acc[r][t] = _mm256_setzero_ps(); macc[r][t] = 0.0f; }
+  const __m256i lo_mask = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (size_t b = 0; b < nb; ++b) {
+    __m256i w[NR];
+    float dw[NR], mw[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* blk = rows[r] + b * bb;
+      dw[r] = _cvtsh_ss([&] { uint16_t h; std::memcpy(&h, blk, 2); return h; }());
+      if constexpr (T == QType::Q8_0) {
+        w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        mw[r] = 0.0f;
+      } else {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == QType::Q4_1 ? 4 : 2)));
+        const __m256i qq = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        w[r] = _mm256_and_si256(qq, lo_mask);
+        if constexpr (T == QType::Q4_1) {
+          uint16_t h;
+          std::memcpy(&h, blk + 2, 2);
+          mw[r] = _cvtsh_ss(h);
+        } else {
+          mw[r] = -8.0f * dw[r];
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X[t].qs + b * 32));
+      const float da = X[t].d[b], sa = X[t].s[b];
+      for (int r = 0; r < NR; ++r) {
+        __m256i p;
+        if constexpr (T == QType::Q8_0) {
+          p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[r], w[r]), _mm256_sign_epi8(a, w[r]));
+        } else {
+          p = _mm256_maddubs_epi16(w[r], a);
+        }
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc[r][t] = _mm256_fmadd_ps(f, _mm256_set1_ps(dw[r] * da), acc[r][t]);
+        if constexpr (T != QType::Q8_0) macc[r][t] += mw[r] * sa;
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) out[t * NR + r] = hsum256(acc[r][t]) + macc[r][t];
+}
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------ AVX-512 VNNI
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+template <QType T, int NR, int NT>
+void tile_vnni(const uint8_t* const* rows, size_t nb, const ActRow* X, float* out /*[NT][NR]*/) {
+  constexpr size_t bb = kBlockBytes[tix(T)];
+  __m512 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const __m256i lo_mask = _mm256_set1_epi8(0x0f);
+  // lane pattern: lanes 0-7 <- element 0, lanes 8-15 <- element 1 (or 2 / 3)
+  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx13 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i zero = _mm512_setzero_si512();
+  const size_t npair = nb / 2;
+  for (size_t p = 0; p < npair; ++p) {
+    __m512i w[NR];
+    __m512 dv[NR], mv[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* b0 = rows[r] + 2 * p * bb;
+      const uint8_t* b1 = b0 + bb;
+      if constexpr (T == QType::Q8_0) {
+        w[r] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)), 1);
+      } else {
+        constexpr int off = T == QType::Q4_1 ? 4 : 2;
+        const __m256i q = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + off))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + off)), 1);
+        const __m256i lo = _mm256_and_si256(q, lo_mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo_mask);
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // lo0 lo1 hi0 hi1
+        w[r] = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));              // lo0 hi0 lo1 hi1
+      }
+      if constexpr (T == QType::Q4_1) {
+        uint32_t h0, h1;
+        std::memcpy(&h0, b0, 4);
+        std::memcpy(&h1, b1, 4);
+        const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0))));  // d0 m0 d1 m1
+        dv[r] = _mm512_permutexvar_ps(idx02, f);
+        mv[r] = _mm512_mul_ps(_mm512_permutexvar_ps(idx13, f), _mm512_set1_ps(0.125f));
+      } else {
+        uint16_t h0, h1;
+        std::memcpy(&h0, b0, 2);
+        std::memcpy(&h1, b1, 2);
+        const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(h0) | (uint32_t(h1) << 16)))));
+        dv[r] = _mm512_permutexvar_ps(idx01, f);
+        if constexpr (T == QType::Q4_0) mv[r] = _mm512_mul_ps(dv[r], _mm512_set1_ps(-1.0f));  // -8 d / 8 lanes
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m512i a = _mm512_loadu_si512(X[t].qs + p * 64);
+      const __m512 da = _mm512_permutexvar_ps(
+          idx01, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].d + 2 * p)))));
+      __m512 sa = _mm512_setzero_ps();
+      if constexpr (T != QType::Q8_0) {
+        sa = _mm512_permutexvar_ps(
+            idx01, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].s + 2 * p)))));
+      }
+      for (int r = 0; r < NR; ++r) {
+        __m512i isum;
+        if constexpr (T == QType::Q8_0) {
+          const __mmask64 neg = _mm512_movepi8_mask(w[r]);
+          isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w[r]), _mm512_mask_sub_epi8(a, neg, zero, a));
+        } else {
+          isum = _mm512_dpbusd_epi32(zero, w[r], a);
+        }
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv[r], da), acc[r][t]);
+        if constexpr (T != QType::Q8_0) acc[r][t] = _mm512_fmadd_ps(mv[r], sa, acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < NR; ++r) {
+      float y = _mm512_reduce_add_ps(acc[r][t]);
+      if (nb & 1) {
+        const size_t b = nb - 1;
+        y += block_dot_scalar<T>(rows[r] + b * bb, X[t].qs + b * 32, X[t].d[b], X[t].s[b]);
+      }
+      out[t * NR + r] = y;
+    }
+  }
+}
+#pragma GCC pop_options
+
+using TileFn = void (*)(const uint8_t* const*, size_t, const ActRow*, float*);
+
+template <QType T, int NR, int NT>
+TileFn pick_tile(QLevel lv) {
+  return lv == QLevel::AVX512VNNI ? &tile_vnni<T, NR, NT> : &tile_avx2<T, NR, NT>;
+}
+
+template <QType T>
+void gemm_simd(QLevel lv, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const ActRow* X,
+               size_t n_tok, float* Y, size_t ldy) {
+  constexpr int R = 4, C = 4;
+  const TileFn f44 = pick_tile<T, R, C>(lv), f41 = pick_tile<T, R, 1>(lv);
+  const TileFn f14 = pick_tile<T, 1, C>(lv), f11 = pick_tile<T, 1, 1>(lv);
+  constexpr size_t kTokChunk = 32;  // activations of a chunk stay in L1/L2 while weights stream
+  float out[R * C];
+  const uint8_t* rows[R];
+  for (size_t t0 = 0; t0 < n_tok; t0 += kTokChunk) {
+    const size_t t1 = std::min(n_tok, t0 + kTokChunk);
+    size_t r = r0;
+    for (; r < r1; r += R) {
+      const int nr = int(std::min<size_t>(R, r1 - r));
+      for (int i = 0; i < nr; ++i) rows[i] = W + (r + size_t(i)) * row_bytes;
+      size_t t = t0;
+      if (nr == R) {
+        for (; t + C <= t1; t += C) {
+          f44(rows, nb, X + t, out);
+          for (int j = 0; j < C; ++j)
+            for (int i = 0; i < R; ++i) Y[(t + size_t(j)) * ldy + r + size_t(i)] = out[j * R + i];
+        }
+        for (; t < t1; ++t) {
+          f41(rows, nb, X + t, out);
+          for (int i = 0; i < R; ++i) Y[t * ldy + r + size_t(i)] = out[i];
+        }
+      } else {
+        for (int i = 0; i < nr; ++i) {
+          const uint8_t* one[1] = {rows[i]};
+          size_t tt = t;
+          for (; tt + C <= t1; tt += C) {
+            f14(one, nb, X + tt, out);
+            for (int j = 0; j < C; ++j) Y[(tt + size_t(j)) * ldy + r + size_t(i)] = out[j];
+          }
+          for (; tt < t1; ++tt) {
+            f11(one, nb, X + tt, out);
+            Y[tt * ldy + r + size_t(i)] = out[0];
+          }
+        }
+      }
+    }
+  }
+}
+
+QLevel detect() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni")) {
+    return QLevel::AVX512VNNI;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return QLevel::AVX2;
+  return QLevel::Scalar;
+}
+
+std::atomic<int>& level_storage() {
+  static std::atomic<int> level{int(detect())};
+  return level;
+}
+
+}  // namespace
+
+size_t qtype_block_bytes(QType t) { return kBlockBytes[tix(t)]; }
+
+void quantize_act(const float* x, size_t n, ActRow out) {
+  const size_t nb = n / 32;
+  for (size_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int8_t q = static_cast<int8_t>(std::lround(xb[i] * id));
+      out.qs[b * 32 + size_t(i)] = q;
+      sum += q;
+    }
+    out.d[b] = d;
+    out.s[b] = d * static_cast<float>(sum);
+  }
+}
+
+void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const ActRow* X,
+            size_t n_tok, float* Y, size_t ldy) {
+  const QLevel lv = qlevel();
+  if (lv == QLevel::Scalar) {
+    switch (type) {
+      case QType::Q4_0: return gemm_scalar<QType::Q4_0>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+      case QType::Q4_1: return gemm_scalar<QType::Q4_1>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+      case QType::Q8_0: return gemm_scalar<QType::Q8_0>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+    }
+  }
+  switch (type) {
+    case QType::Q4_0: return gemm_simd<QType::Q4_0>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+    case QType::Q4_1: return gemm_simd<QType::Q4_1>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+    case QType::Q8_0: return gemm_simd<QType::Q8_0>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+  }
+}
+
+QLevel qlevel_best() {
+  static const QLevel best = detect();
+  return best;
+}
+QLevel qlevel() { return QLevel(level_storage().load(std::memory_order_relaxed)); }
+void force_qlevel(QLevel level) {
+  level_storage().store(int(std::min(level, qlevel_best())), std::memory_order_relaxed);
+}
+const char* qlevel_name(QLevel level) {
+  switch (level) {
+    case QLevel::Scalar: return "scalar";
+    case QLevel::AVX2: return "avx2";
+    case QLevel::AVX512VNNI: return "avx512vnni";
+  }
+  return "?";
+}
+
+}  // namespace ts_cpu

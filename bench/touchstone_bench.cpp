@@ -1,0 +1,293 @@
+// touchstone_bench - performance of any backend behind the session contract.
+//
+//   touchstone_bench --backend cpu_simd [--backend vulkan,...] [--weights quantized,full_precision]
+//                    [--model PATH] [--threads N] [google benchmark flags, e.g.
+//                    --benchmark_out=r.json --benchmark_out_format=json --benchmark_filter=decode]
+//
+// Benchmarks, registered per backend x weight path (names <backend>/<weights>/...):
+//   prefill/N        N = 64, 256, 512 prompt tokens from an empty cache (rewind(0)
+//                    between iterations), last-position logits. Counter tok/s.
+//   decode/ctx:C     64 decode steps starting at context C = 0, 256, 1024 (then
+//                    rewind(C)); the same work as llama-bench's tg64 for C = 0.
+//                    Counters tok/s, bytes/token (weights streamed per token as
+//                    stored: GGUF bytes for `quantized`, fp32 for `full_precision`,
+//                    plus the fp32 KV cache read), GB/s (= tok/s * bytes/token).
+//   ttft/N           open_session + prefill(N) until the first token's logits (ms).
+//   every benchmark: peak_rss_MB = the process's peak RSS since this
+//                    (backend, weights) group loaded its model (VmHWM reset
+//                    through /proc/self/clear_refs; one model loaded at a time).
+//   membw            read bandwidth of this machine with --threads threads (bytes_per_second),
+//                    for the decode memory-bandwidth bound.
+// Results print side by side; --benchmark_out gives JSON.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "touchstone/backend.h"
+#include "touchstone/gguf.h"
+#include "touchstone/llama_config.h"
+
+namespace {
+
+struct Options {
+  std::vector<std::string> backends;
+  std::vector<std::string> weights{"quantized", "full_precision"};
+  std::string model;
+  int threads = 0;
+} g_opt;
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// ---- one loaded (backend, weights) group at a time ----
+struct Group {
+  std::string backend, weights;
+  std::shared_ptr<touchstone::BackendLibrary> lib;
+  std::unique_ptr<touchstone::Model> model;
+};
+Group g_cur;
+
+void reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";  // resets VmHWM to the current RSS
+}
+
+double peak_rss_mb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  }
+  return 0.0;
+}
+
+ts_weight_path parse_weights(const std::string& w) {
+  return w == "quantized" ? TS_WEIGHTS_QUANTIZED : TS_WEIGHTS_FULL_PRECISION;
+}
+
+touchstone::Model& use(const std::string& backend, const std::string& weights) {
+  if (g_cur.backend != backend || g_cur.weights != weights) {
+    g_cur.model.reset();
+    g_cur.lib.reset();
+    reset_peak_rss();
+    g_cur.backend = backend;
+    g_cur.weights = weights;
+    g_cur.lib = touchstone::BackendLibrary::load(backend);
+    g_cur.model = std::make_unique<touchstone::Model>(g_cur.lib, g_opt.model);
+  }
+  return *g_cur.model;
+}
+
+touchstone::SessionOptions session_options(const std::string& weights, int32_t max_ctx) {
+  touchstone::SessionOptions o;
+  o.weight_path = parse_weights(weights);
+  o.n_threads = g_opt.threads;
+  o.max_context = max_ctx;
+  return o;
+}
+
+std::vector<int32_t> prompt(size_t n, int32_t n_vocab) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 7919 + 17) % size_t(n_vocab));
+  return t;
+}
+
+// Weight bytes streamed per decoded token (the LM head included; the
+// embedding table only when it is also the LM head), from the GGUF itself.
+struct ModelBytes {
+  double quantized = 0, fp32 = 0, kv_per_token = 0;  // kv: fp32 K+V bytes per cached position
+};
+ModelBytes model_bytes(const std::string& path) {
+  const auto f = touchstone::gguf::File::open(path);
+  const auto c = touchstone::read_llama_config(f);
+  ModelBytes b;
+  for (const auto& t : f.tensors()) {
+    if (t.name == "token_embd.weight" && !c.tied_embeddings) continue;
+    b.quantized += double(t.n_bytes);
+    b.fp32 += double(t.n_elements) * 4.0;
+  }
+  b.kv_per_token = 2.0 * c.n_layer * c.n_head_kv * c.head_dim * 4.0;
+  return b;
+}
+ModelBytes g_bytes;
+
+void finish(benchmark::State& state, double tokens) {
+  state.counters["tok/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
+  state.counters["peak_rss_MB"] = peak_rss_mb();
+}
+
+void bm_prefill(benchmark::State& state, std::string backend, std::string weights, int n) {
+  try {
+    auto& model = use(backend, weights);
+    touchstone::Session s(model, session_options(weights, n + 8));
+    const auto tok = prompt(size_t(n), model.n_vocab());
+    for (auto _ : state) {
+      s.rewind(0);
+      auto logits = s.prefill(tok);
+      benchmark::DoNotOptimize(logits.data());
+    }
+    finish(state, double(state.iterations()) * n);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void bm_decode(benchmark::State& state, std::string backend, std::string weights, int ctx) {
+  constexpr int kSteps = 64;
+  try {
+    auto& model = use(backend, weights);
+    touchstone::Session s(model, session_options(weights, ctx + kSteps + 8));
+    std::vector<float> logits(size_t(model.n_vocab()));
+    if (ctx > 0) s.prefill(prompt(size_t(ctx), model.n_vocab()));
+    for (auto _ : state) {
+      s.rewind(ctx);
+      int32_t t = 1;
+      for (int i = 0; i < kSteps; ++i) {
+        s.decode(t, logits);
+        t = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // greedy
+      }
+      benchmark::DoNotOptimize(logits.data());
+    }
+    finish(state, double(state.iterations()) * kSteps);
+    const double w = weights == "quantized" ? g_bytes.quantized : g_bytes.fp32;
+    const double bytes = w + g_bytes.kv_per_token * (ctx + kSteps / 2.0);
+    state.counters["bytes/token"] = bytes;
+    state.counters["GB/s"] = benchmark::Counter(double(state.iterations()) * kSteps * bytes / 1e9,
+                                                benchmark::Counter::kIsRate);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void bm_ttft(benchmark::State& state, std::string backend, std::string weights, int n) {
+  try {
+    auto& model = use(backend, weights);
+    { touchstone::Session warm(model, session_options(weights, n + 8)); }  // lazy load not timed
+    const auto tok = prompt(size_t(n), model.n_vocab());
+    for (auto _ : state) {
+      touchstone::Session s(model, session_options(weights, n + 8));
+      auto logits = s.prefill(tok);
+      benchmark::DoNotOptimize(logits.data());
+    }
+    finish(state, double(state.iterations()) * n);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// Read bandwidth: each thread sums its slice of a 512 MiB buffer (>> L3).
+uint64_t sum_slice(const uint64_t* p, size_t n) {
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (size_t i = 0; i + 4 <= n; i += 4) {
+    a0 += p[i];
+    a1 += p[i + 1];
+    a2 += p[i + 2];
+    a3 += p[i + 3];
+  }
+  return a0 + a1 + a2 + a3;
+}
+
+void bm_membw(benchmark::State& state) {
+  const int threads = g_opt.threads > 0 ? g_opt.threads : int(std::thread::hardware_concurrency());
+  const size_t n = (size_t(512) << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n, 1);
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  for (auto _ : state) {
+    std::vector<std::thread> th;
+    const size_t per = n / size_t(threads);
+    for (int i = 0; i < threads; ++i) {
+      th.emplace_back([&, i] { sums[size_t(i)] = sum_slice(buf.data() + size_t(i) * per, per); });
+    }
+    for (auto& t : th) t.join();
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n * sizeof(uint64_t)));
+  state.counters["threads"] = threads;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* home = std::getenv("HOME");
+  const char* mdir = std::getenv("TOUCHSTONE_MODEL_DIR");
+  g_opt.model = std::string(mdir ? mdir : std::string(home ? home : "/root") + "/.cache/touchstone/models") +
+                "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::vector<char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      const std::string f = flag;
+      if (a == f && i + 1 < argc) return argv[++i];
+      if (a.rfind(f + "=", 0) == 0) return argv[i] + f.size() + 1;
+      return nullptr;
+    };
+    if (const char* v = value("--backend")) {
+      for (auto& b : split(v)) g_opt.backends.push_back(b);
+    } else if (const char* v2 = value("--weights")) {
+      g_opt.weights = split(v2);
+    } else if (const char* v3 = value("--model")) {
+      g_opt.model = v3;
+    } else if (const char* v4 = value("--threads")) {
+      g_opt.threads = std::atoi(v4);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  if (g_opt.backends.empty()) g_opt.backends.push_back("cpu_simd");
+  try {
+    g_bytes = model_bytes(g_opt.model);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "touchstone_bench: %s\n", e.what());
+    return 1;
+  }
+  benchmark::AddCustomContext("model", g_opt.model);
+  benchmark::AddCustomContext("threads", std::to_string(g_opt.threads));
+  for (const auto& b : g_opt.backends) {
+    try {
+      auto lib = touchstone::BackendLibrary::load(b);
+      benchmark::AddCustomContext("device." + b, lib->device_name());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "touchstone_bench: %s\n", e.what());
+      return 1;
+    }
+    for (const auto& w : g_opt.weights) {
+      const std::string p = b + "/" + w + "/";
+      for (int n : {64, 256, 512}) {
+        benchmark::RegisterBenchmark((p + "prefill/" + std::to_string(n)).c_str(), bm_prefill, b, w, n)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+      }
+      for (int c : {0, 256, 1024}) {
+        benchmark::RegisterBenchmark((p + "decode/ctx:" + std::to_string(c)).c_str(), bm_decode, b, w, c)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+      }
+      for (int n : {64, 256}) {
+        benchmark::RegisterBenchmark((p + "ttft/" + std::to_string(n)).c_str(), bm_ttft, b, w, n)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+      }
+    }
+  }
+  benchmark::RegisterBenchmark("membw/read", bm_membw)->Unit(benchmark::kMillisecond)->UseRealTime();
+  int rc = int(rest.size());
+  benchmark::Initialize(&rc, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(rc, rest.data())) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  g_cur.model.reset();
+  return 0;
+}
