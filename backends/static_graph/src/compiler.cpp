@@ -1,0 +1,373 @@
+// compiler.cpp - MLIR pass pipeline + JIT (see compiler.h).
+#include "compiler.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
+#include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
+#include "llvm/ExecutionEngine/Orc/LLJIT.h"
+#include "llvm/Support/DynamicLibrary.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/TargetSelect.h"
+#include "llvm/TargetParser/Host.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Transform/IR/TransformDialect.h"
+#include "mlir/Dialect/Transform/Interfaces/TransformInterfaces.h"
+#include "mlir/Dialect/Transform/Transforms/TransformInterpreterUtils.h"
+#include "mlir/ExecutionEngine/ExecutionEngine.h"
+#include "mlir/ExecutionEngine/OptUtils.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/InitAllDialects.h"
+#include "mlir/InitAllExtensions.h"
+#include "mlir/InitAllPasses.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Target/LLVMIR/Dialect/All.h"
+
+namespace touchstone::static_graph {
+namespace {
+
+// Stage 1: TOSA -> linalg on tensors. The named tosa-to-linalg-pipeline is not
+// used: it validates with a profile that rejects f32 and lacks tosa-to-scf
+// (needed for tosa.scatter, the KV write at a runtime position).
+const char* kStage1 =
+    "func.func(tosa-optional-decompositions),canonicalize,"
+    "func.func(tosa-infer-shapes,tosa-make-broadcastable,tosa-to-linalg-named,tosa-to-scf),canonicalize,"
+    "func.func(tosa-layerwise-constant-fold,tosa-make-broadcastable),"
+    "func.func(tosa-to-linalg,tosa-to-tensor,tosa-to-arith),canonicalize,cse";
+
+// Stage 2 (after the transform-dialect schedule): bufferize with the KV caches
+// updated in place, results written to caller-allocated out-params.
+// drop-equivalent-buffer-results and buffer-results-to-out-params skip public
+// functions in MLIR 22, so the step function is made private just for those
+// passes (run_stage2 below).
+const char* kStage2a =
+    "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},"
+    "canonicalize";
+const char* kStage2Drop = "drop-equivalent-buffer-results";
+const char* kStage2b =
+    "buffer-results-to-out-params{hoist-static-allocs},canonicalize,"
+    "buffer-deallocation-pipeline,convert-bufferization-to-memref";
+
+// Stage 3: loops -> LLVM dialect.
+const char* kStage3 =
+    "func.func(convert-linalg-to-loops),lower-affine,convert-scf-to-cf,canonicalize,cse,"
+    "convert-vector-to-scf,convert-vector-to-llvm,"
+    "expand-strided-metadata,lower-affine,convert-math-to-llvm,convert-arith-to-llvm,convert-index-to-llvm,"
+    "finalize-memref-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,reconcile-unrealized-casts";
+
+// Transform-dialect schedule applied between stages 1 and 2: every batch matmul
+// (y = x . W with W [in][out]) is generalized and its loops interchanged to
+// (b, m, k, n), so the innermost loop runs over contiguous output columns and
+// LLVM vectorizes it without reassociating any floating-point sum.
+const char* kTransformInterchange = R"mlir(
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %mm = transform.structured.match ops{["linalg.batch_matmul"]} in %root : (!transform.any_op) -> !transform.any_op
+    %g = transform.structured.generalize %mm : (!transform.any_op) -> !transform.any_op
+    %i = transform.structured.interchange %g iterator_interchange = [0, 1, 3, 2] : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }
+}
+)mlir";
+
+std::once_flag g_init_once;
+void init_llvm() {
+  std::call_once(g_init_once, [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    mlir::registerAllPasses();
+  });
+}
+
+std::unique_ptr<mlir::MLIRContext> make_context() {
+  mlir::DialectRegistry registry;
+  mlir::registerAllDialects(registry);
+  mlir::registerAllExtensions(registry);
+  mlir::registerAllToLLVMIRTranslations(registry);
+  auto ctx = std::make_unique<mlir::MLIRContext>(registry, mlir::MLIRContext::Threading::DISABLED);
+  ctx->loadAllAvailableDialects();
+  return ctx;
+}
+
+// Collects diagnostics into a string while alive.
+class DiagCollector {
+ public:
+  explicit DiagCollector(mlir::MLIRContext* ctx)
+      : handler_(ctx->getDiagEngine().registerHandler([this](mlir::Diagnostic& d) {
+          llvm::raw_string_ostream os(text_);
+          os << d.getLocation() << ": " << d << "\n";
+          for (auto& n : d.getNotes()) os << "  note: " << n << "\n";
+          return mlir::success();
+        })),
+        ctx_(ctx) {}
+  ~DiagCollector() { ctx_->getDiagEngine().eraseHandler(handler_); }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+  mlir::DiagnosticEngine::HandlerID handler_;
+  mlir::MLIRContext* ctx_;
+};
+
+[[noreturn]] void fail(const std::string& what, const DiagCollector& diags) {
+  std::string t = diags.text();
+  if (t.size() > 4000) t = t.substr(0, 4000) + "...";
+  throw std::runtime_error("static_graph: " + what + "\n" + t);
+}
+
+void dump(mlir::ModuleOp module, const std::string& name) {
+  const char* dir = std::getenv("TOUCHSTONE_STATIC_GRAPH_DUMP");
+  if (!dir || !*dir) return;
+  std::error_code ec;
+  llvm::raw_fd_ostream os(std::string(dir) + "/" + name + ".mlir", ec);
+  if (!ec) module->print(os);
+}
+
+void run_pipeline(mlir::ModuleOp module, const char* pipeline, const char* stage, const DiagCollector& diags) {
+  dump(module, std::string("before_") + stage);
+  mlir::PassManager pm(module->getContext(), mlir::ModuleOp::getOperationName());
+  std::string err;
+  llvm::raw_string_ostream es(err);
+  if (mlir::failed(mlir::parsePassPipeline(pipeline, pm, es))) {
+    throw std::runtime_error(std::string("static_graph: bad pass pipeline (") + stage + "): " + err);
+  }
+  if (mlir::failed(pm.run(module))) fail(std::string("pass pipeline failed at ") + stage, diags);
+}
+
+void set_public(mlir::ModuleOp module, bool pub) {
+  module->walk([&](mlir::func::FuncOp f) {
+    if (!f.isExternal()) f.setVisibility(pub ? mlir::SymbolTable::Visibility::Public : mlir::SymbolTable::Visibility::Private);
+  });
+}
+
+void run_stage2(mlir::ModuleOp module, const DiagCollector& diags) {
+  run_pipeline(module, kStage2a, "stage2a", diags);
+  set_public(module, false);
+  run_pipeline(module, kStage2Drop, "stage2drop", diags);
+  run_pipeline(module, kStage2b, "stage2b", diags);
+  set_public(module, true);
+}
+
+void apply_schedule(mlir::ModuleOp module, const CompileOptions& opt, const DiagCollector& diags) {
+  if (!opt.vectorize) return;
+  mlir::MLIRContext* ctx = module->getContext();
+  mlir::OwningOpRef<mlir::ModuleOp> script = mlir::parseSourceString<mlir::ModuleOp>(kTransformInterchange, ctx);
+  if (!script) fail("cannot parse the transform schedule", diags);
+  mlir::transform::TransformOpInterface entry = mlir::transform::detail::findTransformEntryPoint(
+      script->getOperation(), *script, mlir::transform::TransformDialect::kTransformEntryPointSymbolName);
+  if (!entry) fail("transform schedule has no entry point", diags);
+  mlir::transform::TransformOptions topts;
+  if (mlir::failed(mlir::transform::applyTransformNamedSequence(module.getOperation(), entry.getOperation(), *script,
+                                                                topts))) {
+    fail("transform schedule failed", diags);
+  }
+}
+
+mlir::OwningOpRef<mlir::ModuleOp> parse(mlir::MLIRContext* ctx, const std::string& text, const DiagCollector& diags) {
+  mlir::OwningOpRef<mlir::ModuleOp> m = mlir::parseSourceString<mlir::ModuleOp>(text, ctx);
+  if (!m) fail("cannot parse the graph module", diags);
+  return m;
+}
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string runner_utils_path() {
+  for (const char* p : {"/usr/lib/llvm-22/lib/libmlir_c_runner_utils.so", "/usr/lib/llvm-22/lib/libmlir_c_runner_utils.so.22.1"}) {
+    if (std::filesystem::exists(p)) return p;
+  }
+  return {};
+}
+
+class EngineGraph : public CompiledGraph {
+ public:
+  std::unique_ptr<mlir::ExecutionEngine> engine;
+  void (*fn)(void**) = nullptr;
+  void call(void** args) const override { fn(args); }
+};
+
+class OrcGraph : public CompiledGraph {
+ public:
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+  void (*fn)(void**) = nullptr;
+  void call(void** args) const override { fn(args); }
+};
+
+llvm::orc::JITTargetMachineBuilder host_tmb() {
+  auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+  if (!tmb) throw std::runtime_error("static_graph: cannot detect the host target: " + llvm::toString(tmb.takeError()));
+  tmb->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
+  return std::move(*tmb);
+}
+
+std::unique_ptr<CompiledGraph> load_cached(const std::string& path, const std::string& symbol) {
+  auto buf = llvm::MemoryBuffer::getFile(path);
+  if (!buf) return nullptr;
+  auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(host_tmb()).create();
+  if (!jit) {
+    llvm::consumeError(jit.takeError());
+    return nullptr;
+  }
+  const std::string rt = runner_utils_path();
+  if (!rt.empty()) llvm::sys::DynamicLibrary::LoadLibraryPermanently(rt.c_str());
+  auto gen = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*jit)->getDataLayout().getGlobalPrefix());
+  if (!gen) {
+    llvm::consumeError(gen.takeError());
+    return nullptr;
+  }
+  (*jit)->getMainJITDylib().addGenerator(std::move(*gen));
+  if (auto err = (*jit)->addObjectFile(std::move(*buf))) {
+    llvm::consumeError(std::move(err));
+    return nullptr;
+  }
+  auto sym = (*jit)->lookup(symbol);
+  if (!sym) {
+    llvm::consumeError(sym.takeError());
+    return nullptr;
+  }
+  auto g = std::make_unique<OrcGraph>();
+  g->fn = sym->toPtr<void (*)(void**)>();
+  g->jit = std::move(*jit);
+  return g;
+}
+
+}  // namespace
+
+std::string host_cpu_name() { return llvm::sys::getHostCPUName().str(); }
+
+std::string pipeline_description(const CompileOptions& opt) {
+  std::string s = std::string("stage1: ") + kStage1 + "\n";
+  if (opt.vectorize) s += std::string("transform: ") + kTransformInterchange + "\n";
+  s += std::string("stage2: ") + kStage2a + ", [func private]," + kStage2Drop + "," + kStage2b + ",[func public]" +
+       "\nstage3: " + kStage3 + "\nllvm: O3, host target machine\n";
+  return s;
+}
+
+void verify_module_text(const std::string& text) {
+  init_llvm();
+  auto ctx = make_context();
+  DiagCollector diags(ctx.get());
+  auto m = parse(ctx.get(), text, diags);
+  if (mlir::failed(mlir::verify(m->getOperation()))) fail("module does not verify", diags);
+}
+
+std::string lower_to_buffers(const std::string& text, const CompileOptions& opt) {
+  init_llvm();
+  auto ctx = make_context();
+  DiagCollector diags(ctx.get());
+  auto m = parse(ctx.get(), text, diags);
+  run_pipeline(*m, kStage1, "stage1", diags);
+  apply_schedule(*m, opt, diags);
+  run_stage2(*m, diags);
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  m->print(os);
+  return out;
+}
+
+std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std::string& func_name,
+                                             const CompileOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  init_llvm();
+  const std::string symbol = "_mlir__mlir_ciface_" + func_name;
+  std::string cpu = host_cpu_name();
+  {
+    llvm::StringMap<bool> f = llvm::sys::getHostCPUFeatures();
+    std::vector<std::string> on;
+    for (auto& kv : f)
+      if (kv.second) on.push_back(kv.first().str());
+    std::sort(on.begin(), on.end());
+    for (auto& s : on) cpu += "," + s;
+  }
+  char key[32];
+  std::snprintf(key, sizeof key, "%016llx",
+                static_cast<unsigned long long>(fnv1a(text, fnv1a(pipeline_description(opt) + cpu + "llvm22"))));
+  std::string cache_path;
+  if (!opt.cache_dir.empty()) {
+    cache_path = opt.cache_dir + "/" + func_name + "-" + key + ".o";
+    int nargs = -1;
+    {
+      std::ifstream meta(cache_path + ".nargs");
+      meta >> nargs;
+    }
+    std::unique_ptr<CompiledGraph> g;
+    if (nargs > 0) g = load_cached(cache_path, symbol);
+    if (g) {
+      g->lowered_num_args = nargs;
+      g->from_cache = true;
+      g->cache_key = key;
+      g->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return g;
+    }
+  }
+
+  auto ctx = make_context();
+  DiagCollector diags(ctx.get());
+  auto m = parse(ctx.get(), text, diags);
+  run_pipeline(*m, kStage1, "stage1", diags);
+  apply_schedule(*m, opt, diags);
+  run_stage2(*m, diags);
+  int lowered_args = -1;
+  m->walk([&](mlir::func::FuncOp f) {
+    if (f.getSymName() == func_name) lowered_args = static_cast<int>(f.getNumArguments());
+  });
+  run_pipeline(*m, kStage3, "stage3", diags);
+
+  auto tmb = host_tmb();
+  auto tm = tmb.createTargetMachine();
+  if (!tm) throw std::runtime_error("static_graph: cannot create the host target machine");
+  auto transformer = mlir::makeOptimizingTransformer(3, 0, tm->get());
+  mlir::ExecutionEngineOptions eo;
+  eo.transformer = transformer;
+  eo.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
+  const std::string rt = runner_utils_path();
+  llvm::SmallVector<llvm::StringRef, 1> libs;
+  if (!rt.empty()) libs.push_back(rt);
+  eo.sharedLibPaths = libs;
+  eo.enableObjectDump = !cache_path.empty();
+  auto engine = mlir::ExecutionEngine::create(*m, eo, std::move(*tm));
+  if (!engine) {
+    throw std::runtime_error("static_graph: ExecutionEngine::create failed: " + llvm::toString(engine.takeError()));
+  }
+  auto fn = (*engine)->lookupPacked("_mlir_ciface_" + func_name);
+  if (!fn) throw std::runtime_error("static_graph: lookup failed: " + llvm::toString(fn.takeError()));
+  auto g = std::make_unique<EngineGraph>();
+  g->fn = *fn;
+  g->engine = std::move(*engine);
+  g->cache_key = key;
+  g->lowered_num_args = lowered_args;
+  if (!cache_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opt.cache_dir, ec);
+    const std::string tmp = cache_path + ".tmp" + std::to_string(::getpid());
+    std::ofstream(cache_path + ".nargs") << lowered_args << "\n";
+    g->engine->dumpToObjectFile(tmp);
+    std::filesystem::rename(tmp, cache_path, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+  }
+  g->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return g;
+}
+
+}  // namespace touchstone::static_graph

@@ -1,0 +1,406 @@
+// engine.cpp - weight packing, bucket planning and the session token loop.
+#include "engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "touchstone/backend_impl.h"
+#include "touchstone/error.h"
+#include "touchstone/gguf.h"
+#include "touchstone/llama_config.h"
+#include "touchstone/llama_weights.h"
+#include "touchstone/quant.h"
+
+namespace touchstone::static_graph {
+
+size_t elem_size(const std::string& e) {
+  if (e == "f32" || e == "i32") return 4;
+  if (e == "f16") return 2;
+  if (e == "i8") return 1;
+  throw std::logic_error("elem_size: " + e);
+}
+
+HostTensor HostTensor::make(std::vector<int64_t> shape, const std::string& elem) {
+  HostTensor t;
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  t.bytes = n * elem_size(elem);
+  const size_t alloc = (t.bytes + 63) / 64 * 64 + 64;
+  void* p = std::aligned_alloc(64, alloc);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, alloc);
+  t.data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+  t.shape = std::move(shape);
+  t.elem = elem;
+  return t;
+}
+
+namespace {
+
+using gguf::TensorType;
+
+const char* kMatrixNames[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+
+// fp32 [out][in] -> [1][in][out]
+HostTensor transpose_f32(const std::vector<float>& w, int64_t out, int64_t in) {
+  HostTensor t = HostTensor::make({1, in, out}, "f32");
+  float* d = t.as<float>();
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) d[i * out + o] = w[size_t(o * in + i)];
+  return t;
+}
+
+HostTensor vec_f32(const std::vector<float>& v) {
+  HostTensor t = HostTensor::make({1, int64_t(v.size())}, "f32");
+  std::memcpy(t.data.get(), v.data(), v.size() * 4);
+  return t;
+}
+
+// Repacks a GGUF block matrix (rows = out, blocks along in) into the graph's
+// transposed block layout: qs [nb][16|32][out], d/m [nb][1][out] (raw fp16 bits).
+void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name, int64_t in, int64_t out,
+                 WeightSet& ws, MatrixFormat& fmt) {
+  const auto raw = f.tensor_data(ti);
+  const int64_t nb = in / 32;
+  auto put = [&](const std::string& k, HostTensor t) {
+    ws.bytes += t.bytes;
+    ws.tensors[k] = std::move(t);
+  };
+  if (ti.type == TensorType::Q4_1 || ti.type == TensorType::Q4_0) {
+    const bool q41 = ti.type == TensorType::Q4_1;
+    fmt = q41 ? MatrixFormat::Q4_1 : MatrixFormat::Q4_0;
+    HostTensor qs = HostTensor::make({nb, 16, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f16");
+    HostTensor mn = q41 ? HostTensor::make({nb, 1, out}, "f16") : HostTensor{};
+    const size_t bsz = q41 ? sizeof(gguf::block_q4_1) : sizeof(gguf::block_q4_0);
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = raw.data() + size_t(o * nb + b) * bsz;
+        uint16_t dh, mh = 0;
+        std::memcpy(&dh, blk, 2);
+        if (q41) std::memcpy(&mh, blk + 2, 2);
+        const uint8_t* q = blk + (q41 ? 4 : 2);
+        d.as<uint16_t>()[b * out + o] = dh;
+        if (q41) mn.as<uint16_t>()[b * out + o] = mh;
+        for (int j = 0; j < 16; ++j) qs.as<uint8_t>()[(b * 16 + j) * out + o] = q[j];
+      }
+    }
+    put(name + ".qs", qs);
+    put(name + ".d", d);
+    if (q41) put(name + ".m", mn);
+  } else if (ti.type == TensorType::Q8_0) {
+    fmt = MatrixFormat::Q8_0;
+    HostTensor qs = HostTensor::make({nb, 32, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f16");
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = raw.data() + size_t(o * nb + b) * sizeof(gguf::block_q8_0);
+        uint16_t dh;
+        std::memcpy(&dh, blk, 2);
+        d.as<uint16_t>()[b * out + o] = dh;
+        for (int j = 0; j < 32; ++j) qs.as<uint8_t>()[(b * 32 + j) * out + o] = blk[2 + j];
+      }
+    }
+    put(name + ".qs", qs);
+    put(name + ".d", d);
+  } else {
+    throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: tensor " + ti.name + " has type " +
+                          std::string(gguf::type_name(ti.type)) + " (supported in graph: Q4_0, Q4_1, Q8_0)");
+  }
+}
+
+}  // namespace
+
+
+const WeightSet& Model::weights(WeightMode mode) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<WeightSet>& slot = mode == WeightMode::FullPrecision ? full : quant;
+  if (slot) return *slot;
+  auto ws = std::make_unique<WeightSet>();
+  const gguf::File f = gguf::File::open(path);
+  const ModelDims& D = dims;
+  ws->spec_template.mode = mode;
+  auto put = [&](const std::string& k, HostTensor t) {
+    ws->bytes += t.bytes;
+    ws->tensors[k] = std::move(t);
+  };
+  if (mode == WeightMode::FullPrecision) {
+    const LlamaWeights w = load_llama_weights(f);
+    HostTensor emb = HostTensor::make({1, D.n_vocab, D.n_embd}, "f32");
+    std::memcpy(emb.data.get(), w.token_embd.data(), emb.bytes);
+    put("token_embd", emb);
+    put("output_norm", vec_f32(w.output_norm));
+    put("lm_head", transpose_f32(w.lm_head(), D.n_vocab, D.n_embd));
+    for (int32_t l = 0; l < D.n_layer; ++l) {
+      const LlamaLayerWeights& L = w.layers[size_t(l)];
+      const std::string p = "blk." + std::to_string(l) + ".";
+      const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
+      put(p + "attn_norm", vec_f32(L.attn_norm));
+      put(p + "ffn_norm", vec_f32(L.ffn_norm));
+      put(p + "attn_q", transpose_f32(L.wq, qd, D.n_embd));
+      put(p + "attn_k", transpose_f32(L.wk, kvd, D.n_embd));
+      put(p + "attn_v", transpose_f32(L.wv, kvd, D.n_embd));
+      put(p + "attn_output", transpose_f32(L.wo, D.n_embd, qd));
+      put(p + "ffn_gate", transpose_f32(L.w_gate, D.n_ff, D.n_embd));
+      put(p + "ffn_up", transpose_f32(L.w_up, D.n_ff, D.n_embd));
+      put(p + "ffn_down", transpose_f32(L.w_down, D.n_embd, D.n_ff));
+    }
+  } else {
+    // Norms in fp32; every matrix stays in its GGUF blocks (repacked, not dequantized).
+    auto f32vec = [&](const std::string& name) {
+      const gguf::TensorInfo& ti = f.tensor(name);
+      return vec_f32(gguf::dequantize(f, ti));
+    };
+    put("output_norm", f32vec("output_norm.weight"));
+    ws->spec_template.layer_formats.resize(size_t(D.n_layer) * 7);
+    for (int32_t l = 0; l < D.n_layer; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      put(p + "attn_norm", f32vec(p + "attn_norm.weight"));
+      put(p + "ffn_norm", f32vec(p + "ffn_norm.weight"));
+      const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
+      const int64_t ins[7] = {D.n_embd, D.n_embd, D.n_embd, qd, D.n_embd, D.n_embd, D.n_ff};
+      const int64_t outs[7] = {qd, kvd, kvd, D.n_embd, D.n_ff, D.n_ff, D.n_embd};
+      for (int k = 0; k < 7; ++k) {
+        const gguf::TensorInfo& ti = f.tensor(p + kMatrixNames[k] + ".weight");
+        pack_blocks(f, ti, p + kMatrixNames[k], ins[k], outs[k], *ws,
+                    ws->spec_template.layer_formats[size_t(l * 7 + k)]);
+      }
+    }
+    const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
+    const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
+    if (out_w && out_w->type != embd.type) {
+      throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: output.weight and token_embd.weight have different types");
+    }
+    if (embd.type != TensorType::Q8_0) {
+      throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: token_embd.weight must be Q8_0, got " +
+                            std::string(gguf::type_name(embd.type)));
+    }
+    ws->spec_template.embd_format = MatrixFormat::Q8_0;
+    pack_blocks(f, out_w ? *out_w : embd, "lm_head", D.n_embd, D.n_vocab, *ws, ws->spec_template.embd_format);
+    // Row layout of the embedding for the in-graph gather: qs [1][V][d], d [1][V][nb].
+    const int64_t nb = D.n_embd / 32;
+    HostTensor rq = HostTensor::make({1, D.n_vocab, D.n_embd}, "i8"), rd = HostTensor::make({1, D.n_vocab, nb}, "f16");
+    const auto raw = f.tensor_data(embd);
+    for (int64_t v = 0; v < D.n_vocab; ++v) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = raw.data() + size_t(v * nb + b) * sizeof(gguf::block_q8_0);
+        std::memcpy(&rd.as<uint16_t>()[v * nb + b], blk, 2);
+        std::memcpy(&rq.as<uint8_t>()[v * D.n_embd + b * 32], blk + 2, 32);
+      }
+    }
+    put("token_embd.rows.qs", rq);
+    put("token_embd.rows.d", rd);
+  }
+  slot = std::move(ws);
+  return *slot;
+}
+
+std::unique_ptr<Model> load_model(const std::string& path) {
+  auto m = std::make_unique<Model>();
+  m->path = path;
+  const gguf::File f = gguf::File::open(path);
+  const LlamaConfig c = read_llama_config(f);
+  if (c.n_rot != c.head_dim) throw abi::StatusError(TS_ERR_UNSUPPORTED, "partial RoPE (n_rot != head_dim) is not supported");
+  if (c.n_embd % 32 || c.n_ff % 32 || (c.n_head * c.head_dim) % 32) {
+    throw abi::StatusError(TS_ERR_UNSUPPORTED, "dimensions must be multiples of 32");
+  }
+  m->dims = ModelDims{c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.rms_norm_eps};
+  m->rope_base = c.rope_freq_base;
+  m->n_ctx_train = c.n_ctx_train;
+  return m;
+}
+
+int32_t pick_window(int32_t needed, int32_t capacity, const BucketConfig& b) {
+  for (int32_t w : b.windows)
+    if (w >= needed && w < capacity) return w;
+  return capacity;
+}
+
+std::vector<Chunk> plan_prefill(int32_t pos, int32_t n, int32_t capacity, const BucketConfig& b) {
+  std::vector<Chunk> out;
+  int32_t done = 0;
+  const int32_t largest = b.prefill.empty() ? 1 : b.prefill.back();
+  while (done < n) {
+    const int32_t left = n - done, p = pos + done;
+    int32_t T = 1;
+    if (left > 1) {
+      // Smallest bucket holding what is left; else the largest bucket (chunking).
+      T = largest;
+      for (int32_t bk : b.prefill) {
+        if (bk >= left) {
+          T = bk;
+          break;
+        }
+      }
+      // The padded rows are written to the KV cache too: they must fit.
+      while (T > 1 && p + T > capacity) {
+        int32_t smaller = 1;
+        for (int32_t bk : b.prefill)
+          if (bk < T) smaller = bk;
+        T = smaller;
+      }
+    }
+    const int32_t take = std::min(T, left);
+    out.push_back(Chunk{done, take, T, pick_window(p + T, capacity, b)});
+    done += take;
+  }
+  return out;
+}
+
+std::string default_cache_dir() {
+  if (const char* e = std::getenv("TOUCHSTONE_STATIC_GRAPH_CACHE")) return e;  // "" disables
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/tmp") + "/.cache/touchstone/static_graph";
+}
+
+Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads)
+    : m_(m), mode_(mode), w_(m.weights(mode)), cap_(capacity) {
+  (void)n_threads;
+  const ModelDims& D = m.dims;
+  const int64_t L = D.n_layer, KVH = D.n_head_kv, hd = D.head_dim, half = hd / 2;
+  kc_ = HostTensor::make({1, L * KVH * hd * cap_, 1}, "f32");
+  vc_ = HostTensor::make({1, L * KVH * cap_, hd}, "f32");
+  rcos_ = HostTensor::make({1, cap_, half}, "f32");
+  rsin_ = HostTensor::make({1, cap_, half}, "f32");
+  for (int64_t p = 0; p < cap_; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      // Same formula as the reference (fp64, rounded once to fp32).
+      const double theta = double(p) * std::pow(double(m.rope_base), -2.0 * double(i) / double(hd));
+      rcos_.as<float>()[p * half + i] = static_cast<float>(std::cos(theta));
+      rsin_.as<float>()[p * half + i] = static_cast<float>(std::sin(theta));
+    }
+  }
+}
+
+namespace {
+bool is_cache(const std::string& n) { return n.rfind("k_cache.", 0) == 0 || n.rfind("v_cache.", 0) == 0; }
+int64_t cache_layer(const std::string& n) { return std::stoll(n.substr(8)); }
+}  // namespace
+
+Session::Graph& Session::graph(int32_t T, int32_t W) {
+  auto it = graphs_.find({T, W});
+  if (it != graphs_.end()) return it->second;
+  GraphSpec spec = w_.spec_template;
+  spec.T = T;
+  spec.W = W;
+  spec.capacity = cap_;
+  const std::string name = "step";
+  Graph g;
+  g.built = build_step_graph(m_.dims, spec, name);
+  const std::string key = (mode_ == WeightMode::FullPrecision ? "f" : "q") + std::to_string(T) + "_" +
+                          std::to_string(W) + "_" + std::to_string(cap_);
+  {
+    std::lock_guard<std::mutex> lock(m_.mu);
+    auto git = m_.graphs.find(key);
+    if (git != m_.graphs.end()) g.compiled = git->second;
+  }
+  if (!g.compiled) {
+    CompileOptions opt;
+    opt.cache_dir = default_cache_dir();
+    g.compiled = compile_graph(g.built.mlir, name, opt);
+    std::lock_guard<std::mutex> lock(m_.mu);
+    m_.graphs[key] = g.compiled;
+    stats_.push_back(GraphStats{key, g.compiled->compile_seconds, g.compiled->from_cache});
+    if (const char* v = std::getenv("TOUCHSTONE_STATIC_GRAPH_VERBOSE"); v && *v) {
+      std::fprintf(stderr, "static_graph: graph %s (T=%d, W=%d, capacity %d): %s in %.2f s\n", key.c_str(), T, W, cap_,
+                   g.compiled->from_cache ? "loaded from cache" : "compiled", g.compiled->compile_seconds);
+    }
+  }
+  int n_cache_results = 0;
+  for (const ArgInfo& r : g.built.results) n_cache_results += is_cache(r.name);
+  const int expected = int(g.built.args.size() + g.built.results.size()) - n_cache_results;
+  if (g.compiled->lowered_num_args != expected) {
+    throw std::runtime_error("static_graph: lowered signature has " + std::to_string(g.compiled->lowered_num_args) +
+                             " arguments, expected " + std::to_string(expected) +
+                             " (KV caches not updated in place?)");
+  }
+  return graphs_.emplace(std::make_pair(T, W), std::move(g)).first->second;
+}
+
+namespace {
+// A ranked memref descriptor: {alloc, aligned, offset, sizes[r], strides[r]}.
+struct Desc {
+  std::vector<int64_t> words;
+  void set(void* p, const std::vector<int64_t>& shape) {
+    const size_t r = shape.size();
+    words.assign(3 + 2 * r, 0);
+    words[0] = reinterpret_cast<int64_t>(p);
+    words[1] = reinterpret_cast<int64_t>(p);
+    words[2] = 0;
+    int64_t stride = 1;
+    for (size_t i = r; i-- > 0;) {
+      words[3 + i] = shape[i];
+      words[3 + r + i] = stride;
+      stride *= shape[i];
+    }
+  }
+};
+}  // namespace
+
+void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows) {
+  Graph& g = graph(c.T, c.W);
+  const int64_t V = m_.dims.n_vocab;
+  std::vector<int32_t> tok(size_t(c.T), 0);
+  std::copy(tokens + c.start, tokens + c.start + c.n, tok.begin());
+  int32_t pos = pos_;
+  out_.resize(size_t(c.T * V));
+  std::vector<int32_t> am(size_t(c.T));
+  size_t n_args = g.built.args.size();
+  for (const ArgInfo& r : g.built.results) n_args += !is_cache(r.name);
+  const int64_t kc_layer = int64_t(m_.dims.n_head_kv) * m_.dims.head_dim * cap_;  // floats per layer (K and V)
+  std::vector<Desc> descs(n_args);
+  std::vector<void*> desc_ptrs(n_args), args(n_args);
+  size_t i = 0;
+  for (const ArgInfo& a : g.built.args) {
+    void* p = nullptr;
+    if (a.name == "tokens") p = tok.data();
+    else if (a.name == "pos") p = &pos;
+    else if (a.name == "rope_cos") p = rcos_.data.get();
+    else if (a.name == "rope_sin") p = rsin_.data.get();
+    else if (a.name.rfind("k_cache.", 0) == 0) p = kc_.as<float>() + cache_layer(a.name) * kc_layer;
+    else if (a.name.rfind("v_cache.", 0) == 0) p = vc_.as<float>() + cache_layer(a.name) * kc_layer;
+    else {
+      auto it = w_.tensors.find(a.name);
+      if (it == w_.tensors.end()) throw std::logic_error("static_graph: no tensor for argument " + a.name);
+      p = it->second.data.get();
+    }
+    descs[i++].set(p, a.shape);
+  }
+  for (size_t r = 0; r < g.built.results.size(); ++r) {
+    const ArgInfo& a = g.built.results[r];
+    if (is_cache(a.name)) continue;
+    descs[i++].set(a.name == "logits" ? static_cast<void*>(out_.data()) : static_cast<void*>(am.data()), a.shape);
+  }
+  for (size_t k = 0; k < n_args; ++k) {
+    desc_ptrs[k] = descs[k].words.data();
+    args[k] = &desc_ptrs[k];
+  }
+  g.compiled->call(args.data());
+  if (logits_rows) std::memcpy(logits_rows, out_.data(), size_t(c.n) * size_t(V) * sizeof(float));
+  pos_ += c.n;
+}
+
+void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+  const int64_t V = m_.dims.n_vocab;
+  for (const Chunk& c : plan_prefill(pos_, n, cap_, buckets)) {
+    if (all_positions) {
+      run(c, tokens, logits + int64_t(c.start) * V);
+    } else {
+      run(c, tokens, nullptr);
+      if (c.start + c.n == n) {
+        std::memcpy(logits, out_.data() + int64_t(c.n - 1) * V, size_t(V) * sizeof(float));
+      }
+    }
+  }
+}
+
+void Session::decode(int32_t token, float* logits) {
+  Chunk c{0, 1, 1, pick_window(pos_ + 1, cap_, buckets)};
+  run(c, &token, logits);
+}
+
+void Session::rewind(int32_t p) { pos_ = p; }
+
+}  // namespace touchstone::static_graph

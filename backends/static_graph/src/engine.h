@@ -1,0 +1,113 @@
+// engine.h - the static_graph model/session logic behind the C ABI (and used
+// directly by the unit tests and the exporter).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "compiler.h"
+#include "graph.h"
+
+namespace touchstone::static_graph {
+
+// A host tensor, 64-byte aligned.
+struct HostTensor {
+  std::shared_ptr<uint8_t> data;
+  std::vector<int64_t> shape;
+  std::string elem;  // f32 f16 i8 i32
+  size_t bytes = 0;
+  static HostTensor make(std::vector<int64_t> shape, const std::string& elem);
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(data.get()); }
+};
+
+size_t elem_size(const std::string& elem);
+
+// Weights of one weight path, keyed by graph argument name.
+struct WeightSet {
+  std::map<std::string, HostTensor> tensors;
+  GraphSpec spec_template;  // mode + per-matrix formats
+  size_t bytes = 0;
+};
+
+struct Model {
+  std::string path;
+  ModelDims dims;
+  float rope_base = 10000.0f;
+  int32_t n_ctx_train = 0;
+  std::mutex mu;
+  std::unique_ptr<WeightSet> full, quant;
+  // Compiled graphs shared by the sessions of this model, keyed by graph identity.
+  std::map<std::string, std::shared_ptr<CompiledGraph>> graphs;
+  const WeightSet& weights(WeightMode mode);  // loads on first use (thread-safe)
+};
+
+std::unique_ptr<Model> load_model(const std::string& gguf_path);
+
+// Bucket scheme (documented in docs/backends/static_graph.md).
+struct BucketConfig {
+  std::vector<int32_t> prefill = {16, 64};   // padded prompt lengths (ascending)
+  std::vector<int32_t> windows = {256, 1024};  // decode/prefill attention windows (<= capacity; capacity added)
+};
+
+struct Chunk {
+  int32_t start = 0;   // offset in the prompt
+  int32_t n = 0;       // real tokens
+  int32_t T = 0;       // graph token count (bucket or 1)
+  int32_t W = 0;       // attention window
+};
+
+// Splits a prompt of n tokens starting at position pos into graph calls.
+std::vector<Chunk> plan_prefill(int32_t pos, int32_t n, int32_t capacity, const BucketConfig& b);
+int32_t pick_window(int32_t needed, int32_t capacity, const BucketConfig& b);
+
+struct GraphStats {
+  std::string name;
+  double compile_seconds = 0;
+  bool from_cache = false;
+};
+
+class Session {
+ public:
+  Session(Model& m, WeightMode mode, int32_t capacity, int n_threads);
+  // Runs tokens[0..n) at the current position. logits: n*V (all) or V floats.
+  void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  void decode(int32_t token, float* logits);
+  void rewind(int32_t p);
+  int32_t position() const { return pos_; }
+  int32_t capacity() const { return cap_; }
+  int32_t n_vocab() const { return m_.dims.n_vocab; }
+  const std::vector<GraphStats>& compiled() const { return stats_; }
+  // KV cache storage (for tests proving in-place updates).
+  const float* k_cache() const { return kc_.as<float>(); }
+  const float* v_cache() const { return vc_.as<float>(); }
+  const float* rope_cos() const { return rcos_.as<float>(); }
+  const float* rope_sin() const { return rsin_.as<float>(); }
+  BucketConfig buckets;
+
+ private:
+  struct Graph {
+    BuiltGraph built;
+    std::shared_ptr<CompiledGraph> compiled;
+  };
+  Graph& graph(int32_t T, int32_t W);
+  void run(const Chunk& c, const int32_t* tokens, float* logits_rows);
+
+  Model& m_;
+  WeightMode mode_;
+  const WeightSet& w_;
+  int32_t cap_;
+  int32_t pos_ = 0;
+  HostTensor kc_, vc_, rcos_, rsin_;
+  std::map<std::pair<int32_t, int32_t>, Graph> graphs_;
+  std::vector<GraphStats> stats_;
+  std::vector<float> out_;
+};
+
+std::string default_cache_dir();
+
+}  // namespace touchstone::static_graph

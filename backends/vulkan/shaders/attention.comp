@@ -1,0 +1,53 @@
+#version 450
+// attention.comp - causal softmax attention over the KV cache with GQA: query
+// head h reads KV head h / (n_head / n_head_kv). One workgroup per (head x,
+// token y). Scores go to a scratch row, then softmax, then the weighted sum of V.
+#include "common.glsl"
+
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer KC { float kc[]; };
+layout(std430, binding = 2) readonly buffer VC { float vc[]; };
+layout(std430, binding = 3) buffer S { float sc[]; };
+layout(std430, binding = 4) writeonly buffer O { float o[]; };
+
+layout(push_constant) uniform PC {
+  uint n_tok, pos0, n_head, n_head_kv, hd;
+  uint max_ctx;        // scratch row stride
+  uint drop_newest;    // fault kv_position_off_by_one: skip the newest entry (pos > 0)
+  float scale;         // 1 / sqrt(hd)
+} pc;
+
+void main() {
+  const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
+  const uint pos = pc.pos0 + t;
+  const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? pos : pos + 1u;
+  const uint q_dim = pc.n_head * pc.hd, kv_dim = pc.n_head_kv * pc.hd;
+  const uint kv_off = (h / (pc.n_head / pc.n_head_kv)) * pc.hd;
+  const uint qb = t * q_dim + h * pc.hd;
+  const uint sb = (t * pc.n_head + h) * pc.max_ctx;
+
+  float m = -1.0 / 0.0;
+  for (uint j = tid; j < n_kv; j += WG) {
+    const uint kb = j * kv_dim + kv_off;
+    float s = 0.0;
+    for (uint i = 0; i < pc.hd; ++i) s += q[qb + i] * kc[kb + i];
+    s *= pc.scale;
+    sc[sb + j] = s;
+    m = max(m, s);
+  }
+  m = wg_max(m);
+  float sum = 0.0;
+  for (uint j = tid; j < n_kv; j += WG) {
+    const float e = exp(sc[sb + j] - m);
+    sc[sb + j] = e;
+    sum += e;
+  }
+  sum = wg_sum1(sum);
+  memoryBarrierBuffer();
+  barrier();
+  for (uint i = tid; i < pc.hd; i += WG) {
+    float acc = 0.0;
+    for (uint j = 0; j < n_kv; ++j) acc += sc[sb + j] * vc[j * kv_dim + kv_off + i];
+    o[qb + i] = acc / sum;
+  }
+}

@@ -1,0 +1,28 @@
+#version 450
+// get_rows.comp - token embedding lookup: out[t][:] = dequant(W[tokens[t]][:]).
+// One workgroup per token.
+#include "common.glsl"
+#define W_BINDING 0
+#include "quant.glsl"
+
+layout(std430, binding = 1) readonly buffer Tokens { int tokens[]; };
+layout(std430, binding = 2) writeonly buffer Out { float outv[]; };
+
+layout(push_constant) uniform PC {
+  uint n;        // row length
+  uint n_tok;
+  uint out_off;  // out[t][i] = outv[out_off + t * n + i]
+} pc;
+
+void main() {
+  const uint t = gl_WorkGroupID.x;
+  const uint row_byte = uint(tokens[t]) * row_bytes(pc.n);
+  for (uint q = gl_LocalInvocationID.x; q < pc.n / 4u; q += WG) {
+    const vec4 w = dequant4(row_byte, q);
+    const uint oi = pc.out_off + t * pc.n + 4u * q;
+    outv[oi] = w.x;
+    outv[oi + 1u] = w.y;
+    outv[oi + 2u] = w.z;
+    outv[oi + 3u] = w.w;
+  }
+}

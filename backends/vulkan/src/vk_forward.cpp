@@ -1,0 +1,155 @@
+// vk_forward.cpp - the forward graph: per layer RMSNorm -> Q/K/V matmuls ->
+// RoPE + KV store -> attention -> Wo (+residual) -> RMSNorm -> gate/up ->
+// SwiGLU -> down (+residual); then the final norm and the LM head.
+#include "vk_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+namespace touchstone::vk {
+namespace {
+
+using abi::StatusError;
+
+// Same deterministic +-1 as the reference's logit-noise fault.
+double noise_sign(uint64_t i) {
+  uint64_t z = i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return ((z ^ (z >> 31)) & 1u) ? 1.0 : -1.0;
+}
+
+size_t f32(size_t n) { return n * sizeof(float); }
+
+}  // namespace
+
+Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights, int32_t max_context,
+                 Faults faults)
+    : ctx_(ctx), k_(kernels), w_(weights), faults_(faults), sets_(ctx) {
+  const LlamaConfig& c = w_.config;
+  max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
+  const size_t T = kChunk, d = size_t(c.n_embd), hd = size_t(c.head_dim);
+  const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd, ctx_n = size_t(max_ctx_);
+  using K = Buffer::Kind;
+  x_ = Buffer(ctx, f32(T * d), K::Device);
+  xn_ = Buffer(ctx, f32(T * d), K::Device);
+  q_ = Buffer(ctx, f32(T * q_dim), K::Device);
+  k_buf_ = Buffer(ctx, f32(T * kv_dim), K::Device);
+  v_ = Buffer(ctx, f32(T * kv_dim), K::Device);
+  att_ = Buffer(ctx, f32(T * q_dim), K::Device);
+  gate_ = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
+  up_ = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
+  scores_ = Buffer(ctx, f32(T * size_t(c.n_head) * ctx_n), K::Device);
+  tokens_ = Buffer(ctx, T * sizeof(int32_t), K::Host);
+  logits_ = Buffer(ctx, f32(T * size_t(c.n_vocab)), K::Host);
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    kc_.emplace_back(ctx, f32(ctx_n * kv_dim), K::Device);
+    vc_.emplace_back(ctx, f32(ctx_n * kv_dim), K::Device);
+  }
+  // RoPE table in fp64, rounded once: (cos, sin) of pos * base^(-2i/hd).
+  const double base = double{c.rope_freq_base} * faults_.rope_base_scale;
+  std::vector<float> rope(ctx_n * hd);
+  for (size_t p = 0; p < ctx_n; ++p) {
+    for (size_t i = 0; i < hd / 2; ++i) {
+      const double theta = double(p) * std::pow(base, -2.0 * double(i) / double(hd));
+      rope[(p * hd / 2 + i) * 2] = static_cast<float>(std::cos(theta));
+      rope[(p * hd / 2 + i) * 2 + 1] = static_cast<float>(std::sin(theta));
+    }
+  }
+  rope_ = Buffer(ctx, f32(rope.size()), K::Device);
+  rope_.upload(rope.data(), f32(rope.size()));
+  ctx_.check_validation();
+}
+
+void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+  if (pos_ + int64_t{n} > max_ctx_) {
+    throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(pos_) + " + " + std::to_string(n) +
+                                               " tokens exceeds max context " + std::to_string(max_ctx_));
+  }
+  const size_t v = size_t(w_.config.n_vocab);
+  for (int32_t done = 0; done < n;) {
+    const int32_t m = std::min(kChunk, n - done);
+    const bool last = done + m == n;
+    // Logits are needed for every chunk when all_positions, else only for the last token.
+    if (all_positions) {
+      run_chunk(tokens + done, uint32_t(m), true, logits + size_t(done) * v);
+    } else {
+      run_chunk(tokens + done, uint32_t(m), false, last ? logits : nullptr);
+    }
+    done += m;
+  }
+}
+
+void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits) {
+  std::memcpy(tokens_.mapped(), tokens, n * sizeof(int32_t));
+  ctx_.run([&](VkCommandBuffer cb) {
+    Recorder r(cb, sets_);
+    record(r, n, all_positions, logits != nullptr);
+  });
+  const int32_t pos0 = pos_;
+  pos_ += int32_t(n);
+  if (!logits) return;
+  const size_t v = size_t(w_.config.n_vocab), rows = all_positions ? n : 1;
+  std::memcpy(logits, logits_.mapped(), f32(rows * v));
+  if (faults_.logit_noise != 0.0) {
+    for (size_t r = 0; r < rows; ++r) {
+      const int32_t pos = all_positions ? pos0 + int32_t(r) : pos0 + int32_t(n) - 1;
+      const uint64_t base = uint64_t(pos) * uint64_t(v);
+      for (size_t i = 0; i < v; ++i) {
+        float& l = logits[r * v + i];
+        l = static_cast<float>(double{l} * (1.0 + faults_.logit_noise * noise_sign(base + i)));
+      }
+    }
+  }
+}
+
+void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits) {
+  const LlamaConfig& c = w_.config;
+  const uint32_t d = uint32_t(c.n_embd), hd = uint32_t(c.head_dim), n_ff = uint32_t(c.n_ff);
+  const uint32_t q_dim = uint32_t(c.n_head) * hd, kv_dim = uint32_t(c.n_head_kv) * hd;
+  const uint32_t vocab = uint32_t(c.n_vocab), pos0 = uint32_t(pos_);
+  const float eps = c.rms_norm_eps;
+  const RmsNormPush norm{d, n, 0, d, 0, d, eps};
+
+  r.dispatch(k_.get_rows(w_.token_embd.type), {&w_.token_embd.buf, &tokens_, &x_}, GetRowsPush{d, n, 0}, n);
+  r.barrier();
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const DeviceLayer& L = w_.layers[l];
+    r.dispatch(k_.rms_norm(), {&x_, &L.attn_norm, &xn_}, norm, n);
+    r.barrier();
+    record_matmul(r, k_, L.wq.type, L.wq.buf, xn_, q_, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
+    record_matmul(r, k_, L.wk.type, L.wk.buf, xn_, k_buf_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+    record_matmul(r, k_, L.wv.type, L.wv.buf, xn_, v_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+    r.barrier();
+    r.dispatch(k_.rope_store(), {&q_, &k_buf_, &v_, &kc_[l], &vc_[l], &rope_},
+               RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd}, n);
+    r.barrier();
+    const AttentionPush ap{n,      pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd, uint32_t(max_ctx_),
+                           faults_.kv_off_by_one ? 1u : 0u, static_cast<float>(1.0 / std::sqrt(double(hd)))};
+    r.dispatch(k_.attention(), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head), n);
+    r.barrier();
+    record_matmul(r, k_, L.wo.type, L.wo.buf, att_, x_, MatmulPush{q_dim, d, n, 0, q_dim, 0, d, 1});
+    r.barrier();
+    r.dispatch(k_.rms_norm(), {&x_, &L.ffn_norm, &xn_}, norm, n);
+    r.barrier();
+    record_matmul(r, k_, L.gate.type, L.gate.buf, xn_, gate_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+    record_matmul(r, k_, L.up.type, L.up.buf, xn_, up_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+    r.barrier();
+    r.dispatch(k_.swiglu(), {&gate_, &up_}, SwigluPush{n * n_ff}, (n * n_ff + kWorkgroup - 1) / kWorkgroup);
+    r.barrier();
+    record_matmul(r, k_, L.down.type, L.down.buf, gate_, x_, MatmulPush{n_ff, d, n, 0, n_ff, 0, d, 1});
+    r.barrier();
+  }
+  if (!want_logits) return;  // an inner prefill chunk: only the KV cache matters
+  // Final norm and LM head: every position, or only the last one.
+  const uint32_t rows = all_positions ? n : 1, first = all_positions ? 0 : n - 1;
+  r.dispatch(k_.rms_norm(), {&x_, &w_.output_norm, &xn_}, RmsNormPush{d, rows, first * d, d, 0, d, eps}, rows);
+  r.barrier();
+  const DeviceMatrix& head = w_.lm_head();
+  record_matmul(r, k_, head.type, head.buf, xn_, logits_, MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
+  r.host_barrier();
+}
+
+}  // namespace touchstone::vk

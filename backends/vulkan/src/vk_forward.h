@@ -1,0 +1,48 @@
+// vk_forward.h - one sequence on the device: activations, KV cache and the
+// forward graph (same formulas as reference/model/src/llama_forward.cpp, fp32
+// accumulation). Tokens run in chunks of up to kChunk positions per command
+// buffer; only logits come back to the host.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "touchstone/llama_forward.h"
+#include "vk_buffer.h"
+#include "vk_kernels.h"
+#include "vk_weights.h"
+
+namespace touchstone::vk {
+
+class Forward {
+ public:
+  static constexpr int32_t kChunk = 32;
+
+  // max_context <= 0: the model's context_length.
+  Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights, int32_t max_context, Faults faults);
+
+  // Appends n tokens at position(); writes n_vocab logits of the last position,
+  // or n * n_vocab (row-major) when all_positions. Throws StatusError.
+  void run(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  void rewind(int32_t p) { pos_ = p; }  // entries >= p are overwritten before being read
+  int32_t position() const { return pos_; }
+  int32_t max_context() const { return max_ctx_; }
+  int32_t n_vocab() const { return w_.config.n_vocab; }
+
+ private:
+  void run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits);
+  void record(Recorder& r, uint32_t n, bool all_positions, bool want_logits);
+
+  Context& ctx_;
+  const Kernels& k_;
+  const DeviceWeights& w_;
+  Faults faults_;
+  int32_t max_ctx_ = 0;
+  int32_t pos_ = 0;
+  DescriptorCache sets_;
+  Buffer x_, xn_, q_, k_buf_, v_, att_, gate_, up_, scores_, rope_;
+  Buffer tokens_, logits_;  // host-visible
+  std::vector<Buffer> kc_, vc_;  // per layer [max_ctx][n_head_kv * head_dim], RoPE applied
+};
+
+}  // namespace touchstone::vk

@@ -1,0 +1,129 @@
+// vk_kernels.h - compute pipelines built from the embedded SPIR-V, descriptor
+// sets (cached per buffer combination) and a command recorder.
+//
+// Every kernel binds only storage buffers (bindings 0..n-1) and takes its
+// sizes and offsets as push constants, so a session's descriptor sets are
+// created once and reused for every token.
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "touchstone/gguf.h"
+#include "vk_buffer.h"
+#include "vk_context.h"
+
+namespace touchstone::vk {
+
+struct Kernel {
+  std::string name;
+  uint32_t n_bindings = 0;
+  uint32_t push_size = 0;
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+};
+
+// Weight types the shaders read in place (others are dequantized to fp32 on the host).
+bool shader_reads(gguf::TensorType t);
+const char* shader_type_suffix(gguf::TensorType t);  // "f32", "q4_1", ...
+
+class Kernels {
+ public:
+  explicit Kernels(Context& ctx);
+  ~Kernels();
+  Kernels(const Kernels&) = delete;
+  Kernels& operator=(const Kernels&) = delete;
+
+  const Kernel& matmul(gguf::TensorType t) const;
+  const Kernel& get_rows(gguf::TensorType t) const;
+  const Kernel& rms_norm() const { return get("rms_norm", true); }
+  const Kernel& attention() const { return get("attention", true); }
+  const Kernel& rope_store() const { return get("rope_store", false); }
+  const Kernel& swiglu() const { return get("swiglu", false); }
+  Context& context() const { return ctx_; }
+  // matmul variant: one invocation per row (CPU devices) instead of one workgroup per row.
+  bool matmul_row_per_invocation() const { return rows_; }
+
+ private:
+  const Kernel& get(const std::string& base, bool has_subgroup_variant) const;
+  void add(const std::string& shader, uint32_t n_bindings, uint32_t push_size);
+  Context& ctx_;
+  bool rows_ = false;
+  std::map<std::string, Kernel> kernels_;
+};
+
+// Descriptor sets keyed by (kernel, buffers); grows pools as needed.
+class DescriptorCache {
+ public:
+  explicit DescriptorCache(Context& ctx) : ctx_(ctx) {}
+  ~DescriptorCache();
+  DescriptorCache(const DescriptorCache&) = delete;
+  DescriptorCache& operator=(const DescriptorCache&) = delete;
+  VkDescriptorSet get(const Kernel& k, const std::vector<const Buffer*>& buffers);
+
+ private:
+  Context& ctx_;
+  std::vector<VkDescriptorPool> pools_;
+  uint32_t left_in_pool_ = 0;
+  std::map<std::pair<const Kernel*, std::vector<uint64_t>>, VkDescriptorSet> sets_;  // by Buffer::serial()
+};
+
+// Records dispatches into one command buffer.
+class Recorder {
+ public:
+  Recorder(VkCommandBuffer cb, DescriptorCache& sets) : cb_(cb), sets_(sets) {}
+  template <typename Push>
+  void dispatch(const Kernel& k, const std::vector<const Buffer*>& buffers, const Push& push, uint32_t gx,
+                uint32_t gy = 1, uint32_t gz = 1) {
+    dispatch_raw(k, buffers, &push, sizeof(Push), gx, gy, gz);
+  }
+  // Shader writes before -> shader reads/writes after.
+  void barrier();
+  // Shader writes before -> host reads after the fence.
+  void host_barrier();
+  VkCommandBuffer handle() const { return cb_; }
+
+ private:
+  void dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers, const void* push, size_t push_size,
+                    uint32_t gx, uint32_t gy, uint32_t gz);
+  VkCommandBuffer cb_;
+  DescriptorCache& sets_;
+};
+
+// ---- push constants, mirrored from the shaders ---------------------------------
+struct MatmulPush {
+  uint32_t n_in, n_out, n_tok, x_off, x_stride, y_off, y_stride, accumulate;
+};
+struct GetRowsPush {
+  uint32_t n, n_tok, out_off;
+};
+struct RmsNormPush {
+  uint32_t n, n_tok, x_off, x_stride, out_off, out_stride;
+  float eps;
+};
+struct RopeStorePush {
+  uint32_t n_tok, pos0, n_head, n_head_kv, hd;
+};
+struct AttentionPush {
+  uint32_t n_tok, pos0, n_head, n_head_kv, hd, max_ctx, drop_newest;
+  float scale;
+};
+struct SwigluPush {
+  uint32_t n;
+};
+
+inline constexpr uint32_t kMatmulTile = 8;         // tokens per matmul workgroup (TILE in matmul.comp)
+inline constexpr uint32_t kWorkgroup = 64;         // WG in common.glsl
+inline constexpr uint32_t kMatmulRowsPerX = 32768;  // matmul.comp: o = group.x + group.z * 32768
+
+// Records Y (+)= W X with the right grid.
+void record_matmul(Recorder& r, const Kernels& k, gguf::TensorType wtype, const Buffer& w, const Buffer& x,
+                   const Buffer& y, const MatmulPush& p);
+
+}  // namespace touchstone::vk

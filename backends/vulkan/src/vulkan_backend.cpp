@@ -1,0 +1,183 @@
+// vulkan_backend.cpp - the Vulkan backend behind the session contract
+// (touchstone/backend_abi.h). Built as libtouchstone_backend_vulkan.so.
+//
+// load_model creates the Vulkan context (TS_ERR_DEVICE when there is no
+// device) and the pipelines; weights are uploaded on the first session that
+// asks for a weight path (full_precision: fp32, quantized: GGUF blocks) and
+// shared by later sessions of that model.
+#include <array>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "touchstone/backend_abi.h"
+#include "touchstone/backend_impl.h"
+#include "touchstone/gguf.h"
+#include "touchstone/llama_config.h"
+#include "touchstone/llama_forward.h"
+#include "vk_context.h"
+#include "vk_forward.h"
+#include "vk_kernels.h"
+#include "vk_weights.h"
+
+struct ts_model {
+  std::shared_ptr<touchstone::vk::Context> ctx;
+  std::unique_ptr<touchstone::vk::Kernels> kernels;
+  touchstone::gguf::File file;
+  touchstone::LlamaConfig config;
+  std::mutex upload_mutex;
+  std::array<std::unique_ptr<touchstone::vk::DeviceWeights>, 2> weights;  // [ts_weight_path]
+};
+
+struct ts_session {
+  ts_model* model = nullptr;
+  std::unique_ptr<touchstone::vk::Forward> fwd;
+};
+
+namespace {
+
+using touchstone::abi::StatusError;
+
+const char* device_name() {
+  static const std::string name = touchstone::vk::probe_device_description();
+  return name.c_str();
+}
+
+ts_status capabilities(ts_capabilities* out) {
+  return touchstone::abi::guard([&] {
+    if (!out || out->struct_size < sizeof(ts_capabilities)) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "capabilities: struct_size too small");
+    }
+    *out = ts_capabilities{};
+    out->struct_size = sizeof(ts_capabilities);
+    out->flags = TS_CAP_ALL_POSITION_LOGITS;
+    // F32/Q4_0/Q4_1/Q8_0 are read in place by the shaders; the other types are
+    // dequantized to fp32 at load.
+    out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
+                        TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
+                        TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
+    out->max_context = 0;
+    out->determinism_note =
+        "bitwise reproducible run to run on one device and driver (fixed reduction order, no atomics), "
+        "but reduction order depends on the device's subgroup size, so bits differ across devices";
+  });
+}
+
+ts_status load_model(const char* path, ts_model** out) {
+  return touchstone::abi::guard([&] {
+    if (!path || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "load_model: null argument");
+    *out = nullptr;
+    auto ctx = touchstone::vk::Context::create();  // TS_ERR_DEVICE when there is no device
+    touchstone::gguf::File file = [&] {
+      try {
+        return touchstone::gguf::File::open(path);
+      } catch (const StatusError&) {
+        throw;
+      } catch (const touchstone::Error& e) {
+        throw StatusError(TS_ERR_IO, e.what());
+      }
+    }();
+    touchstone::LlamaConfig config;
+    try {
+      config = touchstone::read_llama_config(file);
+    } catch (const StatusError&) {
+      throw;
+    } catch (const touchstone::Error& e) {
+      throw StatusError(TS_ERR_IO, e.what());
+    }
+    auto kernels = std::make_unique<touchstone::vk::Kernels>(*ctx);
+    auto m = std::unique_ptr<ts_model>(new ts_model{std::move(ctx), std::move(kernels), std::move(file), config, {}, {}});
+    *out = m.release();
+  });
+}
+
+void free_model(ts_model* m) { delete m; }
+
+int32_t n_vocab(const ts_model* m) { return m ? m->config.n_vocab : 0; }
+
+ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
+  return touchstone::abi::guard([&] {
+    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    *out = nullptr;
+    if (opt->struct_size < sizeof(ts_session_options)) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
+    }
+    if (opt->weight_path != TS_WEIGHTS_FULL_PRECISION && opt->weight_path != TS_WEIGHTS_QUANTIZED) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: unknown weight path");
+    }
+    if (opt->max_context < 0) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
+    touchstone::Faults faults;
+    try {
+      faults = touchstone::parse_fault(opt->fault ? opt->fault : "");
+    } catch (const touchstone::Error& e) {
+      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
+    }
+    const size_t path = opt->weight_path == TS_WEIGHTS_QUANTIZED ? 1 : 0;
+    {
+      std::lock_guard<std::mutex> lock(m->upload_mutex);
+      if (!m->weights[path]) {
+        m->weights[path] = touchstone::vk::upload_weights(*m->ctx, m->file, m->config, path == 1);
+      }
+    }
+    auto s = std::make_unique<ts_session>();
+    s->model = m;
+    s->fwd = std::make_unique<touchstone::vk::Forward>(*m->ctx, *m->kernels, *m->weights[path], opt->max_context,
+                                                       faults);
+    *out = s.release();
+  });
+}
+
+void free_session(ts_session* s) { delete s; }
+
+void check_tokens(const ts_session* s, const int32_t* tokens, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= s->fwd->n_vocab()) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(i) + " = " + std::to_string(tokens[i]) +
+                                                     " outside [0, " + std::to_string(s->fwd->n_vocab()) + ")");
+    }
+  }
+}
+
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+  return touchstone::abi::guard([&] {
+    if (!s || !tokens || !logits || n <= 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
+    }
+    check_tokens(s, tokens, n);
+    s->fwd->run(tokens, n, all_positions != 0, logits);
+  });
+}
+
+ts_status decode(ts_session* s, int32_t token, float* logits) {
+  return touchstone::abi::guard([&] {
+    if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
+    check_tokens(s, &token, 1);
+    s->fwd->run(&token, 1, false, logits);
+  });
+}
+
+ts_status rewind(ts_session* s, int32_t position) {
+  return touchstone::abi::guard([&] {
+    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
+    if (position < 0 || position > s->fwd->position()) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) + " outside [0, " +
+                                                     std::to_string(s->fwd->position()) + "]");
+    }
+    s->fwd->rewind(position);
+  });
+}
+
+int32_t position(const ts_session* s) { return s ? s->fwd->position() : 0; }
+
+const ts_backend kBackend = {
+    TS_BACKEND_API_VERSION, "vulkan",     "0.1.0",    touchstone::abi::last_error,
+    device_name,            capabilities, load_model, free_model,
+    n_vocab,                open_session, free_session, prefill,
+    decode,                 rewind,       position,
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
+  return &kBackend;
+}

@@ -1,0 +1,283 @@
+// kernels_test.cpp - every shader against a scalar CPU implementation on small
+// random inputs, for the subgroup and the shared-memory variants. SKIPs when
+// no Vulkan device exists. Tolerance: |gpu - cpu| <= 1e-4 * max(1, max|cpu|)
+// (fp32 accumulation on the device vs fp64 on the CPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "touchstone/quant.h"
+#include "vk_buffer.h"
+#include "vk_context.h"
+#include "vk_kernels.h"
+
+namespace touchstone::vk {
+namespace {
+
+using gguf::TensorType;
+
+// Param: 0 = matmul split across a workgroup + shared-memory sums, 1 = split +
+// subgroup sums, 2 = one invocation per matmul row (the lavapipe default).
+class KernelTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    setenv("TOUCHSTONE_VULKAN_SUBGROUP", GetParam() == 0 ? "0" : "1", 1);
+    setenv("TOUCHSTONE_VULKAN_MATMUL", GetParam() == 2 ? "rows" : "split", 1);
+    try {
+      ctx_ = Context::create();
+    } catch (const abi::StatusError& e) {
+      if (e.status() == TS_ERR_DEVICE) GTEST_SKIP() << "no Vulkan device: " << e.what();
+      throw;
+    }
+    if (GetParam() == 1 && !ctx_->use_subgroup()) GTEST_SKIP() << "device has no subgroup arithmetic";
+    kernels_ = std::make_unique<Kernels>(*ctx_);
+    sets_ = std::make_unique<DescriptorCache>(*ctx_);
+  }
+  void TearDown() override {
+    sets_.reset();
+    kernels_.reset();
+    if (ctx_) {
+      EXPECT_NO_THROW(ctx_->check_validation());
+    }
+    unsetenv("TOUCHSTONE_VULKAN_SUBGROUP");
+    unsetenv("TOUCHSTONE_VULKAN_MATMUL");
+  }
+  Buffer host(const void* data, size_t bytes) {
+    Buffer b(*ctx_, bytes, Buffer::Kind::Host);
+    if (data) {
+      b.upload(data, bytes);
+    } else {
+      b.zero();
+    }
+    return b;
+  }
+  template <typename T>
+  Buffer host(const std::vector<T>& v) { return host(v.data(), v.size() * sizeof(T)); }
+  template <typename F>
+  void run(F&& f) {
+    ctx_->run([&](VkCommandBuffer cb) {
+      Recorder r(cb, *sets_);
+      f(r);
+      r.host_barrier();
+    });
+  }
+  static std::vector<float> read(const Buffer& b) {
+    std::vector<float> v(b.size() / sizeof(float));
+    std::memcpy(v.data(), b.mapped(), b.size());
+    return v;
+  }
+  std::vector<float> randn(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng_);
+    return v;
+  }
+  // Random GGUF blocks of `type` for n_out rows of n_in elements.
+  std::vector<uint8_t> random_weights(TensorType type, size_t n_in, size_t n_out) {
+    if (type == TensorType::F32) {
+      const auto f = randn(n_in * n_out, 0.1f);
+      std::vector<uint8_t> b(f.size() * 4);
+      std::memcpy(b.data(), f.data(), b.size());
+      return b;
+    }
+    const auto& tr = gguf::type_traits(type);
+    std::vector<uint8_t> b(n_in * n_out / tr.block_size * tr.type_size);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(0.002f, 0.03f), mn(-0.1f, 0.1f);
+    for (uint8_t& x : b) x = uint8_t(byte(rng_));
+    for (size_t blk = 0; blk < b.size() / tr.type_size; ++blk) {
+      uint8_t* p = b.data() + blk * tr.type_size;
+      const uint16_t d = gguf::fp32_to_fp16(scale(rng_));
+      std::memcpy(p, &d, 2);
+      if (type == TensorType::Q4_1) {
+        const uint16_t m = gguf::fp32_to_fp16(mn(rng_));
+        std::memcpy(p + 2, &m, 2);
+      }
+    }
+    return b;
+  }
+  static std::vector<float> dequant(TensorType type, const std::vector<uint8_t>& w, size_t n) {
+    std::vector<float> out(n);
+    gguf::dequantize_row(type, w.data(), out.data(), int64_t(n));
+    return out;
+  }
+  static void expect_close(const std::vector<float>& gpu, const std::vector<double>& cpu, const char* what) {
+    ASSERT_GE(gpu.size(), cpu.size());
+    double scale = 1.0;
+    for (double c : cpu) scale = std::max(scale, std::abs(c));
+    double worst = 0.0;
+    for (size_t i = 0; i < cpu.size(); ++i) worst = std::max(worst, std::abs(double(gpu[i]) - cpu[i]));
+    EXPECT_LE(worst, 1e-4 * scale) << what << ": worst abs diff " << worst << " (scale " << scale << ")";
+  }
+
+  std::shared_ptr<Context> ctx_;
+  std::unique_ptr<Kernels> kernels_;
+  std::unique_ptr<DescriptorCache> sets_;
+  std::mt19937 rng_{1234};
+};
+
+TEST_P(KernelTest, MatmulEveryTypeMatchesCpu) {
+  for (TensorType type : {TensorType::F32, TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+    for (uint32_t n_in : {96u, 320u}) {
+      for (uint32_t n_tok : {1u, 3u, 8u, 13u}) {
+        const uint32_t n_out = 37, x_off = 5, y_off = 3, x_stride = n_in + 4, y_stride = n_out + 2;
+        const auto wb = random_weights(type, n_in, n_out);
+        const auto wf = dequant(type, wb, size_t(n_in) * n_out);
+        const auto x = randn(x_off + size_t(n_tok) * x_stride);
+        const auto y0 = randn(y_off + size_t(n_tok) * y_stride);
+        for (uint32_t acc : {0u, 1u}) {
+          Buffer W = host(wb), X = host(x), Y = host(y0);
+          run([&](Recorder& r) {
+            record_matmul(r, *kernels_, type, W, X, Y, MatmulPush{n_in, n_out, n_tok, x_off, x_stride, y_off, y_stride, acc});
+          });
+          std::vector<double> want(y0.begin(), y0.end());
+          for (uint32_t t = 0; t < n_tok; ++t) {
+            for (uint32_t o = 0; o < n_out; ++o) {
+              double s = 0.0;
+              for (uint32_t i = 0; i < n_in; ++i) s += double(wf[size_t(o) * n_in + i]) * x[x_off + t * x_stride + i];
+              const size_t yi = y_off + size_t(t) * y_stride + o;
+              want[yi] = acc ? double(y0[yi]) + s : s;
+            }
+          }
+          expect_close(read(Y), want, ("matmul " + std::string(shader_type_suffix(type)) + " n_in=" +
+                                       std::to_string(n_in) + " n_tok=" + std::to_string(n_tok))
+                                          .c_str());
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelTest, GetRowsEveryTypeMatchesCpu) {
+  for (TensorType type : {TensorType::F32, TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+    const uint32_t n = 320, rows = 11, out_off = 7;
+    const auto wb = random_weights(type, n, rows);
+    const auto wf = dequant(type, wb, size_t(n) * rows);
+    const std::vector<int32_t> tokens{3, 0, 10, 3, 7};
+    Buffer W = host(wb), Tk = host(tokens), O = host(nullptr, (out_off + tokens.size() * n) * 4);
+    run([&](Recorder& r) {
+      r.dispatch(kernels_->get_rows(type), {&W, &Tk, &O}, GetRowsPush{n, uint32_t(tokens.size()), out_off},
+                 uint32_t(tokens.size()));
+    });
+    const auto got = read(O);
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      for (uint32_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[out_off + t * n + i], wf[size_t(tokens[t]) * n + i]) << shader_type_suffix(type);
+      }
+    }
+  }
+}
+
+TEST_P(KernelTest, RmsNormMatchesCpu) {
+  const uint32_t n = 576, n_tok = 3, x_off = 10, x_stride = 600, out_stride = 580;
+  const float eps = 1e-5f;
+  const auto x = randn(x_off + n_tok * x_stride, 2.0f);
+  const auto w = randn(n);
+  Buffer X = host(x), Wt = host(w), O = host(nullptr, n_tok * out_stride * 4);
+  run([&](Recorder& r) {
+    r.dispatch(kernels_->rms_norm(), {&X, &Wt, &O}, RmsNormPush{n, n_tok, x_off, x_stride, 0, out_stride, eps}, n_tok);
+  });
+  std::vector<double> want(n_tok * out_stride, 0.0);
+  for (uint32_t t = 0; t < n_tok; ++t) {
+    double ss = 0.0;
+    for (uint32_t i = 0; i < n; ++i) ss += double(x[x_off + t * x_stride + i]) * x[x_off + t * x_stride + i];
+    const double inv = 1.0 / std::sqrt(ss / n + eps);
+    for (uint32_t i = 0; i < n; ++i) want[t * out_stride + i] = x[x_off + t * x_stride + i] * inv * w[i];
+  }
+  expect_close(read(O), want, "rms_norm");
+}
+
+TEST_P(KernelTest, SwigluMatchesCpu) {
+  const uint32_t n = 1000;
+  const auto g = randn(n, 3.0f), u = randn(n);
+  Buffer G = host(g), U = host(u);
+  run([&](Recorder& r) { r.dispatch(kernels_->swiglu(), {&G, &U}, SwigluPush{n}, (n + kWorkgroup - 1) / kWorkgroup); });
+  std::vector<double> want(n);
+  for (uint32_t i = 0; i < n; ++i) want[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+  expect_close(read(G), want, "swiglu");
+}
+
+// RoPE + KV store, then GQA attention over positions 0..pos0+t.
+TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
+  const uint32_t n_head = 4, n_head_kv = 2, hd = 16, max_ctx = 16, pos0 = 5, n_tok = 3;
+  const uint32_t q_dim = n_head * hd, kv_dim = n_head_kv * hd;
+  const double base = 10000.0;
+  auto q = randn(n_tok * q_dim), k = randn(n_tok * kv_dim), v = randn(n_tok * kv_dim);
+  auto kc = randn(max_ctx * kv_dim), vc = randn(max_ctx * kv_dim);  // positions < pos0: earlier tokens
+  std::vector<float> rope(max_ctx * hd);
+  for (uint32_t p = 0; p < max_ctx; ++p) {
+    for (uint32_t i = 0; i < hd / 2; ++i) {
+      const double th = p * std::pow(base, -2.0 * i / hd);
+      rope[(p * hd / 2 + i) * 2] = float(std::cos(th));
+      rope[(p * hd / 2 + i) * 2 + 1] = float(std::sin(th));
+    }
+  }
+  Buffer Q = host(q), K = host(k), V = host(v), KC = host(kc), VC = host(vc), R = host(rope);
+  Buffer S = host(nullptr, n_tok * n_head * max_ctx * 4), O = host(nullptr, n_tok * q_dim * 4);
+  const float scale = float(1.0 / std::sqrt(double(hd)));
+  run([&](Recorder& r) {
+    r.dispatch(kernels_->rope_store(), {&Q, &K, &V, &KC, &VC, &R}, RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd}, n_tok);
+    r.barrier();
+    r.dispatch(kernels_->attention(), {&Q, &KC, &VC, &S, &O},
+               AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale}, n_head, n_tok);
+  });
+  // CPU: rope (fp64, as llama_forward.cpp), store, attention.
+  auto rot = [&](std::vector<double>& x, size_t off, uint32_t pos) {
+    for (uint32_t i = 0; i < hd / 2; ++i) {
+      const double th = pos * std::pow(base, -2.0 * i / hd), c = std::cos(th), s = std::sin(th);
+      const double x0 = x[off + 2 * i], x1 = x[off + 2 * i + 1];
+      x[off + 2 * i] = x0 * c - x1 * s;
+      x[off + 2 * i + 1] = x0 * s + x1 * c;
+    }
+  };
+  std::vector<double> qd(q.begin(), q.end()), kcd(kc.begin(), kc.end()), vcd(vc.begin(), vc.end());
+  for (uint32_t t = 0; t < n_tok; ++t) {
+    for (uint32_t h = 0; h < n_head; ++h) rot(qd, t * q_dim + h * hd, pos0 + t);
+    for (uint32_t i = 0; i < kv_dim; ++i) {
+      kcd[(pos0 + t) * kv_dim + i] = k[t * kv_dim + i];
+      vcd[(pos0 + t) * kv_dim + i] = v[t * kv_dim + i];
+    }
+    for (uint32_t h = 0; h < n_head_kv; ++h) rot(kcd, (pos0 + t) * kv_dim + h * hd, pos0 + t);
+  }
+  expect_close(read(Q), qd, "rope q");
+  std::vector<double> kcw(kcd.begin(), kcd.begin() + (pos0 + n_tok) * kv_dim);
+  std::vector<float> kc_got = read(KC), vc_got = read(VC);
+  expect_close(std::vector<float>(kc_got.begin() + pos0 * kv_dim, kc_got.begin() + (pos0 + n_tok) * kv_dim),
+               std::vector<double>(kcd.begin() + pos0 * kv_dim, kcd.begin() + (pos0 + n_tok) * kv_dim), "k cache");
+  expect_close(std::vector<float>(vc_got.begin() + pos0 * kv_dim, vc_got.begin() + (pos0 + n_tok) * kv_dim),
+               std::vector<double>(vcd.begin() + pos0 * kv_dim, vcd.begin() + (pos0 + n_tok) * kv_dim), "v cache");
+  std::vector<double> want(n_tok * q_dim);
+  for (uint32_t t = 0; t < n_tok; ++t) {
+    const uint32_t n_kv = pos0 + t + 1;
+    for (uint32_t h = 0; h < n_head; ++h) {
+      const uint32_t kvo = (h / (n_head / n_head_kv)) * hd;
+      std::vector<double> s(n_kv);
+      double mx = -INFINITY, sum = 0.0;
+      for (uint32_t j = 0; j < n_kv; ++j) {
+        double dot = 0.0;
+        for (uint32_t i = 0; i < hd; ++i) dot += qd[t * q_dim + h * hd + i] * kcd[j * kv_dim + kvo + i];
+        s[j] = dot / std::sqrt(double(hd));
+        mx = std::max(mx, s[j]);
+      }
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (uint32_t i = 0; i < hd; ++i) {
+        double acc = 0.0;
+        for (uint32_t j = 0; j < n_kv; ++j) acc += s[j] * vcd[j * kv_dim + kvo + i];
+        want[t * q_dim + h * hd + i] = acc / sum;
+      }
+    }
+  }
+  expect_close(read(O), want, "attention");
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, KernelTest, ::testing::Values(0, 1, 2), [](const auto& param_info) {
+  return param_info.param == 0 ? "shared_memory" : param_info.param == 1 ? "subgroup" : "row_per_invocation";
+});
+
+}  // namespace
+}  // namespace touchstone::vk
