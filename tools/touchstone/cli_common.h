@@ -28,5 +28,6 @@ const char* weight_path_name(ts_weight_path w);
 void add_run(CLI::App& app, int& exit_code);
 void add_golden(CLI::App& app, int& exit_code);
 void add_parity(CLI::App& app, int& exit_code);
+void add_export(CLI::App& app, int& exit_code);
 
 }  // namespace touchstone::cli
