@@ -226,8 +226,9 @@ void bm_membw(benchmark::State& state) {
 int main(int argc, char** argv) {
   const char* home = std::getenv("HOME");
   const char* mdir = std::getenv("TOUCHSTONE_MODEL_DIR");
-  g_opt.model = std::string(mdir ? mdir : std::string(home ? home : "/root") + "/.cache/touchstone/models") +
-                "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  g_opt.model =
+      std::string(mdir ? mdir : std::string(home ? home : "/root") + "/.cache/touchstone/models") +
+      "/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::vector<char*> rest{argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -269,20 +270,27 @@ int main(int argc, char** argv) {
     for (const auto& w : g_opt.weights) {
       const std::string p = b + "/" + w + "/";
       for (int n : {64, 256, 512}) {
-        benchmark::RegisterBenchmark((p + "prefill/" + std::to_string(n)).c_str(), bm_prefill, b, w, n)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+        benchmark::RegisterBenchmark((p + "prefill/" + std::to_string(n)).c_str(), bm_prefill, b, w,
+                                     n)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
       }
       for (int c : {0, 256, 1024}) {
-        benchmark::RegisterBenchmark((p + "decode/ctx:" + std::to_string(c)).c_str(), bm_decode, b, w, c)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+        benchmark::RegisterBenchmark((p + "decode/ctx:" + std::to_string(c)).c_str(), bm_decode, b,
+                                     w, c)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
       }
       for (int n : {64, 256}) {
         benchmark::RegisterBenchmark((p + "ttft/" + std::to_string(n)).c_str(), bm_ttft, b, w, n)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
       }
     }
   }
-  benchmark::RegisterBenchmark("membw/read", bm_membw)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("membw/read", bm_membw)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   int rc = int(rest.size());
   benchmark::Initialize(&rc, rest.data());
   if (benchmark::ReportUnrecognizedArguments(rc, rest.data())) return 1;

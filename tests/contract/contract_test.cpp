@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -52,12 +52,13 @@ class Contract : public ::testing::Test {
   SessionOptions options() const {
     SessionOptions o;
     o.weight_path = env("TOUCHSTONE_CONTRACT_WEIGHTS") == "quantized" ? TS_WEIGHTS_QUANTIZED
-                                                                       : TS_WEIGHTS_FULL_PRECISION;
+                                                                      : TS_WEIGHTS_FULL_PRECISION;
     o.max_context = 256;
     return o;
   }
-  bool deterministic() const { return (lib_->capabilities().flags & TS_CAP_BITWISE_DETERMINISM) != 0; }
-
+  bool deterministic() const {
+    return (lib_->capabilities().flags & TS_CAP_BITWISE_DETERMINISM) != 0;
+  }
 
  public:  // skip_reason_ is read by main()
   static inline std::shared_ptr<BackendLibrary> lib_;
@@ -100,7 +101,8 @@ TEST_F(Contract, PrefillMatchesStepwiseDecode) {
 }
 
 TEST_F(Contract, AllPositionLogitsMatchLastPosition) {
-  if (!(lib_->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS)) GTEST_SKIP() << "no all-position logits";
+  if (!(lib_->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS))
+    GTEST_SKIP() << "no all-position logits";
   Session a(*model_, options());
   const std::vector<float> all = a.prefill_all(kTokens);
   Session b(*model_, options());

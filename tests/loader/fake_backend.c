@@ -20,29 +20,57 @@ static ts_status capabilities(ts_capabilities* c) {
   c->determinism_note = "fake";
   return TS_OK;
 }
-static ts_status load_model(const char* p, ts_model** m) { (void)p; (void)m; return TS_ERR_DEVICE; }
+static ts_status load_model(const char* p, ts_model** m) {
+  (void)p;
+  (void)m;
+  return TS_ERR_DEVICE;
+}
 static void free_model(ts_model* m) { (void)m; }
-static int32_t n_vocab(const ts_model* m) { (void)m; return 0; }
+static int32_t n_vocab(const ts_model* m) {
+  (void)m;
+  return 0;
+}
 static ts_status open_session(ts_model* m, const ts_session_options* o, ts_session** s) {
-  (void)m; (void)o; (void)s; return TS_ERR_UNSUPPORTED;
+  (void)m;
+  (void)o;
+  (void)s;
+  return TS_ERR_UNSUPPORTED;
 }
 static void free_session(ts_session* s) { (void)s; }
 static ts_status prefill(ts_session* s, const int32_t* t, int32_t n, int32_t a, float* l) {
-  (void)s; (void)t; (void)n; (void)a; (void)l; return TS_ERR_UNSUPPORTED;
+  (void)s;
+  (void)t;
+  (void)n;
+  (void)a;
+  (void)l;
+  return TS_ERR_UNSUPPORTED;
 }
-static ts_status decode(ts_session* s, int32_t t, float* l) { (void)s; (void)t; (void)l; return TS_ERR_UNSUPPORTED; }
-static ts_status rewind_to(ts_session* s, int32_t p) { (void)s; (void)p; return TS_ERR_UNSUPPORTED; }
-static int32_t position(const ts_session* s) { (void)s; return 0; }
+static ts_status decode(ts_session* s, int32_t t, float* l) {
+  (void)s;
+  (void)t;
+  (void)l;
+  return TS_ERR_UNSUPPORTED;
+}
+static ts_status rewind_to(ts_session* s, int32_t p) {
+  (void)s;
+  (void)p;
+  return TS_ERR_UNSUPPORTED;
+}
+static int32_t position(const ts_session* s) {
+  (void)s;
+  return 0;
+}
 
-static const ts_backend kFake = {
-    FAKE_API_VERSION, "fake", "0", last_error, device_name, capabilities, load_model, free_model,
-    n_vocab, open_session, free_session, prefill, decode, rewind_to,
 #ifdef FAKE_MISSING_FN
-    NULL
+#define FAKE_POSITION NULL
 #else
-    position
+#define FAKE_POSITION position
 #endif
-};
+
+static const ts_backend kFake = {FAKE_API_VERSION, "fake",       "0",          last_error,
+                                 device_name,      capabilities, load_model,   free_model,
+                                 n_vocab,          open_session, free_session, prefill,
+                                 decode,           rewind_to,    FAKE_POSITION};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

@@ -8,7 +8,9 @@
 namespace touchstone {
 namespace {
 
-std::string fake(const char* variant) { return std::string(FAKE_BACKEND_DIR) + "/libfake_backend_" + variant + ".so"; }
+std::string fake(const char* variant) {
+  return std::string(FAKE_BACKEND_DIR) + "/libfake_backend_" + variant + ".so";
+}
 
 std::string load_error(const std::string& what) {
   try {
@@ -58,7 +60,8 @@ TEST(Loader, UnknownNameListsThePlacesSearched) {
   setenv("TOUCHSTONE_BACKEND_PATH", "/nonexistent-a:/nonexistent-b", 1);
   const std::string msg = load_error("no_such_backend");
   unsetenv("TOUCHSTONE_BACKEND_PATH");
-  EXPECT_NE(msg.find("/nonexistent-a/libtouchstone_backend_no_such_backend.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/nonexistent-a/libtouchstone_backend_no_such_backend.so"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("/nonexistent-b/"), std::string::npos) << msg;
 }
 

@@ -21,7 +21,8 @@ void add_export(CLI::App& app, int& exit_code) {
     std::string backend = "static_graph", model, out, weights = "full_precision";
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("export", "Export a backend's compiled graphs (static_graph: TOSA MLIR + weights)");
+  CLI::App* cmd = app.add_subcommand(
+      "export", "Export a backend's compiled graphs (static_graph: TOSA MLIR + weights)");
   cmd->add_option("--backend,-b", o->backend, "Backend whose graphs to export");
   cmd->add_option("--model,-m", o->model, "GGUF model file")->required();
   cmd->add_option("--out,-o", o->out, "Output directory")->required();
@@ -35,10 +36,12 @@ void add_export(CLI::App& app, int& exit_code) {
     std::replace(dashed.begin(), dashed.end(), '_', '-');
     const std::string tool = (exe.parent_path() / ("touchstone-export-" + dashed)).string();
     if (!std::filesystem::exists(tool)) {
-      throw Error("export: backend '{}' has no exporter ({} not found; only static_graph exports graphs)",
-                  o->backend, tool);
+      throw Error(
+          "export: backend '{}' has no exporter ({} not found; only static_graph exports graphs)",
+          o->backend, tool);
     }
-    std::vector<std::string> args = {tool, "--model", o->model, "--out", o->out, "--weights", o->weights};
+    std::vector<std::string> args = {tool,   "--model",   o->model,  "--out",
+                                     o->out, "--weights", o->weights};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -17,7 +17,8 @@ namespace {
 void progress_line(const std::string& what, int done, int total) {
   constexpr int kWidth = 30;
   const int filled = total > 0 ? done * kWidth / total : kWidth;
-  fmt::print(stderr, "\r  [{:<{}}] {:>4}/{:<4} {:<28}", std::string(size_t(filled), '#'), kWidth, done, total, what);
+  fmt::print(stderr, "\r  [{:<{}}] {:>4}/{:<4} {:<28}", std::string(size_t(filled), '#'), kWidth,
+             done, total, what);
   if (done == total) fmt::print(stderr, "\n");
 }
 
@@ -30,12 +31,15 @@ void add_golden(CLI::App& app, int& exit_code) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("golden", "Record the goldens with the reference backend (or --check them)");
-  cmd->add_flag("--check", o->check, "Recompute and compare bit-for-bit with the committed goldens; write nothing");
+  CLI::App* cmd = app.add_subcommand(
+      "golden", "Record the goldens with the reference backend (or --check them)");
+  cmd->add_flag("--check", o->check,
+                "Recompute and compare bit-for-bit with the committed goldens; write nothing");
   cmd->add_option("--manifest", o->manifest, "goldens/manifest.json");
   cmd->add_option("--backend", o->backend, "Recording backend (the reference)");
   cmd->add_option("--out", o->out, "Directory to write golden files to (default: the manifest's)");
-  cmd->add_option("--threads,-t", o->threads, "Threads (0 = all cores; results do not depend on it)");
+  cmd->add_option("--threads,-t", o->threads,
+                  "Threads (0 = all cores; results do not depend on it)");
   cmd->callback([o, &exit_code] {
     const Manifest m = load_manifest(o->manifest);
     auto lib = BackendLibrary::load(o->backend);
@@ -52,12 +56,12 @@ void add_golden(CLI::App& app, int& exit_code) {
       g.model_sha256 = mm.sha256;
       g.reference_version = std::string(lib->api().name) + " " + lib->api().version;
       g.reference_revision = revision;
-      fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording", mm.name,
-                 lib->name(), lib->device_name());
+      fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording",
+                 mm.name, lib->name(), lib->device_name());
       for (const ManifestCase& c : m.cases) {
         if (c.model != mm.name) continue;
-        g.cases.push_back(record_case(session, tok, c, ropt,
-                                      [&](int d, int t) { progress_line("case " + c.name, d, t); }));
+        g.cases.push_back(record_case(
+            session, tok, c, ropt, [&](int d, int t) { progress_line("case " + c.name, d, t); }));
       }
       for (const ManifestScoring& s : m.scoring) {
         if (s.model != mm.name) continue;
@@ -69,8 +73,8 @@ void add_golden(CLI::App& app, int& exit_code) {
       if (o->check) {
         const GoldenFile old = read_golden_file(committed);
         if (old.reference_revision != g.reference_revision) {
-          fmt::print(stderr, "note: goldens recorded at revision {}, checking at {}\n", old.reference_revision,
-                     g.reference_revision);
+          fmt::print(stderr, "note: goldens recorded at revision {}, checking at {}\n",
+                     old.reference_revision, g.reference_revision);
         }
         g.reference_revision = old.reference_revision;  // provenance, not data
         const std::vector<std::string> diffs = diff_golden(old, g);

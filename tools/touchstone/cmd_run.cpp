@@ -19,7 +19,8 @@ void add_run(CLI::App& app, int& exit_code) {
     bool chat = false, stop_at_eos = true;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("run", "Greedy generation: prints the continuation as it is generated");
+  CLI::App* cmd =
+      app.add_subcommand("run", "Greedy generation: prints the continuation as it is generated");
   cmd->add_option("--model,-m", o->model, "GGUF model file")->required();
   cmd->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(CLI::PositiveNumber);
@@ -44,7 +45,8 @@ void add_run(CLI::App& app, int& exit_code) {
     auto lib = BackendLibrary::load(o->backend);
     Model model(lib, o->model);
     Session session(model, SessionOptions{parse_weight_path(o->weights), o->threads, 0, ""});
-    fmt::print(stderr, "[{} on {}; {} prompt tokens]\n", lib->name(), lib->device_name(), ids.size());
+    fmt::print(stderr, "[{} on {}; {} prompt tokens]\n", lib->name(), lib->device_name(),
+               ids.size());
     if (!o->chat) fmt::print("{}", o->prompt);
     std::fflush(stdout);
     std::vector<float> logits = session.prefill(ids);

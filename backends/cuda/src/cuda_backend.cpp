@@ -87,12 +87,14 @@ int require_device() {
     throw StatusError(TS_ERR_DEVICE, fmt::format("no CUDA device: cudaGetDeviceCount: {}: {}",
                                                  cudaGetErrorName(e), cudaGetErrorString(e)));
   }
-  if (n <= 0) throw StatusError(TS_ERR_DEVICE, "no CUDA device: cudaGetDeviceCount found 0 devices");
+  if (n <= 0)
+    throw StatusError(TS_ERR_DEVICE, "no CUDA device: cudaGetDeviceCount found 0 devices");
   int dev = 0;
   if (const char* s = std::getenv("TOUCHSTONE_CUDA_DEVICE"); s && *s) dev = std::atoi(s);
   if (dev < 0 || dev >= n) {
-    throw StatusError(TS_ERR_DEVICE,
-                      fmt::format("TOUCHSTONE_CUDA_DEVICE={} but cudaGetDeviceCount found {} device(s)", dev, n));
+    throw StatusError(
+        TS_ERR_DEVICE,
+        fmt::format("TOUCHSTONE_CUDA_DEVICE={} but cudaGetDeviceCount found {} device(s)", dev, n));
   }
   TS_CUDA(cudaSetDevice(dev));
   return dev;
@@ -117,11 +119,12 @@ DevPtr dev_alloc(size_t bytes, const std::string& what) {
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    throw StatusError(TS_ERR_OUT_OF_MEMORY,
-                      fmt::format("out of device memory on {}: cudaMalloc of {} bytes ({:.1f} MiB) for {} failed "
-                                  "({:.1f} MiB free of {:.1f} MiB)",
-                                  current_device(), bytes, double(bytes) / 1048576.0, what,
-                                  double(free_b) / 1048576.0, double(total_b) / 1048576.0));
+    throw StatusError(
+        TS_ERR_OUT_OF_MEMORY,
+        fmt::format("out of device memory on {}: cudaMalloc of {} bytes ({:.1f} MiB) for {} failed "
+                    "({:.1f} MiB free of {:.1f} MiB)",
+                    current_device(), bytes, double(bytes) / 1048576.0, what,
+                    double(free_b) / 1048576.0, double(total_b) / 1048576.0));
   }
   if (e != cudaSuccess) cuda_fail(e, "cudaMalloc");
   return DevPtr(p);
@@ -137,9 +140,10 @@ HostPtr host_alloc(size_t bytes, const std::string& what) {
   const cudaError_t e = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    throw StatusError(TS_ERR_OUT_OF_MEMORY, fmt::format("out of pinned host memory: cudaMallocHost of {} bytes "
-                                                        "for {} failed",
-                                                        bytes, what));
+    throw StatusError(TS_ERR_OUT_OF_MEMORY,
+                      fmt::format("out of pinned host memory: cudaMallocHost of {} bytes "
+                                  "for {} failed",
+                                  bytes, what));
   }
   if (e != cudaSuccess) cuda_fail(e, "cudaMallocHost");
   return HostPtr(p);
@@ -174,20 +178,36 @@ struct DevWeights {
 
 bool device_type(gguf::TensorType t, WType* out) {
   switch (t) {
-    case gguf::TensorType::F32: *out = WType::F32; return true;
-    case gguf::TensorType::F16: *out = WType::F16; return true;
-    case gguf::TensorType::Q4_0: *out = WType::Q4_0; return true;
-    case gguf::TensorType::Q4_1: *out = WType::Q4_1; return true;
-    case gguf::TensorType::Q8_0: *out = WType::Q8_0; return true;
-    case gguf::TensorType::Q4_K: *out = WType::Q4_K; return true;
-    case gguf::TensorType::Q6_K: *out = WType::Q6_K; return true;
-    default: return false;
+    case gguf::TensorType::F32:
+      *out = WType::F32;
+      return true;
+    case gguf::TensorType::F16:
+      *out = WType::F16;
+      return true;
+    case gguf::TensorType::Q4_0:
+      *out = WType::Q4_0;
+      return true;
+    case gguf::TensorType::Q4_1:
+      *out = WType::Q4_1;
+      return true;
+    case gguf::TensorType::Q8_0:
+      *out = WType::Q8_0;
+      return true;
+    case gguf::TensorType::Q4_K:
+      *out = WType::Q4_K;
+      return true;
+    case gguf::TensorType::Q6_K:
+      *out = WType::Q6_K;
+      return true;
+    default:
+      return false;
   }
 }
 
 class WeightLoader {
  public:
-  WeightLoader(const gguf::File& f, bool quantized, DevWeights& w) : f_(f), quantized_(quantized), w_(w) {}
+  WeightLoader(const gguf::File& f, bool quantized, DevWeights& w)
+      : f_(f), quantized_(quantized), w_(w) {}
 
   const void* upload(const void* src, size_t bytes, const std::string& what) {
     DevPtr p = dev_alloc(bytes, what);
@@ -204,8 +224,9 @@ class WeightLoader {
     if (!ok) {
       std::string s;
       for (uint64_t d : t.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
-      throw StatusError(TS_ERR_IO, fmt::format("{}: tensor {} has shape [{}], expected [{}{}]", f_.path(), name, s, n0,
-                                               n1 ? ", " + std::to_string(n1) : std::string()));
+      throw StatusError(
+          TS_ERR_IO, fmt::format("{}: tensor {} has shape [{}], expected [{}{}]", f_.path(), name,
+                                 s, n0, n1 ? ", " + std::to_string(n1) : std::string()));
     }
     return t;
   }
@@ -231,21 +252,24 @@ class WeightLoader {
       return m;
     }
     if (!device_type(t.type, &wt)) {
-      throw StatusError(TS_ERR_UNSUPPORTED,
-                        fmt::format("{}: tensor {} has type {}; the cuda quantized path reads F32, F16, Q4_0, Q4_1, "
-                                    "Q8_0, Q4_K, Q6_K (use --weights full_precision)",
-                                    f_.path(), name, gguf::type_name(t.type)));
+      throw StatusError(
+          TS_ERR_UNSUPPORTED,
+          fmt::format(
+              "{}: tensor {} has type {}; the cuda quantized path reads F32, F16, Q4_0, Q4_1, "
+              "Q8_0, Q4_K, Q6_K (use --weights full_precision)",
+              f_.path(), name, gguf::type_name(t.type)));
     }
     const int block = (wt == WType::Q4_K || wt == WType::Q6_K) ? cm::kQK_K : cm::kQK;
     if (n_in % block != 0 || n_in % cm::kQK != 0) {
-      throw StatusError(TS_ERR_UNSUPPORTED, fmt::format("{}: tensor {} row length {} is not a multiple of {}",
-                                                        f_.path(), name, n_in, std::max(block, cm::kQK)));
+      throw StatusError(TS_ERR_UNSUPPORTED,
+                        fmt::format("{}: tensor {} row length {} is not a multiple of {}",
+                                    f_.path(), name, n_in, std::max(block, cm::kQK)));
     }
     const std::span<const uint8_t> bytes = f_.tensor_data(t);
     const auto expect = static_cast<size_t>(cm::row_bytes(wt, n_in) * n_out);
     if (bytes.size() != expect) {
-      throw StatusError(TS_ERR_IO, fmt::format("{}: tensor {} holds {} bytes, expected {}", f_.path(), name,
-                                               bytes.size(), expect));
+      throw StatusError(TS_ERR_IO, fmt::format("{}: tensor {} holds {} bytes, expected {}",
+                                               f_.path(), name, bytes.size(), expect));
     }
     m.type = wt;
     m.ptr = upload(bytes.data(), bytes.size(), name);
@@ -311,7 +335,8 @@ struct ts_session {
   cublasHandle_t blas = nullptr;
   cudaGraphExec_t graph = nullptr;
   // Device buffers (allocated once at open_session).
-  DevPtr k_cache, v_cache, rope_cs, x, xn, q, k, v, att, gate, up, tmp, logits, partial, deq, params, argmax;
+  DevPtr k_cache, v_cache, rope_cs, x, xn, q, k, v, att, gate, up, tmp, logits, partial, deq,
+      params, argmax;
   // Pinned host staging.
   HostPtr h_params, h_logits, h_argmax;
 
@@ -335,7 +360,8 @@ void check_launch(cudaError_t e, const char* what) {
 // out[n][n_out] = M . in[n][n_in]  (row-major activations).
 void linear(ts_session& s, const DevMatrix& M, const float* in, float* out, int n) {
   if (n == 1) {
-    check_launch(tc::launch_matvec(M.type, M.ptr, in, out, M.n_out, M.n_in, s.stream), "matvec kernel launch");
+    check_launch(tc::launch_matvec(M.type, M.ptr, in, out, M.n_out, M.n_in, s.stream),
+                 "matvec kernel launch");
     return;
   }
   const float* A = static_cast<const float*>(M.ptr);
@@ -347,8 +373,8 @@ void linear(ts_session& s, const DevMatrix& M, const float* in, float* out, int 
   // Row-major W [n_out][n_in] is column-major W^T (lda = n_in); activations are
   // column-major [n_in][n]; out column-major [n_out][n] = row-major [n][n_out].
   const float one = 1.0f, zero = 0.0f;
-  TS_CUBLAS(cublasSgemm(s.blas, CUBLAS_OP_T, CUBLAS_OP_N, M.n_out, n, M.n_in, &one, A, M.n_in, in, M.n_in, &zero,
-                        out, M.n_out));
+  TS_CUBLAS(cublasSgemm(s.blas, CUBLAS_OP_T, CUBLAS_OP_N, M.n_out, n, M.n_in, &one, A, M.n_in, in,
+                        M.n_in, &zero, out, M.n_out));
 }
 
 enum class Logits { None, Last, All };
@@ -366,27 +392,34 @@ void enqueue_forward(ts_session& s, int n, Logits mode) {
   const size_t layer_kv = size_t(s.max_ctx) * size_t(kv_dim);
   const int n_split = n == 1 ? kDecodeSplits : kPrefillSplits;
 
-  check_launch(tc::launch_get_rows(w.tok_embd.type, w.tok_embd.ptr, d_tokens, n, d, x, s.stream), "get_rows");
+  check_launch(tc::launch_get_rows(w.tok_embd.type, w.tok_embd.ptr, d_tokens, n, d, x, s.stream),
+               "get_rows");
   for (int l = 0; l < c.n_layer; ++l) {
     const DevLayer& L = w.layers[size_t(l)];
     float* kc = as<float>(s.k_cache) + size_t(l) * layer_kv;
     float* vc = as<float>(s.v_cache) + size_t(l) * layer_kv;
-    check_launch(tc::launch_add_rmsnorm(x, l == 0 ? nullptr : tmp, L.attn_norm, xn, n, d, eps, s.stream),
-                 "add_rmsnorm");
+    check_launch(
+        tc::launch_add_rmsnorm(x, l == 0 ? nullptr : tmp, L.attn_norm, xn, n, d, eps, s.stream),
+        "add_rmsnorm");
     linear(s, L.wq, xn, as<float>(s.q), n);
     linear(s, L.wk, xn, as<float>(s.k), n);
     linear(s, L.wv, xn, as<float>(s.v), n);
-    check_launch(tc::launch_rope_store(as<float>(s.q), as<float>(s.k), as<float>(s.v), kc, vc, as<double>(s.rope_cs),
-                                       d_pos, n, c.n_head, c.n_head_kv, hd, s.stream),
-                 "rope_store");
-    check_launch(tc::launch_attention(as<float>(s.q), kc, vc, as<float>(s.partial), as<float>(s.att), d_pos, n,
-                                      c.n_head, c.n_head_kv, hd, n_split, s.stream),
-                 "attention");
+    check_launch(
+        tc::launch_rope_store(as<float>(s.q), as<float>(s.k), as<float>(s.v), kc, vc,
+                              as<double>(s.rope_cs), d_pos, n, c.n_head, c.n_head_kv, hd, s.stream),
+        "rope_store");
+    check_launch(
+        tc::launch_attention(as<float>(s.q), kc, vc, as<float>(s.partial), as<float>(s.att), d_pos,
+                             n, c.n_head, c.n_head_kv, hd, n_split, s.stream),
+        "attention");
     linear(s, L.wo, as<float>(s.att), tmp, n);
-    check_launch(tc::launch_add_rmsnorm(x, tmp, L.ffn_norm, xn, n, d, eps, s.stream), "add_rmsnorm");
+    check_launch(tc::launch_add_rmsnorm(x, tmp, L.ffn_norm, xn, n, d, eps, s.stream),
+                 "add_rmsnorm");
     linear(s, L.gate, xn, as<float>(s.gate), n);
     linear(s, L.up, xn, as<float>(s.up), n);
-    check_launch(tc::launch_swiglu(as<float>(s.gate), as<float>(s.up), int64_t{n} * c.n_ff, s.stream), "swiglu");
+    check_launch(
+        tc::launch_swiglu(as<float>(s.gate), as<float>(s.up), int64_t{n} * c.n_ff, s.stream),
+        "swiglu");
     linear(s, L.down, as<float>(s.gate), tmp, n);
   }
   check_launch(tc::launch_add_rmsnorm(x, tmp, w.out_norm, xn, n, d, eps, s.stream), "add_rmsnorm");
@@ -401,7 +434,8 @@ void stage_params(ts_session& s, const int32_t* tokens, int n) {
   auto* hp = static_cast<int32_t*>(s.h_params.get());
   hp[0] = s.pos;
   std::memcpy(hp + 1, tokens, size_t(n) * sizeof(int32_t));
-  TS_CUDA(cudaMemcpyAsync(s.params.get(), hp, size_t(n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream));
+  TS_CUDA(cudaMemcpyAsync(s.params.get(), hp, size_t(n + 1) * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, s.stream));
 }
 
 void verify_argmax(ts_session& s, const float* logits) {
@@ -411,7 +445,9 @@ void verify_argmax(ts_session& s, const float* logits) {
   for (int i = 0; i < V; ++i) best = cm::argmax_merge(best, cm::argmax_leaf(logits[i], i));
   const int32_t dev = *static_cast<const int32_t*>(s.h_argmax.get());
   if (dev != best.id) {
-    throw StatusError(TS_ERR_INTERNAL, fmt::format("device argmax {} != host argmax {} of the same logits", dev, best.id));
+    throw StatusError(
+        TS_ERR_INTERNAL,
+        fmt::format("device argmax {} != host argmax {} of the same logits", dev, best.id));
   }
 }
 
@@ -419,10 +455,12 @@ void verify_argmax(ts_session& s, const float* logits) {
 void run_decode(ts_session& s, int32_t token, float* logits_out) {
   const int V = s.model->cfg.n_vocab;
   auto enqueue_tail = [&] {
-    check_launch(tc::launch_argmax(as<float>(s.logits), V, as<int32_t>(s.argmax), s.stream), "argmax");
-    TS_CUDA(cudaMemcpyAsync(s.h_logits.get(), s.logits.get(), size_t(V) * sizeof(float), cudaMemcpyDeviceToHost,
-                            s.stream));
-    TS_CUDA(cudaMemcpyAsync(s.h_argmax.get(), s.argmax.get(), sizeof(int32_t), cudaMemcpyDeviceToHost, s.stream));
+    check_launch(tc::launch_argmax(as<float>(s.logits), V, as<int32_t>(s.argmax), s.stream),
+                 "argmax");
+    TS_CUDA(cudaMemcpyAsync(s.h_logits.get(), s.logits.get(), size_t(V) * sizeof(float),
+                            cudaMemcpyDeviceToHost, s.stream));
+    TS_CUDA(cudaMemcpyAsync(s.h_argmax.get(), s.argmax.get(), sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, s.stream));
   };
   stage_params(s, &token, 1);
   if (s.use_graph) {
@@ -456,7 +494,8 @@ void run_decode(ts_session& s, int32_t token, float* logits_out) {
   ++s.pos;
 }
 
-void run_prefill(ts_session& s, const int32_t* tokens, int n, bool all_positions, float* logits_out) {
+void run_prefill(ts_session& s, const int32_t* tokens, int n, bool all_positions,
+                 float* logits_out) {
   const size_t V = size_t(s.model->cfg.n_vocab);
   for (int off = 0; off < n; off += kMaxBatch) {
     const int cnt = std::min(kMaxBatch, n - off);
@@ -465,10 +504,11 @@ void run_prefill(ts_session& s, const int32_t* tokens, int n, bool all_positions
     const Logits mode = all_positions ? Logits::All : (last ? Logits::Last : Logits::None);
     enqueue_forward(s, cnt, mode);
     if (mode == Logits::All) {
-      TS_CUDA(cudaMemcpyAsync(logits_out + size_t(off) * V, s.logits.get(), size_t(cnt) * V * sizeof(float),
-                              cudaMemcpyDeviceToHost, s.stream));
+      TS_CUDA(cudaMemcpyAsync(logits_out + size_t(off) * V, s.logits.get(),
+                              size_t(cnt) * V * sizeof(float), cudaMemcpyDeviceToHost, s.stream));
     } else if (mode == Logits::Last) {
-      TS_CUDA(cudaMemcpyAsync(s.h_logits.get(), s.logits.get(), V * sizeof(float), cudaMemcpyDeviceToHost, s.stream));
+      TS_CUDA(cudaMemcpyAsync(s.h_logits.get(), s.logits.get(), V * sizeof(float),
+                              cudaMemcpyDeviceToHost, s.stream));
     }
     TS_CUDA(cudaStreamSynchronize(s.stream));
     if (mode == Logits::Last) std::memcpy(logits_out, s.h_logits.get(), V * sizeof(float));
@@ -483,8 +523,9 @@ const char* device_name() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n <= 0) {
     cudaGetLastError();
-    name = e != cudaSuccess ? fmt::format("CUDA: no device (cudaGetDeviceCount: {})", cudaGetErrorString(e))
-                            : std::string("CUDA: no device (cudaGetDeviceCount found 0 devices)");
+    name = e != cudaSuccess
+               ? fmt::format("CUDA: no device (cudaGetDeviceCount: {})", cudaGetErrorString(e))
+               : std::string("CUDA: no device (cudaGetDeviceCount found 0 devices)");
     return name.c_str();
   }
   int dev = 0;
@@ -494,11 +535,12 @@ const char* device_name() {
     name = fmt::format("CUDA: device {} not usable ({} device(s))", dev, n);
     return name.c_str();
   }
-  name = fmt::format("CUDA: {} (device {}, sm_{}{}, {} SMs, {:.1f} GiB; fp32 kernels + cuBLAS pedantic fp32, "
-                     "decode {})",
-                     p.name, dev, p.major, p.minor, p.multiProcessorCount,
-                     double(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
-                     env_flag("TOUCHSTONE_CUDA_GRAPH", true) ? "as a CUDA graph" : "without graph");
+  name = fmt::format(
+      "CUDA: {} (device {}, sm_{}{}, {} SMs, {:.1f} GiB; fp32 kernels + cuBLAS pedantic fp32, "
+      "decode {})",
+      p.name, dev, p.major, p.minor, p.multiProcessorCount,
+      double(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
+      env_flag("TOUCHSTONE_CUDA_GRAPH", true) ? "as a CUDA graph" : "without graph");
   return name.c_str();
 }
 
@@ -517,8 +559,10 @@ ts_status capabilities(ts_capabilities* out) {
                         TS_WEIGHT_TYPE_BIT(14);
     out->max_context = 0;
     out->determinism_note =
-        "not claimed: no atomics and fixed launch shapes, so runs repeat on one GPU with one cuBLAS version, "
-        "but cuBLAS may pick other SGEMM algorithms on other GPUs/versions; prefill (cuBLAS) and decode "
+        "not claimed: no atomics and fixed launch shapes, so runs repeat on one GPU with one "
+        "cuBLAS version, "
+        "but cuBLAS may pick other SGEMM algorithms on other GPUs/versions; prefill (cuBLAS) and "
+        "decode "
         "(warp matvec) round differently";
   });
 }
@@ -539,8 +583,9 @@ ts_status load_model(const char* path, ts_model** out) {
       throw StatusError(TS_ERR_IO, e.what());
     }
     if (!tc::attention_head_dim_supported(m->cfg.head_dim)) {
-      throw StatusError(TS_ERR_UNSUPPORTED, fmt::format("cuda backend: head_dim {} not supported (64 or 128)",
-                                                        m->cfg.head_dim));
+      throw StatusError(
+          TS_ERR_UNSUPPORTED,
+          fmt::format("cuda backend: head_dim {} not supported (64 or 128)", m->cfg.head_dim));
     }
     *out = m.release();
   });
@@ -555,7 +600,8 @@ int32_t n_vocab(const ts_model* m) { return m ? m->cfg.n_vocab : 0; }
 
 ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
   return touchstone::abi::guard([&] {
-    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    if (!m || !opt || !out)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
     if (opt->struct_size < sizeof(ts_session_options)) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
     }
@@ -564,10 +610,13 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: unknown weight path");
     }
     if (opt->fault && *opt->fault) {
-      throw StatusError(TS_ERR_UNSUPPORTED,
-                        fmt::format("unknown fault '{}' (the cuda backend implements no fault injection)", opt->fault));
+      throw StatusError(
+          TS_ERR_UNSUPPORTED,
+          fmt::format("unknown fault '{}' (the cuda backend implements no fault injection)",
+                      opt->fault));
     }
-    if (opt->max_context < 0) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
+    if (opt->max_context < 0)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
     require_device();
     TS_CUDA(cudaSetDevice(m->device));
     const touchstone::LlamaConfig& c = m->cfg;
@@ -584,10 +633,13 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     TS_CUBLAS(cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH));  // fp32 compute, never TF32
 
     const size_t hd = size_t(c.head_dim), d = size_t(c.n_embd), B = kMaxBatch;
-    const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd, V = size_t(c.n_vocab);
+    const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
+                 V = size_t(c.n_vocab);
     const size_t kv_bytes = size_t(c.n_layer) * size_t(s->max_ctx) * kv_dim * sizeof(float);
-    s->k_cache = dev_alloc(kv_bytes, fmt::format("K cache ({} layers x {} positions)", c.n_layer, s->max_ctx));
-    s->v_cache = dev_alloc(kv_bytes, fmt::format("V cache ({} layers x {} positions)", c.n_layer, s->max_ctx));
+    s->k_cache = dev_alloc(
+        kv_bytes, fmt::format("K cache ({} layers x {} positions)", c.n_layer, s->max_ctx));
+    s->v_cache = dev_alloc(
+        kv_bytes, fmt::format("V cache ({} layers x {} positions)", c.n_layer, s->max_ctx));
     TS_CUDA(cudaMemsetAsync(s->k_cache.get(), 0, kv_bytes, s->stream));
     TS_CUDA(cudaMemsetAsync(s->v_cache.get(), 0, kv_bytes, s->stream));
     s->x = dev_alloc(B * d * 4, "activations x");
@@ -601,9 +653,11 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     s->up = dev_alloc(B * size_t(c.n_ff) * 4, "ffn up");
     s->logits = dev_alloc(B * V * 4, fmt::format("logits ({} x {})", B, V));
     const size_t splits = size_t(std::max(kDecodeSplits, kPrefillSplits));
-    s->partial = dev_alloc(B * size_t(c.n_head) * splits * (hd + 2) * 4, "attention split-K partials");
+    s->partial =
+        dev_alloc(B * size_t(c.n_head) * splits * (hd + 2) * 4, "attention split-K partials");
     if (s->quantized) {
-      s->deq = dev_alloc(size_t(s->w->max_matrix_elems) * 4, "dequantized-matrix scratch (prefill GEMM)");
+      s->deq = dev_alloc(size_t(s->w->max_matrix_elems) * 4,
+                         "dequantized-matrix scratch (prefill GEMM)");
     }
     s->params = dev_alloc((B + 1) * sizeof(int32_t), "token/position parameters");
     s->argmax = dev_alloc(sizeof(int32_t), "argmax");
@@ -623,8 +677,8 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
       }
     }
     s->rope_cs = dev_alloc(cs.size() * sizeof(double), "RoPE cos/sin table");
-    TS_CUDA(cudaMemcpyAsync(s->rope_cs.get(), cs.data(), cs.size() * sizeof(double), cudaMemcpyHostToDevice,
-                            s->stream));
+    TS_CUDA(cudaMemcpyAsync(s->rope_cs.get(), cs.data(), cs.size() * sizeof(double),
+                            cudaMemcpyHostToDevice, s->stream));
     TS_CUDA(cudaStreamSynchronize(s->stream));
     *out = s.release();
   });
@@ -637,19 +691,21 @@ void free_session(ts_session* s) {
 
 void check_room(const ts_session* s, int64_t n) {
   if (s->pos + n > s->max_ctx) {
-    throw StatusError(TS_ERR_CONTEXT_FULL, fmt::format("position {} + {} tokens exceeds max context {}", s->pos, n,
-                                                       s->max_ctx));
+    throw StatusError(
+        TS_ERR_CONTEXT_FULL,
+        fmt::format("position {} + {} tokens exceeds max context {}", s->pos, n, s->max_ctx));
   }
 }
 
 void check_token(const ts_session* s, int32_t t, int64_t index) {
   if (t < 0 || t >= s->model->cfg.n_vocab) {
-    throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                      fmt::format("token #{} = {} outside [0, {})", index, t, s->model->cfg.n_vocab));
+    throw StatusError(TS_ERR_INVALID_ARGUMENT, fmt::format("token #{} = {} outside [0, {})", index,
+                                                           t, s->model->cfg.n_vocab));
   }
 }
 
-ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
+                  float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
@@ -675,7 +731,8 @@ ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
     if (position < 0 || position > s->pos) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, fmt::format("rewind to {} outside [0, {}]", position, s->pos));
+      throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                        fmt::format("rewind to {} outside [0, {}]", position, s->pos));
     }
     s->pos = position;  // entries >= position are overwritten before they are read again
   });
@@ -684,10 +741,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 int32_t position(const ts_session* s) { return s ? s->pos : 0; }
 
 const ts_backend kBackend = {
-    TS_BACKEND_API_VERSION, "cuda",       "0.1.0",    touchstone::abi::last_error,
-    device_name,            capabilities, load_model, free_model,
-    n_vocab,                open_session, free_session, prefill,
-    decode,                 rewind,       position,
+    TS_BACKEND_API_VERSION,
+    "cuda",
+    "0.1.0",
+    touchstone::abi::last_error,
+    device_name,
+    capabilities,
+    load_model,
+    free_model,
+    n_vocab,
+    open_session,
+    free_session,
+    prefill,
+    decode,
+    rewind,
+    position,
 };
 
 }  // namespace

@@ -17,14 +17,29 @@ constexpr unsigned kFull = 0xffffffffu;
 template <typename F>
 cudaError_t dispatch(WType t, F&& f) {
   switch (t) {
-    case WType::F32: f(std::integral_constant<WType, WType::F32>{}); break;
-    case WType::F16: f(std::integral_constant<WType, WType::F16>{}); break;
-    case WType::Q4_0: f(std::integral_constant<WType, WType::Q4_0>{}); break;
-    case WType::Q4_1: f(std::integral_constant<WType, WType::Q4_1>{}); break;
-    case WType::Q8_0: f(std::integral_constant<WType, WType::Q8_0>{}); break;
-    case WType::Q4_K: f(std::integral_constant<WType, WType::Q4_K>{}); break;
-    case WType::Q6_K: f(std::integral_constant<WType, WType::Q6_K>{}); break;
-    default: return cudaErrorInvalidValue;
+    case WType::F32:
+      f(std::integral_constant<WType, WType::F32>{});
+      break;
+    case WType::F16:
+      f(std::integral_constant<WType, WType::F16>{});
+      break;
+    case WType::Q4_0:
+      f(std::integral_constant<WType, WType::Q4_0>{});
+      break;
+    case WType::Q4_1:
+      f(std::integral_constant<WType, WType::Q4_1>{});
+      break;
+    case WType::Q8_0:
+      f(std::integral_constant<WType, WType::Q8_0>{});
+      break;
+    case WType::Q4_K:
+      f(std::integral_constant<WType, WType::Q4_K>{});
+      break;
+    case WType::Q6_K:
+      f(std::integral_constant<WType, WType::Q6_K>{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -35,7 +50,9 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-unsigned blocks_for(int64_t n, int per_block) { return static_cast<unsigned>((n + per_block - 1) / per_block); }
+unsigned blocks_for(int64_t n, int per_block) {
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
+}
 
 // ---- embedding rows ------------------------------------------------------------
 template <WType T>
@@ -49,7 +66,8 @@ __global__ void get_rows_k(const uint8_t* table, const int32_t* tokens, int n_em
 
 // ---- residual add + RMSNorm (fp64 accumulation) ----------------------------------
 constexpr int kNormThreads = 256;
-__global__ void add_rmsnorm_k(float* x, const float* delta, const float* w, float* out, int n, double eps) {
+__global__ void add_rmsnorm_k(float* x, const float* delta, const float* w, float* out, int n,
+                              double eps) {
   __shared__ double red[kNormThreads];
   const int64_t r = blockIdx.x;
   float* xr = x + r * n;
@@ -69,13 +87,15 @@ __global__ void add_rmsnorm_k(float* x, const float* delta, const float* w, floa
     __syncthreads();
   }
   const double inv = cm::rms_inv(red[0], n, eps);
-  for (int i = threadIdx.x; i < n; i += kNormThreads) out[r * n + i] = cm::rms_scale(xr[i], inv, w[i]);
+  for (int i = threadIdx.x; i < n; i += kNormThreads)
+    out[r * n + i] = cm::rms_scale(xr[i], inv, w[i]);
 }
 
 // ---- matrix-vector: one warp per row, weights dequantized in registers -------------
 constexpr int kMatvecWarps = 4;
 template <WType T>
-__global__ void matvec_k(const uint8_t* W, const float* __restrict__ x, float* y, int n_out, int n_in) {
+__global__ void matvec_k(const uint8_t* W, const float* __restrict__ x, float* y, int n_out,
+                         int n_in) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kMatvecWarps + warp;
   if (row >= n_out) return;  // whole warp leaves together
@@ -96,8 +116,9 @@ __global__ void dequantize_k(const uint8_t* W, float* out, int64_t total, int n_
 }
 
 // ---- RoPE + KV append ---------------------------------------------------------------
-__global__ void rope_store_k(float* q, const float* k, const float* v, float* k_cache, float* v_cache,
-                             const double* cs, const int32_t* d_pos, int n_head, int n_head_kv, int hd) {
+__global__ void rope_store_k(float* q, const float* k, const float* v, float* k_cache,
+                             float* v_cache, const double* cs, const int32_t* d_pos, int n_head,
+                             int n_head_kv, int hd) {
   const int t = blockIdx.x;
   const int pos = *d_pos + t;
   const int half = hd / 2, q_dim = n_head * hd, kv_dim = n_head_kv * hd;
@@ -125,8 +146,9 @@ __global__ void rope_store_k(float* q, const float* k, const float* v, float* k_
 // ---- attention (split-K, online softmax; order documented in kernel_math.h) ------------
 constexpr int kAttnWarps = 4;
 template <int HD>
-__global__ void attention_k(const float* q, const float* k_cache, const float* v_cache, float* partial,
-                            const int32_t* d_pos, int n_head, int n_head_kv, float scale) {
+__global__ void attention_k(const float* q, const float* k_cache, const float* v_cache,
+                            float* partial, const int32_t* d_pos, int n_head, int n_head_kv,
+                            float scale) {
   constexpr int EPL = HD / 32;  // elements per lane: lane L holds L, L+32, ...
   const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, n_split = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -180,7 +202,8 @@ __global__ void attention_k(const float* q, const float* k_cache, const float* v
   }
 }
 
-__global__ void attention_merge_k(const float* partial, float* out, int n_head, int hd, int n_split) {
+__global__ void attention_merge_k(const float* partial, float* out, int n_head, int hd,
+                                  int n_split) {
   const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x;
   float m = -INFINITY, l = 0.0f, a = 0.0f;
   const float* base = partial + (int64_t{t} * n_head + h) * n_split * (hd + 2);
@@ -201,13 +224,15 @@ __global__ void argmax_k(const float* logits, int n, int32_t* out) {
   __shared__ float sv[kArgmaxThreads];
   __shared__ int32_t si[kArgmaxThreads];
   cm::ArgMax best{0.0f, -1};
-  for (int i = threadIdx.x; i < n; i += kArgmaxThreads) best = cm::argmax_merge(best, cm::argmax_leaf(logits[i], i));
+  for (int i = threadIdx.x; i < n; i += kArgmaxThreads)
+    best = cm::argmax_merge(best, cm::argmax_leaf(logits[i], i));
   sv[threadIdx.x] = best.v;
   si[threadIdx.x] = best.id;
   __syncthreads();
   for (int s = kArgmaxThreads / 2; s > 0; s /= 2) {
     if (threadIdx.x < s) {
-      const cm::ArgMax r = cm::argmax_merge({sv[threadIdx.x], si[threadIdx.x]}, {sv[threadIdx.x + s], si[threadIdx.x + s]});
+      const cm::ArgMax r = cm::argmax_merge({sv[threadIdx.x], si[threadIdx.x]},
+                                            {sv[threadIdx.x + s], si[threadIdx.x + s]});
       sv[threadIdx.x] = r.v;
       si[threadIdx.x] = r.id;
     }
@@ -220,17 +245,19 @@ __global__ void argmax_k(const float* logits, int n, int32_t* out) {
 
 bool attention_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
-cudaError_t launch_get_rows(WType type, const void* table, const int32_t* d_tokens, int n_tokens, int n_embd,
-                            float* x, cudaStream_t stream) {
+cudaError_t launch_get_rows(WType type, const void* table, const int32_t* d_tokens, int n_tokens,
+                            int n_embd, float* x, cudaStream_t stream) {
   return dispatch(type, [&](auto c) {
-    get_rows_k<decltype(c)::value><<<dim3(blocks_for(n_embd, 256), static_cast<unsigned>(n_tokens)), 256, 0, stream>>>(
-        static_cast<const uint8_t*>(table), d_tokens, n_embd, x);
+    get_rows_k<decltype(c)::value>
+        <<<dim3(blocks_for(n_embd, 256), static_cast<unsigned>(n_tokens)), 256, 0, stream>>>(
+            static_cast<const uint8_t*>(table), d_tokens, n_embd, x);
   });
 }
 
-cudaError_t launch_add_rmsnorm(float* x, const float* delta, const float* w, float* out, int n_rows, int n,
-                               double eps, cudaStream_t stream) {
-  add_rmsnorm_k<<<static_cast<unsigned>(n_rows), kNormThreads, 0, stream>>>(x, delta, w, out, n, eps);
+cudaError_t launch_add_rmsnorm(float* x, const float* delta, const float* w, float* out, int n_rows,
+                               int n, double eps, cudaStream_t stream) {
+  add_rmsnorm_k<<<static_cast<unsigned>(n_rows), kNormThreads, 0, stream>>>(x, delta, w, out, n,
+                                                                            eps);
   return cudaGetLastError();
 }
 
@@ -242,38 +269,45 @@ cudaError_t launch_matvec(WType type, const void* W, const float* x, float* y, i
   });
 }
 
-cudaError_t launch_dequantize(WType type, const void* W, float* out, int n_rows, int n_in, cudaStream_t stream) {
+cudaError_t launch_dequantize(WType type, const void* W, float* out, int n_rows, int n_in,
+                              cudaStream_t stream) {
   const int64_t total = int64_t{n_rows} * n_in;
   return dispatch(type, [&](auto c) {
-    dequantize_k<decltype(c)::value><<<blocks_for(total, 256), 256, 0, stream>>>(static_cast<const uint8_t*>(W),
-                                                                                  out, total, n_in);
+    dequantize_k<decltype(c)::value><<<blocks_for(total, 256), 256, 0, stream>>>(
+        static_cast<const uint8_t*>(W), out, total, n_in);
   });
 }
 
-cudaError_t launch_rope_store(float* q, const float* k, const float* v, float* k_cache, float* v_cache,
-                              const double* rope_cs, const int32_t* d_pos, int n_tokens, int n_head,
-                              int n_head_kv, int head_dim, cudaStream_t stream) {
-  rope_store_k<<<static_cast<unsigned>(n_tokens), 256, 0, stream>>>(q, k, v, k_cache, v_cache, rope_cs, d_pos,
-                                                                     n_head, n_head_kv, head_dim);
+cudaError_t launch_rope_store(float* q, const float* k, const float* v, float* k_cache,
+                              float* v_cache, const double* rope_cs, const int32_t* d_pos,
+                              int n_tokens, int n_head, int n_head_kv, int head_dim,
+                              cudaStream_t stream) {
+  rope_store_k<<<static_cast<unsigned>(n_tokens), 256, 0, stream>>>(
+      q, k, v, k_cache, v_cache, rope_cs, d_pos, n_head, n_head_kv, head_dim);
   return cudaGetLastError();
 }
 
-cudaError_t launch_attention(const float* q, const float* k_cache, const float* v_cache, float* partial,
-                             float* out, const int32_t* d_pos, int n_tokens, int n_head, int n_head_kv,
-                             int head_dim, int n_split, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_split));
+cudaError_t launch_attention(const float* q, const float* k_cache, const float* v_cache,
+                             float* partial, float* out, const int32_t* d_pos, int n_tokens,
+                             int n_head, int n_head_kv, int head_dim, int n_split,
+                             cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(n_tokens),
+                  static_cast<unsigned>(n_split));
   const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(head_dim)));
   if (head_dim == 64) {
-    attention_k<64><<<grid, 32 * kAttnWarps, 0, stream>>>(q, k_cache, v_cache, partial, d_pos, n_head, n_head_kv, scale);
+    attention_k<64><<<grid, 32 * kAttnWarps, 0, stream>>>(q, k_cache, v_cache, partial, d_pos,
+                                                          n_head, n_head_kv, scale);
   } else if (head_dim == 128) {
-    attention_k<128><<<grid, 32 * kAttnWarps, 0, stream>>>(q, k_cache, v_cache, partial, d_pos, n_head, n_head_kv, scale);
+    attention_k<128><<<grid, 32 * kAttnWarps, 0, stream>>>(q, k_cache, v_cache, partial, d_pos,
+                                                           n_head, n_head_kv, scale);
   } else {
     return cudaErrorInvalidValue;
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   attention_merge_k<<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n_tokens)),
-                      static_cast<unsigned>(head_dim), 0, stream>>>(partial, out, n_head, head_dim, n_split);
+                      static_cast<unsigned>(head_dim), 0, stream>>>(partial, out, n_head, head_dim,
+                                                                    n_split);
   return cudaGetLastError();
 }
 

@@ -42,7 +42,8 @@ uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
 TEST(CudaKernelMath, Fp16ToFp32MatchesReferenceForAll65536Values) {
   for (uint32_t h = 0; h < 65536; ++h) {
     const auto u = static_cast<uint16_t>(h);
-    ASSERT_EQ(bits(cm::fp16_to_fp32(u)), bits(gg::fp16_to_fp32(u))) << "half bits 0x" << std::hex << h;
+    ASSERT_EQ(bits(cm::fp16_to_fp32(u)), bits(gg::fp16_to_fp32(u)))
+        << "half bits 0x" << std::hex << h;
   }
 }
 
@@ -72,16 +73,26 @@ std::vector<uint8_t> random_row(cm::WType type, int64_t n, std::mt19937& rng) {
     case cm::WType::F16:
       for (int64_t i = 0; i < n; ++i) half(buf.data() + 2 * i);
       break;
-    case cm::WType::Q4_0: set_halves(18, {0}); break;
-    case cm::WType::Q4_1: set_halves(20, {0, 2}); break;
-    case cm::WType::Q8_0: set_halves(34, {0}); break;
-    case cm::WType::Q4_K: set_halves(144, {0, 2}); break;
-    case cm::WType::Q6_K: set_halves(210, {208}); break;
+    case cm::WType::Q4_0:
+      set_halves(18, {0});
+      break;
+    case cm::WType::Q4_1:
+      set_halves(20, {0, 2});
+      break;
+    case cm::WType::Q8_0:
+      set_halves(34, {0});
+      break;
+    case cm::WType::Q4_K:
+      set_halves(144, {0, 2});
+      break;
+    case cm::WType::Q6_K:
+      set_halves(210, {208});
+      break;
   }
   return buf;
 }
 
-const cm::WType kTypes[] = {cm::WType::F32, cm::WType::F16, cm::WType::Q4_0, cm::WType::Q4_1,
+const cm::WType kTypes[] = {cm::WType::F32,  cm::WType::F16,  cm::WType::Q4_0, cm::WType::Q4_1,
                             cm::WType::Q8_0, cm::WType::Q4_K, cm::WType::Q6_K};
 
 TEST(CudaKernelMath, RowBytesMatchGgufTypeTraits) {
@@ -101,8 +112,8 @@ TEST(CudaKernelMath, DequantizationIsBitIdenticalToDequantizeRow) {
       gg::dequantize_row(static_cast<gg::TensorType>(t), row.data(), ref.data(), n);
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_EQ(bits(cm::deq_elem(t, row.data(), i)), bits(ref[static_cast<size_t>(i)]))
-            << gg::type_name(static_cast<gg::TensorType>(t)) << " element " << i << ": " << cm::deq_elem(t, row.data(), i)
-            << " vs " << ref[static_cast<size_t>(i)];
+            << gg::type_name(static_cast<gg::TensorType>(t)) << " element " << i << ": "
+            << cm::deq_elem(t, row.data(), i) << " vs " << ref[static_cast<size_t>(i)];
       }
     }
   }
@@ -158,7 +169,8 @@ TEST(CudaKernelMath, WarpDotProductOrderAndAccuracy) {
       }
       // fp32 accumulation: |error| <= (n/32 + 5) ulp-ish of the magnitude sum.
       const double bound = (static_cast<double>(n) / 32.0 + 6.0) * 0x1p-24 * mag;
-      EXPECT_LE(std::abs(double{emu} - exact), bound) << gg::type_name(static_cast<gg::TensorType>(t)) << " n=" << n;
+      EXPECT_LE(std::abs(double{emu} - exact), bound)
+          << gg::type_name(static_cast<gg::TensorType>(t)) << " n=" << n;
     }
   }
 }
@@ -166,8 +178,8 @@ TEST(CudaKernelMath, WarpDotProductOrderAndAccuracy) {
 // llama_forward.cpp rope(), restated.
 void reference_rope(float* v, int64_t hd, int32_t pos, double base) {
   for (int64_t i = 0; i < hd / 2; ++i) {
-    const double theta =
-        static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    const double theta = static_cast<double>(pos) *
+                         std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
     const double c = std::cos(theta), s = std::sin(theta);
     const double x0 = v[2 * i], x1 = v[2 * i + 1];
     v[2 * i] = static_cast<float>(x0 * c - x1 * s);
@@ -187,10 +199,11 @@ TEST(CudaKernelMath, RopeFromTableIsBitIdenticalToReference) {
         reference_rope(a.data(), hd, pos, base);
         for (int64_t i = 0; i < hd / 2; ++i) {
           const double th = cm::rope_theta(pos, i, hd, base);
-          cm::rope_rotate(&b[static_cast<size_t>(2 * i)], &b[static_cast<size_t>(2 * i + 1)], std::cos(th),
-                          std::sin(th));
+          cm::rope_rotate(&b[static_cast<size_t>(2 * i)], &b[static_cast<size_t>(2 * i + 1)],
+                          std::cos(th), std::sin(th));
         }
-        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(bits(a[i]), bits(b[i])) << "hd " << hd << " pos " << pos;
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_EQ(bits(a[i]), bits(b[i])) << "hd " << hd << " pos " << pos;
       }
     }
   }
@@ -214,7 +227,8 @@ TEST(CudaKernelMath, OnlineSoftmaxMergeMatchesFp64Softmax) {
       std::vector<double> p(s.size()), ref(static_cast<size_t>(hd), 0.0);
       for (size_t t = 0; t < s.size(); ++t) sum += p[t] = std::exp(double{s[t]} - mx);
       for (int i = 0; i < hd; ++i) {
-        for (size_t t = 0; t < s.size(); ++t) ref[static_cast<size_t>(i)] += p[t] * double{v[t * hd + static_cast<size_t>(i)]};
+        for (size_t t = 0; t < s.size(); ++t)
+          ref[static_cast<size_t>(i)] += p[t] * double{v[t * hd + static_cast<size_t>(i)]};
       }
       // kernel order
       float fm = -INFINITY, fl = 0.0f, fa[hd] = {};
@@ -227,16 +241,19 @@ TEST(CudaKernelMath, OnlineSoftmaxMergeMatchesFp64Softmax) {
           wl[w] = 0.0f;
           std::fill(wa[w], wa[w] + hd, 0.0f);
           for (int t = t0 + w; t < t1; t += 4) {
-            cm::softmax_merge(&wm[w], &wl[w], wa[w], s[static_cast<size_t>(t)], 1.0f, &v[static_cast<size_t>(t * hd)], hd);
+            cm::softmax_merge(&wm[w], &wl[w], wa[w], s[static_cast<size_t>(t)], 1.0f,
+                              &v[static_cast<size_t>(t * hd)], hd);
           }
         }
-        for (int w = 1; w < 4; ++w) cm::softmax_merge(&wm[0], &wl[0], wa[0], wm[w], wl[w], wa[w], hd);
+        for (int w = 1; w < 4; ++w)
+          cm::softmax_merge(&wm[0], &wl[0], wa[0], wm[w], wl[w], wa[w], hd);
         cm::softmax_merge(&fm, &fl, fa, wm[0], wl[0], wa[0], hd);
       }
       ASSERT_EQ(fm, static_cast<float>(mx));
       for (int i = 0; i < hd; ++i) {
         const double o = double{fa[i] / fl}, r = ref[static_cast<size_t>(i)] / sum;
-        EXPECT_NEAR(o, r, 1e-5 * (1.0 + std::abs(r))) << "n_kv " << n_kv << " split " << n_split << " i " << i;
+        EXPECT_NEAR(o, r, 1e-5 * (1.0 + std::abs(r)))
+            << "n_kv " << n_kv << " split " << n_split << " i " << i;
       }
     }
   }
@@ -267,10 +284,12 @@ TEST(CudaKernelMath, ElementwiseMatchReferenceFormulas) {
   for (int i = 0; i < 10000; ++i) {
     const float g = nd(rng), u = nd(rng), w = nd(rng);
     const double gd = g;  // llama_forward.cpp SwiGLU
-    EXPECT_EQ(bits(cm::silu_mul(g, u)), bits(static_cast<float>(gd / (1.0 + std::exp(-gd)) * double{u})));
+    EXPECT_EQ(bits(cm::silu_mul(g, u)),
+              bits(static_cast<float>(gd / (1.0 + std::exp(-gd)) * double{u})));
     EXPECT_EQ(bits(cm::residual_add(g, u)), bits(static_cast<float>(double{g} + double{u})));
     const double inv = 1.0 / std::sqrt(static_cast<double>(i + 1) / 576.0 + 1e-5);
-    EXPECT_EQ(bits(cm::rms_scale(g, inv, w)), bits(static_cast<float>(double{g} * inv * double{w})));
+    EXPECT_EQ(bits(cm::rms_scale(g, inv, w)),
+              bits(static_cast<float>(double{g} * inv * double{w})));
   }
   EXPECT_EQ(cm::rms_inv(576.0 * 4.0, 576, 0.0), 0.5);
 }
@@ -280,7 +299,8 @@ TEST(CudaKernelMath, ArgmaxTiesNanAndReductionOrder) {
   const std::vector<float> l = {1.0f, 3.0f, nan, 3.0f, -INFINITY, 2.0f, 3.0f};
   auto fold = [](const std::vector<float>& v, const std::vector<int>& order) {
     cm::ArgMax best{0.0f, -1};
-    for (int i : order) best = cm::argmax_merge(best, cm::argmax_leaf(v[static_cast<size_t>(i)], i));
+    for (int i : order)
+      best = cm::argmax_merge(best, cm::argmax_leaf(v[static_cast<size_t>(i)], i));
     return best.id;
   };
   std::vector<int> order(l.size());

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -47,7 +47,8 @@ namespace {
 // (needed for tosa.scatter, the KV write at a runtime position).
 const char* kStage1 =
     "func.func(tosa-optional-decompositions),canonicalize,"
-    "func.func(tosa-infer-shapes,tosa-make-broadcastable,tosa-to-linalg-named,tosa-to-scf),canonicalize,"
+    "func.func(tosa-infer-shapes,tosa-make-broadcastable,tosa-to-linalg-named,tosa-to-scf),"
+    "canonicalize,"
     "func.func(tosa-layerwise-constant-fold,tosa-make-broadcastable),"
     "func.func(tosa-to-linalg,tosa-to-tensor,tosa-to-arith),canonicalize,cse";
 
@@ -57,7 +58,8 @@ const char* kStage1 =
 // functions in MLIR 22, so the step function is made private just for those
 // passes (run_stage2 below).
 const char* kStage2a =
-    "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},"
+    "one-shot-bufferize{bufferize-function-boundaries "
+    "function-boundary-type-conversion=identity-layout-map},"
     "canonicalize";
 const char* kStage2Drop = "drop-equivalent-buffer-results";
 const char* kStage2b =
@@ -68,7 +70,8 @@ const char* kStage2b =
 const char* kStage3 =
     "func.func(convert-linalg-to-loops),lower-affine,convert-scf-to-cf,canonicalize,cse,"
     "convert-vector-to-scf,convert-vector-to-llvm,"
-    "expand-strided-metadata,lower-affine,convert-math-to-llvm,convert-arith-to-llvm,convert-index-to-llvm,"
+    "expand-strided-metadata,lower-affine,convert-math-to-llvm,convert-arith-to-llvm,convert-index-"
+    "to-llvm,"
     "finalize-memref-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,reconcile-unrealized-casts";
 
 // Transform-dialect schedule applied between stages 1 and 2: every batch matmul
@@ -139,20 +142,24 @@ void dump(mlir::ModuleOp module, const std::string& name) {
   if (!ec) module->print(os);
 }
 
-void run_pipeline(mlir::ModuleOp module, const char* pipeline, const char* stage, const DiagCollector& diags) {
+void run_pipeline(mlir::ModuleOp module, const char* pipeline, const char* stage,
+                  const DiagCollector& diags) {
   dump(module, std::string("before_") + stage);
   mlir::PassManager pm(module->getContext(), mlir::ModuleOp::getOperationName());
   std::string err;
   llvm::raw_string_ostream es(err);
   if (mlir::failed(mlir::parsePassPipeline(pipeline, pm, es))) {
-    throw std::runtime_error(std::string("static_graph: bad pass pipeline (") + stage + "): " + err);
+    throw std::runtime_error(std::string("static_graph: bad pass pipeline (") + stage +
+                             "): " + err);
   }
   if (mlir::failed(pm.run(module))) fail(std::string("pass pipeline failed at ") + stage, diags);
 }
 
 void set_public(mlir::ModuleOp module, bool pub) {
   module->walk([&](mlir::func::FuncOp f) {
-    if (!f.isExternal()) f.setVisibility(pub ? mlir::SymbolTable::Visibility::Public : mlir::SymbolTable::Visibility::Private);
+    if (!f.isExternal())
+      f.setVisibility(pub ? mlir::SymbolTable::Visibility::Public
+                          : mlir::SymbolTable::Visibility::Private);
   });
 }
 
@@ -167,19 +174,22 @@ void run_stage2(mlir::ModuleOp module, const DiagCollector& diags) {
 void apply_schedule(mlir::ModuleOp module, const CompileOptions& opt, const DiagCollector& diags) {
   if (!opt.vectorize) return;
   mlir::MLIRContext* ctx = module->getContext();
-  mlir::OwningOpRef<mlir::ModuleOp> script = mlir::parseSourceString<mlir::ModuleOp>(kTransformInterchange, ctx);
+  mlir::OwningOpRef<mlir::ModuleOp> script =
+      mlir::parseSourceString<mlir::ModuleOp>(kTransformInterchange, ctx);
   if (!script) fail("cannot parse the transform schedule", diags);
   mlir::transform::TransformOpInterface entry = mlir::transform::detail::findTransformEntryPoint(
-      script->getOperation(), *script, mlir::transform::TransformDialect::kTransformEntryPointSymbolName);
+      script->getOperation(), *script,
+      mlir::transform::TransformDialect::kTransformEntryPointSymbolName);
   if (!entry) fail("transform schedule has no entry point", diags);
   mlir::transform::TransformOptions topts;
-  if (mlir::failed(mlir::transform::applyTransformNamedSequence(module.getOperation(), entry.getOperation(), *script,
-                                                                topts))) {
+  if (mlir::failed(mlir::transform::applyTransformNamedSequence(
+          module.getOperation(), entry.getOperation(), *script, topts))) {
     fail("transform schedule failed", diags);
   }
 }
 
-mlir::OwningOpRef<mlir::ModuleOp> parse(mlir::MLIRContext* ctx, const std::string& text, const DiagCollector& diags) {
+mlir::OwningOpRef<mlir::ModuleOp> parse(mlir::MLIRContext* ctx, const std::string& text,
+                                        const DiagCollector& diags) {
   mlir::OwningOpRef<mlir::ModuleOp> m = mlir::parseSourceString<mlir::ModuleOp>(text, ctx);
   if (!m) fail("cannot parse the graph module", diags);
   return m;
@@ -194,7 +204,8 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
 }
 
 std::string runner_utils_path() {
-  for (const char* p : {"/usr/lib/llvm-22/lib/libmlir_c_runner_utils.so", "/usr/lib/llvm-22/lib/libmlir_c_runner_utils.so.22.1"}) {
+  for (const char* p : {"/usr/lib/llvm-22/lib/libmlir_c_runner_utils.so",
+                        "/usr/lib/llvm-22/lib/libmlir_c_runner_utils.so.22.1"}) {
     if (std::filesystem::exists(p)) return p;
   }
   return {};
@@ -216,7 +227,9 @@ class OrcGraph : public CompiledGraph {
 
 llvm::orc::JITTargetMachineBuilder host_tmb() {
   auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
-  if (!tmb) throw std::runtime_error("static_graph: cannot detect the host target: " + llvm::toString(tmb.takeError()));
+  if (!tmb)
+    throw std::runtime_error("static_graph: cannot detect the host target: " +
+                             llvm::toString(tmb.takeError()));
   tmb->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
   return std::move(*tmb);
 }
@@ -231,7 +244,8 @@ std::unique_ptr<CompiledGraph> load_cached(const std::string& path, const std::s
   }
   const std::string rt = runner_utils_path();
   if (!rt.empty()) llvm::sys::DynamicLibrary::LoadLibraryPermanently(rt.c_str());
-  auto gen = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*jit)->getDataLayout().getGlobalPrefix());
+  auto gen = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+      (*jit)->getDataLayout().getGlobalPrefix());
   if (!gen) {
     llvm::consumeError(gen.takeError());
     return nullptr;
@@ -259,8 +273,8 @@ std::string host_cpu_name() { return llvm::sys::getHostCPUName().str(); }
 std::string pipeline_description(const CompileOptions& opt) {
   std::string s = std::string("stage1: ") + kStage1 + "\n";
   if (opt.vectorize) s += std::string("transform: ") + kTransformInterchange + "\n";
-  s += std::string("stage2: ") + kStage2a + ", [func private]," + kStage2Drop + "," + kStage2b + ",[func public]" +
-       "\nstage3: " + kStage3 + "\nllvm: O3, host target machine\n";
+  s += std::string("stage2: ") + kStage2a + ", [func private]," + kStage2Drop + "," + kStage2b +
+       ",[func public]" + "\nstage3: " + kStage3 + "\nllvm: O3, host target machine\n";
   return s;
 }
 
@@ -302,7 +316,8 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
   }
   char key[32];
   std::snprintf(key, sizeof key, "%016llx",
-                static_cast<unsigned long long>(fnv1a(text, fnv1a(pipeline_description(opt) + cpu + "llvm22"))));
+                static_cast<unsigned long long>(
+                    fnv1a(text, fnv1a(pipeline_description(opt) + cpu + "llvm22"))));
   std::string cache_path;
   if (!opt.cache_dir.empty()) {
     cache_path = opt.cache_dir + "/" + func_name + "-" + key + ".o";
@@ -317,7 +332,8 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
       g->lowered_num_args = nargs;
       g->from_cache = true;
       g->cache_key = key;
-      g->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      g->compile_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return g;
     }
   }
@@ -348,10 +364,12 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
   eo.enableObjectDump = !cache_path.empty();
   auto engine = mlir::ExecutionEngine::create(*m, eo, std::move(*tm));
   if (!engine) {
-    throw std::runtime_error("static_graph: ExecutionEngine::create failed: " + llvm::toString(engine.takeError()));
+    throw std::runtime_error("static_graph: ExecutionEngine::create failed: " +
+                             llvm::toString(engine.takeError()));
   }
   auto fn = (*engine)->lookupPacked("_mlir_ciface_" + func_name);
-  if (!fn) throw std::runtime_error("static_graph: lookup failed: " + llvm::toString(fn.takeError()));
+  if (!fn)
+    throw std::runtime_error("static_graph: lookup failed: " + llvm::toString(fn.takeError()));
   auto g = std::make_unique<EngineGraph>();
   g->fn = *fn;
   g->engine = std::move(*engine);

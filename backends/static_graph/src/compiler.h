@@ -14,8 +14,8 @@
 namespace touchstone::static_graph {
 
 struct CompileOptions {
-  std::string cache_dir;     // "" = no on-disk cache
-  bool vectorize = true;     // transform-dialect schedule for the matmuls
+  std::string cache_dir;  // "" = no on-disk cache
+  bool vectorize = true;  // transform-dialect schedule for the matmuls
 };
 
 // A compiled step function: call(args) where args[i] points to the i-th
@@ -36,7 +36,8 @@ std::string pipeline_description(const CompileOptions& opt);
 
 // Compiles `mlir_text` (one func.func named `func_name` with llvm.emit_c_interface).
 // Throws std::runtime_error with the MLIR diagnostics on failure.
-std::unique_ptr<CompiledGraph> compile_graph(const std::string& mlir_text, const std::string& func_name,
+std::unique_ptr<CompiledGraph> compile_graph(const std::string& mlir_text,
+                                             const std::string& func_name,
                                              const CompileOptions& opt);
 
 // Runs the pipeline up to (and including) bufferization + out-param rewriting

@@ -43,7 +43,8 @@ namespace {
 
 using gguf::TensorType;
 
-const char* kMatrixNames[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+const char* kMatrixNames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                               "ffn_gate", "ffn_up", "ffn_down"};
 
 // fp32 [out][in] -> [1][in][out]
 HostTensor transpose_f32(const std::vector<float>& w, int64_t out, int64_t in) {
@@ -62,8 +63,8 @@ HostTensor vec_f32(const std::vector<float>& v) {
 
 // Repacks a GGUF block matrix (rows = out, blocks along in) into the graph's
 // transposed block layout: qs [nb][16|32][out], d/m [nb][1][out] (raw fp16 bits).
-void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name, int64_t in, int64_t out,
-                 WeightSet& ws, MatrixFormat& fmt) {
+void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
+                 int64_t in, int64_t out, WeightSet& ws, MatrixFormat& fmt) {
   const auto raw = f.tensor_data(ti);
   const int64_t nb = in / 32;
   auto put = [&](const std::string& k, HostTensor t) {
@@ -73,7 +74,8 @@ void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
   if (ti.type == TensorType::Q4_1 || ti.type == TensorType::Q4_0) {
     const bool q41 = ti.type == TensorType::Q4_1;
     fmt = q41 ? MatrixFormat::Q4_1 : MatrixFormat::Q4_0;
-    HostTensor qs = HostTensor::make({nb, 16, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f16");
+    HostTensor qs = HostTensor::make({nb, 16, out}, "i8"),
+               d = HostTensor::make({nb, 1, out}, "f16");
     HostTensor mn = q41 ? HostTensor::make({nb, 1, out}, "f16") : HostTensor{};
     const size_t bsz = q41 ? sizeof(gguf::block_q4_1) : sizeof(gguf::block_q4_0);
     for (int64_t o = 0; o < out; ++o) {
@@ -93,7 +95,8 @@ void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     if (q41) put(name + ".m", mn);
   } else if (ti.type == TensorType::Q8_0) {
     fmt = MatrixFormat::Q8_0;
-    HostTensor qs = HostTensor::make({nb, 32, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f16");
+    HostTensor qs = HostTensor::make({nb, 32, out}, "i8"),
+               d = HostTensor::make({nb, 1, out}, "f16");
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = raw.data() + size_t(o * nb + b) * sizeof(gguf::block_q8_0);
@@ -107,12 +110,12 @@ void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     put(name + ".d", d);
   } else {
     throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: tensor " + ti.name + " has type " +
-                          std::string(gguf::type_name(ti.type)) + " (supported in graph: Q4_0, Q4_1, Q8_0)");
+                                                   std::string(gguf::type_name(ti.type)) +
+                                                   " (supported in graph: Q4_0, Q4_1, Q8_0)");
   }
 }
 
 }  // namespace
-
 
 const WeightSet& Model::weights(WeightMode mode) {
   std::lock_guard<std::mutex> lock(mu);
@@ -171,17 +174,22 @@ const WeightSet& Model::weights(WeightMode mode) {
     const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
     const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
     if (out_w && out_w->type != embd.type) {
-      throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: output.weight and token_embd.weight have different types");
+      throw abi::StatusError(
+          TS_ERR_UNSUPPORTED,
+          "quantized path: output.weight and token_embd.weight have different types");
     }
     if (embd.type != TensorType::Q8_0) {
-      throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: token_embd.weight must be Q8_0, got " +
-                            std::string(gguf::type_name(embd.type)));
+      throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                             "quantized path: token_embd.weight must be Q8_0, got " +
+                                 std::string(gguf::type_name(embd.type)));
     }
     ws->spec_template.embd_format = MatrixFormat::Q8_0;
-    pack_blocks(f, out_w ? *out_w : embd, "lm_head", D.n_embd, D.n_vocab, *ws, ws->spec_template.embd_format);
+    pack_blocks(f, out_w ? *out_w : embd, "lm_head", D.n_embd, D.n_vocab, *ws,
+                ws->spec_template.embd_format);
     // Row layout of the embedding for the in-graph gather: qs [1][V][d], d [1][V][nb].
     const int64_t nb = D.n_embd / 32;
-    HostTensor rq = HostTensor::make({1, D.n_vocab, D.n_embd}, "i8"), rd = HostTensor::make({1, D.n_vocab, nb}, "f16");
+    HostTensor rq = HostTensor::make({1, D.n_vocab, D.n_embd}, "i8"),
+               rd = HostTensor::make({1, D.n_vocab, nb}, "f16");
     const auto raw = f.tensor_data(embd);
     for (int64_t v = 0; v < D.n_vocab; ++v) {
       for (int64_t b = 0; b < nb; ++b) {
@@ -202,11 +210,13 @@ std::unique_ptr<Model> load_model(const std::string& path) {
   m->path = path;
   const gguf::File f = gguf::File::open(path);
   const LlamaConfig c = read_llama_config(f);
-  if (c.n_rot != c.head_dim) throw abi::StatusError(TS_ERR_UNSUPPORTED, "partial RoPE (n_rot != head_dim) is not supported");
+  if (c.n_rot != c.head_dim)
+    throw abi::StatusError(TS_ERR_UNSUPPORTED, "partial RoPE (n_rot != head_dim) is not supported");
   if (c.n_embd % 32 || c.n_ff % 32 || (c.n_head * c.head_dim) % 32) {
     throw abi::StatusError(TS_ERR_UNSUPPORTED, "dimensions must be multiples of 32");
   }
-  m->dims = ModelDims{c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.rms_norm_eps};
+  m->dims = ModelDims{c.n_layer,   c.n_embd,   c.n_ff,    c.n_head,
+                      c.n_head_kv, c.head_dim, c.n_vocab, c.rms_norm_eps};
   m->rope_base = c.rope_freq_base;
   m->n_ctx_train = c.n_ctx_train;
   return m;
@@ -275,7 +285,9 @@ Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads)
 }
 
 namespace {
-bool is_cache(const std::string& n) { return n.rfind("k_cache.", 0) == 0 || n.rfind("v_cache.", 0) == 0; }
+bool is_cache(const std::string& n) {
+  return n.rfind("k_cache.", 0) == 0 || n.rfind("v_cache.", 0) == 0;
+}
 int64_t cache_layer(const std::string& n) { return std::stoll(n.substr(8)); }
 }  // namespace
 
@@ -289,8 +301,8 @@ Session::Graph& Session::graph(int32_t T, int32_t W) {
   const std::string name = "step";
   Graph g;
   g.built = build_step_graph(m_.dims, spec, name);
-  const std::string key = (mode_ == WeightMode::FullPrecision ? "f" : "q") + std::to_string(T) + "_" +
-                          std::to_string(W) + "_" + std::to_string(cap_);
+  const std::string key = (mode_ == WeightMode::FullPrecision ? "f" : "q") + std::to_string(T) +
+                          "_" + std::to_string(W) + "_" + std::to_string(cap_);
   {
     std::lock_guard<std::mutex> lock(m_.mu);
     auto git = m_.graphs.find(key);
@@ -304,17 +316,19 @@ Session::Graph& Session::graph(int32_t T, int32_t W) {
     m_.graphs[key] = g.compiled;
     stats_.push_back(GraphStats{key, g.compiled->compile_seconds, g.compiled->from_cache});
     if (const char* v = std::getenv("TOUCHSTONE_STATIC_GRAPH_VERBOSE"); v && *v) {
-      std::fprintf(stderr, "static_graph: graph %s (T=%d, W=%d, capacity %d): %s in %.2f s\n", key.c_str(), T, W, cap_,
-                   g.compiled->from_cache ? "loaded from cache" : "compiled", g.compiled->compile_seconds);
+      std::fprintf(stderr, "static_graph: graph %s (T=%d, W=%d, capacity %d): %s in %.2f s\n",
+                   key.c_str(), T, W, cap_,
+                   g.compiled->from_cache ? "loaded from cache" : "compiled",
+                   g.compiled->compile_seconds);
     }
   }
   int n_cache_results = 0;
   for (const ArgInfo& r : g.built.results) n_cache_results += is_cache(r.name);
   const int expected = int(g.built.args.size() + g.built.results.size()) - n_cache_results;
   if (g.compiled->lowered_num_args != expected) {
-    throw std::runtime_error("static_graph: lowered signature has " + std::to_string(g.compiled->lowered_num_args) +
-                             " arguments, expected " + std::to_string(expected) +
-                             " (KV caches not updated in place?)");
+    throw std::runtime_error(
+        "static_graph: lowered signature has " + std::to_string(g.compiled->lowered_num_args) +
+        " arguments, expected " + std::to_string(expected) + " (KV caches not updated in place?)");
   }
   return graphs_.emplace(std::make_pair(T, W), std::move(g)).first->second;
 }
@@ -349,21 +363,29 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows) {
   std::vector<int32_t> am(size_t(c.T));
   size_t n_args = g.built.args.size();
   for (const ArgInfo& r : g.built.results) n_args += !is_cache(r.name);
-  const int64_t kc_layer = int64_t(m_.dims.n_head_kv) * m_.dims.head_dim * cap_;  // floats per layer (K and V)
+  const int64_t kc_layer =
+      int64_t(m_.dims.n_head_kv) * m_.dims.head_dim * cap_;  // floats per layer (K and V)
   std::vector<Desc> descs(n_args);
   std::vector<void*> desc_ptrs(n_args), args(n_args);
   size_t i = 0;
   for (const ArgInfo& a : g.built.args) {
     void* p = nullptr;
-    if (a.name == "tokens") p = tok.data();
-    else if (a.name == "pos") p = &pos;
-    else if (a.name == "rope_cos") p = rcos_.data.get();
-    else if (a.name == "rope_sin") p = rsin_.data.get();
-    else if (a.name.rfind("k_cache.", 0) == 0) p = kc_.as<float>() + cache_layer(a.name) * kc_layer;
-    else if (a.name.rfind("v_cache.", 0) == 0) p = vc_.as<float>() + cache_layer(a.name) * kc_layer;
+    if (a.name == "tokens")
+      p = tok.data();
+    else if (a.name == "pos")
+      p = &pos;
+    else if (a.name == "rope_cos")
+      p = rcos_.data.get();
+    else if (a.name == "rope_sin")
+      p = rsin_.data.get();
+    else if (a.name.rfind("k_cache.", 0) == 0)
+      p = kc_.as<float>() + cache_layer(a.name) * kc_layer;
+    else if (a.name.rfind("v_cache.", 0) == 0)
+      p = vc_.as<float>() + cache_layer(a.name) * kc_layer;
     else {
       auto it = w_.tensors.find(a.name);
-      if (it == w_.tensors.end()) throw std::logic_error("static_graph: no tensor for argument " + a.name);
+      if (it == w_.tensors.end())
+        throw std::logic_error("static_graph: no tensor for argument " + a.name);
       p = it->second.data.get();
     }
     descs[i++].set(p, a.shape);
@@ -371,7 +393,9 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows) {
   for (size_t r = 0; r < g.built.results.size(); ++r) {
     const ArgInfo& a = g.built.results[r];
     if (is_cache(a.name)) continue;
-    descs[i++].set(a.name == "logits" ? static_cast<void*>(out_.data()) : static_cast<void*>(am.data()), a.shape);
+    descs[i++].set(
+        a.name == "logits" ? static_cast<void*>(out_.data()) : static_cast<void*>(am.data()),
+        a.shape);
   }
   for (size_t k = 0; k < n_args; ++k) {
     desc_ptrs[k] = descs[k].words.data();

@@ -22,7 +22,9 @@ struct HostTensor {
   size_t bytes = 0;
   static HostTensor make(std::vector<int64_t> shape, const std::string& elem);
   template <typename T>
-  T* as() const { return reinterpret_cast<T*>(data.get()); }
+  T* as() const {
+    return reinterpret_cast<T*>(data.get());
+  }
 };
 
 size_t elem_size(const std::string& elem);
@@ -50,15 +52,16 @@ std::unique_ptr<Model> load_model(const std::string& gguf_path);
 
 // Bucket scheme (documented in docs/backends/static_graph.md).
 struct BucketConfig {
-  std::vector<int32_t> prefill = {16, 64};   // padded prompt lengths (ascending)
-  std::vector<int32_t> windows = {256, 1024};  // decode/prefill attention windows (<= capacity; capacity added)
+  std::vector<int32_t> prefill = {16, 64};  // padded prompt lengths (ascending)
+  std::vector<int32_t> windows = {
+      256, 1024};  // decode/prefill attention windows (<= capacity; capacity added)
 };
 
 struct Chunk {
-  int32_t start = 0;   // offset in the prompt
-  int32_t n = 0;       // real tokens
-  int32_t T = 0;       // graph token count (bucket or 1)
-  int32_t W = 0;       // attention window
+  int32_t start = 0;  // offset in the prompt
+  int32_t n = 0;      // real tokens
+  int32_t T = 0;      // graph token count (bucket or 1)
+  int32_t W = 0;      // attention window
 };
 
 // Splits a prompt of n tokens starting at position pos into graph calls.

@@ -21,7 +21,8 @@ std::string npy_descr(const std::string& elem) {
   throw std::logic_error("npy: " + elem);
 }
 
-void write_npy(const std::string& path, const void* data, const std::vector<int64_t>& shape, const std::string& elem) {
+void write_npy(const std::string& path, const void* data, const std::vector<int64_t>& shape,
+               const std::string& elem) {
   std::string shp = "(";
   size_t n = 1;
   for (int64_t d : shape) {
@@ -30,7 +31,8 @@ void write_npy(const std::string& path, const void* data, const std::vector<int6
   }
   if (shape.size() > 1) shp.pop_back();
   shp += ")";
-  std::string header = "{'descr': '" + npy_descr(elem) + "', 'fortran_order': False, 'shape': " + shp + ", }";
+  std::string header =
+      "{'descr': '" + npy_descr(elem) + "', 'fortran_order': False, 'shape': " + shp + ", }";
   const size_t total = 10 + header.size() + 1;
   header += std::string((64 - total % 64) % 64, ' ') + "\n";
   std::ofstream f(path, std::ios::binary);
@@ -49,7 +51,8 @@ nlohmann::json arg_json(const ArgInfo& a) {
 
 }  // namespace
 
-void export_modules(const std::string& model_path, const std::string& out_dir, const ExportOptions& opt) {
+void export_modules(const std::string& model_path, const std::string& out_dir,
+                    const ExportOptions& opt) {
   namespace fs = std::filesystem;
   fs::create_directories(fs::path(out_dir) / "weights");
   std::unique_ptr<Model> model = load_model(model_path);
@@ -76,7 +79,8 @@ void export_modules(const std::string& model_path, const std::string& out_dir, c
     verify_module_text(g.mlir);
     const std::string file = T == 1 ? "decode.mlir" : "prefill_" + std::to_string(T) + ".mlir";
     std::ofstream(fs::path(out_dir) / file) << g.mlir;
-    nlohmann::json mj{{"file", file}, {"function", "step"}, {"tokens", T}, {"window", opt.capacity}};
+    nlohmann::json mj{
+        {"file", file}, {"function", "step"}, {"tokens", T}, {"window", opt.capacity}};
     mj["args"] = nlohmann::json::array();
     for (const ArgInfo& a : g.args) {
       nlohmann::json aj = arg_json(a);
@@ -88,7 +92,8 @@ void export_modules(const std::string& model_path, const std::string& out_dir, c
     man["modules"].push_back(mj);
   }
   for (const auto& [name, t] : ws.tensors) {
-    write_npy((fs::path(out_dir) / "weights" / (name + ".npy")).string(), t.data.get(), t.shape, t.elem);
+    write_npy((fs::path(out_dir) / "weights" / (name + ".npy")).string(), t.data.get(), t.shape,
+              t.elem);
   }
   if (opt.with_reference_io) {
     // One decode step after a short prompt: inputs (KV state before the step) and JIT logits.
@@ -101,12 +106,16 @@ void export_modules(const std::string& model_path, const std::string& out_dir, c
     s.prefill(prompt.data(), int32_t(prompt.size()), false, logits.data());
     const int32_t pos = s.position(), tok = 2115;
     const auto dump = [&](const std::string& n, const void* p, const std::vector<int64_t>& shape,
-                          const std::string& e) { write_npy((fs::path(out_dir) / "check" / n).string(), p, shape, e); };
+                          const std::string& e) {
+      write_npy((fs::path(out_dir) / "check" / n).string(), p, shape, e);
+    };
     const int64_t L = model->dims.n_layer, KVH = model->dims.n_head_kv, hd = model->dims.head_dim;
     const int64_t per_layer = KVH * hd * opt.capacity;  // floats of one layer's K (and V) cache
     for (int64_t l = 0; l < L; ++l) {
-      dump("k_cache." + std::to_string(l) + ".npy", s.k_cache() + l * per_layer, {1, per_layer, 1}, "f32");
-      dump("v_cache." + std::to_string(l) + ".npy", s.v_cache() + l * per_layer, {1, KVH * opt.capacity, hd}, "f32");
+      dump("k_cache." + std::to_string(l) + ".npy", s.k_cache() + l * per_layer, {1, per_layer, 1},
+           "f32");
+      dump("v_cache." + std::to_string(l) + ".npy", s.v_cache() + l * per_layer,
+           {1, KVH * opt.capacity, hd}, "f32");
     }
     dump("rope_cos.npy", s.rope_cos(), {1, opt.capacity, hd / 2}, "f32");
     dump("rope_sin.npy", s.rope_sin(), {1, opt.capacity, hd / 2}, "f32");

@@ -8,9 +8,9 @@
 namespace touchstone::static_graph {
 
 struct ExportOptions {
-  bool quantized = false;      // 4-bit weights (GGUF blocks) dequantized in the graph
-  int32_t capacity = 64;       // KV cache capacity baked into the shapes
-  bool with_prefill = true;    // also write the prefill bucket modules
+  bool quantized = false;         // 4-bit weights (GGUF blocks) dequantized in the graph
+  int32_t capacity = 64;          // KV cache capacity baked into the shapes
+  bool with_prefill = true;       // also write the prefill bucket modules
   bool with_reference_io = true;  // write inputs + JIT logits of one decode step (cross-check)
 };
 
@@ -19,6 +19,7 @@ struct ExportOptions {
 //   manifest.json                   argument/result names, shapes, dtypes, file names, buckets
 //   weights/<name>.npy              one NumPy file per weight argument (graph layout)
 //   check/*.npy                     inputs of one decode step + the logits the in-process JIT gave
-void export_modules(const std::string& model_path, const std::string& out_dir, const ExportOptions& opt);
+void export_modules(const std::string& model_path, const std::string& out_dir,
+                    const ExportOptions& opt);
 
 }  // namespace touchstone::static_graph

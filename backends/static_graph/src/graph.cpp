@@ -36,7 +36,9 @@ class Emitter {
  public:
   std::ostringstream body;
 
-  Val fresh(Shape s, std::string e) { return Val{"%v" + std::to_string(n_++), std::move(s), std::move(e)}; }
+  Val fresh(Shape s, std::string e) {
+    return Val{"%v" + std::to_string(n_++), std::move(s), std::move(e)};
+  }
 
   Val emit(const std::string& op, const std::vector<Val>& ins, Shape out, const std::string& elem,
            const std::string& attrs = "") {
@@ -67,7 +69,8 @@ class Emitter {
 
   // Constant tensor with explicit values (ints) or a splat.
   Val const_i32(const Shape& s, const std::vector<int64_t>& values) {
-    if (values.size() > 1 && s.size() != 1) return reshape(const_i32({int64_t(values.size())}, values), s);
+    if (values.size() > 1 && s.size() != 1)
+      return reshape(const_i32({int64_t(values.size())}, values), s);
     Val r = fresh(s, "i32");
     body << "    " << r.name << " = \"tosa.const\"() <{values = dense<";
     if (values.size() == 1) {
@@ -82,8 +85,8 @@ class Emitter {
   }
   Val splat(const Shape& s, const std::string& elem, const std::string& value) {
     Val r = fresh(s, elem);
-    body << "    " << r.name << " = \"tosa.const\"() <{values = dense<" << value << "> : " << tensor_type(r)
-         << "}> : () -> " << tensor_type(r) << "\n";
+    body << "    " << r.name << " = \"tosa.const\"() <{values = dense<" << value
+         << "> : " << tensor_type(r) << "}> : () -> " << tensor_type(r) << "\n";
     return r;
   }
 
@@ -108,7 +111,8 @@ class Emitter {
   }
   Val matmul(const Val& a, const Val& b) {
     // a [N,H,C] . b [N,C,W] -> [N,H,W]
-    if (a.shape.size() != 3 || b.shape.size() != 3 || a.shape[2] != b.shape[1] || a.shape[0] != b.shape[0]) {
+    if (a.shape.size() != 3 || b.shape.size() != 3 || a.shape[2] != b.shape[1] ||
+        a.shape[0] != b.shape[0]) {
       throw std::logic_error("matmul: shape mismatch");
     }
     if (zp_.name.empty()) zp_ = splat({1}, "f32", "0.0");
@@ -125,14 +129,18 @@ class Emitter {
     }
     return s;
   }
-  Val binary(const std::string& op, const Val& a, const Val& b) { return emit(op, {a, b}, bcast(a, b), a.elem); }
+  Val binary(const std::string& op, const Val& a, const Val& b) {
+    return emit(op, {a, b}, bcast(a, b), a.elem);
+  }
   Val add(const Val& a, const Val& b) { return binary("tosa.add", a, b); }
   Val sub(const Val& a, const Val& b) { return binary("tosa.sub", a, b); }
   Val mul(const Val& a, const Val& b) {
     if (shift_.name.empty()) shift_ = splat({1}, "i8", "0");
     return emit("tosa.mul", {a, b, shift_}, bcast(a, b), a.elem);
   }
-  Val greater(const Val& a, const Val& b) { return emit("tosa.greater", {a, b}, bcast(a, b), "i1"); }
+  Val greater(const Val& a, const Val& b) {
+    return emit("tosa.greater", {a, b}, bcast(a, b), "i1");
+  }
   Val select(const Val& p, const Val& a, const Val& b) {
     Val t{"", bcast(p, a), a.elem};
     return emit("tosa.select", {p, a, b}, bcast(t, b), a.elem);
@@ -151,7 +159,8 @@ class Emitter {
     return emit("tosa.concat", xs, s, xs[0].elem, "{axis = " + std::to_string(axis) + " : i32}");
   }
   Val gather(const Val& values, const Val& idx) {
-    return emit("tosa.gather", {values, idx}, {values.shape[0], idx.shape[1], values.shape[2]}, values.elem);
+    return emit("tosa.gather", {values, idx}, {values.shape[0], idx.shape[1], values.shape[2]},
+                values.elem);
   }
   Val scatter(const Val& values_in, const Val& idx, const Val& input) {
     return emit("tosa.scatter", {values_in, idx, input}, values_in.shape, values_in.elem);
@@ -205,7 +214,9 @@ std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f) {
     case MatrixFormat::Q4_0:
       return {{".qs", {nb, 16, outd}, "i8"}, {".d", {nb, 1, outd}, "f16"}};
     case MatrixFormat::Q4_1:
-      return {{".qs", {nb, 16, outd}, "i8"}, {".d", {nb, 1, outd}, "f16"}, {".m", {nb, 1, outd}, "f16"}};
+      return {{".qs", {nb, 16, outd}, "i8"},
+              {".d", {nb, 1, outd}, "f16"},
+              {".m", {nb, 1, outd}, "f16"}};
     case MatrixFormat::Q8_0:
       return {{".qs", {nb, 32, outd}, "i8"}, {".d", {nb, 1, outd}, "f16"}};
   }
@@ -216,7 +227,8 @@ std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f) {
 // (dequantized in the graph for the block formats).
 Val matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixFormat f) {
   std::vector<Val> p;
-  for (const MatrixPart& part : matrix_parts(in, outd, f)) p.push_back(fn.param(name + part.suffix, part.shape, part.elem));
+  for (const MatrixPart& part : matrix_parts(in, outd, f))
+    p.push_back(fn.param(name + part.suffix, part.shape, part.elem));
   Emitter& e = fn.e;
   switch (f) {
     case MatrixFormat::F32:
@@ -242,7 +254,8 @@ Val matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixForm
 
 std::string signature(const std::vector<Val>& params) {
   std::string s;
-  for (size_t i = 0; i < params.size(); ++i) s += (i ? ", " : "") + params[i].name + ": " + tensor_type(params[i]);
+  for (size_t i = 0; i < params.size(); ++i)
+    s += (i ? ", " : "") + params[i].name + ": " + tensor_type(params[i]);
   return s;
 }
 
@@ -345,7 +358,8 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
   auto fmt_of = [&](int64_t l, int which) {
     return quant ? S.layer_formats.at(size_t(l * 7 + which)) : MatrixFormat::F32;
   };
-  const char* mnames[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  const char* mnames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                           "ffn_gate", "ffn_up", "ffn_down"};
   const int64_t mins[7] = {d, d, d, qd, d, d, ff};
   const int64_t mouts[7] = {qd, kvd, kvd, d, ff, ff, d};
   auto layer_fn = [&](int64_t l) -> std::string {
@@ -381,7 +395,8 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
     Val kwin = le.slice(le.reshape(kc, {KVH, hd, CAP}), {0, 0, 0}, {KVH, hd, W});
     Val vwin = le.slice(le.reshape(vc, {KVH, CAP, hd}), {0, 0, 0}, {KVH, W, hd});
     // Queries grouped by KV head: [KVH, T*G, hd], row r = t*G + g (head = kvh*G + g).
-    Val qg = le.reshape(le.transpose(le.reshape(q, {T, KVH, G, hd}), {1, 0, 2, 3}), {KVH, T * G, hd});
+    Val qg =
+        le.reshape(le.transpose(le.reshape(q, {T, KVH, G, hd}), {1, 0, 2, 3}), {KVH, T * G, hd});
     Val sc = le.mul(le.matmul(qg, kwin), le.splat({1, 1, 1}, "f32", fmt_float(inv_sqrt_hd)));
     sc = le.select(lmask, le.splat({1, 1, 1}, "f32", "-1.0e+30"), sc);
     Val mx = le.reduce("tosa.reduce_max", sc, 2);
@@ -397,7 +412,8 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
     Val act = le.mul(le.mul(g, le.unary("tosa.sigmoid", g)), u);
     Val x2 = le.add(x1, linear(le, act, mats[6]));
     std::vector<Val> rets{x2, kc, vc};
-    fns << "  func.func private @" << name << "(" << signature(f.params) << ") -> (" << types(rets) << ") {\n"
+    fns << "  func.func private @" << name << "(" << signature(f.params) << ") -> (" << types(rets)
+        << ") {\n"
         << le.body.str() << "    return " << names(rets) << " : " << types(rets) << "\n  }\n";
     layer_fns[key] = name;
     return name;
@@ -432,8 +448,10 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
       out.args.push_back(ArgInfo{nm, v.shape, v.elem});
     }
   }
-  for (int64_t l = 0; l < L; ++l) kcs.push_back(arg("k_cache." + std::to_string(l), {1, kvd * CAP, 1}, "f32"));
-  for (int64_t l = 0; l < L; ++l) vcs.push_back(arg("v_cache." + std::to_string(l), {1, KVH * CAP, hd}, "f32"));
+  for (int64_t l = 0; l < L; ++l)
+    kcs.push_back(arg("k_cache." + std::to_string(l), {1, kvd * CAP, 1}, "f32"));
+  for (int64_t l = 0; l < L; ++l)
+    vcs.push_back(arg("v_cache." + std::to_string(l), {1, KVH * CAP, hd}, "f32"));
 
   for (int64_t l = 0; l < L; ++l) {
     const std::string fname = layer_fn(l);
@@ -442,10 +460,11 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
     ops.push_back(kcs[size_t(l)]);
     ops.push_back(vcs[size_t(l)]);
     Val r = e.fresh({}, "");
-    std::vector<Val> rets{Val{r.name + "#0", x.shape, "f32"}, Val{r.name + "#1", kcs[size_t(l)].shape, "f32"},
+    std::vector<Val> rets{Val{r.name + "#0", x.shape, "f32"},
+                          Val{r.name + "#1", kcs[size_t(l)].shape, "f32"},
                           Val{r.name + "#2", vcs[size_t(l)].shape, "f32"}};
-    e.body << "    " << r.name << ":3 = func.call @" << fname << "(" << names(ops) << ") : (" << types(ops) << ") -> ("
-           << types(rets) << ")\n";
+    e.body << "    " << r.name << ":3 = func.call @" << fname << "(" << names(ops) << ") : ("
+           << types(ops) << ") -> (" << types(rets) << ")\n";
     x = rets[0];
     kcs[size_t(l)] = rets[1];
     vcs[size_t(l)] = rets[2];

@@ -39,9 +39,9 @@ struct ModelDims {
 };
 
 struct GraphSpec {
-  int32_t T = 1;        // tokens per call (padded bucket size)
-  int32_t W = 0;        // attention window (keys 0..W-1)
-  int32_t capacity = 0; // KV cache capacity (positions)
+  int32_t T = 1;         // tokens per call (padded bucket size)
+  int32_t W = 0;         // attention window (keys 0..W-1)
+  int32_t capacity = 0;  // KV cache capacity (positions)
   WeightMode mode = WeightMode::FullPrecision;
   // Per-matrix formats in quantized mode (index: layer*7 + {q,k,v,o,gate,up,down}),
   // plus the LM head / embedding format (Q8_0 or F32).
@@ -58,11 +58,12 @@ struct ArgInfo {
 };
 
 struct BuiltGraph {
-  std::string mlir;            // module text
-  std::vector<ArgInfo> args;   // in order
+  std::string mlir;           // module text
+  std::vector<ArgInfo> args;  // in order
   std::vector<ArgInfo> results;
 };
 
-BuiltGraph build_step_graph(const ModelDims& dims, const GraphSpec& spec, const std::string& func_name);
+BuiltGraph build_step_graph(const ModelDims& dims, const GraphSpec& spec,
+                            const std::string& func_name);
 
 }  // namespace touchstone::static_graph

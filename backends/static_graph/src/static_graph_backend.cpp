@@ -41,7 +41,8 @@ ts_status capabilities(ts_capabilities* out) {
     *out = ts_capabilities{};
     out->struct_size = sizeof(ts_capabilities);
     out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_STATIC_SHAPES | TS_CAP_BITWISE_DETERMINISM;
-    out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(2) | TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8);
+    out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(2) | TS_WEIGHT_TYPE_BIT(3) |
+                        TS_WEIGHT_TYPE_BIT(8);
     out->max_context = kDefaultCapacity;
     const sg::BucketConfig b;
     out->n_shape_buckets = 0;
@@ -73,18 +74,22 @@ int32_t n_vocab(const ts_model* m) { return m ? m->m->dims.n_vocab : 0; }
 
 ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
   return touchstone::abi::guard([&] {
-    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    if (!m || !opt || !out)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
     if (opt->struct_size < sizeof(ts_session_options)) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
     }
     if (opt->fault && opt->fault[0]) {
-      throw StatusError(TS_ERR_UNSUPPORTED, std::string("static_graph: unknown fault '") + opt->fault + "'");
+      throw StatusError(TS_ERR_UNSUPPORTED,
+                        std::string("static_graph: unknown fault '") + opt->fault + "'");
     }
-    if (opt->max_context < 0) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
+    if (opt->max_context < 0)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
     int32_t cap = opt->max_context > 0 ? opt->max_context : kDefaultCapacity;
     if (m->m->n_ctx_train > 0 && cap > m->m->n_ctx_train) cap = m->m->n_ctx_train;
-    const sg::WeightMode mode =
-        opt->weight_path == TS_WEIGHTS_QUANTIZED ? sg::WeightMode::Quantized : sg::WeightMode::FullPrecision;
+    const sg::WeightMode mode = opt->weight_path == TS_WEIGHTS_QUANTIZED
+                                    ? sg::WeightMode::Quantized
+                                    : sg::WeightMode::FullPrecision;
     auto s = std::make_unique<ts_session>();
     s->s = std::make_unique<sg::Session>(*m->m, mode, cap, opt->n_threads);
     *out = s.release();
@@ -101,7 +106,8 @@ void check_room(const ts_session* s, int64_t n) {
   }
 }
 
-ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
+                  float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
@@ -122,8 +128,9 @@ ts_status decode(ts_session* s, int32_t token, float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
     if (token < 0 || token >= s->s->n_vocab()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                        "token " + std::to_string(token) + " outside [0, " + std::to_string(s->s->n_vocab()) + ")");
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token " + std::to_string(token) +
+                                                     " outside [0, " +
+                                                     std::to_string(s->s->n_vocab()) + ")");
     }
     check_room(s, 1);
     s->s->decode(token, logits);
@@ -134,7 +141,8 @@ ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
     if (position < 0 || position > s->s->position()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) + " outside [0, " +
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) +
+                                                     " outside [0, " +
                                                      std::to_string(s->s->position()) + "]");
     }
     s->s->rewind(position);
@@ -144,10 +152,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 int32_t position(const ts_session* s) { return s ? s->s->position() : 0; }
 
 const ts_backend kBackend = {
-    TS_BACKEND_API_VERSION, "static_graph", "0.1.0",    touchstone::abi::last_error,
-    device_name,            capabilities,   load_model, free_model,
-    n_vocab,                open_session,   free_session, prefill,
-    decode,                 rewind,         position,
+    TS_BACKEND_API_VERSION,
+    "static_graph",
+    "0.1.0",
+    touchstone::abi::last_error,
+    device_name,
+    capabilities,
+    load_model,
+    free_model,
+    n_vocab,
+    open_session,
+    free_session,
+    prefill,
+    decode,
+    rewind,
+    position,
 };
 
 }  // namespace

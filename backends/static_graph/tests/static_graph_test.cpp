@@ -23,7 +23,9 @@ namespace {
 
 std::string model_path() {
   const char* dir = std::getenv("TOUCHSTONE_MODEL_DIR");
-  const std::string d = dir ? dir : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/touchstone/models";
+  const std::string d = dir ? dir
+                            : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") +
+                                  "/.cache/touchstone/models";
   return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
@@ -91,28 +93,35 @@ TEST(StaticGraphIR, KvCacheUpdatedInPlace) {
   sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
   const std::string ir = sg::lower_to_buffers(g.mlir, sg::CompileOptions{});
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(ir, m, std::regex(R"(func\.func @step\(([^)]*)\)( -> \([^)]*\)| -> [^ ]+)? attributes)")));
+  ASSERT_TRUE(std::regex_search(
+      ir, m, std::regex(R"(func\.func @step\(([^)]*)\)( -> \([^)]*\)| -> [^ ]+)? attributes)")));
   EXPECT_FALSE(m[2].matched) << "the function still returns values: " << m[0];
   const std::string sig = m[1];
   size_t n_args = 0;
-  for (size_t p = sig.find("memref<"); p != std::string::npos; p = sig.find("memref<", p + 1)) ++n_args;
+  for (size_t p = sig.find("memref<"); p != std::string::npos; p = sig.find("memref<", p + 1))
+    ++n_args;
   EXPECT_EQ(n_args, g.args.size() + 1);
   // Per-layer caches: K [1, KVH*hd*CAP, 1], V [1, KVH*CAP, hd].
   const int64_t kc_elems = int64_t(D.n_head_kv) * D.head_dim * spec.capacity;
   const std::string kc_type = "memref<1x" + std::to_string(kc_elems) + "x1xf32>";
-  const std::string vc_type = "memref<1x" + std::to_string(int64_t(D.n_head_kv) * spec.capacity) + "x" +
-                              std::to_string(D.head_dim) + "xf32>";
+  const std::string vc_type = "memref<1x" + std::to_string(int64_t(D.n_head_kv) * spec.capacity) +
+                              "x" + std::to_string(D.head_dim) + "xf32>";
   // Every layer function must not return its caches either.
-  EXPECT_EQ(std::regex_search(ir, std::regex(R"(func\.func private @layer_\d+\([^)]*\) -> \([^)]*memref<1x)" +
-                                             std::to_string(kc_elems) + "x1xf32>")),
+  EXPECT_EQ(std::regex_search(
+                ir, std::regex(R"(func\.func private @layer_\d+\([^)]*\) -> \([^)]*memref<1x)" +
+                               std::to_string(kc_elems) + "x1xf32>")),
             false)
       << "a layer function still returns its K cache";
   EXPECT_NE(sig.find(kc_type), std::string::npos);
   for (const std::string& t : {kc_type, vc_type}) {
-    EXPECT_EQ(ir.find("memref.alloc() : " + t), std::string::npos) << "a copy of the KV cache is allocated";
+    EXPECT_EQ(ir.find("memref.alloc() : " + t), std::string::npos)
+        << "a copy of the KV cache is allocated";
     EXPECT_EQ(ir.find("memref.alloca() : " + t), std::string::npos);
-    EXPECT_EQ(std::regex_search(ir, std::regex("memref.copy [^\\n]*" + std::regex_replace(t, std::regex(R"([<>])"), "\\$&") + "[^\\n]* to ")),
-              false)
+    EXPECT_EQ(
+        std::regex_search(
+            ir, std::regex("memref.copy [^\\n]*" +
+                           std::regex_replace(t, std::regex(R"([<>])"), "\\$&") + "[^\\n]* to ")),
+        false)
         << "the KV cache is copied";
   }
 }
@@ -134,7 +143,8 @@ class StaticGraphModel : public ::testing::Test {
 };
 sg::Model* StaticGraphModel::model_ = nullptr;
 
-constexpr int32_t kCap = 2048;  // the backend's default capacity: same graphs (and cache) as the parity run
+constexpr int32_t kCap =
+    2048;  // the backend's default capacity: same graphs (and cache) as the parity run
 
 TEST_F(StaticGraphModel, DecodeMatchesReference) {
   const touchstone::gguf::File f = touchstone::gguf::File::open(model_path());
@@ -155,7 +165,8 @@ TEST_F(StaticGraphModel, PrefillAcrossBucketBoundaryMatchesDecode) {
   sg::Session d(*model_, sg::WeightMode::FullPrecision, kCap, 1);
   const int32_t V = model_->dims.n_vocab;
   std::vector<int32_t> toks;
-  for (int i = 0; i < 21; ++i) toks.push_back(100 + 37 * i);  // 21 tokens: a 16 bucket, then 5 in a padded 16 bucket
+  for (int i = 0; i < 21; ++i)
+    toks.push_back(100 + 37 * i);  // 21 tokens: a 16 bucket, then 5 in a padded 16 bucket
   std::vector<float> all(size_t(V) * toks.size()), row(static_cast<size_t>(V));
   p.buckets.prefill = {16};
   p.prefill(toks.data(), int32_t(toks.size()), true, all.data());
@@ -177,7 +188,8 @@ TEST_F(StaticGraphModel, RewindReproducesLogits) {
   sg::Session s(*model_, sg::WeightMode::FullPrecision, kCap, 1);
   const int32_t V = model_->dims.n_vocab;
   std::vector<int32_t> toks{1, 504, 3458, 282, 253};
-  std::vector<float> first(static_cast<size_t>(V)), again(static_cast<size_t>(V)), other(static_cast<size_t>(V));
+  std::vector<float> first(static_cast<size_t>(V)), again(static_cast<size_t>(V)),
+      other(static_cast<size_t>(V));
   s.prefill(toks.data(), 5, false, first.data());
   s.decode(11, other.data());
   s.decode(12, other.data());

@@ -19,15 +19,22 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--model") model = next();
-    else if (a == "--out") out = next();
-    else if (a == "--weights") opt.quantized = next() == "quantized";
-    else if (a == "--capacity") opt.capacity = std::atoi(next().c_str());
-    else if (a == "--no-prefill") opt.with_prefill = false;
-    else if (a == "--no-check") opt.with_reference_io = false;
+    if (a == "--model")
+      model = next();
+    else if (a == "--out")
+      out = next();
+    else if (a == "--weights")
+      opt.quantized = next() == "quantized";
+    else if (a == "--capacity")
+      opt.capacity = std::atoi(next().c_str());
+    else if (a == "--no-prefill")
+      opt.with_prefill = false;
+    else if (a == "--no-check")
+      opt.with_reference_io = false;
     else {
       std::fprintf(stderr,
-                   "usage: touchstone-export-static-graph --model M.gguf --out DIR [--weights full_precision|quantized]\n"
+                   "usage: touchstone-export-static-graph --model M.gguf --out DIR [--weights "
+                   "full_precision|quantized]\n"
                    "       [--capacity N (default 64)] [--no-prefill] [--no-check]\n");
       return 2;
     }

@@ -12,22 +12,26 @@ namespace {
 std::atomic<uint64_t> g_next_serial{1};
 }  // namespace
 
-Buffer::Buffer(Context& ctx, size_t bytes, Kind kind) : ctx_(&ctx), size_(bytes), serial_(g_next_serial++) {
+Buffer::Buffer(Context& ctx, size_t bytes, Kind kind)
+    : ctx_(&ctx), size_(bytes), serial_(g_next_serial++) {
   if (bytes > ctx.info().max_storage_buffer_range) {
-    throw abi::StatusError(TS_ERR_UNSUPPORTED, "buffer of " + std::to_string(bytes) +
-                                                   " bytes exceeds maxStorageBufferRange " +
-                                                   std::to_string(ctx.info().max_storage_buffer_range));
+    throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                           "buffer of " + std::to_string(bytes) +
+                               " bytes exceeds maxStorageBufferRange " +
+                               std::to_string(ctx.info().max_storage_buffer_range));
   }
   auto bci = vk_struct<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
   // Rounded up to whole 32-bit words: shaders read quantized blocks (18 or 34
   // bytes) as uint[], so a tail that is not a whole word must still be in range.
   bci.size = std::max<size_t>((bytes + 3) / 4 * 4, 16);
-  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+              VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   check(vkCreateBuffer(ctx.device(), &bci, nullptr, &buf_), "vkCreateBuffer");
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(ctx.device(), buf_, &req);
-  const VkMemoryPropertyFlags hv = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  const VkMemoryPropertyFlags hv =
+      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   const uint32_t type =
       kind == Kind::Device
           ? ctx.memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, hv)
@@ -83,7 +87,8 @@ void Buffer::release() noexcept {
 }
 
 void Buffer::upload(const void* src, size_t bytes, size_t offset) {
-  if (offset + bytes > size_) throw abi::StatusError(TS_ERR_INTERNAL, "Buffer::upload out of range");
+  if (offset + bytes > size_)
+    throw abi::StatusError(TS_ERR_INTERNAL, "Buffer::upload out of range");
   if (mapped_) {
     std::memcpy(static_cast<char*>(mapped_) + offset, src, bytes);
     return;

@@ -19,30 +19,42 @@ bool env_flag(const char* name) {
 
 VKAPI_ATTR VkBool32 VKAPI_CALL messenger_cb(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                             VkDebugUtilsMessageTypeFlagsEXT,
-                                            const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
+                                            const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                            void* user) {
   if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
-    static_cast<Context*>(user)->on_validation_error(data && data->pMessage ? data->pMessage : "(no message)");
+    static_cast<Context*>(user)->on_validation_error(data && data->pMessage ? data->pMessage
+                                                                            : "(no message)");
   }
   return VK_FALSE;
 }
 
 int type_rank(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
-    default: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return 3;
+    default:
+      return 4;
   }
 }
 
 const char* type_name(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
-    default: return "other";
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return "cpu";
+    default:
+      return "other";
   }
 }
 
@@ -69,7 +81,8 @@ bool has_compute_queue(VkPhysicalDevice d, uint32_t* family) {
 VkPhysicalDevice select_device(VkInstance instance, uint32_t* family) {
   uint32_t n = 0;
   VkResult r = vkEnumeratePhysicalDevices(instance, &n, nullptr);
-  if (r != VK_SUCCESS || n == 0) throw StatusError(TS_ERR_DEVICE, "no Vulkan physical device found");
+  if (r != VK_SUCCESS || n == 0)
+    throw StatusError(TS_ERR_DEVICE, "no Vulkan physical device found");
   std::vector<VkPhysicalDevice> devs(n);
   check(vkEnumeratePhysicalDevices(instance, &n, devs.data()), "vkEnumeratePhysicalDevices");
   std::vector<VkPhysicalDeviceProperties> props(n);
@@ -83,26 +96,31 @@ VkPhysicalDevice select_device(VkInstance instance, uint32_t* family) {
   };
   if (const char* want = std::getenv("TOUCHSTONE_VULKAN_DEVICE"); want && *want) {
     const std::string w(want);
-    const bool is_index = std::all_of(w.begin(), w.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    const bool is_index = std::all_of(
+        w.begin(), w.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     for (uint32_t i = 0; i < n; ++i) {
       const bool match = is_index ? std::to_string(i) == w
                                   : lower(props[i].deviceName).find(lower(w)) != std::string::npos;
       if (match) {
         if (!usable(i)) {
           throw StatusError(TS_ERR_DEVICE, "TOUCHSTONE_VULKAN_DEVICE=" + w + " selects '" +
-                                               props[i].deviceName + "', which lacks Vulkan 1.1 or a compute queue");
+                                               props[i].deviceName +
+                                               "', which lacks Vulkan 1.1 or a compute queue");
         }
         return devs[i];
       }
     }
-    throw StatusError(TS_ERR_DEVICE, "TOUCHSTONE_VULKAN_DEVICE=" + w + " matches no device (" + listing + ")");
+    throw StatusError(TS_ERR_DEVICE,
+                      "TOUCHSTONE_VULKAN_DEVICE=" + w + " matches no device (" + listing + ")");
   }
   int best = -1;
   for (uint32_t i = 0; i < n; ++i) {
     if (!usable(i)) continue;
-    if (best < 0 || type_rank(props[i].deviceType) < type_rank(props[uint32_t(best)].deviceType)) best = int(i);
+    if (best < 0 || type_rank(props[i].deviceType) < type_rank(props[uint32_t(best)].deviceType))
+      best = int(i);
   }
-  if (best < 0) throw StatusError(TS_ERR_DEVICE, "no Vulkan 1.1 device with a compute queue (" + listing + ")");
+  if (best < 0)
+    throw StatusError(TS_ERR_DEVICE, "no Vulkan 1.1 device with a compute queue (" + listing + ")");
   has_compute_queue(devs[uint32_t(best)], family);
   return devs[uint32_t(best)];
 }
@@ -151,8 +169,9 @@ std::shared_ptr<Context> Context::create() {
   std::vector<const char*> layers, exts;
   if (c->validation_) {
     if (!instance_has_layer(kLayer)) {
-      throw StatusError(TS_ERR_INTERNAL, "TOUCHSTONE_VULKAN_VALIDATION=1 but VK_LAYER_KHRONOS_validation is not "
-                                         "installed (Debian: vulkan-validationlayers)");
+      throw StatusError(TS_ERR_INTERNAL,
+                        "TOUCHSTONE_VULKAN_VALIDATION=1 but VK_LAYER_KHRONOS_validation is not "
+                        "installed (Debian: vulkan-validationlayers)");
     }
     layers.push_back(kLayer);
   }
@@ -161,12 +180,16 @@ std::shared_ptr<Context> Context::create() {
   const bool debug_utils = instance_has_extension(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
   if (debug_utils) exts.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
   if (c->validation_ && !debug_utils) {
-    throw StatusError(TS_ERR_INTERNAL, "validation requested but VK_EXT_debug_utils is unavailable");
+    throw StatusError(TS_ERR_INTERNAL,
+                      "validation requested but VK_EXT_debug_utils is unavailable");
   }
 
-  auto mci = vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
-  mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT;
-  mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+  auto mci = vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(
+      VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
+  mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |
+                        VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT;
+  mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                    VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
   mci.pfnUserCallback = messenger_cb;
   mci.pUserData = c.get();
@@ -180,16 +203,19 @@ std::shared_ptr<Context> Context::create() {
   if (debug_utils) ici.pNext = &mci;  // also reports errors of vkCreateInstance itself
   const VkResult r = vkCreateInstance(&ici, nullptr, &c->instance_);
   if (r != VK_SUCCESS) {
-    throw StatusError(TS_ERR_DEVICE, "no usable Vulkan driver (vkCreateInstance: VkResult " + std::to_string(int(r)) + ")");
+    throw StatusError(TS_ERR_DEVICE, "no usable Vulkan driver (vkCreateInstance: VkResult " +
+                                         std::to_string(int(r)) + ")");
   }
   if (debug_utils) {
     auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
         vkGetInstanceProcAddr(c->instance_, "vkCreateDebugUtilsMessengerEXT"));
-    if (create) check(create(c->instance_, &mci, nullptr, &c->messenger_), "vkCreateDebugUtilsMessengerEXT");
+    if (create)
+      check(create(c->instance_, &mci, nullptr, &c->messenger_), "vkCreateDebugUtilsMessengerEXT");
   }
 
   c->phys_ = select_device(c->instance_, &c->queue_family_);
-  auto sg = vk_struct<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
+  auto sg = vk_struct<VkPhysicalDeviceSubgroupProperties>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
   auto p2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
   p2.pNext = &sg;
   vkGetPhysicalDeviceProperties2(c->phys_, &p2);
@@ -210,7 +236,8 @@ std::shared_ptr<Context> Context::create() {
     } else if (std::strcmp(mm, "split") == 0) {
       c->matmul_rows_ = false;
     } else {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, std::string("TOUCHSTONE_VULKAN_MATMUL=") + mm + ": expected rows or split");
+      throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                        std::string("TOUCHSTONE_VULKAN_MATMUL=") + mm + ": expected rows or split");
     }
   }
   vkGetPhysicalDeviceMemoryProperties(c->phys_, &c->mem_);
@@ -227,7 +254,8 @@ std::shared_ptr<Context> Context::create() {
   vkGetDeviceQueue(c->device_, c->queue_family_, 0, &c->queue_);
 
   auto pci = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
-  pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT | VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+  pci.flags =
+      VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT | VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
   pci.queueFamilyIndex = c->queue_family_;
   check(vkCreateCommandPool(c->device_, &pci, nullptr, &c->pool_), "vkCreateCommandPool");
   auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
@@ -251,7 +279,8 @@ Context::~Context() {
   if (instance_) vkDestroyInstance(instance_, nullptr);
 }
 
-uint32_t Context::memory_type(uint32_t bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer) const {
+uint32_t Context::memory_type(uint32_t bits, VkMemoryPropertyFlags want,
+                              VkMemoryPropertyFlags prefer) const {
   int fallback = -1;
   for (uint32_t i = 0; i < mem_.memoryTypeCount; ++i) {
     if (!(bits & (1u << i))) continue;
@@ -260,7 +289,8 @@ uint32_t Context::memory_type(uint32_t bits, VkMemoryPropertyFlags want, VkMemor
     if ((f & prefer) == prefer) return i;
     if (fallback < 0) fallback = int(i);
   }
-  if (fallback < 0) throw StatusError(TS_ERR_DEVICE, "no Vulkan memory type with the required properties");
+  if (fallback < 0)
+    throw StatusError(TS_ERR_DEVICE, "no Vulkan memory type with the required properties");
   return uint32_t(fallback);
 }
 
@@ -268,7 +298,8 @@ VkCommandBuffer Context::begin() {
   VkCommandBuffer cb = VK_NULL_HANDLE;
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
-    auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+    auto ai =
+        vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
     ai.commandPool = pool_;
     ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     ai.commandBufferCount = 1;

@@ -30,8 +30,8 @@ T vk_struct(VkStructureType type) {
 void check(VkResult r, const char* what);
 
 struct DeviceInfo {
-  std::string name;         // "llvmpipe (LLVM 15.0.6, 256 bits)"
-  std::string type;         // "cpu", "discrete", ...
+  std::string name;                  // "llvmpipe (LLVM 15.0.6, 256 bits)"
+  std::string type;                  // "cpu", "discrete", ...
   bool subgroup_arithmetic = false;  // subgroupAdd usable in compute shaders
   uint32_t subgroup_size = 0;
   uint64_t max_storage_buffer_range = 0;
@@ -54,7 +54,8 @@ class Context {
   std::string description() const { return "Vulkan: " + info_.name; }
 
   // Memory type index with all of `want`, preferring also `prefer`; throws if none.
-  uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer) const;
+  uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want,
+                       VkMemoryPropertyFlags prefer) const;
 
   // Records with `record`, submits, waits. Serialized on the queue.
   template <typename F>

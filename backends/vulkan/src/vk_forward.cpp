@@ -25,13 +25,14 @@ size_t f32(size_t n) { return n * sizeof(float); }
 
 }  // namespace
 
-Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights, int32_t max_context,
-                 Faults faults)
+Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights,
+                 int32_t max_context, Faults faults)
     : ctx_(ctx), k_(kernels), w_(weights), faults_(faults), sets_(ctx) {
   const LlamaConfig& c = w_.config;
   max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
   const size_t T = kChunk, d = size_t(c.n_embd), hd = size_t(c.head_dim);
-  const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd, ctx_n = size_t(max_ctx_);
+  const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
+               ctx_n = size_t(max_ctx_);
   using K = Buffer::Kind;
   x_ = Buffer(ctx, f32(T * d), K::Device);
   xn_ = Buffer(ctx, f32(T * d), K::Device);
@@ -65,8 +66,9 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
 
 void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   if (pos_ + int64_t{n} > max_ctx_) {
-    throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(pos_) + " + " + std::to_string(n) +
-                                               " tokens exceeds max context " + std::to_string(max_ctx_));
+    throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(pos_) + " + " +
+                                               std::to_string(n) + " tokens exceeds max context " +
+                                               std::to_string(max_ctx_));
   }
   const size_t v = size_t(w_.config.n_vocab);
   for (int32_t done = 0; done < n;) {
@@ -113,42 +115,56 @@ void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logi
   const float eps = c.rms_norm_eps;
   const RmsNormPush norm{d, n, 0, d, 0, d, eps};
 
-  r.dispatch(k_.get_rows(w_.token_embd.type), {&w_.token_embd.buf, &tokens_, &x_}, GetRowsPush{d, n, 0}, n);
+  r.dispatch(k_.get_rows(w_.token_embd.type), {&w_.token_embd.buf, &tokens_, &x_},
+             GetRowsPush{d, n, 0}, n);
   r.barrier();
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const DeviceLayer& L = w_.layers[l];
     r.dispatch(k_.rms_norm(), {&x_, &L.attn_norm, &xn_}, norm, n);
     r.barrier();
     record_matmul(r, k_, L.wq.type, L.wq.buf, xn_, q_, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
-    record_matmul(r, k_, L.wk.type, L.wk.buf, xn_, k_buf_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
-    record_matmul(r, k_, L.wv.type, L.wv.buf, xn_, v_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+    record_matmul(r, k_, L.wk.type, L.wk.buf, xn_, k_buf_,
+                  MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+    record_matmul(r, k_, L.wv.type, L.wv.buf, xn_, v_,
+                  MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
     r.barrier();
     r.dispatch(k_.rope_store(), {&q_, &k_buf_, &v_, &kc_[l], &vc_[l], &rope_},
                RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd}, n);
     r.barrier();
-    const AttentionPush ap{n,      pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd, uint32_t(max_ctx_),
-                           faults_.kv_off_by_one ? 1u : 0u, static_cast<float>(1.0 / std::sqrt(double(hd)))};
+    const AttentionPush ap{n,
+                           pos0,
+                           uint32_t(c.n_head),
+                           uint32_t(c.n_head_kv),
+                           hd,
+                           uint32_t(max_ctx_),
+                           faults_.kv_off_by_one ? 1u : 0u,
+                           static_cast<float>(1.0 / std::sqrt(double(hd)))};
     r.dispatch(k_.attention(), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head), n);
     r.barrier();
     record_matmul(r, k_, L.wo.type, L.wo.buf, att_, x_, MatmulPush{q_dim, d, n, 0, q_dim, 0, d, 1});
     r.barrier();
     r.dispatch(k_.rms_norm(), {&x_, &L.ffn_norm, &xn_}, norm, n);
     r.barrier();
-    record_matmul(r, k_, L.gate.type, L.gate.buf, xn_, gate_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+    record_matmul(r, k_, L.gate.type, L.gate.buf, xn_, gate_,
+                  MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
     record_matmul(r, k_, L.up.type, L.up.buf, xn_, up_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
     r.barrier();
-    r.dispatch(k_.swiglu(), {&gate_, &up_}, SwigluPush{n * n_ff}, (n * n_ff + kWorkgroup - 1) / kWorkgroup);
+    r.dispatch(k_.swiglu(), {&gate_, &up_}, SwigluPush{n * n_ff},
+               (n * n_ff + kWorkgroup - 1) / kWorkgroup);
     r.barrier();
-    record_matmul(r, k_, L.down.type, L.down.buf, gate_, x_, MatmulPush{n_ff, d, n, 0, n_ff, 0, d, 1});
+    record_matmul(r, k_, L.down.type, L.down.buf, gate_, x_,
+                  MatmulPush{n_ff, d, n, 0, n_ff, 0, d, 1});
     r.barrier();
   }
   if (!want_logits) return;  // an inner prefill chunk: only the KV cache matters
   // Final norm and LM head: every position, or only the last one.
   const uint32_t rows = all_positions ? n : 1, first = all_positions ? 0 : n - 1;
-  r.dispatch(k_.rms_norm(), {&x_, &w_.output_norm, &xn_}, RmsNormPush{d, rows, first * d, d, 0, d, eps}, rows);
+  r.dispatch(k_.rms_norm(), {&x_, &w_.output_norm, &xn_},
+             RmsNormPush{d, rows, first * d, d, 0, d, eps}, rows);
   r.barrier();
   const DeviceMatrix& head = w_.lm_head();
-  record_matmul(r, k_, head.type, head.buf, xn_, logits_, MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
+  record_matmul(r, k_, head.type, head.buf, xn_, logits_,
+                MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
   r.host_barrier();
 }
 

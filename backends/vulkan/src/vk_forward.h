@@ -19,7 +19,8 @@ class Forward {
   static constexpr int32_t kChunk = 32;
 
   // max_context <= 0: the model's context_length.
-  Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights, int32_t max_context, Faults faults);
+  Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights, int32_t max_context,
+          Faults faults);
 
   // Appends n tokens at position(); writes n_vocab logits of the last position,
   // or n * n_vocab (row-major) when all_positions. Throws StatusError.
@@ -41,7 +42,7 @@ class Forward {
   int32_t pos_ = 0;
   DescriptorCache sets_;
   Buffer x_, xn_, q_, k_buf_, v_, att_, gate_, up_, scores_, rope_;
-  Buffer tokens_, logits_;  // host-visible
+  Buffer tokens_, logits_;       // host-visible
   std::vector<Buffer> kc_, vc_;  // per layer [max_ctx][n_head_kv * head_dim], RoPE applied
 };
 

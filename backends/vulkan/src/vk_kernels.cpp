@@ -21,16 +21,23 @@ const EmbeddedShader& find_shader(const std::string& name) {
 }  // namespace
 
 bool shader_reads(TensorType t) {
-  return t == TensorType::F32 || t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q8_0;
+  return t == TensorType::F32 || t == TensorType::Q4_0 || t == TensorType::Q4_1 ||
+         t == TensorType::Q8_0;
 }
 
 const char* shader_type_suffix(TensorType t) {
   switch (t) {
-    case TensorType::F32: return "f32";
-    case TensorType::Q4_0: return "q4_0";
-    case TensorType::Q4_1: return "q4_1";
-    case TensorType::Q8_0: return "q8_0";
-    default: throw StatusError(TS_ERR_UNSUPPORTED, "no shader reads ggml type " + std::to_string(uint32_t(t)));
+    case TensorType::F32:
+      return "f32";
+    case TensorType::Q4_0:
+      return "q4_0";
+    case TensorType::Q4_1:
+      return "q4_1";
+    case TensorType::Q8_0:
+      return "q8_0";
+    default:
+      throw StatusError(TS_ERR_UNSUPPORTED,
+                        "no shader reads ggml type " + std::to_string(uint32_t(t)));
   }
 }
 
@@ -66,12 +73,15 @@ void Kernels::add(const std::string& shader, uint32_t n_bindings, uint32_t push_
 
   std::vector<VkDescriptorSetLayoutBinding> b(n_bindings);
   for (uint32_t i = 0; i < n_bindings; ++i) {
-    b[i] = VkDescriptorSetLayoutBinding{i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    b[i] = VkDescriptorSetLayoutBinding{i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
+                                        VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
   }
-  auto dl = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+  auto dl = vk_struct<VkDescriptorSetLayoutCreateInfo>(
+      VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
   dl.bindingCount = n_bindings;
   dl.pBindings = b.data();
-  check(vkCreateDescriptorSetLayout(dev, &dl, nullptr, &k.set_layout), "vkCreateDescriptorSetLayout");
+  check(vkCreateDescriptorSetLayout(dev, &dl, nullptr, &k.set_layout),
+        "vkCreateDescriptorSetLayout");
 
   VkPushConstantRange pr{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size};
   auto pl = vk_struct<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
@@ -89,7 +99,8 @@ void Kernels::add(const std::string& shader, uint32_t n_bindings, uint32_t push_
   VkShaderModule mod = VK_NULL_HANDLE;
   check(vkCreateShaderModule(dev, &mi, nullptr, &mod), "vkCreateShaderModule");
   auto ci = vk_struct<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
-  ci.stage = vk_struct<VkPipelineShaderStageCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
+  ci.stage = vk_struct<VkPipelineShaderStageCreateInfo>(
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
   ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   ci.stage.module = mod;
   ci.stage.pName = "main";
@@ -100,7 +111,8 @@ void Kernels::add(const std::string& shader, uint32_t n_bindings, uint32_t push_
 }
 
 const Kernel& Kernels::get(const std::string& base, bool has_subgroup_variant) const {
-  const std::string name = has_subgroup_variant ? base + (ctx_.use_subgroup() ? "_sg" : "_nosg") : base;
+  const std::string name =
+      has_subgroup_variant ? base + (ctx_.use_subgroup() ? "_sg" : "_nosg") : base;
   auto it = kernels_.find(name);
   if (it == kernels_.end()) throw StatusError(TS_ERR_INTERNAL, "kernel '" + name + "' not built");
   return it->second;
@@ -120,8 +132,9 @@ DescriptorCache::~DescriptorCache() {
 
 VkDescriptorSet DescriptorCache::get(const Kernel& k, const std::vector<const Buffer*>& buffers) {
   if (buffers.size() != k.n_bindings) {
-    throw StatusError(TS_ERR_INTERNAL, k.name + ": " + std::to_string(buffers.size()) + " buffers for " +
-                                           std::to_string(k.n_bindings) + " bindings");
+    throw StatusError(TS_ERR_INTERNAL, k.name + ": " + std::to_string(buffers.size()) +
+                                           " buffers for " + std::to_string(k.n_bindings) +
+                                           " bindings");
   }
   std::vector<uint64_t> ids;
   for (const Buffer* b : buffers) ids.push_back(b->serial());
@@ -164,9 +177,11 @@ VkDescriptorSet DescriptorCache::get(const Kernel& k, const std::vector<const Bu
   return set;
 }
 
-void Recorder::dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers, const void* push,
-                            size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
-  if (push_size != k.push_size) throw StatusError(TS_ERR_INTERNAL, k.name + ": push constant size mismatch");
+void Recorder::dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers,
+                            const void* push, size_t push_size, uint32_t gx, uint32_t gy,
+                            uint32_t gz) {
+  if (push_size != k.push_size)
+    throw StatusError(TS_ERR_INTERNAL, k.name + ": push constant size mismatch");
   if (gx == 0 || gy == 0 || gz == 0) return;
   const VkDescriptorSet set = sets_.get(k, buffers);
   vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline);
@@ -179,20 +194,20 @@ void Recorder::barrier() {
   auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
-  vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0,
-                       nullptr, 0, nullptr);
+  vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
 }
 
 void Recorder::host_barrier() {
   auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-  vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr,
-                       0, nullptr);
+  vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                       &mb, 0, nullptr, 0, nullptr);
 }
 
-void record_matmul(Recorder& r, const Kernels& k, TensorType wtype, const Buffer& w, const Buffer& x, const Buffer& y,
-                   const MatmulPush& p) {
+void record_matmul(Recorder& r, const Kernels& k, TensorType wtype, const Buffer& w,
+                   const Buffer& x, const Buffer& y, const MatmulPush& p) {
   const uint32_t rows_per_group = k.matmul_row_per_invocation() ? kWorkgroup : 1;
   const uint32_t groups = (p.n_out + rows_per_group - 1) / rows_per_group;
   const uint32_t gx = groups < kMatmulRowsPerX ? groups : kMatmulRowsPerX;

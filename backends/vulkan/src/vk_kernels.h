@@ -71,7 +71,8 @@ class DescriptorCache {
   Context& ctx_;
   std::vector<VkDescriptorPool> pools_;
   uint32_t left_in_pool_ = 0;
-  std::map<std::pair<const Kernel*, std::vector<uint64_t>>, VkDescriptorSet> sets_;  // by Buffer::serial()
+  std::map<std::pair<const Kernel*, std::vector<uint64_t>>, VkDescriptorSet>
+      sets_;  // by Buffer::serial()
 };
 
 // Records dispatches into one command buffer.
@@ -79,8 +80,8 @@ class Recorder {
  public:
   Recorder(VkCommandBuffer cb, DescriptorCache& sets) : cb_(cb), sets_(sets) {}
   template <typename Push>
-  void dispatch(const Kernel& k, const std::vector<const Buffer*>& buffers, const Push& push, uint32_t gx,
-                uint32_t gy = 1, uint32_t gz = 1) {
+  void dispatch(const Kernel& k, const std::vector<const Buffer*>& buffers, const Push& push,
+                uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
     dispatch_raw(k, buffers, &push, sizeof(Push), gx, gy, gz);
   }
   // Shader writes before -> shader reads/writes after.
@@ -90,8 +91,8 @@ class Recorder {
   VkCommandBuffer handle() const { return cb_; }
 
  private:
-  void dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers, const void* push, size_t push_size,
-                    uint32_t gx, uint32_t gy, uint32_t gz);
+  void dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers, const void* push,
+                    size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
   VkCommandBuffer cb_;
   DescriptorCache& sets_;
 };
@@ -118,12 +119,12 @@ struct SwigluPush {
   uint32_t n;
 };
 
-inline constexpr uint32_t kMatmulTile = 8;         // tokens per matmul workgroup (TILE in matmul.comp)
-inline constexpr uint32_t kWorkgroup = 64;         // WG in common.glsl
+inline constexpr uint32_t kMatmulTile = 8;  // tokens per matmul workgroup (TILE in matmul.comp)
+inline constexpr uint32_t kWorkgroup = 64;  // WG in common.glsl
 inline constexpr uint32_t kMatmulRowsPerX = 32768;  // matmul.comp: o = group.x + group.z * 32768
 
 // Records Y (+)= W X with the right grid.
-void record_matmul(Recorder& r, const Kernels& k, gguf::TensorType wtype, const Buffer& w, const Buffer& x,
-                   const Buffer& y, const MatmulPush& p);
+void record_matmul(Recorder& r, const Kernels& k, gguf::TensorType wtype, const Buffer& w,
+                   const Buffer& x, const Buffer& y, const MatmulPush& p);
 
 }  // namespace touchstone::vk

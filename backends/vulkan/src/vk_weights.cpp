@@ -12,32 +12,37 @@ namespace {
 using abi::StatusError;
 using gguf::TensorType;
 
-const gguf::TensorInfo& tensor(const gguf::File& f, const std::string& name, uint64_t n_in, uint64_t n_out) {
+const gguf::TensorInfo& tensor(const gguf::File& f, const std::string& name, uint64_t n_in,
+                               uint64_t n_out) {
   const gguf::TensorInfo* t = f.find_tensor(name);
   if (!t) throw StatusError(TS_ERR_IO, f.path() + ": tensor '" + name + "' missing");
   const uint64_t rows = t->shape.size() > 1 ? t->shape[1] : 1;
   if (t->shape.empty() || t->shape[0] != n_in || rows != n_out) {
-    throw StatusError(TS_ERR_IO, f.path() + ": tensor '" + name + "' has an unexpected shape (want " +
-                                     std::to_string(n_in) + " x " + std::to_string(n_out) + ")");
+    throw StatusError(TS_ERR_IO, f.path() + ": tensor '" + name +
+                                     "' has an unexpected shape (want " + std::to_string(n_in) +
+                                     " x " + std::to_string(n_out) + ")");
   }
   return *t;
 }
 
-DeviceMatrix upload_matrix(Context& ctx, const gguf::File& f, const std::string& name, int64_t n_in, int64_t n_out,
-                           bool quantized, uint64_t& total) {
+DeviceMatrix upload_matrix(Context& ctx, const gguf::File& f, const std::string& name, int64_t n_in,
+                           int64_t n_out, bool quantized, uint64_t& total) {
   const gguf::TensorInfo& t = tensor(f, name, uint64_t(n_in), uint64_t(n_out));
   DeviceMatrix m;
   m.n_in = uint32_t(n_in);
   m.n_out = uint32_t(n_out);
-  const bool raw = (quantized || t.type == TensorType::F32) && shader_reads(t.type) &&
-                   n_in % int64_t(gguf::type_traits(t.type).block_size * (t.type == TensorType::F32 ? 4 : 1)) == 0;
+  const bool raw =
+      (quantized || t.type == TensorType::F32) && shader_reads(t.type) &&
+      n_in % int64_t(gguf::type_traits(t.type).block_size * (t.type == TensorType::F32 ? 4 : 1)) ==
+          0;
   if (raw) {
     const auto bytes = f.tensor_data(t);
     m.type = t.type;
     m.buf = Buffer(ctx, bytes.size(), Buffer::Kind::Device);
     m.buf.upload(bytes.data(), bytes.size());
   } else {
-    if (n_in % 4 != 0) throw StatusError(TS_ERR_UNSUPPORTED, name + ": row length not a multiple of 4");
+    if (n_in % 4 != 0)
+      throw StatusError(TS_ERR_UNSUPPORTED, name + ": row length not a multiple of 4");
     const std::vector<float> v = gguf::dequantize(f, t);
     m.type = TensorType::F32;
     m.buf = Buffer(ctx, v.size() * sizeof(float), Buffer::Kind::Device);
@@ -47,7 +52,8 @@ DeviceMatrix upload_matrix(Context& ctx, const gguf::File& f, const std::string&
   return m;
 }
 
-Buffer upload_vector(Context& ctx, const gguf::File& f, const std::string& name, int64_t n, uint64_t& total) {
+Buffer upload_vector(Context& ctx, const gguf::File& f, const std::string& name, int64_t n,
+                     uint64_t& total) {
   const std::vector<float> v = gguf::dequantize(f, tensor(f, name, uint64_t(n), 1));
   Buffer b(ctx, v.size() * sizeof(float), Buffer::Kind::Device);
   b.upload(v.data(), v.size() * sizeof(float));
@@ -57,15 +63,17 @@ Buffer upload_vector(Context& ctx, const gguf::File& f, const std::string& name,
 
 }  // namespace
 
-std::unique_ptr<DeviceWeights> upload_weights(Context& ctx, const gguf::File& f, const LlamaConfig& c,
-                                              bool quantized) {
+std::unique_ptr<DeviceWeights> upload_weights(Context& ctx, const gguf::File& f,
+                                              const LlamaConfig& c, bool quantized) {
   auto w = std::make_unique<DeviceWeights>();
   w->config = c;
   w->quantized = quantized;
   uint64_t& total = w->device_bytes;
-  const int64_t d = c.n_embd, q_dim = int64_t{c.n_head} * c.head_dim, kv_dim = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t d = c.n_embd, q_dim = int64_t{c.n_head} * c.head_dim,
+                kv_dim = int64_t{c.n_head_kv} * c.head_dim;
   w->token_embd = upload_matrix(ctx, f, "token_embd.weight", d, c.n_vocab, quantized, total);
-  if (!c.tied_embeddings) w->output = upload_matrix(ctx, f, "output.weight", d, c.n_vocab, quantized, total);
+  if (!c.tied_embeddings)
+    w->output = upload_matrix(ctx, f, "output.weight", d, c.n_vocab, quantized, total);
   w->output_norm = upload_vector(ctx, f, "output_norm.weight", d, total);
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";

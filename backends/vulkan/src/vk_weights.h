@@ -38,7 +38,7 @@ struct DeviceWeights {
   const DeviceMatrix& lm_head() const { return output.n_out ? output : token_embd; }
 };
 
-std::unique_ptr<DeviceWeights> upload_weights(Context& ctx, const gguf::File& file, const LlamaConfig& config,
-                                              bool quantized);
+std::unique_ptr<DeviceWeights> upload_weights(Context& ctx, const gguf::File& file,
+                                              const LlamaConfig& config, bool quantized);
 
 }  // namespace touchstone::vk

@@ -58,7 +58,8 @@ ts_status capabilities(ts_capabilities* out) {
                         TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
     out->max_context = 0;
     out->determinism_note =
-        "bitwise reproducible run to run on one device and driver (fixed reduction order, no atomics), "
+        "bitwise reproducible run to run on one device and driver (fixed reduction order, no "
+        "atomics), "
         "but reduction order depends on the device's subgroup size, so bits differ across devices";
   });
 }
@@ -86,7 +87,8 @@ ts_status load_model(const char* path, ts_model** out) {
       throw StatusError(TS_ERR_IO, e.what());
     }
     auto kernels = std::make_unique<touchstone::vk::Kernels>(*ctx);
-    auto m = std::unique_ptr<ts_model>(new ts_model{std::move(ctx), std::move(kernels), std::move(file), config, {}, {}});
+    auto m = std::unique_ptr<ts_model>(
+        new ts_model{std::move(ctx), std::move(kernels), std::move(file), config, {}, {}});
     *out = m.release();
   });
 }
@@ -97,7 +99,8 @@ int32_t n_vocab(const ts_model* m) { return m ? m->config.n_vocab : 0; }
 
 ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
   return touchstone::abi::guard([&] {
-    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    if (!m || !opt || !out)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
     *out = nullptr;
     if (opt->struct_size < sizeof(ts_session_options)) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
@@ -105,7 +108,8 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     if (opt->weight_path != TS_WEIGHTS_FULL_PRECISION && opt->weight_path != TS_WEIGHTS_QUANTIZED) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: unknown weight path");
     }
-    if (opt->max_context < 0) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
+    if (opt->max_context < 0)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
     touchstone::Faults faults;
     try {
       faults = touchstone::parse_fault(opt->fault ? opt->fault : "");
@@ -121,8 +125,8 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     }
     auto s = std::make_unique<ts_session>();
     s->model = m;
-    s->fwd = std::make_unique<touchstone::vk::Forward>(*m->ctx, *m->kernels, *m->weights[path], opt->max_context,
-                                                       faults);
+    s->fwd = std::make_unique<touchstone::vk::Forward>(*m->ctx, *m->kernels, *m->weights[path],
+                                                       opt->max_context, faults);
     *out = s.release();
   });
 }
@@ -132,13 +136,15 @@ void free_session(ts_session* s) { delete s; }
 void check_tokens(const ts_session* s, const int32_t* tokens, int32_t n) {
   for (int32_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= s->fwd->n_vocab()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(i) + " = " + std::to_string(tokens[i]) +
-                                                     " outside [0, " + std::to_string(s->fwd->n_vocab()) + ")");
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(i) + " = " +
+                                                     std::to_string(tokens[i]) + " outside [0, " +
+                                                     std::to_string(s->fwd->n_vocab()) + ")");
     }
   }
 }
 
-ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
+                  float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
@@ -160,7 +166,8 @@ ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
     if (position < 0 || position > s->fwd->position()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) + " outside [0, " +
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) +
+                                                     " outside [0, " +
                                                      std::to_string(s->fwd->position()) + "]");
     }
     s->fwd->rewind(position);
@@ -170,10 +177,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 int32_t position(const ts_session* s) { return s ? s->fwd->position() : 0; }
 
 const ts_backend kBackend = {
-    TS_BACKEND_API_VERSION, "vulkan",     "0.1.0",    touchstone::abi::last_error,
-    device_name,            capabilities, load_model, free_model,
-    n_vocab,                open_session, free_session, prefill,
-    decode,                 rewind,       position,
+    TS_BACKEND_API_VERSION,
+    "vulkan",
+    "0.1.0",
+    touchstone::abi::last_error,
+    device_name,
+    capabilities,
+    load_model,
+    free_model,
+    n_vocab,
+    open_session,
+    free_session,
+    prefill,
+    decode,
+    rewind,
+    position,
 };
 
 }  // namespace

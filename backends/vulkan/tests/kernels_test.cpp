@@ -34,7 +34,8 @@ class KernelTest : public ::testing::TestWithParam<int> {
       if (e.status() == TS_ERR_DEVICE) GTEST_SKIP() << "no Vulkan device: " << e.what();
       throw;
     }
-    if (GetParam() == 1 && !ctx_->use_subgroup()) GTEST_SKIP() << "device has no subgroup arithmetic";
+    if (GetParam() == 1 && !ctx_->use_subgroup())
+      GTEST_SKIP() << "device has no subgroup arithmetic";
     kernels_ = std::make_unique<Kernels>(*ctx_);
     sets_ = std::make_unique<DescriptorCache>(*ctx_);
   }
@@ -57,7 +58,9 @@ class KernelTest : public ::testing::TestWithParam<int> {
     return b;
   }
   template <typename T>
-  Buffer host(const std::vector<T>& v) { return host(v.data(), v.size() * sizeof(T)); }
+  Buffer host(const std::vector<T>& v) {
+    return host(v.data(), v.size() * sizeof(T));
+  }
   template <typename F>
   void run(F&& f) {
     ctx_->run([&](VkCommandBuffer cb) {
@@ -106,13 +109,16 @@ class KernelTest : public ::testing::TestWithParam<int> {
     gguf::dequantize_row(type, w.data(), out.data(), int64_t(n));
     return out;
   }
-  static void expect_close(const std::vector<float>& gpu, const std::vector<double>& cpu, const char* what) {
+  static void expect_close(const std::vector<float>& gpu, const std::vector<double>& cpu,
+                           const char* what) {
     ASSERT_GE(gpu.size(), cpu.size());
     double scale = 1.0;
     for (double c : cpu) scale = std::max(scale, std::abs(c));
     double worst = 0.0;
-    for (size_t i = 0; i < cpu.size(); ++i) worst = std::max(worst, std::abs(double(gpu[i]) - cpu[i]));
-    EXPECT_LE(worst, 1e-4 * scale) << what << ": worst abs diff " << worst << " (scale " << scale << ")";
+    for (size_t i = 0; i < cpu.size(); ++i)
+      worst = std::max(worst, std::abs(double(gpu[i]) - cpu[i]));
+    EXPECT_LE(worst, 1e-4 * scale)
+        << what << ": worst abs diff " << worst << " (scale " << scale << ")";
   }
 
   std::shared_ptr<Context> ctx_;
@@ -133,20 +139,23 @@ TEST_P(KernelTest, MatmulEveryTypeMatchesCpu) {
         for (uint32_t acc : {0u, 1u}) {
           Buffer W = host(wb), X = host(x), Y = host(y0);
           run([&](Recorder& r) {
-            record_matmul(r, *kernels_, type, W, X, Y, MatmulPush{n_in, n_out, n_tok, x_off, x_stride, y_off, y_stride, acc});
+            record_matmul(r, *kernels_, type, W, X, Y,
+                          MatmulPush{n_in, n_out, n_tok, x_off, x_stride, y_off, y_stride, acc});
           });
           std::vector<double> want(y0.begin(), y0.end());
           for (uint32_t t = 0; t < n_tok; ++t) {
             for (uint32_t o = 0; o < n_out; ++o) {
               double s = 0.0;
-              for (uint32_t i = 0; i < n_in; ++i) s += double(wf[size_t(o) * n_in + i]) * x[x_off + t * x_stride + i];
+              for (uint32_t i = 0; i < n_in; ++i)
+                s += double(wf[size_t(o) * n_in + i]) * x[x_off + t * x_stride + i];
               const size_t yi = y_off + size_t(t) * y_stride + o;
               want[yi] = acc ? double(y0[yi]) + s : s;
             }
           }
-          expect_close(read(Y), want, ("matmul " + std::string(shader_type_suffix(type)) + " n_in=" +
-                                       std::to_string(n_in) + " n_tok=" + std::to_string(n_tok))
-                                          .c_str());
+          expect_close(read(Y), want,
+                       ("matmul " + std::string(shader_type_suffix(type)) +
+                        " n_in=" + std::to_string(n_in) + " n_tok=" + std::to_string(n_tok))
+                           .c_str());
         }
       }
     }
@@ -161,13 +170,14 @@ TEST_P(KernelTest, GetRowsEveryTypeMatchesCpu) {
     const std::vector<int32_t> tokens{3, 0, 10, 3, 7};
     Buffer W = host(wb), Tk = host(tokens), O = host(nullptr, (out_off + tokens.size() * n) * 4);
     run([&](Recorder& r) {
-      r.dispatch(kernels_->get_rows(type), {&W, &Tk, &O}, GetRowsPush{n, uint32_t(tokens.size()), out_off},
-                 uint32_t(tokens.size()));
+      r.dispatch(kernels_->get_rows(type), {&W, &Tk, &O},
+                 GetRowsPush{n, uint32_t(tokens.size()), out_off}, uint32_t(tokens.size()));
     });
     const auto got = read(O);
     for (size_t t = 0; t < tokens.size(); ++t) {
       for (uint32_t i = 0; i < n; ++i) {
-        ASSERT_EQ(got[out_off + t * n + i], wf[size_t(tokens[t]) * n + i]) << shader_type_suffix(type);
+        ASSERT_EQ(got[out_off + t * n + i], wf[size_t(tokens[t]) * n + i])
+            << shader_type_suffix(type);
       }
     }
   }
@@ -180,14 +190,17 @@ TEST_P(KernelTest, RmsNormMatchesCpu) {
   const auto w = randn(n);
   Buffer X = host(x), Wt = host(w), O = host(nullptr, n_tok * out_stride * 4);
   run([&](Recorder& r) {
-    r.dispatch(kernels_->rms_norm(), {&X, &Wt, &O}, RmsNormPush{n, n_tok, x_off, x_stride, 0, out_stride, eps}, n_tok);
+    r.dispatch(kernels_->rms_norm(), {&X, &Wt, &O},
+               RmsNormPush{n, n_tok, x_off, x_stride, 0, out_stride, eps}, n_tok);
   });
   std::vector<double> want(n_tok * out_stride, 0.0);
   for (uint32_t t = 0; t < n_tok; ++t) {
     double ss = 0.0;
-    for (uint32_t i = 0; i < n; ++i) ss += double(x[x_off + t * x_stride + i]) * x[x_off + t * x_stride + i];
+    for (uint32_t i = 0; i < n; ++i)
+      ss += double(x[x_off + t * x_stride + i]) * x[x_off + t * x_stride + i];
     const double inv = 1.0 / std::sqrt(ss / n + eps);
-    for (uint32_t i = 0; i < n; ++i) want[t * out_stride + i] = x[x_off + t * x_stride + i] * inv * w[i];
+    for (uint32_t i = 0; i < n; ++i)
+      want[t * out_stride + i] = x[x_off + t * x_stride + i] * inv * w[i];
   }
   expect_close(read(O), want, "rms_norm");
 }
@@ -196,7 +209,9 @@ TEST_P(KernelTest, SwigluMatchesCpu) {
   const uint32_t n = 1000;
   const auto g = randn(n, 3.0f), u = randn(n);
   Buffer G = host(g), U = host(u);
-  run([&](Recorder& r) { r.dispatch(kernels_->swiglu(), {&G, &U}, SwigluPush{n}, (n + kWorkgroup - 1) / kWorkgroup); });
+  run([&](Recorder& r) {
+    r.dispatch(kernels_->swiglu(), {&G, &U}, SwigluPush{n}, (n + kWorkgroup - 1) / kWorkgroup);
+  });
   std::vector<double> want(n);
   for (uint32_t i = 0; i < n; ++i) want[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
   expect_close(read(G), want, "swiglu");
@@ -208,7 +223,8 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
   const uint32_t q_dim = n_head * hd, kv_dim = n_head_kv * hd;
   const double base = 10000.0;
   auto q = randn(n_tok * q_dim), k = randn(n_tok * kv_dim), v = randn(n_tok * kv_dim);
-  auto kc = randn(max_ctx * kv_dim), vc = randn(max_ctx * kv_dim);  // positions < pos0: earlier tokens
+  auto kc = randn(max_ctx * kv_dim),
+       vc = randn(max_ctx * kv_dim);  // positions < pos0: earlier tokens
   std::vector<float> rope(max_ctx * hd);
   for (uint32_t p = 0; p < max_ctx; ++p) {
     for (uint32_t i = 0; i < hd / 2; ++i) {
@@ -221,7 +237,8 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
   Buffer S = host(nullptr, n_tok * n_head * max_ctx * 4), O = host(nullptr, n_tok * q_dim * 4);
   const float scale = float(1.0 / std::sqrt(double(hd)));
   run([&](Recorder& r) {
-    r.dispatch(kernels_->rope_store(), {&Q, &K, &V, &KC, &VC, &R}, RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd}, n_tok);
+    r.dispatch(kernels_->rope_store(), {&Q, &K, &V, &KC, &VC, &R},
+               RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd}, n_tok);
     r.barrier();
     r.dispatch(kernels_->attention(), {&Q, &KC, &VC, &S, &O},
                AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale}, n_head, n_tok);
@@ -247,10 +264,14 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
   expect_close(read(Q), qd, "rope q");
   std::vector<double> kcw(kcd.begin(), kcd.begin() + (pos0 + n_tok) * kv_dim);
   std::vector<float> kc_got = read(KC), vc_got = read(VC);
-  expect_close(std::vector<float>(kc_got.begin() + pos0 * kv_dim, kc_got.begin() + (pos0 + n_tok) * kv_dim),
-               std::vector<double>(kcd.begin() + pos0 * kv_dim, kcd.begin() + (pos0 + n_tok) * kv_dim), "k cache");
-  expect_close(std::vector<float>(vc_got.begin() + pos0 * kv_dim, vc_got.begin() + (pos0 + n_tok) * kv_dim),
-               std::vector<double>(vcd.begin() + pos0 * kv_dim, vcd.begin() + (pos0 + n_tok) * kv_dim), "v cache");
+  expect_close(
+      std::vector<float>(kc_got.begin() + pos0 * kv_dim, kc_got.begin() + (pos0 + n_tok) * kv_dim),
+      std::vector<double>(kcd.begin() + pos0 * kv_dim, kcd.begin() + (pos0 + n_tok) * kv_dim),
+      "k cache");
+  expect_close(
+      std::vector<float>(vc_got.begin() + pos0 * kv_dim, vc_got.begin() + (pos0 + n_tok) * kv_dim),
+      std::vector<double>(vcd.begin() + pos0 * kv_dim, vcd.begin() + (pos0 + n_tok) * kv_dim),
+      "v cache");
   std::vector<double> want(n_tok * q_dim);
   for (uint32_t t = 0; t < n_tok; ++t) {
     const uint32_t n_kv = pos0 + t + 1;
@@ -260,7 +281,8 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
       double mx = -INFINITY, sum = 0.0;
       for (uint32_t j = 0; j < n_kv; ++j) {
         double dot = 0.0;
-        for (uint32_t i = 0; i < hd; ++i) dot += qd[t * q_dim + h * hd + i] * kcd[j * kv_dim + kvo + i];
+        for (uint32_t i = 0; i < hd; ++i)
+          dot += qd[t * q_dim + h * hd + i] * kcd[j * kv_dim + kvo + i];
         s[j] = dot / std::sqrt(double(hd));
         mx = std::max(mx, s[j]);
       }
@@ -275,9 +297,12 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
   expect_close(read(O), want, "attention");
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, KernelTest, ::testing::Values(0, 1, 2), [](const auto& param_info) {
-  return param_info.param == 0 ? "shared_memory" : param_info.param == 1 ? "subgroup" : "row_per_invocation";
-});
+INSTANTIATE_TEST_SUITE_P(Variants, KernelTest, ::testing::Values(0, 1, 2),
+                         [](const auto& param_info) {
+                           return param_info.param == 0   ? "shared_memory"
+                                  : param_info.param == 1 ? "subgroup"
+                                                          : "row_per_invocation";
+                         });
 
 }  // namespace
 }  // namespace touchstone::vk

@@ -24,7 +24,8 @@ namespace {
 std::string model_path() {
   const char* dir = std::getenv("TOUCHSTONE_MODEL_DIR");
   const char* home = std::getenv("HOME");
-  const std::string d = dir ? dir : std::string(home ? home : "/root") + "/.cache/touchstone/models";
+  const std::string d =
+      dir ? dir : std::string(home ? home : "/root") + "/.cache/touchstone/models";
   return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
@@ -88,7 +89,8 @@ TEST_P(SessionTest, PrefillMatchesDecode) {
   double worst = 0.0;
   for (size_t i = 0; i < t.size(); ++i) {
     if (i > 0) s->decode(t[i], row);
-    for (size_t j = 0; j < V; ++j) worst = std::max(worst, double(std::abs(all[i * V + j] - row[j])));
+    for (size_t j = 0; j < V; ++j)
+      worst = std::max(worst, double(std::abs(all[i * V + j] - row[j])));
   }
   RecordProperty("max_abs_prefill_vs_decode", std::to_string(worst));
   EXPECT_LE(worst, 1e-4);
@@ -120,9 +122,11 @@ TEST_P(SessionTest, RejectsBadArguments) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, SessionTest, ::testing::Values(TS_WEIGHTS_FULL_PRECISION, TS_WEIGHTS_QUANTIZED),
+INSTANTIATE_TEST_SUITE_P(Paths, SessionTest,
+                         ::testing::Values(TS_WEIGHTS_FULL_PRECISION, TS_WEIGHTS_QUANTIZED),
                          [](const auto& param_info) {
-                           return param_info.param == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision";
+                           return param_info.param == TS_WEIGHTS_QUANTIZED ? "quantized"
+                                                                           : "full_precision";
                          });
 
 }  // namespace

@@ -45,30 +45,30 @@ typedef enum ts_status {
   TS_ERR_UNSUPPORTED = 2,      /* weight type / option / feature not supported */
   TS_ERR_IO = 3,               /* model file unreadable or malformed */
   TS_ERR_OUT_OF_MEMORY = 4,
-  TS_ERR_CONTEXT_FULL = 5,     /* position would exceed the session's max context */
-  TS_ERR_DEVICE = 6,           /* no usable device / device call failed */
+  TS_ERR_CONTEXT_FULL = 5, /* position would exceed the session's max context */
+  TS_ERR_DEVICE = 6,       /* no usable device / device call failed */
   TS_ERR_INTERNAL = 7
 } ts_status;
 
 /* Capability flags (ts_capabilities.flags). */
 #define TS_CAP_ALL_POSITION_LOGITS (1u << 0) /* prefill can return logits of every position */
-#define TS_CAP_DEVICE_GREEDY       (1u << 1) /* greedy argmax computed on the device      */
-#define TS_CAP_BATCHED_SESSIONS    (1u << 2) /* several sessions may run concurrently     */
-#define TS_CAP_KV_PREFIX_COPY      (1u << 3) /* a session's KV prefix can be copied       */
+#define TS_CAP_DEVICE_GREEDY (1u << 1)       /* greedy argmax computed on the device      */
+#define TS_CAP_BATCHED_SESSIONS (1u << 2)    /* several sessions may run concurrently     */
+#define TS_CAP_KV_PREFIX_COPY (1u << 3)      /* a session's KV prefix can be copied       */
 #define TS_CAP_BITWISE_DETERMINISM (1u << 4) /* same inputs -> same bits, any thread count */
-#define TS_CAP_STATIC_SHAPES       (1u << 5) /* prefill runs in fixed shape buckets       */
+#define TS_CAP_STATIC_SHAPES (1u << 5)       /* prefill runs in fixed shape buckets       */
 
 /* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
  * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */
 #define TS_WEIGHT_TYPE_BIT(ggml_type) (1ull << (ggml_type))
 
 typedef struct ts_capabilities {
-  uint32_t struct_size;    /* sizeof(ts_capabilities), set by the caller */
-  uint32_t flags;          /* TS_CAP_* */
-  uint64_t weight_types;   /* TS_WEIGHT_TYPE_BIT(...) of GGUF types it consumes */
-  int32_t max_context;     /* tokens; 0 = limited only by the model */
-  int32_t n_shape_buckets; /* number of valid entries in shape_buckets */
-  int32_t shape_buckets[16];  /* static prefill lengths, ascending */
+  uint32_t struct_size;         /* sizeof(ts_capabilities), set by the caller */
+  uint32_t flags;               /* TS_CAP_* */
+  uint64_t weight_types;        /* TS_WEIGHT_TYPE_BIT(...) of GGUF types it consumes */
+  int32_t max_context;          /* tokens; 0 = limited only by the model */
+  int32_t n_shape_buckets;      /* number of valid entries in shape_buckets */
+  int32_t shape_buckets[16];    /* static prefill lengths, ascending */
   const char* determinism_note; /* why not deterministic, or NULL */
 } ts_capabilities;
 
@@ -79,13 +79,13 @@ typedef enum ts_weight_path {
 } ts_weight_path;
 
 typedef struct ts_session_options {
-  uint32_t struct_size;        /* sizeof(ts_session_options), set by the caller */
+  uint32_t struct_size; /* sizeof(ts_session_options), set by the caller */
   ts_weight_path weight_path;
-  int32_t n_threads;           /* 0 = backend default (number of cores) */
-  int32_t max_context;         /* 0 = model's context_length */
-  const char* fault;           /* test-only fault injection name, NULL = none;
-                                  a backend that does not know it returns
-                                  TS_ERR_UNSUPPORTED */
+  int32_t n_threads;   /* 0 = backend default (number of cores) */
+  int32_t max_context; /* 0 = model's context_length */
+  const char* fault;   /* test-only fault injection name, NULL = none;
+                          a backend that does not know it returns
+                          TS_ERR_UNSUPPORTED */
 } ts_session_options;
 
 typedef struct ts_model ts_model;     /* opaque, backend-defined */
@@ -105,8 +105,7 @@ typedef struct ts_backend {
   void (*free_model)(ts_model* model);
   int32_t (*n_vocab)(const ts_model* model);
 
-  ts_status (*open_session)(ts_model* model, const ts_session_options* options,
-                            ts_session** out);
+  ts_status (*open_session)(ts_model* model, const ts_session_options* options, ts_session** out);
   void (*free_session)(ts_session* session);
 
   /* Append n_tokens at the current position. logits_out holds n_vocab floats,

@@ -92,7 +92,8 @@ void check_ids(const std::string& where, const std::string& obj, const std::vect
       throw Error("{}: {}[{}]: token id {} out of range [0, {})", where, obj, i, ids[i], n_vocab);
 }
 
-void check_vocab_k(const std::string& where, const std::string& obj, int32_t n_vocab, int32_t top_k) {
+void check_vocab_k(const std::string& where, const std::string& obj, int32_t n_vocab,
+                   int32_t top_k) {
   if (n_vocab < 1) throw Error("{}: {}: attribute n_vocab = {} must be >= 1", where, obj, n_vocab);
   if (top_k < 0 || top_k > n_vocab)
     throw Error("{}: {}: attribute top_k = {} must be in [0, n_vocab = {}]", where, obj, top_k,
@@ -121,8 +122,9 @@ void validate_golden(const GoldenFile& g, const std::string& where) {
     const uint64_t G = c.greedy_ids.size(), K = static_cast<uint64_t>(c.top_k),
                    V = static_cast<uint64_t>(c.n_vocab);
     if (c.n_full_steps < 0 || static_cast<uint64_t>(c.n_full_steps) > G)
-      throw Error("{}: {}: attribute n_full_steps = {} must be in [0, G = {}] (G = size of greedy_ids)",
-                  where, obj, c.n_full_steps, G);
+      throw Error(
+          "{}: {}: attribute n_full_steps = {} must be in [0, G = {}] (G = size of greedy_ids)",
+          where, obj, c.n_full_steps, G);
     const uint64_t F = static_cast<uint64_t>(c.n_full_steps);
     check_size(where, obj + "/full_logits", c.full_logits.size(), mul(F, V),
                fmt::format("n_full_steps * n_vocab = {} * {}", F, V));
@@ -190,7 +192,8 @@ class Writer {
     return g;
   }
 
-  void attr_string(hid_t loc, const char* name, const std::string& v, const std::string& obj) const {
+  void attr_string(hid_t loc, const char* name, const std::string& v,
+                   const std::string& obj) const {
     const std::string aobj = obj + "@" + name;
     Id type(H5Tcopy(H5T_C_S1), H5Tclose);
     if (!type.valid()) fail(aobj, "cannot create string type");
@@ -367,9 +370,9 @@ bool read_whole(const std::string& path, std::string& out) {
 
 std::string checksum_header(const std::string& bytes) {
   const size_t body = bytes.size() - kUserBlockSize;
-  std::string h = fmt::format("{}format {}\nbytes {}\nfnv1a64 {:016x}\n", kMagic,
-                              kGoldenFormatVersion, body,
-                              fnv1a64(bytes.data() + kUserBlockSize, body));
+  std::string h =
+      fmt::format("{}format {}\nbytes {}\nfnv1a64 {:016x}\n", kMagic, kGoldenFormatVersion, body,
+                  fnv1a64(bytes.data() + kUserBlockSize, body));
   h.resize(kUserBlockSize, '\0');
   return h;
 }
@@ -407,7 +410,8 @@ void verify_checksum(const std::string& path) {
 
 Id file_access_plist(const std::string& path) {
   Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  if (!fapl.valid()) throw Error("{}: cannot create file access property list{}", path, hdf5_suffix());
+  if (!fapl.valid())
+    throw Error("{}: cannot create file access property list{}", path, hdf5_suffix());
   // STRONG: closing the file really closes it (and every object in it).
   if (H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0)
     throw Error("{}: cannot set file close degree{}", path, hdf5_suffix());
@@ -462,10 +466,14 @@ enum class Kind { u8, i32, f32, f64 };
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::u8: return "uint8";
-    case Kind::i32: return "int32";
-    case Kind::f32: return "float32";
-    case Kind::f64: return "float64";
+    case Kind::u8:
+      return "uint8";
+    case Kind::i32:
+      return "int32";
+    case Kind::f32:
+      return "float32";
+    case Kind::f64:
+      return "float64";
   }
   return "?";
 }
@@ -476,13 +484,20 @@ std::string describe_type(hid_t t) {
   switch (cls) {
     case H5T_INTEGER:
       return fmt::format("{}int{}", H5Tget_sign(t) == H5T_SGN_NONE ? "u" : "", size * 8);
-    case H5T_FLOAT: return fmt::format("float{}", size * 8);
-    case H5T_STRING: return "string";
-    case H5T_COMPOUND: return "compound";
-    case H5T_ENUM: return "enum";
-    case H5T_ARRAY: return "array";
-    case H5T_VLEN: return "vlen";
-    default: return fmt::format("class {}", static_cast<int>(cls));
+    case H5T_FLOAT:
+      return fmt::format("float{}", size * 8);
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "vlen";
+    default:
+      return fmt::format("class {}", static_cast<int>(cls));
   }
 }
 
@@ -490,20 +505,28 @@ bool type_matches(hid_t t, Kind k) {
   const H5T_class_t cls = H5Tget_class(t);
   const size_t size = H5Tget_size(t);
   switch (k) {
-    case Kind::u8: return cls == H5T_INTEGER && size == 1 && H5Tget_sign(t) == H5T_SGN_NONE;
-    case Kind::i32: return cls == H5T_INTEGER && size == 4 && H5Tget_sign(t) == H5T_SGN_2;
-    case Kind::f32: return cls == H5T_FLOAT && size == 4;
-    case Kind::f64: return cls == H5T_FLOAT && size == 8;
+    case Kind::u8:
+      return cls == H5T_INTEGER && size == 1 && H5Tget_sign(t) == H5T_SGN_NONE;
+    case Kind::i32:
+      return cls == H5T_INTEGER && size == 4 && H5Tget_sign(t) == H5T_SGN_2;
+    case Kind::f32:
+      return cls == H5T_FLOAT && size == 4;
+    case Kind::f64:
+      return cls == H5T_FLOAT && size == 8;
   }
   return false;
 }
 
 hid_t mem_type(Kind k) {
   switch (k) {
-    case Kind::u8: return H5T_NATIVE_UCHAR;
-    case Kind::i32: return H5T_NATIVE_INT32;
-    case Kind::f32: return H5T_NATIVE_FLOAT;
-    case Kind::f64: return H5T_NATIVE_DOUBLE;
+    case Kind::u8:
+      return H5T_NATIVE_UCHAR;
+    case Kind::i32:
+      return H5T_NATIVE_INT32;
+    case Kind::f32:
+      return H5T_NATIVE_FLOAT;
+    case Kind::f64:
+      return H5T_NATIVE_DOUBLE;
   }
   return H5T_NATIVE_UCHAR;
 }
@@ -622,7 +645,8 @@ class Reader {
     Id t(H5Dget_type(o.dset), H5Tclose);
     if (!t.valid()) fail(dobj, "cannot get datatype");
     if (!type_matches(t, kind))
-      fail(dobj, fmt::format("wrong dtype: expected {}, got {}", kind_name(kind), describe_type(t)));
+      fail(dobj,
+           fmt::format("wrong dtype: expected {}, got {}", kind_name(kind), describe_type(t)));
     Id space(H5Dget_space(o.dset), H5Sclose);
     if (!space.valid()) fail(dobj, "cannot get dataspace");
     const H5S_class_t sc = H5Sget_simple_extent_type(space);
@@ -637,7 +661,8 @@ class Reader {
     for (size_t i = 0; ok && i < expected.size(); ++i)
       ok = expected[i] == kAny || static_cast<uint64_t>(expected[i]) == o.dims[i];
     if (!ok)
-      fail(dobj, fmt::format("expected shape {}, got {}", expected_str(expected), shape_str(o.dims)));
+      fail(dobj,
+           fmt::format("expected shape {}, got {}", expected_str(expected), shape_str(o.dims)));
     o.total = 1;
     for (hsize_t d : o.dims) {
       if (d != 0 && o.total > (uint64_t{1} << 40) / d) fail(dobj, "dataset is implausibly large");
@@ -652,8 +677,7 @@ class Reader {
                       const std::vector<int64_t>& expected) const {
     Opened o = open_dataset(loc, name, obj, kind, expected);
     std::vector<T> v(static_cast<size_t>(o.total));
-    if (o.total > 0 &&
-        H5Dread(o.dset, mem_type(kind), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+    if (o.total > 0 && H5Dread(o.dset, mem_type(kind), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
       fail(obj + "/" + name, "cannot read dataset");
     return v;
   }
@@ -678,8 +702,7 @@ class Reader {
     }
     std::vector<std::string> names;
     for (hsize_t i = 0; i < info.nlinks; ++i) {
-      const ssize_t n =
-          H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+      const ssize_t n = H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
       if (n < 0) fail(obj, fmt::format("cannot get name of member {}", i));
       std::string s(static_cast<size_t>(n) + 1, '\0');
       if (H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, s.data(), s.size(), H5P_DEFAULT) < 0)
@@ -738,8 +761,8 @@ class Reader {
 
   GoldenFile read_all(hid_t file) const {
     GoldenFile g;
-    g.format_version = static_cast<int>(
-        attr_int(file, "format_version", "/", INT32_MIN, INT32_MAX));
+    g.format_version =
+        static_cast<int>(attr_int(file, "format_version", "/", INT32_MIN, INT32_MAX));
     if (g.format_version != kGoldenFormatVersion)
       fail("/@format_version", fmt::format("unsupported format_version {} (this build reads {})",
                                            g.format_version, kGoldenFormatVersion));

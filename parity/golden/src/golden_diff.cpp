@@ -122,11 +122,14 @@ void diff_list(std::vector<std::string>& out, const char* kind, const std::vecto
   for (const auto& x : a) na.push_back(x.name);
   for (const auto& x : b) nb.push_back(x.name);
   for (const auto& x : a) {
-    if (const Item* y = find_b(x.name)) diff(out, x, *y);
-    else out.push_back(fmt::format("{} '{}': missing in fresh", kind, x.name));
+    if (const Item* y = find_b(x.name))
+      diff(out, x, *y);
+    else
+      out.push_back(fmt::format("{} '{}': missing in fresh", kind, x.name));
   }
   for (const auto& y : b)
-    if (find_a(y.name) == nullptr) out.push_back(fmt::format("{} '{}': not in committed", kind, y.name));
+    if (find_a(y.name) == nullptr)
+      out.push_back(fmt::format("{} '{}': not in committed", kind, y.name));
   if (na != nb && std::multiset<std::string>(na.begin(), na.end()) ==
                       std::multiset<std::string>(nb.begin(), nb.end()))
     out.push_back(fmt::format("{} order differs: committed [{}], fresh [{}]", kind,
@@ -146,14 +149,13 @@ std::vector<std::string> diff_golden(const GoldenFile& committed, const GoldenFi
               fresh.reference_revision);
   using FindCase = std::function<const GoldenCase*(const std::string&)>;
   using FindScoring = std::function<const GoldenScoring*(const std::string&)>;
-  diff_list(
-      out, "case", committed.cases, fresh.cases,
-      FindCase([&](const std::string& n) { return fresh.find_case(n); }),
-      FindCase([&](const std::string& n) { return committed.find_case(n); }), diff_case);
-  diff_list(
-      out, "scoring", committed.scoring, fresh.scoring,
-      FindScoring([&](const std::string& n) { return fresh.find_scoring(n); }),
-      FindScoring([&](const std::string& n) { return committed.find_scoring(n); }), diff_scoring);
+  diff_list(out, "case", committed.cases, fresh.cases,
+            FindCase([&](const std::string& n) { return fresh.find_case(n); }),
+            FindCase([&](const std::string& n) { return committed.find_case(n); }), diff_case);
+  diff_list(out, "scoring", committed.scoring, fresh.scoring,
+            FindScoring([&](const std::string& n) { return fresh.find_scoring(n); }),
+            FindScoring([&](const std::string& n) { return committed.find_scoring(n); }),
+            diff_scoring);
   return out;
 }
 

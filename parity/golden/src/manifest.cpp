@@ -26,9 +26,12 @@ using json = nlohmann::ordered_json;
 std::string escape_key(const std::string& k) {
   std::string out;
   for (char c : k) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
+    if (c == '~')
+      out += "~0";
+    else if (c == '/')
+      out += "~1";
+    else
+      out += c;
   }
   return out;
 }
@@ -103,8 +106,8 @@ class Parser {
       bool ok = false;
       for (const char* a : allowed) ok = ok || key == a;
       if (!ok)
-        fail(child(ptr, key), fmt::format("unknown key '{}' (allowed: {})", key,
-                                          fmt::join(allowed, ", ")));
+        fail(child(ptr, key),
+             fmt::format("unknown key '{}' (allowed: {})", key, fmt::join(allowed, ", ")));
     }
   }
 
@@ -129,9 +132,9 @@ class Parser {
     return s;
   }
   int positive_int(const json& v, const std::string& ptr) const {
-    if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<uint64_t>() == 0 ||
-                                                                v.get<uint64_t>() > INT32_MAX
-                                                          : v.get<int64_t>() <= 0))
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() ? v.get<uint64_t>() == 0 || v.get<uint64_t>() > INT32_MAX
+                                : v.get<int64_t>() <= 0))
       fail(ptr, "expected a positive integer, got " + got(v));
     return static_cast<int>(v.get<int64_t>());
   }
@@ -156,7 +159,8 @@ class Parser {
   }
 
   template <typename T>
-  void check_unique(const std::vector<T>& items, const std::string& list_ptr, const char* kind) const {
+  void check_unique(const std::vector<T>& items, const std::string& list_ptr,
+                    const char* kind) const {
     std::map<std::string, size_t> first;
     for (size_t i = 0; i < items.size(); ++i) {
       auto [it, inserted] = first.emplace(items[i].name, i);
@@ -184,8 +188,8 @@ class Parser {
 
     const json& fv = require(root, "", "format_version");
     if (!fv.is_number_integer() || fv.get<int64_t>() != kManifestFormatVersion)
-      fail("/format_version",
-           fmt::format("unsupported format_version {} (expected {})", got(fv), kManifestFormatVersion));
+      fail("/format_version", fmt::format("unsupported format_version {} (expected {})", got(fv),
+                                          kManifestFormatVersion));
     m.format_version = kManifestFormatVersion;
 
     // models
@@ -193,8 +197,9 @@ class Parser {
     for (size_t i = 0; i < models.size(); ++i) {
       const std::string p = child("/models", i);
       const json& o = object(models[i], p);
-      allow_keys(o, p, {"name", "package", "package_version", "file_in_package", "filename",
-                        "sha256", "golden"});
+      allow_keys(o, p,
+                 {"name", "package", "package_version", "file_in_package", "filename", "sha256",
+                  "golden"});
       ManifestModel mm;
       mm.name = name(require(o, p, "name"), child(p, "name"));
       mm.package = string(require(o, p, "package"), child(p, "package"));
@@ -214,17 +219,21 @@ class Parser {
     for (const auto& [pname, pv] : profiles.items()) {
       const std::string p = child("/profiles", pname);
       if (!valid_name(pname))
-        fail(p, fmt::format("invalid profile name '{}': use letters, digits, '_', '-', '.'", pname));
+        fail(p,
+             fmt::format("invalid profile name '{}': use letters, digits, '_', '-', '.'", pname));
       const json& o = object(pv, p);
-      allow_keys(o, p, {"description", "greedy", "near_tie_margin", "near_tie_top_k",
-                        "logits_nmse_max", "logits_max_abs_max", "kld_mean_max", "kld_p99_max",
-                        "top1_agreement_min", "ppl_ratio_max"});
+      allow_keys(o, p,
+                 {"description", "greedy", "near_tie_margin", "near_tie_top_k", "logits_nmse_max",
+                  "logits_max_abs_max", "kld_mean_max", "kld_p99_max", "top1_agreement_min",
+                  "ppl_ratio_max"});
       Profile pr;
       pr.name = pname;
-      if (const json* v = find(o, "description")) pr.description = string(*v, child(p, "description"));
+      if (const json* v = find(o, "description"))
+        pr.description = string(*v, child(p, "description"));
       pr.greedy = string(require(o, p, "greedy"), child(p, "greedy"));
       if (pr.greedy != "identical" && pr.greedy != "tolerance")
-        fail(child(p, "greedy"), "expected \"identical\" or \"tolerance\", got " + got(o["greedy"]));
+        fail(child(p, "greedy"),
+             "expected \"identical\" or \"tolerance\", got " + got(o["greedy"]));
       if (const json* v = find(o, "near_tie_margin"))
         pr.near_tie_margin = non_negative(*v, child(p, "near_tie_margin"));
       if (const json* v = find(o, "near_tie_top_k"))
@@ -290,7 +299,8 @@ class Parser {
       for (const auto& [sname, val] : suites.items()) {
         const std::string p = child("/suites", sname);
         if (!valid_name(sname))
-          fail(p, fmt::format("invalid suite name '{}': use letters, digits, '_', '-', '.'", sname));
+          fail(p,
+               fmt::format("invalid suite name '{}': use letters, digits, '_', '-', '.'", sname));
         const json& o = object(val, p);
         allow_keys(o, p, {"cases", "scoring"});
         Suite s;

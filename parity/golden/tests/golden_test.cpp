@@ -40,8 +40,8 @@ uint32_t to_bits(float f) {
   return b;
 }
 
-GoldenCase make_case(std::mt19937& rng, const std::string& name, int32_t vocab, int32_t k,
-                     size_t p, size_t g, int32_t f) {
+GoldenCase make_case(std::mt19937& rng, const std::string& name, int32_t vocab, int32_t k, size_t p,
+                     size_t g, int32_t f) {
   std::uniform_int_distribution<int32_t> id(0, vocab - 1);
   std::normal_distribution<float> logit(0.0f, 3.0f);
   GoldenCase c;
@@ -408,9 +408,7 @@ TEST_F(GoldenTest, WriteFailureBeforeRenameKeepsOldFile) {
 TEST_F(GoldenTest, ReadRejectsMissingGarbageAndTruncatedFiles) {
   expect_read_error(path("missing.h5"), {"cannot open"});
 
-  {
-    std::ofstream(path("empty.h5"), std::ios::binary);
-  }
+  { std::ofstream(path("empty.h5"), std::ios::binary); }
   expect_read_error(path("empty.h5"), {});
   {
     std::ofstream o(path("garbage.h5"), std::ios::binary);
@@ -464,7 +462,8 @@ TEST_F(GoldenTest, ChecksumDetectsCorruptionAndIsOptional) {
   ASSERT_EQ(bytes.rfind("TOUCHSTONE-GOLDEN\n", 0), 0u);
   std::string b = bytes;
   b[b.size() - 100] = static_cast<char>(b[b.size() - 100] ^ 0x10);
-  std::ofstream(path("flip.h5"), std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+  std::ofstream(path("flip.h5"), std::ios::binary)
+      .write(b.data(), static_cast<std::streamsize>(b.size()));
   expect_read_error(path("flip.h5"), {"corrupted or truncated"});
   // Without the header the file is still readable (e.g. rewritten by other tools).
   strip_checksum(p);
@@ -494,26 +493,23 @@ TEST_F(GoldenTest, ReadRejectsWrongShape) {
   expect_read_error(p2, {"/scoring/passage/lse", "expected shape [9], got a scalar"});
 
   // full_logits must be [n_full_steps, n_vocab].
-  const std::string p3 = broken("nfull.h5", [](hid_t f) {
-    set_attr_i32(f, "/cases/alpha", "n_full_steps", 3);
-  });
+  const std::string p3 =
+      broken("nfull.h5", [](hid_t f) { set_attr_i32(f, "/cases/alpha", "n_full_steps", 3); });
   expect_read_error(p3, {"/cases/alpha/full_logits", "expected shape [3, 50], got [4, 50]"});
 
-  const std::string p4 = broken("nfull2.h5", [](hid_t f) {
-    set_attr_i32(f, "/cases/alpha", "n_full_steps", 5);
-  });
+  const std::string p4 =
+      broken("nfull2.h5", [](hid_t f) { set_attr_i32(f, "/cases/alpha", "n_full_steps", 5); });
   expect_read_error(p4, {"/cases/alpha@n_full_steps", "exceeds G = 4"});
 }
 
 TEST_F(GoldenTest, ReadRejectsMissingObjectsAndWrongTypes) {
-  expect_read_error(broken("nolse.h5", [](hid_t f) { H5Ldelete(f, "/cases/alpha/lse", H5P_DEFAULT); }),
-                    {"/cases/alpha/lse", "missing dataset"});
   expect_read_error(
-      broken("nomodel.h5", [](hid_t f) { H5Adelete(f, "model_name"); }),
-      {"/@model_name", "missing attribute"});
-  expect_read_error(
-      broken("noscoring.h5", [](hid_t f) { H5Ldelete(f, "/scoring", H5P_DEFAULT); }),
-      {"/scoring", "missing group"});
+      broken("nolse.h5", [](hid_t f) { H5Ldelete(f, "/cases/alpha/lse", H5P_DEFAULT); }),
+      {"/cases/alpha/lse", "missing dataset"});
+  expect_read_error(broken("nomodel.h5", [](hid_t f) { H5Adelete(f, "model_name"); }),
+                    {"/@model_name", "missing attribute"});
+  expect_read_error(broken("noscoring.h5", [](hid_t f) { H5Ldelete(f, "/scoring", H5P_DEFAULT); }),
+                    {"/scoring", "missing group"});
   expect_read_error(broken("dtype.h5",
                            [](hid_t f) {
                              H5Ldelete(f, "/cases/zeta/greedy_ids", H5P_DEFAULT);
@@ -540,8 +536,9 @@ TEST_F(GoldenTest, ReadRejectsMissingObjectsAndWrongTypes) {
                              H5Gclose(g);
                            }),
                     {"/cases/alpha/topk_ids[0]", "out of range [0, 50)"});
-  expect_read_error(broken("topk.h5", [](hid_t f) { set_attr_i32(f, "/cases/alpha", "top_k", 51); }),
-                    {"/cases/alpha@top_k", "out of range"});
+  expect_read_error(
+      broken("topk.h5", [](hid_t f) { set_attr_i32(f, "/cases/alpha", "top_k", 51); }),
+      {"/cases/alpha@top_k", "out of range"});
   expect_read_error(broken("notgroup.h5",
                            [](hid_t f) {
                              H5Ldelete(f, "/cases/alpha", H5P_DEFAULT);

@@ -242,7 +242,8 @@ TEST_F(ManifestTest, DuplicatesAreErrors) {
 TEST_F(ManifestTest, DanglingReferencesAreErrors) {
   auto j = valid_manifest();
   j["suites"]["default"]["cases"].push_back("missing-case");
-  expect_json_error(j, {"/suites/default/cases/2: unknown case 'missing-case'", "known: narrative, chat-hello"});
+  expect_json_error(
+      j, {"/suites/default/cases/2: unknown case 'missing-case'", "known: narrative, chat-hello"});
   j = valid_manifest();
   j["suites"]["default"]["scoring"] = ordered_json::array({"nope"});
   expect_json_error(j, {"/suites/default/scoring/0: unknown scoring 'nope'"});

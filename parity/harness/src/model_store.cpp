@@ -35,7 +35,8 @@ std::string sha256_file(const std::string& path) {
   if (in.bad()) throw Error("{}: read error while hashing", path);
   std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
   unsigned int len = 0;
-  if (EVP_DigestFinal_ex(ctx.get(), md.data(), &len) != 1) throw Error("{}: SHA-256 final failed", path);
+  if (EVP_DigestFinal_ex(ctx.get(), md.data(), &len) != 1)
+    throw Error("{}: SHA-256 final failed", path);
   std::string hex;
   for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
   return hex;
@@ -49,8 +50,10 @@ std::string resolve_model(const ManifestModel& model) {
   }
   const std::string sum = sha256_file(path);
   if (sum != model.sha256) {
-    throw Error("{}: sha256 {} does not match the manifest's {} for model '{}' (delete the file and "
-                "run ci/bootstrap)", path, sum, model.sha256, model.name);
+    throw Error(
+        "{}: sha256 {} does not match the manifest's {} for model '{}' (delete the file and "
+        "run ci/bootstrap)",
+        path, sum, model.sha256, model.name);
   }
   return path;
 }

@@ -42,7 +42,8 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
   r.n_total = int(g.greedy_ids.size());
   const size_t V = size_t(g.n_vocab), K = size_t(g.top_k);
   if (session.n_vocab() != g.n_vocab) {
-    throw Error("case '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(), g.n_vocab);
+    throw Error("case '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(),
+                g.n_vocab);
   }
   session.rewind(0);
   std::vector<float> logits = session.prefill(g.prompt_ids);
@@ -74,9 +75,11 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
       note_violation(r, s, fmt::format("logits NMSE {:.3e} > {:.1e}", nmse, *p.logits_nmse_max));
     }
     if (p.logits_max_abs_max && !(max_abs <= *p.logits_max_abs_max)) {
-      note_violation(r, s, fmt::format("logits max-abs {:.3e} > {:.1e}", max_abs, *p.logits_max_abs_max));
+      note_violation(r, s,
+                     fmt::format("logits max-abs {:.3e} > {:.1e}", max_abs, *p.logits_max_abs_max));
     }
-    const metrics::KlEstimate kl = metrics::kl_divergence_topk(ref_ids, ref_vals, g.lse[size_t(s)], row);
+    const metrics::KlEstimate kl =
+        metrics::kl_divergence_topk(ref_ids, ref_vals, g.lse[size_t(s)], row);
     kls.push_back(kl.kl);
 
     // Greedy agreement.
@@ -87,17 +90,26 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
     } else {
       const metrics::NearTieVerdict v =
           metrics::near_tie(ref_ids, ref_vals, test_tok, row, p.near_tie_margin, p.near_tie_top_k);
-      GreedyDivergence d{s, ref_tok, test_tok, tok.token_bytes(ref_tok), tok.token_bytes(test_tok),
-                         v.ref_margin, v.accepted, v.test_in_ref_topk, v.ref_in_test_topk};
+      GreedyDivergence d{s,
+                         ref_tok,
+                         test_tok,
+                         tok.token_bytes(ref_tok),
+                         tok.token_bytes(test_tok),
+                         v.ref_margin,
+                         v.accepted,
+                         v.test_in_ref_topk,
+                         v.ref_in_test_topk};
       if (!r.first_divergence) r.first_divergence = d;
       if (v.accepted) {
         r.near_ties.push_back(d);
       } else if (p.greedy_identical()) {
-        r.failures.push_back(fmt::format(
-            "greedy diverges at step {}: reference {} {:?} vs backend {} {:?} (reference top-2 margin "
-            "{:.4f} nats; near-tie needs < {} and both in each other's top-{}: {}/{})",
-            s, ref_tok, d.ref_text, test_tok, d.test_text, v.ref_margin, p.near_tie_margin,
-            p.near_tie_top_k, v.test_in_ref_topk ? "yes" : "no", v.ref_in_test_topk ? "yes" : "no"));
+        r.failures.push_back(
+            fmt::format("greedy diverges at step {}: reference {} {:?} vs backend {} {:?} "
+                        "(reference top-2 margin "
+                        "{:.4f} nats; near-tie needs < {} and both in each other's top-{}: {}/{})",
+                        s, ref_tok, d.ref_text, test_tok, d.test_text, v.ref_margin,
+                        p.near_tie_margin, p.near_tie_top_k, v.test_in_ref_topk ? "yes" : "no",
+                        v.ref_in_test_topk ? "yes" : "no"));
         stop = true;  // sequences have diverged: later steps are not comparable
         continue;
       }
@@ -109,16 +121,19 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
     r.kld_mean = ks.mean;
     r.kld_max = ks.max;
     if (p.kld_mean_max && !(ks.mean <= *p.kld_mean_max)) {
-      r.failures.push_back(fmt::format("mean KLD over steps {:.3e} > {:.1e}", ks.mean, *p.kld_mean_max));
+      r.failures.push_back(
+          fmt::format("mean KLD over steps {:.3e} > {:.1e}", ks.mean, *p.kld_mean_max));
     }
     if (p.kld_p99_max && !(ks.p99 <= *p.kld_p99_max)) {
-      r.failures.push_back(fmt::format("p99 KLD over steps {:.3e} > {:.1e}", ks.p99, *p.kld_p99_max));
+      r.failures.push_back(
+          fmt::format("p99 KLD over steps {:.3e} > {:.1e}", ks.p99, *p.kld_p99_max));
     }
   }
   if (!p.greedy_identical() && p.top1_agreement_min) {
     const double agree = r.n_steps ? double(r.n_matched) / r.n_steps : 0.0;
     if (!(agree >= *p.top1_agreement_min)) {
-      r.failures.push_back(fmt::format("top-1 agreement {:.4f} < {}", agree, *p.top1_agreement_min));
+      r.failures.push_back(
+          fmt::format("top-1 agreement {:.4f} < {}", agree, *p.top1_agreement_min));
     }
   }
   if (r.first_logit_violation_step >= 0) {
@@ -137,7 +152,8 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
   r.name = g.name;
   const size_t V = size_t(g.n_vocab), K = size_t(g.top_k), N = g.token_ids.size();
   if (session.n_vocab() != g.n_vocab) {
-    throw Error("scoring '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(), g.n_vocab);
+    throw Error("scoring '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(),
+                g.n_vocab);
   }
   session.rewind(0);
   std::vector<float> all;
@@ -172,7 +188,8 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
   r.stats = acc.finish();
   const metrics::ScoringStats& st = r.stats;
   auto fail = [&](const std::string& s) { r.failures.push_back(s); };
-  if (st.n_nonfinite_positions) fail(fmt::format("{} positions with non-finite logits", st.n_nonfinite_positions));
+  if (st.n_nonfinite_positions)
+    fail(fmt::format("{} positions with non-finite logits", st.n_nonfinite_positions));
   if (p.kld_mean_max && !(st.kld.mean <= *p.kld_mean_max)) {
     fail(fmt::format("mean KLD {:.3e} > {:.1e}", st.kld.mean, *p.kld_mean_max));
   }
@@ -182,14 +199,17 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
   if (p.top1_agreement_min && !(st.top1_agreement >= *p.top1_agreement_min)) {
     fail(fmt::format("top-1 agreement {:.4f} < {}", st.top1_agreement, *p.top1_agreement_min));
   }
-  if (p.ppl_ratio_max && !(st.ppl_ratio <= *p.ppl_ratio_max && 1.0 / st.ppl_ratio <= *p.ppl_ratio_max)) {
-    fail(fmt::format("PPL ratio {:.5f} outside [1/{}, {}]", st.ppl_ratio, *p.ppl_ratio_max, *p.ppl_ratio_max));
+  if (p.ppl_ratio_max &&
+      !(st.ppl_ratio <= *p.ppl_ratio_max && 1.0 / st.ppl_ratio <= *p.ppl_ratio_max)) {
+    fail(fmt::format("PPL ratio {:.5f} outside [1/{}, {}]", st.ppl_ratio, *p.ppl_ratio_max,
+                     *p.ppl_ratio_max));
   }
   if (p.logits_nmse_max && !(r.topk_nmse <= *p.logits_nmse_max)) {
     fail(fmt::format("top-K logits NMSE {:.3e} > {:.1e}", r.topk_nmse, *p.logits_nmse_max));
   }
   if (p.logits_max_abs_max && !(r.topk_max_abs <= *p.logits_max_abs_max)) {
-    fail(fmt::format("top-K logits max-abs {:.3e} > {:.1e}", r.topk_max_abs, *p.logits_max_abs_max));
+    fail(
+        fmt::format("top-K logits max-abs {:.3e} > {:.1e}", r.topk_max_abs, *p.logits_max_abs_max));
   }
   r.passed = r.failures.empty();
   r.seconds = seconds_since(t0);

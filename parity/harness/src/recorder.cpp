@@ -38,7 +38,8 @@ GoldenCase record_case(Session& session, const Tokenizer& tok, const ManifestCas
   std::vector<float> logits = session.prefill(g.prompt_ids);
   for (int s = 0; s < c.n_predict; ++s) {
     if (!metrics::all_finite(logits)) {
-      throw Error("case '{}': step {}: the recording backend produced non-finite logits", c.name, s);
+      throw Error("case '{}': step {}: the recording backend produced non-finite logits", c.name,
+                  s);
     }
     if (s < g.n_full_steps) g.full_logits.insert(g.full_logits.end(), logits.begin(), logits.end());
     append_row_summary(logits, g.top_k, g.topk_ids, g.topk_logits, g.lse);

@@ -19,21 +19,32 @@ std::string printable(const std::string& bytes) {
 
 std::string divergence_cell(const CaseResult& c) {
   if (!c.first_divergence) {
-    return c.first_logit_violation_step >= 0 ? fmt::format("logits@{}", c.first_logit_violation_step) : "-";
+    return c.first_logit_violation_step >= 0
+               ? fmt::format("logits@{}", c.first_logit_violation_step)
+               : "-";
   }
   const GreedyDivergence& d = *c.first_divergence;
   return fmt::format("step {}: {}{}→{}{}", d.step, d.ref_id, printable(d.ref_text), d.test_id,
-                     printable(d.test_text)) + (d.accepted ? " (near-tie)" : "");
+                     printable(d.test_text)) +
+         (d.accepted ? " (near-tie)" : "");
 }
 
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char ch : s) {
     switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
       default:
         if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') {
           o += fmt::format("&#{};", int(ch));
@@ -50,31 +61,36 @@ double finite_or(double v, double fallback) { return std::isfinite(v) ? v : fall
 }  // namespace
 
 bool Report::passed() const {
-  for (const auto& c : cases) if (!c.passed) return false;
-  for (const auto& s : scoring) if (!s.passed) return false;
+  for (const auto& c : cases)
+    if (!c.passed) return false;
+  for (const auto& s : scoring)
+    if (!s.passed) return false;
   return true;
 }
 
 std::string format_table(const Report& r) {
   std::string o;
   const RunInfo& i = r.info;
-  o += fmt::format("backend {} ({}), device: {}\nmodel {} sha256 {}\nweights {}, profile '{}', suite '{}', threads {}\n\n",
-                   i.backend, i.backend_path, i.device, i.model_name, i.model_sha256, i.weight_path,
-                   i.profile, i.suite, i.n_threads);
-  o += fmt::format("{:<12} {:<22} {:<7} {:>9} {:>10} {:>10} {:>10}  {}\n", "backend", "case", "verdict",
-                   "matched", "NMSE max", "max|Δ|", "KLD mean", "first divergence");
+  o += fmt::format(
+      "backend {} ({}), device: {}\nmodel {} sha256 {}\nweights {}, profile '{}', suite '{}', "
+      "threads {}\n\n",
+      i.backend, i.backend_path, i.device, i.model_name, i.model_sha256, i.weight_path, i.profile,
+      i.suite, i.n_threads);
+  o += fmt::format("{:<12} {:<22} {:<7} {:>9} {:>10} {:>10} {:>10}  {}\n", "backend", "case",
+                   "verdict", "matched", "NMSE max", "max|Δ|", "KLD mean", "first divergence");
   for (const CaseResult& c : r.cases) {
-    o += fmt::format("{:<12} {:<22} {:<7} {:>4}/{:<4} {:>10.2e} {:>10.2e} {:>10.2e}  {}\n", i.backend,
-                     c.name, c.passed ? "PASS" : "FAIL", c.n_matched, c.n_total, c.nmse_max, c.max_abs,
-                     c.kld_mean, divergence_cell(c));
+    o += fmt::format("{:<12} {:<22} {:<7} {:>4}/{:<4} {:>10.2e} {:>10.2e} {:>10.2e}  {}\n",
+                     i.backend, c.name, c.passed ? "PASS" : "FAIL", c.n_matched, c.n_total,
+                     c.nmse_max, c.max_abs, c.kld_mean, divergence_cell(c));
   }
   for (const ScoringResult& s : r.scoring) {
     const auto& st = s.stats;
-    o += fmt::format("{:<12} {:<22} {:<7} {:>9} {:>10.2e} {:>10.2e} {:>10.2e}  KLD p99 {:.2e} max {:.2e}, "
-                     "top-1 {:.4f}, RMS Δp {:.2e}, PPL {:.4f}/{:.4f} (ratio {:.5f}), max ref tail {:.1e}\n",
-                     i.backend, s.name, s.passed ? "PASS" : "FAIL", fmt::format("{} pos", st.n_positions),
-                     s.topk_nmse, s.topk_max_abs, st.kld.mean, st.kld.p99, st.kld.max, st.top1_agreement,
-                     st.rms_delta_p, st.ppl_test, st.ppl_ref, st.ppl_ratio, st.max_p_tail);
+    o += fmt::format(
+        "{:<12} {:<22} {:<7} {:>9} {:>10.2e} {:>10.2e} {:>10.2e}  KLD p99 {:.2e} max {:.2e}, "
+        "top-1 {:.4f}, RMS Δp {:.2e}, PPL {:.4f}/{:.4f} (ratio {:.5f}), max ref tail {:.1e}\n",
+        i.backend, s.name, s.passed ? "PASS" : "FAIL", fmt::format("{} pos", st.n_positions),
+        s.topk_nmse, s.topk_max_abs, st.kld.mean, st.kld.p99, st.kld.max, st.top1_agreement,
+        st.rms_delta_p, st.ppl_test, st.ppl_ref, st.ppl_ratio, st.max_p_tail);
   }
   bool any = false;
   for (const CaseResult& c : r.cases) {
@@ -84,9 +100,9 @@ std::string format_table(const Report& r) {
       o += fmt::format("  {} / {}: {}\n", i.backend, c.name, f);
     }
     for (const GreedyDivergence& d : c.near_ties) {
-      o += fmt::format("  {} / {}: near-tie accepted at step {} (margin {:.4f}): {}{} vs {}{}\n", i.backend,
-                       c.name, d.step, d.ref_margin, d.ref_id, printable(d.ref_text), d.test_id,
-                       printable(d.test_text));
+      o += fmt::format("  {} / {}: near-tie accepted at step {} (margin {:.4f}): {}{} vs {}{}\n",
+                       i.backend, c.name, d.step, d.ref_margin, d.ref_id, printable(d.ref_text),
+                       d.test_id, printable(d.test_text));
     }
   }
   for (const ScoringResult& s : r.scoring) {
@@ -103,11 +119,16 @@ std::string format_table(const Report& r) {
 std::string to_json(const Report& r) {
   using nlohmann::json;
   auto div = [](const GreedyDivergence& d) {
-    return json{{"step", d.step}, {"ref_id", d.ref_id}, {"test_id", d.test_id},
-                
-                {"ref_text_escaped", printable(d.ref_text)}, {"test_text_escaped", printable(d.test_text)},
-                {"ref_top2_margin", d.ref_margin}, {"accepted_near_tie", d.accepted},
-                {"test_in_ref_topk", d.test_in_ref_topk}, {"ref_in_test_topk", d.ref_in_test_topk}};
+    return json{{"step", d.step},
+                {"ref_id", d.ref_id},
+                {"test_id", d.test_id},
+
+                {"ref_text_escaped", printable(d.ref_text)},
+                {"test_text_escaped", printable(d.test_text)},
+                {"ref_top2_margin", d.ref_margin},
+                {"accepted_near_tie", d.accepted},
+                {"test_in_ref_topk", d.test_in_ref_topk},
+                {"ref_in_test_topk", d.ref_in_test_topk}};
   };
   json j;
   const RunInfo& i = r.info;
@@ -120,10 +141,18 @@ std::string to_json(const Report& r) {
   j["passed"] = r.passed();
   j["cases"] = json::array();
   for (const CaseResult& c : r.cases) {
-    json cj{{"name", c.name}, {"passed", c.passed}, {"failures", c.failures}, {"steps_compared", c.n_steps},
-            {"steps_total", c.n_total}, {"tokens_matched", c.n_matched}, {"nmse_max", finite_or(c.nmse_max, -1)},
-            {"max_abs", finite_or(c.max_abs, -1)}, {"kld_mean", finite_or(c.kld_mean, -1)},
-            {"kld_max", finite_or(c.kld_max, -1)}, {"nonfinite_logits", c.nonfinite}, {"seconds", c.seconds},
+    json cj{{"name", c.name},
+            {"passed", c.passed},
+            {"failures", c.failures},
+            {"steps_compared", c.n_steps},
+            {"steps_total", c.n_total},
+            {"tokens_matched", c.n_matched},
+            {"nmse_max", finite_or(c.nmse_max, -1)},
+            {"max_abs", finite_or(c.max_abs, -1)},
+            {"kld_mean", finite_or(c.kld_mean, -1)},
+            {"kld_max", finite_or(c.kld_max, -1)},
+            {"nonfinite_logits", c.nonfinite},
+            {"seconds", c.seconds},
             {"first_logit_violation_step", c.first_logit_violation_step},
             {"first_logit_violation", c.first_logit_violation}};
     cj["first_divergence"] = c.first_divergence ? div(*c.first_divergence) : json(nullptr);
@@ -134,16 +163,27 @@ std::string to_json(const Report& r) {
   j["scoring"] = json::array();
   for (const ScoringResult& s : r.scoring) {
     const auto& st = s.stats;
-    j["scoring"].push_back(
-        {{"name", s.name}, {"passed", s.passed}, {"failures", s.failures}, {"positions", st.n_positions},
-         {"kld", {{"mean", finite_or(st.kld.mean, -1)}, {"median", finite_or(st.kld.median, -1)},
-                  {"p90", finite_or(st.kld.p90, -1)}, {"p95", finite_or(st.kld.p95, -1)},
-                  {"p99", finite_or(st.kld.p99, -1)}, {"max", finite_or(st.kld.max, -1)}}},
-         {"max_ref_tail_mass", st.max_p_tail}, {"max_kl_gap_bound", finite_or(st.max_kl_gap_bound, -1)},
-         {"top1_agreement", st.top1_agreement}, {"rms_delta_p", finite_or(st.rms_delta_p, -1)},
-         {"ppl_ref", st.ppl_ref}, {"ppl_test", finite_or(st.ppl_test, -1)},
-         {"ppl_ratio", finite_or(st.ppl_ratio, -1)}, {"topk_nmse", finite_or(s.topk_nmse, -1)},
-         {"topk_max_abs", finite_or(s.topk_max_abs, -1)}, {"seconds", s.seconds}});
+    j["scoring"].push_back({{"name", s.name},
+                            {"passed", s.passed},
+                            {"failures", s.failures},
+                            {"positions", st.n_positions},
+                            {"kld",
+                             {{"mean", finite_or(st.kld.mean, -1)},
+                              {"median", finite_or(st.kld.median, -1)},
+                              {"p90", finite_or(st.kld.p90, -1)},
+                              {"p95", finite_or(st.kld.p95, -1)},
+                              {"p99", finite_or(st.kld.p99, -1)},
+                              {"max", finite_or(st.kld.max, -1)}}},
+                            {"max_ref_tail_mass", st.max_p_tail},
+                            {"max_kl_gap_bound", finite_or(st.max_kl_gap_bound, -1)},
+                            {"top1_agreement", st.top1_agreement},
+                            {"rms_delta_p", finite_or(st.rms_delta_p, -1)},
+                            {"ppl_ref", st.ppl_ref},
+                            {"ppl_test", finite_or(st.ppl_test, -1)},
+                            {"ppl_ratio", finite_or(st.ppl_ratio, -1)},
+                            {"topk_nmse", finite_or(s.topk_nmse, -1)},
+                            {"topk_max_abs", finite_or(s.topk_max_abs, -1)},
+                            {"seconds", s.seconds}});
   }
   return j.dump(2) + "\n";
 }
@@ -154,17 +194,19 @@ std::string to_junit(const Report& r) {
   for (const auto& s : r.scoring) failures += s.passed ? 0 : 1;
   const std::string suite = xml_escape("parity." + r.info.backend + "." + r.info.weight_path);
   std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  o += fmt::format("<testsuites><testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n", suite, n, failures);
+  o += fmt::format("<testsuites><testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n", suite, n,
+                   failures);
   auto tc = [&](const std::string& name, double secs, const std::vector<std::string>& fails) {
-    o += fmt::format("  <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", suite, xml_escape(name), secs);
+    o += fmt::format("  <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", suite,
+                     xml_escape(name), secs);
     if (fails.empty()) {
       o += "/>\n";
       return;
     }
     std::string msg;
     for (const auto& f : fails) msg += f + "\n";
-    o += fmt::format(">\n    <failure message=\"{}\">{}</failure>\n  </testcase>\n", xml_escape(fails.front()),
-                     xml_escape(msg));
+    o += fmt::format(">\n    <failure message=\"{}\">{}</failure>\n  </testcase>\n",
+                     xml_escape(fails.front()), xml_escape(msg));
   };
   for (const auto& c : r.cases) tc(c.name, c.seconds, c.failures);
   for (const auto& s : r.scoring) tc(s.name, s.seconds, s.failures);

@@ -38,7 +38,8 @@ void require_vocab_fits(size_t n, const char* fn, const char* arg) {
 }
 
 void require_same_size(size_t a, size_t b, const char* fn, const char* an, const char* bn) {
-  if (a != b) throw Error("metrics::{}: size mismatch: {} has {} entries, {} has {}", fn, an, a, bn, b);
+  if (a != b)
+    throw Error("metrics::{}: size mismatch: {} has {} entries, {} has {}", fn, an, a, bn, b);
 }
 
 // Validates a stored reference top-K against a vocabulary of size `vocab`:
@@ -53,8 +54,8 @@ void validate_ref_topk(std::span<const int32_t> ids, std::span<const float> logi
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || static_cast<size_t>(ids[i]) >= vocab) {
-      throw Error("metrics::{}: ref_topk_ids[{}] = {} out of range [0, {}) (test_logits size)", fn, i,
-                  ids[i], vocab);
+      throw Error("metrics::{}: ref_topk_ids[{}] = {} out of range [0, {}) (test_logits size)", fn,
+                  i, ids[i], vocab);
     }
     if (!std::isfinite(logits[i])) {
       throw Error("metrics::{}: ref_topk_logits[{}] = {} is not finite (corrupt golden?)", fn, i,
@@ -75,7 +76,8 @@ std::vector<size_t> rank_stored(std::span<const int32_t> ids, std::span<const fl
   std::vector<size_t> order(ids.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return ranks_before(logits[a], static_cast<size_t>(ids[a]), logits[b], static_cast<size_t>(ids[b]));
+    return ranks_before(logits[a], static_cast<size_t>(ids[a]), logits[b],
+                        static_cast<size_t>(ids[b]));
   });
   return order;
 }
@@ -84,7 +86,8 @@ std::vector<size_t> rank_stored(std::span<const int32_t> ids, std::span<const fl
 size_t best_stored(std::span<const int32_t> ids, std::span<const float> logits) {
   size_t best = 0;
   for (size_t i = 1; i < ids.size(); ++i) {
-    if (ranks_before(logits[i], static_cast<size_t>(ids[i]), logits[best], static_cast<size_t>(ids[best]))) {
+    if (ranks_before(logits[i], static_cast<size_t>(ids[i]), logits[best],
+                     static_cast<size_t>(ids[best]))) {
       best = i;
     }
   }
@@ -107,7 +110,8 @@ int32_t argmax(std::span<const float> logits) {
 TopK top_k(std::span<const float> logits, int k) {
   require_nonempty(logits.size(), "top_k", "logits");
   require_vocab_fits(logits.size(), "top_k", "logits");
-  if (k <= 0) throw Error("metrics::top_k: k = {} must be > 0 (logits has {} entries)", k, logits.size());
+  if (k <= 0)
+    throw Error("metrics::top_k: k = {} must be > 0 (logits has {} entries)", k, logits.size());
   const size_t kk = std::min(static_cast<size_t>(k), logits.size());
   std::vector<size_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), size_t{0});
@@ -189,7 +193,8 @@ KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
   require_nonempty(test_logits.size(), fn, "test_logits");
   require_vocab_fits(test_logits.size(), fn, "test_logits");
   validate_ref_topk(ref_topk_ids, ref_topk_logits, test_logits.size(), fn);
-  if (!std::isfinite(ref_lse)) throw Error("metrics::{}: ref_lse = {} is not finite (corrupt golden?)", fn, ref_lse);
+  if (!std::isfinite(ref_lse))
+    throw Error("metrics::{}: ref_lse = {} is not finite (corrupt golden?)", fn, ref_lse);
 
   const size_t K = ref_topk_ids.size();
   const size_t V = test_logits.size();
@@ -202,8 +207,10 @@ KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
     r_min = std::min(r_min, static_cast<double>(ref_topk_logits[i]));
   }
   if (p_sum > 1.0 + kMassTolerance) {
-    throw Error("metrics::{}: reference top-K mass {} exceeds 1 (ref_lse = {} inconsistent with {} "
-                "ref_topk_logits)", fn, p_sum, ref_lse, K);
+    throw Error(
+        "metrics::{}: reference top-K mass {} exceeds 1 (ref_lse = {} inconsistent with {} "
+        "ref_topk_logits)",
+        fn, p_sum, ref_lse, K);
   }
 
   const double p_tail = K == V ? 0.0 : std::max(0.0, 1.0 - p_sum);  // K == V: empty tail
@@ -231,7 +238,10 @@ KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
   {
     size_t s = 0;
     for (size_t j = 0; j < V; ++j) {
-      if (s < K && static_cast<size_t>(sorted_ids[s]) == j) { ++s; continue; }
+      if (s < K && static_cast<size_t>(sorted_ids[s]) == j) {
+        ++s;
+        continue;
+      }
       tail_max = std::max(tail_max, static_cast<double>(test_logits[j]));
       t_tailmin = std::min(t_tailmin, static_cast<double>(test_logits[j]));
     }
@@ -241,7 +251,10 @@ KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
     double sum = 0.0;
     size_t s = 0;
     for (size_t j = 0; j < V; ++j) {
-      if (s < K && static_cast<size_t>(sorted_ids[s]) == j) { ++s; continue; }
+      if (s < K && static_cast<size_t>(sorted_ids[s]) == j) {
+        ++s;
+        continue;
+      }
       sum += std::exp(static_cast<double>(test_logits[j]) - tail_max);
     }
     log_q_tail = tail_max + std::log(sum) - lse_test;
@@ -268,8 +281,8 @@ double kl_divergence_full(std::span<const float> ref_logits, std::span<const flo
   require_same_size(ref_logits.size(), test_logits.size(), fn, "ref_logits", "test_logits");
   for (size_t i = 0; i < ref_logits.size(); ++i) {
     if (!std::isfinite(ref_logits[i])) {
-      throw Error("metrics::{}: ref_logits[{}] = {} is not finite ({} entries)", fn, i, ref_logits[i],
-                  ref_logits.size());
+      throw Error("metrics::{}: ref_logits[{}] = {} is not finite ({} entries)", fn, i,
+                  ref_logits[i], ref_logits.size());
     }
   }
   if (!all_finite(test_logits)) return kInf;
@@ -316,14 +329,16 @@ void ScoringAccumulator::add(std::span<const int32_t> ref_topk_ids,
                              std::span<const float> test_logits) {
   constexpr const char* fn = "ScoringAccumulator::add";
   if (target_id < 0 || static_cast<size_t>(target_id) >= test_logits.size()) {
-    throw Error("metrics::{}: target_id = {} out of range [0, {}) (test_logits size)", fn, target_id,
-                test_logits.size());
+    throw Error("metrics::{}: target_id = {} out of range [0, {}) (test_logits size)", fn,
+                target_id, test_logits.size());
   }
   if (!std::isfinite(ref_target_logit)) {
-    throw Error("metrics::{}: ref_target_logit = {} is not finite (corrupt golden?)", fn, ref_target_logit);
+    throw Error("metrics::{}: ref_target_logit = {} is not finite (corrupt golden?)", fn,
+                ref_target_logit);
   }
   if (static_cast<double>(ref_target_logit) > ref_lse + kMassTolerance) {
-    throw Error("metrics::{}: ref_target_logit = {} exceeds ref_lse = {}", fn, ref_target_logit, ref_lse);
+    throw Error("metrics::{}: ref_target_logit = {} exceeds ref_lse = {}", fn, ref_target_logit,
+                ref_lse);
   }
   const KlEstimate e = kl_divergence_topk(ref_topk_ids, ref_topk_logits, ref_lse, test_logits);
   const double nll_ref = ref_lse - static_cast<double>(ref_target_logit);
@@ -343,7 +358,8 @@ void ScoringAccumulator::add(std::span<const int32_t> ref_topk_ids,
   const size_t best = best_stored(ref_topk_ids, ref_topk_logits);
   if (argmax(test_logits) == ref_topk_ids[best]) ++top1_agree_;
   const double lse_test = log_sum_exp(test_logits);
-  const double nll_test = lse_test - static_cast<double>(test_logits[static_cast<size_t>(target_id)]);
+  const double nll_test =
+      lse_test - static_cast<double>(test_logits[static_cast<size_t>(target_id)]);
   const double dp = std::exp(-nll_test) - p_target;
   sum_sq_dp_ += dp * dp;
   sum_nll_test_ += nll_test;
@@ -368,9 +384,9 @@ ScoringStats ScoringAccumulator::finish() const {
   return s;
 }
 
-NearTieVerdict near_tie(std::span<const int32_t> ref_topk_ids, std::span<const float> ref_topk_logits,
-                        int32_t test_token, std::span<const float> test_logits, double margin_eps,
-                        int k) {
+NearTieVerdict near_tie(std::span<const int32_t> ref_topk_ids,
+                        std::span<const float> ref_topk_logits, int32_t test_token,
+                        std::span<const float> test_logits, double margin_eps, int k) {
   constexpr const char* fn = "near_tie";
   require_nonempty(test_logits.size(), fn, "test_logits");
   require_vocab_fits(test_logits.size(), fn, "test_logits");
@@ -380,8 +396,8 @@ NearTieVerdict near_tie(std::span<const int32_t> ref_topk_ids, std::span<const f
   }
   validate_ref_topk(ref_topk_ids, ref_topk_logits, test_logits.size(), fn);
   if (test_token < 0 || static_cast<size_t>(test_token) >= test_logits.size()) {
-    throw Error("metrics::{}: test_token = {} out of range [0, {}) (test_logits size)", fn, test_token,
-                test_logits.size());
+    throw Error("metrics::{}: test_token = {} out of range [0, {}) (test_logits size)", fn,
+                test_token, test_logits.size());
   }
   if (k <= 0) throw Error("metrics::{}: k = {} must be > 0", fn, k);
   if (std::isnan(margin_eps) || margin_eps < 0.0) {
@@ -391,11 +407,13 @@ NearTieVerdict near_tie(std::span<const int32_t> ref_topk_ids, std::span<const f
   const std::vector<size_t> order = rank_stored(ref_topk_ids, ref_topk_logits);
   const int32_t ref_token = ref_topk_ids[order[0]];
   NearTieVerdict v{};
-  v.ref_margin = static_cast<double>(ref_topk_logits[order[0]]) - static_cast<double>(ref_topk_logits[order[1]]);
+  v.ref_margin = static_cast<double>(ref_topk_logits[order[0]]) -
+                 static_cast<double>(ref_topk_logits[order[1]]);
 
   const size_t kr = std::min(static_cast<size_t>(k), order.size());
   v.test_in_ref_topk = false;
-  for (size_t i = 0; i < kr; ++i) v.test_in_ref_topk = v.test_in_ref_topk || ref_topk_ids[order[i]] == test_token;
+  for (size_t i = 0; i < kr; ++i)
+    v.test_in_ref_topk = v.test_in_ref_topk || ref_topk_ids[order[i]] == test_token;
 
   // rank of ref_token in the test row = number of entries ranked before it
   const size_t rt = static_cast<size_t>(ref_token);

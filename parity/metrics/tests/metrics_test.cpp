@@ -153,7 +153,8 @@ TEST(Nmse, ZeroReferenceAndNonFinite) {
 TEST(Nmse, Errors) {
   const std::vector<float> a{1.f, 2.f}, b{1.f, 2.f, 3.f};
   expect_error([&] { mt::nmse(a, b); }, "ref has 2 entries, test has 3");
-  expect_error([] { mt::nmse(std::span<const float>{}, std::span<const float>{}); }, "ref is empty");
+  expect_error([] { mt::nmse(std::span<const float>{}, std::span<const float>{}); },
+               "ref is empty");
 }
 
 TEST(MaxAbsDiff, KnownVectorsAndNonFinite) {
@@ -217,7 +218,8 @@ TEST(KlFull, NonFiniteAndErrors) {
   EXPECT_EQ(mt::kl_divergence_full(r, tni), kInf);
   expect_error([&] { mt::kl_divergence_full(tn, r); }, "ref_logits[1]");
   const std::vector<float> three{0.f, 1.f, 2.f};
-  expect_error([&] { mt::kl_divergence_full(r, three); }, "ref_logits has 2 entries, test_logits has 3");
+  expect_error([&] { mt::kl_divergence_full(r, three); },
+               "ref_logits has 2 entries, test_logits has 3");
 }
 
 TEST(KlTopK, FullVocabEqualsFullKl) {
@@ -352,13 +354,15 @@ TEST(KlTopK, Errors) {
   expect_error([&] { mt::kl_divergence_topk(one, vals, lse, t); },
                "ref_topk_ids has 1 entries, ref_topk_logits has 2");
   expect_error([&] { mt::kl_divergence_topk(dup, vals, lse, t); }, "id 2 more than once");
-  expect_error([&] { mt::kl_divergence_topk(oob, vals, lse, t); }, "ref_topk_ids[1] = 4 out of range [0, 4)");
+  expect_error([&] { mt::kl_divergence_topk(oob, vals, lse, t); },
+               "ref_topk_ids[1] = 4 out of range [0, 4)");
   expect_error([&] { mt::kl_divergence_topk(neg, vals, lse, t); }, "ref_topk_ids[0] = -1");
   expect_error([&] { mt::kl_divergence_topk(ids, nanv, lse, t); }, "ref_topk_logits[1]");
   expect_error([&] { mt::kl_divergence_topk(ids, vals, std::nan(""), t); }, "ref_lse");
   // lse = 0 makes the two stored probabilities 1 each: mass 2 > 1.
   expect_error([&] { mt::kl_divergence_topk(ids, vals, 0.0, t); }, "top-K mass");
-  expect_error([&] { mt::kl_divergence_topk(ids, vals, lse, std::span<const float>{}); }, "test_logits is empty");
+  expect_error([&] { mt::kl_divergence_topk(ids, vals, lse, std::span<const float>{}); },
+               "test_logits is empty");
   expect_error([&] { mt::kl_divergence_topk({}, {}, lse, t); }, "ref_topk_ids is empty");
   const std::vector<float> t1{0.f};
   expect_error([&] { mt::kl_divergence_topk(ids, vals, lse, t1); }, "only 1");
@@ -548,11 +552,13 @@ TEST(NearTie, Errors) {
   const std::vector<int32_t> one_id{5};
   const std::vector<float> one_val{3.f};
   expect_error([&] { mt::near_tie(one_id, one_val, 5, t, 0.05, 2); }, "need at least 2");
-  expect_error([&] { mt::near_tie(kRefIds, kRefVals, 8, t, 0.05, 2); }, "test_token = 8 out of range [0, 8)");
+  expect_error([&] { mt::near_tie(kRefIds, kRefVals, 8, t, 0.05, 2); },
+               "test_token = 8 out of range [0, 8)");
   expect_error([&] { mt::near_tie(kRefIds, kRefVals, 2, t, 0.05, 0); }, "k = 0");
   expect_error([&] { mt::near_tie(kRefIds, kRefVals, 2, t, -1.0, 2); }, "margin_eps");
   const std::vector<float> short_t(6, 0.f);
-  expect_error([&] { mt::near_tie(kRefIds, kRefVals, 2, short_t, 0.05, 2); }, "ref_topk_ids[1] = 7 out of range");
+  expect_error([&] { mt::near_tie(kRefIds, kRefVals, 2, short_t, 0.05, 2); },
+               "ref_topk_ids[1] = 7 out of range");
 }
 
 }  // namespace

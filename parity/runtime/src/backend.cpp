@@ -13,14 +13,22 @@ namespace fs = std::filesystem;
 
 const char* status_name(ts_status s) {
   switch (s) {
-    case TS_OK: return "TS_OK";
-    case TS_ERR_INVALID_ARGUMENT: return "TS_ERR_INVALID_ARGUMENT";
-    case TS_ERR_UNSUPPORTED: return "TS_ERR_UNSUPPORTED";
-    case TS_ERR_IO: return "TS_ERR_IO";
-    case TS_ERR_OUT_OF_MEMORY: return "TS_ERR_OUT_OF_MEMORY";
-    case TS_ERR_CONTEXT_FULL: return "TS_ERR_CONTEXT_FULL";
-    case TS_ERR_DEVICE: return "TS_ERR_DEVICE";
-    case TS_ERR_INTERNAL: return "TS_ERR_INTERNAL";
+    case TS_OK:
+      return "TS_OK";
+    case TS_ERR_INVALID_ARGUMENT:
+      return "TS_ERR_INVALID_ARGUMENT";
+    case TS_ERR_UNSUPPORTED:
+      return "TS_ERR_UNSUPPORTED";
+    case TS_ERR_IO:
+      return "TS_ERR_IO";
+    case TS_ERR_OUT_OF_MEMORY:
+      return "TS_ERR_OUT_OF_MEMORY";
+    case TS_ERR_CONTEXT_FULL:
+      return "TS_ERR_CONTEXT_FULL";
+    case TS_ERR_DEVICE:
+      return "TS_ERR_DEVICE";
+    case TS_ERR_INTERNAL:
+      return "TS_ERR_INTERNAL";
   }
   return "TS_ERR_UNKNOWN";
 }
@@ -34,7 +42,8 @@ std::vector<fs::path> search_dirs() {
     size_t start = 0;
     while (start <= s.size()) {
       const size_t end = s.find(':', start);
-      const std::string part = s.substr(start, end == std::string::npos ? std::string::npos : end - start);
+      const std::string part =
+          s.substr(start, end == std::string::npos ? std::string::npos : end - start);
       if (!part.empty()) dirs.emplace_back(part);
       if (end == std::string::npos) break;
       start = end + 1;
@@ -67,8 +76,9 @@ std::shared_ptr<BackendLibrary> BackendLibrary::load(const std::string& name_or_
       tried += "\n  " + candidate.string();
     }
     if (path.empty()) {
-      throw Error("backend '{}' not found; looked for:{}\n(set TOUCHSTONE_BACKEND_PATH or pass a path)",
-                  name_or_path, tried);
+      throw Error(
+          "backend '{}' not found; looked for:{}\n(set TOUCHSTONE_BACKEND_PATH or pass a path)",
+          name_or_path, tried);
     }
   }
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -89,9 +99,10 @@ std::shared_ptr<BackendLibrary> BackendLibrary::load(const std::string& name_or_
     throw Error("backend '{}' implements api_version {}, this harness needs {}", path, v,
                 TS_BACKEND_API_VERSION);
   }
-  const bool complete = api->last_error && api->device_name && api->capabilities && api->load_model &&
-                        api->free_model && api->n_vocab && api->open_session && api->free_session &&
-                        api->prefill && api->decode && api->rewind && api->position;
+  const bool complete = api->last_error && api->device_name && api->capabilities &&
+                        api->load_model && api->free_model && api->n_vocab && api->open_session &&
+                        api->free_session && api->prefill && api->decode && api->rewind &&
+                        api->position;
   {
     if (!complete) {
       dlclose(handle);
@@ -122,11 +133,12 @@ ts_capabilities BackendLibrary::capabilities() const {
 void BackendLibrary::check(ts_status status, const char* what) const {
   if (status == TS_OK) return;
   const char* msg = api_->last_error();
-  throw BackendError(status, fmt::format("backend '{}': {}: {}: {}", api_->name, what, status_name(status),
-                                         msg && *msg ? msg : "(no message)"));
+  throw BackendError(status, fmt::format("backend '{}': {}: {}: {}", api_->name, what,
+                                         status_name(status), msg && *msg ? msg : "(no message)"));
 }
 
-Model::Model(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path) : lib_(std::move(lib)) {
+Model::Model(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path)
+    : lib_(std::move(lib)) {
   lib_->check(lib_->api().load_model(gguf_path.c_str(), &model_), "load_model");
 }
 
@@ -153,15 +165,17 @@ Session::~Session() {
 
 std::vector<float> Session::prefill(std::span<const int32_t> tokens) {
   std::vector<float> logits(static_cast<size_t>(n_vocab_));
-  lib_->check(lib_->api().prefill(session_, tokens.data(), int32_t(tokens.size()), 0, logits.data()),
-              "prefill");
+  lib_->check(
+      lib_->api().prefill(session_, tokens.data(), int32_t(tokens.size()), 0, logits.data()),
+      "prefill");
   return logits;
 }
 
 std::vector<float> Session::prefill_all(std::span<const int32_t> tokens) {
   std::vector<float> logits(tokens.size() * size_t(n_vocab_));
-  lib_->check(lib_->api().prefill(session_, tokens.data(), int32_t(tokens.size()), 1, logits.data()),
-              "prefill(all positions)");
+  lib_->check(
+      lib_->api().prefill(session_, tokens.data(), int32_t(tokens.size()), 1, logits.data()),
+      "prefill(all positions)");
   return logits;
 }
 
@@ -172,7 +186,9 @@ void Session::decode(int32_t token, std::span<float> logits) {
   lib_->check(lib_->api().decode(session_, token, logits.data()), "decode");
 }
 
-void Session::rewind(int32_t position) { lib_->check(lib_->api().rewind(session_, position), "rewind"); }
+void Session::rewind(int32_t position) {
+  lib_->check(lib_->api().rewind(session_, position), "rewind");
+}
 
 int32_t Session::position() const { return lib_->api().position(session_); }
 

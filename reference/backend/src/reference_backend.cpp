@@ -69,7 +69,8 @@ int32_t n_vocab(const ts_model* m) { return m ? m->weights.config.n_vocab : 0; }
 
 ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
   return touchstone::abi::guard([&] {
-    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    if (!m || !opt || !out)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
     if (opt->struct_size < sizeof(ts_session_options)) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
     }
@@ -83,9 +84,11 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
-    const int threads = opt->n_threads > 0 ? opt->n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = opt->n_threads > 0 ? opt->n_threads
+                                           : int(std::max(1u, std::thread::hardware_concurrency()));
     auto s = std::make_unique<ts_session>();
-    s->ref = std::make_unique<touchstone::LlamaReference>(m->weights, opt->max_context, threads, faults);
+    s->ref =
+        std::make_unique<touchstone::LlamaReference>(m->weights, opt->max_context, threads, faults);
     *out = s.release();
   });
 }
@@ -108,7 +111,8 @@ void check_token(const ts_session* s, int32_t t, int64_t index) {
   }
 }
 
-ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
+                  float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
@@ -137,7 +141,8 @@ ts_status rewind(ts_session* s, int32_t position) {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
     if (position < 0 || position > s->ref->position()) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) +
-                                                     " outside [0, " + std::to_string(s->ref->position()) + "]");
+                                                     " outside [0, " +
+                                                     std::to_string(s->ref->position()) + "]");
     }
     s->ref->rewind(position);
   });
@@ -146,10 +151,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 int32_t position(const ts_session* s) { return s ? s->ref->position() : 0; }
 
 const ts_backend kBackend = {
-    TS_BACKEND_API_VERSION, "reference", "0.1.0",  touchstone::abi::last_error,
-    device_name,            capabilities, load_model, free_model,
-    n_vocab,                open_session, free_session, prefill,
-    decode,                 rewind,       position,
+    TS_BACKEND_API_VERSION,
+    "reference",
+    "0.1.0",
+    touchstone::abi::last_error,
+    device_name,
+    capabilities,
+    load_model,
+    free_model,
+    n_vocab,
+    open_session,
+    free_session,
+    prefill,
+    decode,
+    rewind,
+    position,
 };
 
 }  // namespace

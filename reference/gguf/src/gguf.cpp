@@ -29,29 +29,43 @@ namespace touchstone::gguf {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x46554747;        // "GGUF" read as little-endian u32
-constexpr uint64_t kDefaultAlignment = 32;     // GGUF_DEFAULT_ALIGNMENT
-constexpr uint32_t kMaxDims = 4;               // GGML_MAX_DIMS
-constexpr int kMaxArrayDepth = 4;              // nested arrays (rare; llama.cpp rejects them)
-constexpr uint64_t kMaxMetadataValues = 1ull << 23;  // all array elements together (~400 MB of Values)
-constexpr uint64_t kMinKvBytes = 8 + 4 + 1;          // empty key, type, 1-byte value
+constexpr uint32_t kMagic = 0x46554747;     // "GGUF" read as little-endian u32
+constexpr uint64_t kDefaultAlignment = 32;  // GGUF_DEFAULT_ALIGNMENT
+constexpr uint32_t kMaxDims = 4;            // GGML_MAX_DIMS
+constexpr int kMaxArrayDepth = 4;           // nested arrays (rare; llama.cpp rejects them)
+constexpr uint64_t kMaxMetadataValues = 1ull
+                                        << 23;  // all array elements together (~400 MB of Values)
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;     // empty key, type, 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // empty name, n_dims=0, type, offset
 
-constexpr const char* kValueTypeNames[] = {"UINT8",  "INT8",   "UINT16", "INT16", "UINT32",
-                                           "INT32",  "FLOAT32", "BOOL",  "STRING", "ARRAY",
-                                           "UINT64", "INT64",  "FLOAT64"};
+constexpr const char* kValueTypeNames[] = {"UINT8",  "INT8",    "UINT16", "INT16",  "UINT32",
+                                           "INT32",  "FLOAT32", "BOOL",   "STRING", "ARRAY",
+                                           "UINT64", "INT64",   "FLOAT64"};
 
 bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::FLOAT64); }
 
 /// Smallest number of bytes one encoded value of type `t` can occupy.
 uint64_t min_encoded_size(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: case ValueType::INT8: case ValueType::BOOL: return 1;
-    case ValueType::UINT16: case ValueType::INT16: return 2;
-    case ValueType::UINT32: case ValueType::INT32: case ValueType::FLOAT32: return 4;
-    case ValueType::UINT64: case ValueType::INT64: case ValueType::FLOAT64: return 8;
-    case ValueType::STRING: return 8;       // u64 length
-    case ValueType::ARRAY: return 4 + 8;    // u32 type + u64 count
+    case ValueType::UINT8:
+    case ValueType::INT8:
+    case ValueType::BOOL:
+      return 1;
+    case ValueType::UINT16:
+    case ValueType::INT16:
+      return 2;
+    case ValueType::UINT32:
+    case ValueType::INT32:
+    case ValueType::FLOAT32:
+      return 4;
+    case ValueType::UINT64:
+    case ValueType::INT64:
+    case ValueType::FLOAT64:
+      return 8;
+    case ValueType::STRING:
+      return 8;  // u64 length
+    case ValueType::ARRAY:
+      return 4 + 8;  // u32 type + u64 count
   }
   return 1;
 }
@@ -68,8 +82,14 @@ std::string_view value_type_name(ValueType t) {
 
 bool Value::is_integer() const {
   switch (type) {
-    case ValueType::UINT8: case ValueType::INT8: case ValueType::UINT16: case ValueType::INT16:
-    case ValueType::UINT32: case ValueType::INT32: case ValueType::UINT64: case ValueType::INT64:
+    case ValueType::UINT8:
+    case ValueType::INT8:
+    case ValueType::UINT16:
+    case ValueType::INT16:
+    case ValueType::UINT32:
+    case ValueType::INT32:
+    case ValueType::UINT64:
+    case ValueType::INT64:
       return true;
     default:
       return false;
@@ -112,7 +132,8 @@ class FileParser {
 
   void need(uint64_t n, std::string_view field) const {
     if (n > remaining())
-      fail_at(pos_, "{}: needs {} bytes but only {} remain (file size {})", field, n, remaining(), size_);
+      fail_at(pos_, "{}: needs {} bytes but only {} remain (file size {})", field, n, remaining(),
+              size_);
   }
 
   template <typename T>
@@ -137,7 +158,8 @@ class FileParser {
   uint64_t align_up(uint64_t x, uint64_t a, uint64_t at) const {
     const uint64_t r = x % a;
     if (r == 0) return x;
-    if (x > std::numeric_limits<uint64_t>::max() - (a - r)) fail_at(at, "offset {} overflows when aligned to {}", x, a);
+    if (x > std::numeric_limits<uint64_t>::max() - (a - r))
+      fail_at(at, "offset {} overflows when aligned to {}", x, a);
     return x + (a - r);
   }
 
@@ -152,10 +174,13 @@ class FileParser {
     }
     const uint64_t at = pos_;
     const auto version = read<uint32_t>("version");
-    if (version == 1) fail_at(at, "version: GGUF version 1 is not supported (only versions 2 and 3)");
+    if (version == 1)
+      fail_at(at, "version: GGUF version 1 is not supported (only versions 2 and 3)");
     if ((version & 0xFFFF) == 0 && version != 0)
-      fail_at(at, "version: 0x{:08x} looks like a big-endian GGUF file, which is not supported", version);
-    if (version != 2 && version != 3) fail_at(at, "version: unsupported GGUF version {} (expected 2 or 3)", version);
+      fail_at(at, "version: 0x{:08x} looks like a big-endian GGUF file, which is not supported",
+              version);
+    if (version != 2 && version != 3)
+      fail_at(at, "version: unsupported GGUF version {} (expected 2 or 3)", version);
     f_.version_ = version;
 
     const uint64_t at_nt = pos_;
@@ -163,10 +188,12 @@ class FileParser {
     const uint64_t at_nkv = pos_;
     n_kv_ = read<uint64_t>("metadata key/value count");
     if (n_kv_ > remaining() / kMinKvBytes)
-      fail_at(at_nkv, "metadata key/value count {} exceeds what the remaining {} bytes can hold", n_kv_, remaining());
+      fail_at(at_nkv, "metadata key/value count {} exceeds what the remaining {} bytes can hold",
+              n_kv_, remaining());
     if (n_tensors_ > remaining() / kMinTensorInfoBytes ||
         n_kv_ * kMinKvBytes + n_tensors_ * kMinTensorInfoBytes > remaining())
-      fail_at(at_nt, "tensor count {} exceeds what the remaining {} bytes can hold", n_tensors_, remaining());
+      fail_at(at_nt, "tensor count {} exceeds what the remaining {} bytes can hold", n_tensors_,
+              remaining());
     f_.metadata_.reserve(static_cast<size_t>(n_kv_));
     f_.metadata_offsets_.reserve(static_cast<size_t>(n_kv_));
     f_.tensors_.reserve(static_cast<size_t>(n_tensors_));
@@ -175,8 +202,10 @@ class FileParser {
   static std::string printable(std::string_view s) {
     std::string out;
     for (char c : s) {
-      if (c >= 0x20 && c < 0x7F) out += c;
-      else out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+      if (c >= 0x20 && c < 0x7F)
+        out += c;
+      else
+        out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
     }
     return out;
   }
@@ -201,16 +230,36 @@ class FileParser {
     Value val;
     val.type = type;
     switch (type) {
-      case ValueType::UINT8: val.v = uint64_t{read<uint8_t>("UINT8 value")}; break;
-      case ValueType::INT8: val.v = int64_t{read<int8_t>("INT8 value")}; break;
-      case ValueType::UINT16: val.v = uint64_t{read<uint16_t>("UINT16 value")}; break;
-      case ValueType::INT16: val.v = int64_t{read<int16_t>("INT16 value")}; break;
-      case ValueType::UINT32: val.v = uint64_t{read<uint32_t>("UINT32 value")}; break;
-      case ValueType::INT32: val.v = int64_t{read<int32_t>("INT32 value")}; break;
-      case ValueType::UINT64: val.v = read<uint64_t>("UINT64 value"); break;
-      case ValueType::INT64: val.v = read<int64_t>("INT64 value"); break;
-      case ValueType::FLOAT32: val.v = double{read<float>("FLOAT32 value")}; break;
-      case ValueType::FLOAT64: val.v = read<double>("FLOAT64 value"); break;
+      case ValueType::UINT8:
+        val.v = uint64_t{read<uint8_t>("UINT8 value")};
+        break;
+      case ValueType::INT8:
+        val.v = int64_t{read<int8_t>("INT8 value")};
+        break;
+      case ValueType::UINT16:
+        val.v = uint64_t{read<uint16_t>("UINT16 value")};
+        break;
+      case ValueType::INT16:
+        val.v = int64_t{read<int16_t>("INT16 value")};
+        break;
+      case ValueType::UINT32:
+        val.v = uint64_t{read<uint32_t>("UINT32 value")};
+        break;
+      case ValueType::INT32:
+        val.v = int64_t{read<int32_t>("INT32 value")};
+        break;
+      case ValueType::UINT64:
+        val.v = read<uint64_t>("UINT64 value");
+        break;
+      case ValueType::INT64:
+        val.v = read<int64_t>("INT64 value");
+        break;
+      case ValueType::FLOAT32:
+        val.v = double{read<float>("FLOAT32 value")};
+        break;
+      case ValueType::FLOAT64:
+        val.v = read<double>("FLOAT64 value");
+        break;
       case ValueType::BOOL: {
         const uint64_t at = pos_;
         const auto b = read<uint8_t>("BOOL value");
@@ -218,27 +267,34 @@ class FileParser {
         val.v = (b == 1);
         break;
       }
-      case ValueType::STRING: val.v = read_string("string"); break;
-      case ValueType::ARRAY: read_array(val, depth); break;
+      case ValueType::STRING:
+        val.v = read_string("string");
+        break;
+      case ValueType::ARRAY:
+        read_array(val, depth);
+        break;
     }
     return val;
   }
 
   void read_array(Value& val, int depth) {
     const uint64_t at_type = pos_;
-    if (depth >= kMaxArrayDepth) fail_at(at_type, "array: nested deeper than {} levels", kMaxArrayDepth);
+    if (depth >= kMaxArrayDepth)
+      fail_at(at_type, "array: nested deeper than {} levels", kMaxArrayDepth);
     const auto etype = read<uint32_t>("array element type");
-    if (!valid_value_type(etype)) fail_at(at_type, "array element type: invalid value type {}", etype);
+    if (!valid_value_type(etype))
+      fail_at(at_type, "array element type: invalid value type {}", etype);
     val.array_type = static_cast<ValueType>(etype);
     const uint64_t at_count = pos_;
     const auto count = read<uint64_t>("array count");
     const uint64_t min_size = min_encoded_size(val.array_type);
     if (count > remaining() / min_size)
-      fail_at(at_count, "array count {} of {} exceeds remaining {} bytes", count, value_type_name(val.array_type),
-              remaining());
+      fail_at(at_count, "array count {} of {} exceeds remaining {} bytes", count,
+              value_type_name(val.array_type), remaining());
     n_values_ += count;
     if (n_values_ > kMaxMetadataValues)
-      fail_at(at_count, "array count {}: more than {} metadata values in total", count, kMaxMetadataValues);
+      fail_at(at_count, "array count {}: more than {} metadata values in total", count,
+              kMaxMetadataValues);
     std::vector<Value> elems;
     elems.reserve(static_cast<size_t>(count));
     elem_path_.push_back(0);
@@ -275,7 +331,8 @@ class FileParser {
 
     const uint64_t at_dims = pos_;
     const auto n_dims = read<uint32_t>("n_dims");
-    if (n_dims > kMaxDims) fail_at(at_dims, "n_dims {} exceeds the maximum of {}", n_dims, kMaxDims);
+    if (n_dims > kMaxDims)
+      fail_at(at_dims, "n_dims {} exceeds the maximum of {}", n_dims, kMaxDims);
     t.n_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t at = pos_;
@@ -292,8 +349,9 @@ class FileParser {
     if (const TypeTraits* tt = find_type_traits(t.type)) {
       const uint64_t row = t.shape.empty() ? 1 : t.shape[0];
       if (row % tt->block_size != 0 || t.n_elements % tt->block_size != 0)
-        fail_at(at_type, "type {}: row length {} (n_elements {}) is not a multiple of the block size {}", tt->name,
-                row, t.n_elements, tt->block_size);
+        fail_at(at_type,
+                "type {}: row length {} (n_elements {}) is not a multiple of the block size {}",
+                tt->name, row, t.n_elements, tt->block_size);
       const uint64_t n_blocks = t.n_elements / tt->block_size;
       if (n_blocks > std::numeric_limits<uint64_t>::max() / tt->type_size)
         fail_at(at_type, "type {}: byte size overflows", tt->name);
@@ -303,7 +361,8 @@ class FileParser {
     const uint64_t at_off = pos_;
     t.offset = read<uint64_t>("data offset");
     if (t.offset % f_.alignment_ != 0)
-      fail_at(at_off, "data offset {} is not a multiple of the alignment {}", t.offset, f_.alignment_);
+      fail_at(at_off, "data offset {} is not a multiple of the alignment {}", t.offset,
+              f_.alignment_);
 
     f_.tensor_index_.emplace(t.name, f_.tensors_.size());
     f_.tensors_.push_back(std::move(t));
@@ -312,9 +371,11 @@ class FileParser {
   void check_tensor_data(const TensorInfo& t) const {
     const uint64_t data_size = f_.data_offset_ <= size_ ? size_ - f_.data_offset_ : 0;
     if (t.offset > data_size || t.n_bytes > data_size - t.offset) {
-      throw Error("{}: offset {}: tensor '{}': data [{}, +{}) lies outside the data section "
-                  "(starts at file offset {}, {} bytes long, file size {})",
-                  f_.path_, t.info_offset, printable(t.name), t.offset, t.n_bytes, f_.data_offset_, data_size, size_);
+      throw Error(
+          "{}: offset {}: tensor '{}': data [{}, +{}) lies outside the data section "
+          "(starts at file offset {}, {} bytes long, file size {})",
+          f_.path_, t.info_offset, printable(t.name), t.offset, t.n_bytes, f_.data_offset_,
+          data_size, size_);
     }
   }
 
@@ -357,7 +418,7 @@ File File::open(const std::string& path) {
     }
     f.base_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);  // the mapping stays valid
+  ::close(fd);            // the mapping stays valid
   FileParser(f).parse();  // on throw, ~File unmaps
   return f;
 }
@@ -405,12 +466,14 @@ const TensorInfo& File::tensor(std::string_view name) const {
 
 std::span<const uint8_t> File::tensor_data(const TensorInfo& t) const {
   if (find_type_traits(t.type) == nullptr)
-    throw Error("{}: offset {}: tensor '{}': unknown tensor type {}, its data size cannot be computed", path_,
-                t.info_offset, t.name, static_cast<uint32_t>(t.type));
+    throw Error(
+        "{}: offset {}: tensor '{}': unknown tensor type {}, its data size cannot be computed",
+        path_, t.info_offset, t.name, static_cast<uint32_t>(t.type));
   const uint64_t data_size = data_offset_ <= size_ ? size_ - data_offset_ : 0;
   if (base_ == nullptr || t.offset > data_size || t.n_bytes > data_size - t.offset)
-    throw Error("{}: offset {}: tensor '{}': data [{}, +{}) lies outside the data section ({} bytes)", path_,
-                t.info_offset, t.name, t.offset, t.n_bytes, data_size);
+    throw Error(
+        "{}: offset {}: tensor '{}': data [{}, +{}) lies outside the data section ({} bytes)",
+        path_, t.info_offset, t.name, t.offset, t.n_bytes, data_size);
   return {base_ + data_offset_ + t.offset, static_cast<size_t>(t.n_bytes)};
 }
 

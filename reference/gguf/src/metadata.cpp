@@ -25,7 +25,8 @@ bool is_float_type(ValueType t) { return t == ValueType::FLOAT32 || t == ValueTy
 std::optional<int64_t> as_int(const Value& v) {
   if (const auto* s = std::get_if<int64_t>(&v.v)) return *s;
   if (const auto* u = std::get_if<uint64_t>(&v.v)) {
-    if (*u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return static_cast<int64_t>(*u);
+    if (*u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return static_cast<int64_t>(*u);
   }
   return std::nullopt;
 }
@@ -63,7 +64,8 @@ const Value& File::get(std::string_view key) const {
 void File::wrong_type(std::string_view key, const Value& val, std::string_view wanted) const {
   uint64_t at = 0;
   lookup(key, &at);
-  throw Error("{}: offset {}: metadata key '{}': expected {}, found {}", path_, at, key, wanted, val.type_string());
+  throw Error("{}: offset {}: metadata key '{}': expected {}, found {}", path_, at, key, wanted,
+              val.type_string());
 }
 
 uint64_t File::get_uint(std::string_view key) const {
@@ -100,7 +102,8 @@ std::string File::get_string(std::string_view key) const {
 
 std::vector<std::string> File::get_string_array(std::string_view key) const {
   const Value& v = get(key);
-  if (v.type != ValueType::ARRAY || v.array_type != ValueType::STRING) wrong_type(key, v, "ARRAY[STRING]");
+  if (v.type != ValueType::ARRAY || v.array_type != ValueType::STRING)
+    wrong_type(key, v, "ARRAY[STRING]");
   const auto& elems = std::get<std::vector<Value>>(v.v);
   std::vector<std::string> out;
   out.reserve(elems.size());
@@ -110,13 +113,16 @@ std::vector<std::string> File::get_string_array(std::string_view key) const {
 
 std::vector<int64_t> File::get_int_array(std::string_view key) const {
   const Value& v = get(key);
-  if (v.type != ValueType::ARRAY || !is_integer_type(v.array_type)) wrong_type(key, v, "an ARRAY of integers");
+  if (v.type != ValueType::ARRAY || !is_integer_type(v.array_type))
+    wrong_type(key, v, "an ARRAY of integers");
   const auto& elems = std::get<std::vector<Value>>(v.v);
   std::vector<int64_t> out;
   out.reserve(elems.size());
   for (size_t i = 0; i < elems.size(); ++i) {
     auto s = as_int(elems[i]);
-    if (!s) wrong_type(key, v, fmt::format("integers that fit int64 (element #{} is {})", i, describe(elems[i])));
+    if (!s)
+      wrong_type(key, v,
+                 fmt::format("integers that fit int64 (element #{} is {})", i, describe(elems[i])));
     out.push_back(*s);
   }
   return out;
@@ -124,7 +130,8 @@ std::vector<int64_t> File::get_int_array(std::string_view key) const {
 
 std::vector<double> File::get_float_array(std::string_view key) const {
   const Value& v = get(key);
-  if (v.type != ValueType::ARRAY || !is_float_type(v.array_type)) wrong_type(key, v, "an ARRAY of FLOAT32/FLOAT64");
+  if (v.type != ValueType::ARRAY || !is_float_type(v.array_type))
+    wrong_type(key, v, "an ARRAY of FLOAT32/FLOAT64");
   const auto& elems = std::get<std::vector<Value>>(v.v);
   std::vector<double> out;
   out.reserve(elems.size());

@@ -78,7 +78,9 @@ float h2f(ggml_half h) { return fp16_to_fp32(h); }
 
 // ---- per-type row kernels: k = number of elements, k % block_size == 0 ----
 
-void deq_f32(const uint8_t* x, float* y, int64_t k) { std::memcpy(y, x, static_cast<size_t>(k) * 4); }
+void deq_f32(const uint8_t* x, float* y, int64_t k) {
+  std::memcpy(y, x, static_cast<size_t>(k) * 4);
+}
 
 void deq_f16(const uint8_t* x, float* y, int64_t k) {
   for (int64_t i = 0; i < k; ++i) y[i] = fp16_to_fp32(load<uint16_t>(x + 2 * i));
@@ -326,21 +328,36 @@ using RowFn = void (*)(const uint8_t*, float*, int64_t);
 
 RowFn row_fn(TensorType t) {
   switch (t) {
-    case TensorType::F32: return deq_f32;
-    case TensorType::F16: return deq_f16;
-    case TensorType::BF16: return deq_bf16;
-    case TensorType::Q4_0: return deq_q4_0;
-    case TensorType::Q4_1: return deq_q4_1;
-    case TensorType::Q5_0: return deq_q5_0;
-    case TensorType::Q5_1: return deq_q5_1;
-    case TensorType::Q8_0: return deq_q8_0;
-    case TensorType::Q2_K: return deq_q2_K;
-    case TensorType::Q3_K: return deq_q3_K;
-    case TensorType::Q4_K: return deq_q4_K;
-    case TensorType::Q5_K: return deq_q5_K;
-    case TensorType::Q6_K: return deq_q6_K;
-    case TensorType::Q8_K: return deq_q8_K;
-    default: return nullptr;
+    case TensorType::F32:
+      return deq_f32;
+    case TensorType::F16:
+      return deq_f16;
+    case TensorType::BF16:
+      return deq_bf16;
+    case TensorType::Q4_0:
+      return deq_q4_0;
+    case TensorType::Q4_1:
+      return deq_q4_1;
+    case TensorType::Q5_0:
+      return deq_q5_0;
+    case TensorType::Q5_1:
+      return deq_q5_1;
+    case TensorType::Q8_0:
+      return deq_q8_0;
+    case TensorType::Q2_K:
+      return deq_q2_K;
+    case TensorType::Q3_K:
+      return deq_q3_K;
+    case TensorType::Q4_K:
+      return deq_q4_K;
+    case TensorType::Q5_K:
+      return deq_q5_K;
+    case TensorType::Q6_K:
+      return deq_q6_K;
+    case TensorType::Q8_K:
+      return deq_q8_K;
+    default:
+      return nullptr;
   }
 }
 
@@ -354,7 +371,8 @@ const TypeTraits* find_type_traits(TensorType t) {
 
 const TypeTraits& type_traits(TensorType t) {
   const TypeTraits* tt = find_type_traits(t);
-  if (tt == nullptr) throw Error("unknown or unsupported ggml tensor type {}", static_cast<uint32_t>(t));
+  if (tt == nullptr)
+    throw Error("unknown or unsupported ggml tensor type {}", static_cast<uint32_t>(t));
   return *tt;
 }
 
@@ -394,7 +412,8 @@ uint16_t fp32_to_fp16(float f) {
   const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   x &= 0x7FFFFFFFu;
   if (x >= 0x7F800000u) {  // inf or NaN (NaN stays quiet NaN)
-    return static_cast<uint16_t>(sign | 0x7C00u | (x > 0x7F800000u ? 0x200u | ((x >> 13) & 0x3FFu) : 0u));
+    return static_cast<uint16_t>(sign | 0x7C00u |
+                                 (x > 0x7F800000u ? 0x200u | ((x >> 13) & 0x3FFu) : 0u));
   }
   if (x >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 rounds to inf
   if (x < 0x38800000u) {                                               // below 2^-14: subnormal
@@ -416,14 +435,16 @@ void dequantize_row(TensorType type, const void* src, float* dst, int64_t n) {
   if (fn == nullptr) throw Error("dequantize: type {} is not supported", type_name(type));
   const TypeTraits& tt = type_traits(type);
   if (n < 0 || n % tt.block_size != 0)
-    throw Error("dequantize: {} elements is not a multiple of the {} block size {}", n, tt.name, tt.block_size);
+    throw Error("dequantize: {} elements is not a multiple of the {} block size {}", n, tt.name,
+                tt.block_size);
   if (n == 0) return;
   fn(static_cast<const uint8_t*>(src), dst, n);
 }
 
 std::vector<float> dequantize(const File& f, const TensorInfo& t) {
   if (!can_dequantize(t.type))
-    throw Error("{}: tensor '{}': dequantization of type {} is not supported", f.path(), t.name, type_name(t.type));
+    throw Error("{}: tensor '{}': dequantization of type {} is not supported", f.path(), t.name,
+                type_name(t.type));
   const std::span<const uint8_t> bytes = f.tensor_data(t);  // bounds-checked
   std::vector<float> out(t.n_elements);
   dequantize_row(t.type, bytes.data(), out.data(), static_cast<int64_t>(t.n_elements));

@@ -43,23 +43,27 @@ std::vector<Case> load_cases() {
       std::string hex;
       ls >> hex;
       for (size_t i = 0; i + 1 < hex.size(); i += 2)
-        cases.back().bytes.push_back(static_cast<uint8_t>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+        cases.back().bytes.push_back(
+            static_cast<uint8_t>(std::stoul(hex.substr(i, 2), nullptr, 16)));
     } else if (tag == "values" && !cases.empty()) {
       std::string v;
-      while (ls >> v) cases.back().bits.push_back(static_cast<uint32_t>(std::stoul(v, nullptr, 16)));
+      while (ls >> v)
+        cases.back().bits.push_back(static_cast<uint32_t>(std::stoul(v, nullptr, 16)));
     }
   }
   return cases;
 }
 
-void expect_same(const std::vector<float>& got, const std::vector<uint32_t>& want, const std::string& what) {
+void expect_same(const std::vector<float>& got, const std::vector<uint32_t>& want,
+                 const std::string& what) {
   ASSERT_GE(got.size(), want.size()) << what;
   int mismatches = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const float w = std::bit_cast<float>(want[i]);
     // Bit-exact, except that -0 and +0 compare equal.
     if (got[i] != w || std::isnan(got[i]) != std::isnan(w)) {
-      if (++mismatches <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << w;
+      if (++mismatches <= 5)
+        ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << w;
     }
   }
   EXPECT_EQ(mismatches, 0) << what;
@@ -84,7 +88,8 @@ TEST(CrossCheck, AgainstGgufPy) {
 
 TEST(CrossCheck, RealModelAgainstGgufPy) {
   const char* path = std::getenv("TOUCHSTONE_MODEL");
-  if (path == nullptr) GTEST_SKIP() << "TOUCHSTONE_MODEL is not set; skipping the real-model cross-check";
+  if (path == nullptr)
+    GTEST_SKIP() << "TOUCHSTONE_MODEL is not set; skipping the real-model cross-check";
   const File f = File::open(path);
   int n = 0;
   for (const Case& c : load_cases()) {

@@ -16,9 +16,9 @@ TEST(Fp16, KnownValues) {
   EXPECT_EQ(fp16_to_fp32(0x3C00), 1.0f);
   EXPECT_EQ(fp16_to_fp32(0xC000), -2.0f);
   EXPECT_EQ(fp16_to_fp32(0x3555), 0.333251953125f);
-  EXPECT_EQ(fp16_to_fp32(0x7BFF), 65504.0f);                // largest finite
-  EXPECT_EQ(fp16_to_fp32(0x0400), std::ldexp(1.0f, -14));   // smallest normal
-  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));   // smallest subnormal
+  EXPECT_EQ(fp16_to_fp32(0x7BFF), 65504.0f);                  // largest finite
+  EXPECT_EQ(fp16_to_fp32(0x0400), std::ldexp(1.0f, -14));     // smallest normal
+  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
   EXPECT_EQ(fp16_to_fp32(0x03FF), std::ldexp(1023.0f, -24));  // largest subnormal
   EXPECT_EQ(fp16_to_fp32(0x8001), -std::ldexp(1.0f, -24));
   EXPECT_EQ(fp16_to_fp32(0x7C00), INFINITY);
@@ -50,11 +50,11 @@ TEST(Fp16, RoundToNearestEven) {
   EXPECT_EQ(fp32_to_fp16(INFINITY), 0x7C00);
   EXPECT_EQ(fp32_to_fp16(-0.0f), 0x8000);
   // Subnormal range.
-  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -25)), 0x0000);                       // tie -> 0
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -25)), 0x0000);  // tie -> 0
   EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -25) * 1.0001f), 0x0001);
-  EXPECT_EQ(fp32_to_fp16(std::ldexp(3.0f, -25)), 0x0002);                       // 1.5 ulp tie -> 2
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 ulp tie -> 2
   EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -30)), 0x0000);
-  EXPECT_EQ(fp32_to_fp16(std::ldexp(1023.5f, -24)), 0x0400);                    // rounds up to normal
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(1023.5f, -24)), 0x0400);  // rounds up to normal
   EXPECT_EQ(fp32_to_fp16(-std::ldexp(5.0f, -24)), 0x8005);
   EXPECT_TRUE(std::isnan(fp16_to_fp32(fp32_to_fp16(NAN))));
 }

@@ -64,13 +64,18 @@ struct GgufBuilder {
     kv.str(k).put<uint32_t>(static_cast<uint32_t>(t));
     return kv;
   }
-  void tensor(std::string name, std::vector<uint64_t> shape, TensorType type, std::vector<uint8_t> data) {
-    tensors.push_back({std::move(name), std::move(shape), static_cast<uint32_t>(type), std::move(data), {}});
+  void tensor(std::string name, std::vector<uint64_t> shape, TensorType type,
+              std::vector<uint8_t> data) {
+    tensors.push_back(
+        {std::move(name), std::move(shape), static_cast<uint32_t>(type), std::move(data), {}});
   }
 
   std::vector<uint8_t> build() const {
     Bytes out;
-    out.put<uint32_t>(0x46554747).put<uint32_t>(version).put<uint64_t>(tensors.size()).put<uint64_t>(n_kv);
+    out.put<uint32_t>(0x46554747)
+        .put<uint32_t>(version)
+        .put<uint64_t>(tensors.size())
+        .put<uint64_t>(n_kv);
     out.raw(kv.b);
     uint64_t off = 0;
     for (const Tensor& t : tensors) {
@@ -98,7 +103,8 @@ class TempFile {
     path_ = ::testing::TempDir() + "touchstone_gguf_" + std::to_string(::getpid()) + "_" +
             std::to_string(counter++) + "_" + std::string(stem) + ".gguf";
     std::ofstream f(path_, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   }
   ~TempFile() { std::remove(path_.c_str()); }
   TempFile(const TempFile&) = delete;

@@ -63,7 +63,9 @@ TEST(GgufMalformed, SmallValidFileOpens) {
 TEST(GgufMalformed, EveryTruncationThrows) {
   const auto bytes = small_valid_file();
   for (size_t len = 0; len < bytes.size(); ++len) {
-    TempFile tf(std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(len)), "trunc");
+    TempFile tf(
+        std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(len)),
+        "trunc");
     try {
       File f = File::open(tf.path());
       ADD_FAILURE() << "prefix of " << len << " bytes opened without error";
@@ -136,7 +138,8 @@ TEST(GgufMalformed, HugeKeyLength) {
   Bytes b = header(0, 1);
   b.put<uint64_t>(999999999).put<uint32_t>(0).put<uint64_t>(0);
   const std::string m = open_error(b.b);
-  EXPECT_HAS(m, "offset 24: metadata key #0: key: string length 999999999 exceeds remaining 12 bytes");
+  EXPECT_HAS(m,
+             "offset 24: metadata key #0: key: string length 999999999 exceeds remaining 12 bytes");
 }
 
 TEST(GgufMalformed, HugeStringValueLength) {
@@ -144,21 +147,28 @@ TEST(GgufMalformed, HugeStringValueLength) {
   b.str("a").put<uint32_t>(4).put<uint32_t>(1);  // 24 + 9 + 4 + 4 = 41
   b.str("llama.block_count").put<uint32_t>(8).put<uint64_t>(999999999).put<uint32_t>(0);
   const std::string m = open_error(b.b);
-  EXPECT_HAS(m, "offset 70: metadata key #1 'llama.block_count': string: string length 999999999 exceeds remaining 4");
+  EXPECT_HAS(m,
+             "offset 70: metadata key #1 'llama.block_count': string: string length 999999999 "
+             "exceeds remaining 4");
 }
 
 TEST(GgufMalformed, HugeArrayCount) {
   Bytes b = header(0, 1);
   b.str("arr").put<uint32_t>(9).put<uint32_t>(4).put<uint64_t>(1ull << 60).put<uint32_t>(1);
   const std::string m = open_error(b.b);
-  EXPECT_HAS(m, "offset 43: metadata key #0 'arr': array count 1152921504606846976 of UINT32 exceeds remaining 4 bytes");
+  EXPECT_HAS(m,
+             "offset 43: metadata key #0 'arr': array count 1152921504606846976 of UINT32 exceeds "
+             "remaining 4 bytes");
 }
 
 TEST(GgufMalformed, HugeCountInsideStringArray) {
   Bytes b = header(0, 1);
-  b.str("tok").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2).str("ok").put<uint64_t>(1ull << 50);
+  b.str("tok").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2).str("ok").put<uint64_t>(1ull
+                                                                                          << 50);
   const std::string m = open_error(b.b);
-  EXPECT_HAS(m, "metadata key #0 'tok' element #1: string: string length 1125899906842624 exceeds remaining 0");
+  EXPECT_HAS(m,
+             "metadata key #0 'tok' element #1: string: string length 1125899906842624 exceeds "
+             "remaining 0");
   EXPECT_HAS(m, "offset 61:");
 }
 
@@ -169,7 +179,8 @@ TEST(GgufMalformed, BadValueTypes) {
 
   b = header(0, 1);
   b.str("k").put<uint32_t>(9).put<uint32_t>(99).put<uint64_t>(0);
-  EXPECT_HAS(open_error(b.b), "offset 37: metadata key #0 'k': array element type: invalid value type 99");
+  EXPECT_HAS(open_error(b.b),
+             "offset 37: metadata key #0 'k': array element type: invalid value type 99");
 
   b = header(0, 1);
   b.str("k").put<uint32_t>(7).put<uint8_t>(2).put<uint32_t>(0);
@@ -199,7 +210,8 @@ TEST(GgufMalformed, DuplicateKeyAndTensor) {
 TEST(GgufMalformed, BadAlignment) {
   GgufBuilder g;
   g.key("general.alignment", ValueType::UINT32).put<uint32_t>(48);
-  EXPECT_HAS(open_error(g.build()), "offset 24: metadata key 'general.alignment': alignment 48 is not a power of two");
+  EXPECT_HAS(open_error(g.build()),
+             "offset 24: metadata key 'general.alignment': alignment 48 is not a power of two");
   GgufBuilder s;
   s.key("general.alignment", ValueType::STRING).str("32");
   EXPECT_HAS(open_error(s.build()), "expected an unsigned integer (UINT32), found STRING");
@@ -219,7 +231,8 @@ TEST(GgufMalformed, ZeroAndOverflowingDims) {
 
   GgufBuilder o;
   o.tensor("t", {1ull << 40, 1ull << 40}, TensorType::F32, std::vector<uint8_t>(16));
-  EXPECT_HAS(open_error(o.build()), "offset 45: tensor #0 't': dimension 1 = 1099511627776: element count overflows");
+  EXPECT_HAS(open_error(o.build()),
+             "offset 45: tensor #0 't': dimension 1 = 1099511627776: element count overflows");
 }
 
 TEST(GgufMalformed, RowNotMultipleOfBlock) {
@@ -232,7 +245,8 @@ TEST(GgufMalformed, MisalignedOffset) {
   GgufBuilder g;
   g.tensor("t", {4}, TensorType::F32, std::vector<uint8_t>(16));
   g.tensors[0].offset = 4;
-  EXPECT_HAS(open_error(g.build()), "offset 49: tensor #0 't': data offset 4 is not a multiple of the alignment 32");
+  EXPECT_HAS(open_error(g.build()),
+             "offset 49: tensor #0 't': data offset 4 is not a multiple of the alignment 32");
 }
 
 TEST(GgufMalformed, TensorDataOutOfRange) {

@@ -39,8 +39,17 @@ GgufBuilder full_builder() {
   g.key("utf8", ValueType::STRING).str("h\xC3\xA9llo \xE2\x96\x81");
   auto& a = g.key("tokens", ValueType::ARRAY).put<uint32_t>(8).put<uint64_t>(3);
   a.str("<s>").str("").str("\xC4\xA0the");
-  g.key("ints", ValueType::ARRAY).put<uint32_t>(5).put<uint64_t>(3).put<int32_t>(-1).put<int32_t>(0).put<int32_t>(7);
-  g.key("floats", ValueType::ARRAY).put<uint32_t>(6).put<uint64_t>(2).put<float>(0.5f).put<float>(-1.25f);
+  g.key("ints", ValueType::ARRAY)
+      .put<uint32_t>(5)
+      .put<uint64_t>(3)
+      .put<int32_t>(-1)
+      .put<int32_t>(0)
+      .put<int32_t>(7);
+  g.key("floats", ValueType::ARRAY)
+      .put<uint32_t>(6)
+      .put<uint64_t>(2)
+      .put<float>(0.5f)
+      .put<float>(-1.25f);
   g.key("empty_arr", ValueType::ARRAY).put<uint32_t>(4).put<uint64_t>(0);
   auto& n = g.key("nested", ValueType::ARRAY).put<uint32_t>(9).put<uint64_t>(2);
   n.put<uint32_t>(0).put<uint64_t>(2).put<uint8_t>(1).put<uint8_t>(2);
@@ -129,15 +138,19 @@ TEST(GgufRead, TypedGetterErrors) {
   EXPECT_NE(m.find(tf.path()), std::string::npos) << m;
   EXPECT_NE(m.find("'general.architecture'"), std::string::npos) << m;
   EXPECT_NE(m.find("found STRING"), std::string::npos) << m;
-  EXPECT_NE(m.find("offset 24:"), std::string::npos) << m;  // first record follows the 24-byte header
+  EXPECT_NE(m.find("offset 24:"), std::string::npos)
+      << m;  // first record follows the 24-byte header
 
   EXPECT_NE(error_of([&] { f.get_uint("i8"); }).find("non-negative"), std::string::npos);
   EXPECT_NE(error_of([&] { f.get_int("u64"); }).find("fits int64"), std::string::npos);
   EXPECT_NE(error_of([&] { f.get_float("u32"); }).find("found UINT32"), std::string::npos);
   EXPECT_NE(error_of([&] { f.get_bool("u8"); }).find("found UINT8"), std::string::npos);
-  EXPECT_NE(error_of([&] { f.get_string_array("ints"); }).find("found ARRAY[INT32]"), std::string::npos);
-  EXPECT_NE(error_of([&] { f.get_int_array("tokens"); }).find("found ARRAY[STRING]"), std::string::npos);
-  EXPECT_NE(error_of([&] { f.get_float_array("ints"); }).find("found ARRAY[INT32]"), std::string::npos);
+  EXPECT_NE(error_of([&] { f.get_string_array("ints"); }).find("found ARRAY[INT32]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { f.get_int_array("tokens"); }).find("found ARRAY[STRING]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { f.get_float_array("ints"); }).find("found ARRAY[INT32]"),
+            std::string::npos);
   EXPECT_THROW(f.find_uint("general.architecture"), Error);  // present, wrong type
   EXPECT_THROW(f.find_string("u8"), Error);
 }

@@ -77,8 +77,8 @@ TEST(Quant, Q4_0) {
   b.d = kHalf;
   for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>((j & 0xF) | (((15 - j) & 0xF) << 4));
   const auto y = run(TensorType::Q4_0, b, 32);
-  EXPECT_EQ(y[0], -4.0f);   // (0 - 8) * 0.5
-  EXPECT_EQ(y[16], 3.5f);   // (15 - 8) * 0.5
+  EXPECT_EQ(y[0], -4.0f);  // (0 - 8) * 0.5
+  EXPECT_EQ(y[16], 3.5f);  // (15 - 8) * 0.5
   for (int j = 0; j < 16; ++j) {
     EXPECT_EQ(y[j], static_cast<float>(j - 8) * 0.5f) << j;
     EXPECT_EQ(y[j + 16], static_cast<float>(15 - j - 8) * 0.5f) << j;
@@ -93,8 +93,8 @@ TEST(Quant, Q4_1) {
   const auto y = run(TensorType::Q4_1, b, 32);
   // Low nibbles -> first 16 outputs, high nibbles -> last 16: y = d*q + m.
   EXPECT_EQ(y[0], -1.0f);
-  EXPECT_EQ(y[15], 2.75f);           // 15*0.25 - 1
-  EXPECT_EQ(y[16], 0.25f);           // (0^5)=5 -> 5*0.25 - 1
+  EXPECT_EQ(y[15], 2.75f);  // 15*0.25 - 1
+  EXPECT_EQ(y[16], 0.25f);  // (0^5)=5 -> 5*0.25 - 1
   for (int j = 0; j < 16; ++j) {
     EXPECT_EQ(y[j], static_cast<float>(j) * 0.25f - 1.0f) << j;
     EXPECT_EQ(y[j + 16], static_cast<float>(j ^ 5) * 0.25f - 1.0f) << j;
@@ -106,7 +106,8 @@ TEST(Quant, Q5_0) {
   b.d = kHalf;
   const uint32_t qh = 0xA5C3F00Fu;
   std::memcpy(b.qh, &qh, 4);
-  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>((j * 7) & 0xF) | static_cast<uint8_t>(((j * 3) & 0xF) << 4);
+  for (int j = 0; j < 16; ++j)
+    b.qs[j] = static_cast<uint8_t>((j * 7) & 0xF) | static_cast<uint8_t>(((j * 3) & 0xF) << 4);
   const auto y = run(TensorType::Q5_0, b, 32);
   for (int j = 0; j < 16; ++j) {
     // Element j takes bit j of qh as its 5th bit, element j+16 takes bit j+16.
@@ -169,7 +170,8 @@ TEST(Quant, Q4_K) {
   const auto y = run(TensorType::Q4_K, b, 256);
   for (int e = 0; e < 256; ++e) {
     const int s = e / 32;
-    const float want = 0.5f * static_cast<float>(sc[s]) * static_cast<float>(q_of(e)) - 0.25f * static_cast<float>(mn[s]);
+    const float want = 0.5f * static_cast<float>(sc[s]) * static_cast<float>(q_of(e)) -
+                       0.25f * static_cast<float>(mn[s]);
     EXPECT_EQ(y[e], want) << e;
   }
 }
@@ -191,7 +193,8 @@ TEST(Quant, Q5_K) {
   const auto y = run(TensorType::Q5_K, b, 256);
   for (int e = 0; e < 256; ++e) {
     const int s = e / 32;
-    const float want = 0.5f * static_cast<float>(sc[s]) * static_cast<float>(q_of(e)) - 0.25f * static_cast<float>(mn[s]);
+    const float want = 0.5f * static_cast<float>(sc[s]) * static_cast<float>(q_of(e)) -
+                       0.25f * static_cast<float>(mn[s]);
     EXPECT_EQ(y[e], want) << e;
   }
 }
@@ -210,7 +213,8 @@ TEST(Quant, Q6_K) {
   }
   const auto y = run(TensorType::Q6_K, b, 256);
   for (int e = 0; e < 256; ++e) {
-    const float want = 0.5f * static_cast<float>(b.scales[e / 16]) * static_cast<float>(q_of(e) - 32);
+    const float want =
+        0.5f * static_cast<float>(b.scales[e / 16]) * static_cast<float>(q_of(e) - 32);
     EXPECT_EQ(y[e], want) << e;
   }
 }
@@ -219,7 +223,9 @@ TEST(Quant, Q2_K) {
   block_q2_K b{};
   b.d = kHalf;
   b.dmin = kQuarter;
-  for (int i = 0; i < 16; ++i) b.scales[i] = static_cast<uint8_t>((i * 5 + 1) & 0xF) | static_cast<uint8_t>(((i * 3) & 0xF) << 4);
+  for (int i = 0; i < 16; ++i)
+    b.scales[i] =
+        static_cast<uint8_t>((i * 5 + 1) & 0xF) | static_cast<uint8_t>(((i * 3) & 0xF) << 4);
   auto q_of = [](int e) { return (e * 3 + e / 16) & 3; };
   for (int e = 0; e < 256; ++e) {
     const int n = e / 128, r = e % 128, j = r / 32;
@@ -229,7 +235,8 @@ TEST(Quant, Q2_K) {
   const auto y = run(TensorType::Q2_K, b, 256);
   for (int e = 0; e < 256; ++e) {
     const uint8_t s = b.scales[e / 16];
-    const float want = 0.5f * static_cast<float>(s & 0xF) * static_cast<float>(q_of(e)) - 0.25f * static_cast<float>(s >> 4);
+    const float want = 0.5f * static_cast<float>(s & 0xF) * static_cast<float>(q_of(e)) -
+                       0.25f * static_cast<float>(s >> 4);
     EXPECT_EQ(y[e], want) << e;
   }
 }
@@ -242,7 +249,8 @@ TEST(Quant, Q3_K) {
     s6[i] = (i * 23 + 3) & 63;
     // Low nibble in byte i%8 (nibble i/8); top 2 bits in byte 8+i%4 at bit 2*(i/4).
     b.scales[i % 8] = static_cast<uint8_t>(b.scales[i % 8] | ((s6[i] & 0xF) << (4 * (i / 8))));
-    b.scales[8 + i % 4] = static_cast<uint8_t>(b.scales[8 + i % 4] | ((s6[i] >> 4) << (2 * (i / 4))));
+    b.scales[8 + i % 4] =
+        static_cast<uint8_t>(b.scales[8 + i % 4] | ((s6[i] >> 4) << (2 * (i / 4))));
   }
   auto q_of = [](int e) { return (e * 7 + e / 32) & 7; };  // 3-bit quant 0..7, value = q - 4
   for (int e = 0; e < 256; ++e) {

@@ -21,8 +21,10 @@ void expect_all_finite(const std::vector<float>& v, const std::string& what) {
   size_t bad = 0;
   double sum_abs = 0;
   for (float x : v) {
-    if (!std::isfinite(x)) ++bad;
-    else sum_abs += std::fabs(x);
+    if (!std::isfinite(x))
+      ++bad;
+    else
+      sum_abs += std::fabs(x);
   }
   EXPECT_EQ(bad, 0u) << what;
   EXPECT_GT(sum_abs, 0.0) << what << " is all zeros";

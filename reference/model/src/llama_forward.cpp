@@ -37,7 +37,8 @@ namespace {
 // target_clones only lets the compiler keep the four partial sums in one
 // vector register; the operations and their order are the same on every
 // target (no reassociation, -ffp-contract=off), so results are bitwise equal.
-__attribute__((target_clones("avx2", "default"))) double dot(const float* a, const float* b, int64_t n) {
+__attribute__((target_clones("avx2", "default"))) double dot(const float* a, const float* b,
+                                                             int64_t n) {
   double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
@@ -62,7 +63,8 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n, double
   double ss = 0.0;
   for (int64_t i = 0; i < n; ++i) ss += double{x[i]} * double{x[i]};
   const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(double{x[i]} * inv * double{weight[i]});
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<float>(double{x[i]} * inv * double{weight[i]});
 }
 
 // Interleaved RoPE over one head of size hd: pairs (2i, 2i+1) rotate by
@@ -70,8 +72,8 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n, double
 // llama_weights.h) this equals HF's rotate_half RoPE on the original weights.
 void rope(float* v, int64_t hd, int32_t pos, double base) {
   for (int64_t i = 0; i < hd / 2; ++i) {
-    const double theta =
-        static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    const double theta = static_cast<double>(pos) *
+                         std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
     const double c = std::cos(theta), s = std::sin(theta);
     const double x0 = v[2 * i], x1 = v[2 * i + 1];
     v[2 * i] = static_cast<float>(x0 * c - x1 * s);
@@ -99,8 +101,10 @@ Faults parse_fault(const std::string& name) {
   } else if (name == "kv_position_off_by_one") {
     f.kv_off_by_one = true;
   } else {
-    throw Error("unknown fault '{}' (known: rope_base_off_1pct, logits_perturb_1e-3, "
-                "kv_position_off_by_one)", name);
+    throw Error(
+        "unknown fault '{}' (known: rope_base_off_1pct, logits_perturb_1e-3, "
+        "kv_position_off_by_one)",
+        name);
   }
   return f;
 }
@@ -187,7 +191,8 @@ void LlamaReference::forward(int32_t token, std::span<float> logits) {
       }
     }
     matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim);
-    for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{x_[size_t(i)]} + double{xn_[size_t(i)]});
+    for (int64_t i = 0; i < d; ++i)
+      x_[size_t(i)] = static_cast<float>(double{x_[size_t(i)]} + double{xn_[size_t(i)]});
 
     // ---- SwiGLU MLP ----
     rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
@@ -198,7 +203,8 @@ void LlamaReference::forward(int32_t token, std::span<float> logits) {
       gate_[size_t(i)] = static_cast<float>(g / (1.0 + std::exp(-g)) * double{up_[size_t(i)]});
     }
     matvec(pool_, L.w_down.data(), gate_.data(), xn_.data(), d, n_ff);
-    for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{x_[size_t(i)]} + double{xn_[size_t(i)]});
+    for (int64_t i = 0; i < d; ++i)
+      x_[size_t(i)] = static_cast<float>(double{x_[size_t(i)]} + double{xn_[size_t(i)]});
   }
 
   // ---- final norm + LM head ----
@@ -207,7 +213,8 @@ void LlamaReference::forward(int32_t token, std::span<float> logits) {
   if (faults_.logit_noise != 0.0) {
     const uint64_t base = uint64_t(pos) * uint64_t(c.n_vocab);
     for (size_t i = 0; i < logits.size(); ++i) {
-      logits[i] = static_cast<float>(double{logits[i]} * (1.0 + faults_.logit_noise * noise_sign(base + i)));
+      logits[i] = static_cast<float>(double{logits[i]} *
+                                     (1.0 + faults_.logit_noise * noise_sign(base + i)));
     }
   }
   ++pos_;

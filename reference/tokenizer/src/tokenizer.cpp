@@ -88,7 +88,10 @@ size_t valid_utf8_len(std::string_view s, size_t i, size_t* maximal) {
 // Decodes the (valid) UTF-8 sequence at s[i]; returns its length.
 size_t decode_utf8(std::string_view s, size_t i, char32_t* cp) {
   const auto b0 = static_cast<uint8_t>(s[i]);
-  if (b0 < 0x80) { *cp = b0; return 1; }
+  if (b0 < 0x80) {
+    *cp = b0;
+    return 1;
+  }
   size_t n = b0 >= 0xF0 ? 4 : b0 >= 0xE0 ? 3 : 2;
   if (i + n > s.size()) n = s.size() - i;  // defensive; input is sanitized
   char32_t v = b0 & (n == 2 ? 0x1F : n == 3 ? 0x0F : 0x07);
@@ -113,8 +116,10 @@ struct ByteMap {
   ByteMap() {
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      to_cp[static_cast<size_t>(b)] = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
+      const bool printable =
+          (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      to_cp[static_cast<size_t>(b)] =
+          printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
       to_byte[to_cp[static_cast<size_t>(b)]] = static_cast<uint8_t>(b);
     }
   }
@@ -138,9 +143,13 @@ std::string translate_regex(std::string_view re) {
     if (c == '\\' && i + 1 < re.size()) {
       const char d = re[i + 1];
       if (d == 's') {
-        if (in_class) out += kWsInClass; else (out += "[") += std::string(kWsInClass) + "]";
+        if (in_class)
+          out += kWsInClass;
+        else
+          (out += "[") += std::string(kWsInClass) + "]";
       } else if (d == 'S') {
-        if (in_class) throw Error("tokenizer: \\S inside a character class is not supported in regex '{}'", re);
+        if (in_class)
+          throw Error("tokenizer: \\S inside a character class is not supported in regex '{}'", re);
         (out += "[^") += std::string(kWsInClass) + "]";
       } else {
         out += c;
@@ -149,8 +158,10 @@ std::string translate_regex(std::string_view re) {
       ++i;
       continue;
     }
-    if (c == '[' && !in_class) in_class = true;
-    else if (c == ']' && in_class) in_class = false;
+    if (c == '[' && !in_class)
+      in_class = true;
+    else if (c == ']' && in_class)
+      in_class = false;
     out += c;
   }
   return out;
@@ -229,22 +240,29 @@ struct Tokenizer::Impl {
   TokenizerData d;
   Kind kind = Kind::Gpt2;
   std::vector<TokenType> types;
-  std::vector<std::string> bytes;                    // decoded bytes per token
+  std::vector<std::string> bytes;  // decoded bytes per token
   std::unordered_map<std::string, int32_t> text_to_id;
 
   // Special / added tokens matched on the raw text: per first byte, sorted by
   // length, longest first.
-  struct Added { std::string text; int32_t id; bool special; };
+  struct Added {
+    std::string text;
+    int32_t id;
+    bool special;
+  };
   std::array<std::vector<Added>, 256> added_by_first;
 
   // gpt2
   std::vector<PcreCode> regexes;
-  std::array<int32_t, 256> byte_token{};             // token of a single mapped byte, -1 if none
-  struct MergeInfo { int32_t rank; int32_t result; };
+  std::array<int32_t, 256> byte_token{};  // token of a single mapped byte, -1 if none
+  struct MergeInfo {
+    int32_t rank;
+    int32_t result;
+  };
   std::unordered_map<uint64_t, MergeInfo> merges;
 
   // llama
-  std::array<int32_t, 256> byte_fallback{};          // <0xXX> token (or raw byte token), -1 if none
+  std::array<int32_t, 256> byte_fallback{};  // <0xXX> token (or raw byte token), -1 if none
 
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
@@ -253,7 +271,8 @@ struct Tokenizer::Impl {
   int32_t n() const { return static_cast<int32_t>(d.tokens.size()); }
 
   void check_id(int32_t id, std::string_view what) const {
-    if (id < 0 || id >= n()) throw Error("tokenizer: invalid token id {} ({}), vocabulary has {} tokens", id, what, n());
+    if (id < 0 || id >= n())
+      throw Error("tokenizer: invalid token id {} ({}), vocabulary has {} tokens", id, what, n());
   }
 
   void build();
@@ -267,17 +286,25 @@ struct Tokenizer::Impl {
 };
 
 void Tokenizer::Impl::build() {
-  if (d.model == "gpt2") kind = Kind::Gpt2;
-  else if (d.model == "llama") kind = Kind::Spm;
-  else throw Error("tokenizer: unsupported tokenizer model '{}' (supported: gpt2, llama)", d.model);
+  if (d.model == "gpt2")
+    kind = Kind::Gpt2;
+  else if (d.model == "llama")
+    kind = Kind::Spm;
+  else
+    throw Error("tokenizer: unsupported tokenizer model '{}' (supported: gpt2, llama)", d.model);
   if (d.tokens.empty()) throw Error("tokenizer: empty vocabulary");
-  if (d.tokens.size() > static_cast<size_t>(INT32_MAX)) throw Error("tokenizer: vocabulary too large ({})", d.tokens.size());
+  if (d.tokens.size() > static_cast<size_t>(INT32_MAX))
+    throw Error("tokenizer: vocabulary too large ({})", d.tokens.size());
   if (!d.token_types.empty() && d.token_types.size() != d.tokens.size())
     throw Error("tokenizer: {} token types for {} tokens", d.token_types.size(), d.tokens.size());
   if (!d.scores.empty() && d.scores.size() != d.tokens.size())
     throw Error("tokenizer: {} scores for {} tokens", d.scores.size(), d.tokens.size());
-  for (auto [name, id] : {std::pair<const char*, int32_t>{"bos", d.bos}, {"eos", d.eos}, {"unk", d.unk}, {"pad", d.pad}}) {
-    if (id < -1 || id >= n()) throw Error("tokenizer: {} token id {} out of range [0, {})", name, id, n());
+  for (auto [name, id] : {std::pair<const char*, int32_t>{"bos", d.bos},
+                          {"eos", d.eos},
+                          {"unk", d.unk},
+                          {"pad", d.pad}}) {
+    if (id < -1 || id >= n())
+      throw Error("tokenizer: {} token id {} out of range [0, {})", name, id, n());
   }
   if (d.add_bos && d.bos < 0) throw Error("tokenizer: add_bos is set but there is no bos token id");
   if (d.add_eos && d.eos < 0) throw Error("tokenizer: add_eos is set but there is no eos token id");
@@ -286,13 +313,17 @@ void Tokenizer::Impl::build() {
   types.resize(N, TokenType::Normal);
   for (size_t i = 0; i < d.token_types.size(); ++i) {
     const int32_t t = d.token_types[i];
-    if (t < 0 || t > 6) throw Error("tokenizer: token {} ('{}') has unknown token type {}", i, d.tokens[i], t);
+    if (t < 0 || t > 6)
+      throw Error("tokenizer: token {} ('{}') has unknown token type {}", i, d.tokens[i], t);
     types[i] = static_cast<TokenType>(t);
   }
   text_to_id.reserve(N * 2);
   for (size_t i = 0; i < N; ++i) text_to_id.emplace(d.tokens[i], static_cast<int32_t>(i));
 
-  if (kind == Kind::Gpt2) build_gpt2(); else build_spm();
+  if (kind == Kind::Gpt2)
+    build_gpt2();
+  else
+    build_spm();
 
   // Added tokens: Control / Unknown (special) and UserDefined (always matched).
   for (size_t i = 0; i < N; ++i) {
@@ -304,7 +335,8 @@ void Tokenizer::Impl::build() {
     added_by_first[static_cast<uint8_t>(s[0])].push_back({s, static_cast<int32_t>(i), special});
   }
   for (auto& v : added_by_first) {
-    std::stable_sort(v.begin(), v.end(), [](const Added& a, const Added& b) { return a.text.size() > b.text.size(); });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const Added& a, const Added& b) { return a.text.size() > b.text.size(); });
   }
 }
 
@@ -318,7 +350,8 @@ void Tokenizer::Impl::build_gpt2() {
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                      PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
     if (code == nullptr)
-      throw Error("tokenizer: cannot compile pre-tokenizer regex '{}' at offset {}: {}", pattern, off, pcre_error_text(err));
+      throw Error("tokenizer: cannot compile pre-tokenizer regex '{}' at offset {}: {}", pattern,
+                  off, pcre_error_text(err));
     regexes.emplace_back(code);
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
   }
@@ -338,19 +371,23 @@ void Tokenizer::Impl::build_gpt2() {
     if (sp == std::string::npos || sp + 1 >= m.size())
       throw Error("tokenizer: merge {} ('{}') is not of the form 'left right'", i, m);
     const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
-    const auto l = text_to_id.find(left), r = text_to_id.find(right), res_it = text_to_id.find(left + right);
+    const auto l = text_to_id.find(left), r = text_to_id.find(right),
+               res_it = text_to_id.find(left + right);
     if (l == text_to_id.end() || r == text_to_id.end())
       throw Error("tokenizer: merge {} ('{}') uses a part that is not a token", i, m);
     if (res_it == text_to_id.end())
-      throw Error("tokenizer: merge {} ('{}') produces '{}', which is not a token", i, m, left + right);
+      throw Error("tokenizer: merge {} ('{}') produces '{}', which is not a token", i, m,
+                  left + right);
     // First occurrence wins (rank = first index), as llama.cpp's bpe_ranks.
-    merges.emplace(pair_key(l->second, r->second), MergeInfo{static_cast<int32_t>(i), res_it->second});
+    merges.emplace(pair_key(l->second, r->second),
+                   MergeInfo{static_cast<int32_t>(i), res_it->second});
   }
 
   bytes.resize(d.tokens.size());
   for (size_t i = 0; i < d.tokens.size(); ++i) {
     const std::string& t = d.tokens[i];
-    if (types[i] != TokenType::Normal && types[i] != TokenType::Unused && types[i] != TokenType::Undefined) {
+    if (types[i] != TokenType::Normal && types[i] != TokenType::Unused &&
+        types[i] != TokenType::Undefined) {
       bytes[i] = t;  // Control / UserDefined / Unknown / Byte: stored text
       continue;
     }
@@ -360,8 +397,10 @@ void Tokenizer::Impl::build_gpt2() {
       char32_t cp = 0;
       const size_t len = decode_utf8(s, k, &cp);
       auto it = bm.to_byte.find(cp);
-      if (it != bm.to_byte.end()) out.push_back(static_cast<char>(it->second));
-      else out.append(s, k, len);  // not in the byte alphabet: keep as UTF-8
+      if (it != bm.to_byte.end())
+        out.push_back(static_cast<char>(it->second));
+      else
+        out.append(s, k, len);  // not in the byte alphabet: keep as UTF-8
       k += len;
     }
     bytes[i] = std::move(out);
@@ -408,10 +447,13 @@ void Tokenizer::Impl::build_spm() {
   for (size_t i = 0; i < d.tokens.size(); ++i) {
     if (types[i] != TokenType::Byte) continue;
     const int b = parse_byte_token(d.tokens[i]);
-    if (b < 0) throw Error("tokenizer: byte token {} has text '{}', expected <0xXX>", i, d.tokens[i]);
-    if (byte_fallback[static_cast<size_t>(b)] < 0) byte_fallback[static_cast<size_t>(b)] = static_cast<int32_t>(i);
+    if (b < 0)
+      throw Error("tokenizer: byte token {} has text '{}', expected <0xXX>", i, d.tokens[i]);
+    if (byte_fallback[static_cast<size_t>(b)] < 0)
+      byte_fallback[static_cast<size_t>(b)] = static_cast<int32_t>(i);
   }
-  for (size_t b = 0; b < 256; ++b) {  // llama.cpp byte_to_token: fall back to the raw byte as a token
+  for (size_t b = 0; b < 256;
+       ++b) {  // llama.cpp byte_to_token: fall back to the raw byte as a token
     if (byte_fallback[b] >= 0) continue;
     auto it = text_to_id.find(std::string(1, static_cast<char>(b)));
     if (it != text_to_id.end()) byte_fallback[b] = it->second;
@@ -446,9 +488,12 @@ void Tokenizer::Impl::split_regex(const std::string& text, std::vector<Range>& p
       while (pos < len) {
         int rc = pcre2_match(code.get(), subject, len, pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-          rc = pcre2_match(code.get(), subject, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md.get(), nullptr);
+          rc = pcre2_match(code.get(), subject, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                           md.get(), nullptr);
         if (rc == PCRE2_ERROR_NOMATCH) break;
-        if (rc < 0) throw Error("tokenizer: regex match failed at byte {}: {}", r.first + pos, pcre_error_text(rc));
+        if (rc < 0)
+          throw Error("tokenizer: regex match failed at byte {}: {}", r.first + pos,
+                      pcre_error_text(rc));
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
         const size_t ms = ov[0], me = ov[1];
         if (me == ms) {  // empty match: step over one character
@@ -467,36 +512,56 @@ void Tokenizer::Impl::split_regex(const std::string& text, std::vector<Range>& p
 
 // Byte-level BPE of one pre-tokenized piece (HF models/bpe/word.rs merge_all).
 void Tokenizer::Impl::bpe_piece(const std::string& text, Range r, std::vector<int32_t>& out) const {
-  struct Sym { int32_t id; int32_t prev; int32_t next; bool alive; };
+  struct Sym {
+    int32_t id;
+    int32_t prev;
+    int32_t next;
+    bool alive;
+  };
   std::vector<Sym> syms;
   syms.reserve(r.second - r.first);
   for (size_t i = r.first; i < r.second; ++i) {
     const int32_t id = byte_token[static_cast<uint8_t>(text[i])];
     if (id < 0) continue;  // no token for this byte: dropped, as HF's BPE without unk
-    syms.push_back({id, static_cast<int32_t>(syms.size()) - 1, static_cast<int32_t>(syms.size()) + 1, true});
+    syms.push_back(
+        {id, static_cast<int32_t>(syms.size()) - 1, static_cast<int32_t>(syms.size()) + 1, true});
   }
   if (syms.empty()) return;
   syms.back().next = -1;
-  if (syms.size() == 1) { out.push_back(syms[0].id); return; }
+  if (syms.size() == 1) {
+    out.push_back(syms[0].id);
+    return;
+  }
 
-  struct Cand { int32_t rank; int32_t left; int32_t right; int32_t lid; int32_t rid; int32_t result; };
+  struct Cand {
+    int32_t rank;
+    int32_t left;
+    int32_t right;
+    int32_t lid;
+    int32_t rid;
+    int32_t result;
+  };
   auto cmp = [](const Cand& a, const Cand& b) {  // min-heap on (rank, left)
     return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
   };
   std::priority_queue<Cand, std::vector<Cand>, decltype(cmp)> heap(cmp);
   auto try_push = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
-    const auto it = merges.find(pair_key(syms[static_cast<size_t>(left)].id, syms[static_cast<size_t>(right)].id));
+    const auto it = merges.find(
+        pair_key(syms[static_cast<size_t>(left)].id, syms[static_cast<size_t>(right)].id));
     if (it == merges.end()) return;
-    heap.push({it->second.rank, left, right, syms[static_cast<size_t>(left)].id, syms[static_cast<size_t>(right)].id, it->second.result});
+    heap.push({it->second.rank, left, right, syms[static_cast<size_t>(left)].id,
+               syms[static_cast<size_t>(right)].id, it->second.result});
   };
-  for (size_t i = 0; i + 1 < syms.size(); ++i) try_push(static_cast<int32_t>(i), static_cast<int32_t>(i + 1));
+  for (size_t i = 0; i + 1 < syms.size(); ++i)
+    try_push(static_cast<int32_t>(i), static_cast<int32_t>(i + 1));
   while (!heap.empty()) {
     const Cand c = heap.top();
     heap.pop();
     Sym& L = syms[static_cast<size_t>(c.left)];
     Sym& R = syms[static_cast<size_t>(c.right)];
-    if (!L.alive || !R.alive || L.next != c.right || L.id != c.lid || R.id != c.rid) continue;  // stale
+    if (!L.alive || !R.alive || L.next != c.right || L.id != c.lid || R.id != c.rid)
+      continue;  // stale
     L.id = c.result;
     L.next = R.next;
     if (R.next >= 0) syms[static_cast<size_t>(R.next)].prev = c.left;
@@ -504,10 +569,12 @@ void Tokenizer::Impl::bpe_piece(const std::string& text, Range r, std::vector<in
     try_push(L.prev, c.left);
     try_push(c.left, L.next);
   }
-  for (int32_t i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next) out.push_back(syms[static_cast<size_t>(i)].id);
+  for (int32_t i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next)
+    out.push_back(syms[static_cast<size_t>(i)].id);
 }
 
-void Tokenizer::Impl::encode_gpt2_text(const std::string& text, Range r, std::vector<int32_t>& out) const {
+void Tokenizer::Impl::encode_gpt2_text(const std::string& text, Range r,
+                                       std::vector<int32_t>& out) const {
   std::vector<Range> pieces{r};
   split_regex(text, pieces);
   for (const Range& p : pieces) bpe_piece(text, p, out);
@@ -517,7 +584,12 @@ void Tokenizer::Impl::encode_gpt2_text(const std::string& text, Range r, std::ve
 void Tokenizer::Impl::encode_spm_text(std::string text, std::vector<int32_t>& out) const {
   replace_all(text, " ", "\xE2\x96\x81");
   if (text.empty()) return;
-  struct Sym { size_t off; size_t n; int32_t prev; int32_t next; };
+  struct Sym {
+    size_t off;
+    size_t n;
+    int32_t prev;
+    int32_t next;
+  };
   std::vector<Sym> syms;
   for (size_t off = 0; off < text.size();) {
     const size_t len = std::min(utf8_char_len(static_cast<uint8_t>(text[off])), text.size() - off);
@@ -525,7 +597,12 @@ void Tokenizer::Impl::encode_spm_text(std::string text, std::vector<int32_t>& ou
     syms.push_back({off, len, idx - 1, off + len == text.size() ? -1 : idx + 1});
     off += len;
   }
-  struct Bigram { int32_t left; int32_t right; float score; size_t size; };
+  struct Bigram {
+    int32_t left;
+    int32_t right;
+    float score;
+    size_t size;
+  };
   auto cmp = [](const Bigram& a, const Bigram& b) {  // highest score first, then leftmost
     return a.score < b.score || (a.score == b.score && a.left > b.left);
   };
@@ -542,7 +619,8 @@ void Tokenizer::Impl::encode_spm_text(std::string text, std::vector<int32_t>& ou
     queue.push({left, right, score, s.size()});
     rev_merge[std::move(s)] = {left, right};
   };
-  for (size_t i = 1; i < syms.size(); ++i) try_add(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  for (size_t i = 1; i < syms.size(); ++i)
+    try_add(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
   while (!queue.empty()) {
     const Bigram b = queue.top();
     queue.pop();
@@ -561,13 +639,18 @@ void Tokenizer::Impl::encode_spm_text(std::string text, std::vector<int32_t>& ou
   auto resegment = [&](auto&& self, size_t off, size_t len) -> void {
     std::string s = text.substr(off, len);
     const auto it = text_to_id.find(s);
-    if (it != text_to_id.end()) { out.push_back(it->second); return; }
+    if (it != text_to_id.end()) {
+      out.push_back(it->second);
+      return;
+    }
     const auto p = rev_merge.find(s);
     if (p == rev_merge.end()) {
       for (size_t j = 0; j < len; ++j) {
         const int32_t id = byte_fallback[static_cast<uint8_t>(text[off + j])];
-        if (id >= 0) out.push_back(id);
-        else if (d.unk >= 0) out.push_back(d.unk);  // no byte token: unk (or dropped without one)
+        if (id >= 0)
+          out.push_back(id);
+        else if (d.unk >= 0)
+          out.push_back(d.unk);  // no byte token: unk (or dropped without one)
       }
       return;
     }
@@ -592,7 +675,8 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-std::vector<int32_t> Tokenizer::encode(std::string_view utf8, bool add_bos, bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view utf8, bool add_bos,
+                                       bool parse_special) const {
   const Impl& m = *impl_;
   const std::string text = sanitize_utf8(utf8);
   std::vector<int32_t> out;
@@ -617,9 +701,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view utf8, bool add_bos, bool
     const Impl::Added* hit = nullptr;
     for (const Impl::Added& a : m.added_by_first[static_cast<uint8_t>(text[i])]) {
       if (a.special && !parse_special) continue;
-      if (text.compare(i, a.text.size(), a.text) == 0) { hit = &a; break; }
+      if (text.compare(i, a.text.size(), a.text) == 0) {
+        hit = &a;
+        break;
+      }
     }
-    if (hit == nullptr) { ++i; continue; }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
     if (i > run) emit_text(run, i);
     out.push_back(hit->id);
     prev_special = true;
@@ -639,11 +729,13 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   for (size_t pos = 0; pos < ids.size(); ++pos) {
     const int32_t id = ids[pos];
     if (id < 0 || id >= m.n())
-      throw Error("tokenizer: cannot decode token id {} at position {}: vocabulary has {} tokens", id, pos, m.n());
+      throw Error("tokenizer: cannot decode token id {} at position {}: vocabulary has {} tokens",
+                  id, pos, m.n());
     const TokenType t = m.types[static_cast<size_t>(id)];
     if (skip_special && (t == TokenType::Control || t == TokenType::Unknown)) continue;
     std::string_view piece = m.bytes[static_cast<size_t>(id)];
-    if (first && m.kind == Impl::Kind::Spm && m.d.add_space_prefix && !piece.empty() && piece[0] == ' ')
+    if (first && m.kind == Impl::Kind::Spm && m.d.add_space_prefix && !piece.empty() &&
+        piece[0] == ' ')
       piece.remove_prefix(1);
     first = false;
     out.append(piece);

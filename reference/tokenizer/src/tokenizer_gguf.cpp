@@ -14,7 +14,8 @@ int32_t find_id(const gguf::File& f, std::string_view key, int32_t dflt, size_t 
   const auto v = f.find_uint(key);
   if (!v) return dflt;
   if (*v >= n_tokens)
-    throw Error("{}: key {}: token id {} out of range (vocabulary has {} tokens)", f.path(), key, *v, n_tokens);
+    throw Error("{}: key {}: token id {} out of range (vocabulary has {} tokens)", f.path(), key,
+                *v, n_tokens);
   return static_cast<int32_t>(*v);
 }
 
@@ -32,18 +33,21 @@ TokenizerData tokenizer_data_from_gguf(const gguf::File& f) {
   if (f.has("tokenizer.ggml.token_type")) {
     const auto types = f.get_int_array("tokenizer.ggml.token_type");
     if (types.size() != d.tokens.size())
-      throw Error("{}: key tokenizer.ggml.token_type: {} entries for {} tokens", f.path(), types.size(), d.tokens.size());
+      throw Error("{}: key tokenizer.ggml.token_type: {} entries for {} tokens", f.path(),
+                  types.size(), d.tokens.size());
     d.token_types.reserve(types.size());
     for (size_t i = 0; i < types.size(); ++i) {
       if (types[i] < 0 || types[i] > 6)
-        throw Error("{}: key tokenizer.ggml.token_type: entry {} has unknown type {}", f.path(), i, types[i]);
+        throw Error("{}: key tokenizer.ggml.token_type: entry {} has unknown type {}", f.path(), i,
+                    types[i]);
       d.token_types.push_back(static_cast<int32_t>(types[i]));
     }
   }
   if (f.has("tokenizer.ggml.scores")) {
     const auto scores = f.get_float_array("tokenizer.ggml.scores");
     if (scores.size() != d.tokens.size())
-      throw Error("{}: key tokenizer.ggml.scores: {} entries for {} tokens", f.path(), scores.size(), d.tokens.size());
+      throw Error("{}: key tokenizer.ggml.scores: {} entries for {} tokens", f.path(),
+                  scores.size(), d.tokens.size());
     d.scores.reserve(scores.size());
     for (double s : scores) d.scores.push_back(static_cast<float>(s));
   }

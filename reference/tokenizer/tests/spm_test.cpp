@@ -23,7 +23,8 @@ ts::TokenizerData tiny_spm(bool add_space_prefix = true) {
   //          0        1      2       3         4         5         6
   d.tokens = {"<unk>", "<s>", "</s>", "<0x0A>", "<0x21>", "<0xC3>", "<0xA9>",
               //  7         8    9    10   11   12    13    14        15     16          17
-              "\u2581", "h", "e", "l", "o", "ll", "he", "\u2581h", "llo", "\u2581he", "\u2581hello"};
+              "\u2581", "h", "e", "l", "o", "ll", "he", "\u2581h", "llo", "\u2581he",
+              "\u2581hello"};
   d.token_types = {2, 3, 3, 6, 6, 6, 6, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   d.scores = {0, 0, 0, 0, 0, 0, 0, -1, -2, -2, -2, -2, -3, -4, -5, -3.5f, -6, -7};
   d.unk = 0;
@@ -66,7 +67,7 @@ TEST(TinySpm, ByteFallback) {
 
 TEST(TinySpm, SpacePrefixAndBos) {
   ts::Tokenizer t(tiny_spm());
-  EXPECT_EQ(t.encode("hello"), (Ids{1, 17}));          // add_bos in the data
+  EXPECT_EQ(t.encode("hello"), (Ids{1, 17}));  // add_bos in the data
   EXPECT_EQ(t.encode("hello", false), (Ids{17}));
   EXPECT_EQ(t.encode(""), (Ids{1}));
   EXPECT_EQ(t.encode("", false), (Ids{}));
@@ -83,11 +84,11 @@ TEST(TinySpm, SpacePrefixAndBos) {
 
 TEST(TinySpm, Decode) {
   ts::Tokenizer t(tiny_spm());
-  EXPECT_EQ(t.decode(Ids{17}), "hello");               // prefix space removed
+  EXPECT_EQ(t.decode(Ids{17}), "hello");  // prefix space removed
   EXPECT_EQ(t.decode(Ids{16, 7, 15}), "he llo");
   EXPECT_EQ(t.decode(Ids{1, 17}, true), "hello");
   EXPECT_EQ(t.decode(Ids{1, 17}), "<s> hello");
-  EXPECT_EQ(t.decode(Ids{0, 17}, true), "hello");       // <unk> is special
+  EXPECT_EQ(t.decode(Ids{0, 17}, true), "hello");  // <unk> is special
   EXPECT_EQ(t.token_bytes(17), " hello");
   EXPECT_TRUE(t.is_control(1));
   EXPECT_EQ(t.token_type(5), ts::TokenType::Byte);

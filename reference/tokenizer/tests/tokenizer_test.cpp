@@ -51,7 +51,8 @@ ts::TokenizerData tiny_gpt2(std::string pre = "gpt2") {
   ts::TokenizerData d;
   d.model = "gpt2";
   d.pre = std::move(pre);
-  d.tokens = {"<|eot|>", "a", "b", "c", bl(" "), "ab", "abc", bl(" a"), "1", "2", "12", "!", "<tool>", bl("\n"), bl("  ")};
+  d.tokens = {"<|eot|>", "a", "b",  "c", bl(" "),  "ab",     "abc",   bl(" a"),
+              "1",       "2", "12", "!", "<tool>", bl("\n"), bl("  ")};
   d.token_types = {3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1, 1};
   d.merges = {"a b", "ab c", bl(" ") + " a", "1 2", bl(" ") + " " + bl(" ")};
   d.bos = 0;
@@ -73,11 +74,18 @@ TEST(Gpt2ByteMap, MatchesGpt2BytesToUnicode) {
 TEST(SanitizeUtf8, ReplacesMaximalSubparts) {
   EXPECT_EQ(ts::sanitize_utf8("abc"), "abc");
   EXPECT_EQ(ts::sanitize_utf8("caf\xC3\xA9"), "caf\xC3\xA9");
-  EXPECT_EQ(ts::sanitize_utf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
-  EXPECT_EQ(ts::sanitize_utf8("\xE2\x82"), "\xEF\xBF\xBD");                  // truncated: one U+FFFD
-  EXPECT_EQ(ts::sanitize_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
-  EXPECT_EQ(ts::sanitize_utf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");      // overlong
-  EXPECT_EQ(ts::sanitize_utf8("\xF0\x9F\x98" "x"), "\xEF\xBF\xBD" "x");
+  EXPECT_EQ(ts::sanitize_utf8("a\xFF"
+                              "b"),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(ts::sanitize_utf8("\xE2\x82"), "\xEF\xBF\xBD");  // truncated: one U+FFFD
+  EXPECT_EQ(ts::sanitize_utf8("\xED\xA0\x80"),
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");                     // surrogate
+  EXPECT_EQ(ts::sanitize_utf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
+  EXPECT_EQ(ts::sanitize_utf8("\xF0\x9F\x98"
+                              "x"),
+            "\xEF\xBF\xBD"
+            "x");
   EXPECT_EQ(ts::sanitize_utf8(std::string("\0", 1)), std::string("\0", 1));
 }
 
@@ -105,15 +113,17 @@ TEST(TinyGpt2, WhitespaceRunsFollowGpt2Regex) {
 TEST(TinyGpt2, DigitsSplitDependsOnPreTokenizer) {
   ts::Tokenizer gpt2(tiny_gpt2("gpt2"));
   ts::Tokenizer smollm(tiny_gpt2("smollm"));
-  EXPECT_EQ(gpt2.encode("a12"), (Ids{1, 10}));       // " ?\p{N}+" keeps "12" together
-  EXPECT_EQ(smollm.encode("a12"), (Ids{1, 8, 9}));   // Digits(individual_digits) first
-  EXPECT_EQ(gpt2.encode("a 12"), (Ids{1, 4, 10}));   // " 12" -> Ġ has no merge with 1
+  EXPECT_EQ(gpt2.encode("a12"), (Ids{1, 10}));      // " ?\p{N}+" keeps "12" together
+  EXPECT_EQ(smollm.encode("a12"), (Ids{1, 8, 9}));  // Digits(individual_digits) first
+  EXPECT_EQ(gpt2.encode("a 12"), (Ids{1, 4, 10}));  // " 12" -> Ġ has no merge with 1
   EXPECT_EQ(smollm.encode("a 12"), (Ids{1, 4, 8, 9}));
 }
 
 TEST(TinyGpt2, BytesWithoutTokenAreDropped) {
   ts::Tokenizer t(tiny_gpt2());
-  EXPECT_EQ(t.encode("a\x01" "b"), (Ids{1, 2}));   // as HF's BPE without unk token
+  EXPECT_EQ(t.encode("a\x01"
+                     "b"),
+            (Ids{1, 2}));  // as HF's BPE without unk token
   EXPECT_EQ(t.encode("!\x01!"), (Ids{11, 11}));
   EXPECT_EQ(t.encode("\x01\x02"), (Ids{}));
 }
@@ -219,7 +229,8 @@ namespace {
 
 std::string hex_to_bytes(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -282,9 +293,11 @@ TEST_F(SmolLM2, MatchesHuggingFaceIds) {
   for (const auto& e : j["entries"]) {
     const std::string text = e["text"].get<std::string>();
     const Ids want = e["ids"].get<Ids>();
-    const std::string input = e.contains("bytes_hex") ? hex_to_bytes(e["bytes_hex"].get<std::string>()) : text;
+    const std::string input =
+        e.contains("bytes_hex") ? hex_to_bytes(e["bytes_hex"].get<std::string>()) : text;
     EXPECT_EQ(tok_->encode(input), want) << "text: " << ::testing::PrintToString(input);
-    const std::string expect_decoded = e["roundtrip"].get<bool>() ? text : e["hf_decoded"].get<std::string>();
+    const std::string expect_decoded =
+        e["roundtrip"].get<bool>() ? text : e["hf_decoded"].get<std::string>();
     EXPECT_EQ(tok_->decode(want), expect_decoded) << "ids of: " << ::testing::PrintToString(text);
     ++n;
   }
@@ -336,7 +349,8 @@ TEST_F(SmolLM2, RandomBytesRoundTripThroughSanitizer) {
   std::mt19937 rng(42);
   for (int iter = 0; iter < 300; ++iter) {
     std::string s(static_cast<size_t>(rng() % 64), '\0');
-    for (char& c : s) c = static_cast<char>(rng() % 3 == 0 ? (rng() & 0xFF) : (0x20 + rng() % 0x5F));
+    for (char& c : s)
+      c = static_cast<char>(rng() % 3 == 0 ? (rng() & 0xFF) : (0x20 + rng() % 0x5F));
     Ids ids;
     ASSERT_NO_THROW(ids = tok_->encode(s));
     EXPECT_EQ(ids, tok_->encode(ts::sanitize_utf8(s)));
@@ -346,12 +360,14 @@ TEST_F(SmolLM2, RandomBytesRoundTripThroughSanitizer) {
 TEST_F(SmolLM2, EncodesTwoThousandTokensFast) {
   const std::string para =
       "The quick brown fox jumps over the lazy dog; 12345 + 678 = 13023. "
-      "def f(x):\n    return x * 2  # comment\n\tTabs\tand   spaces. Привет, 你好, مرحبا! 👍🏽\n";
+      "def f(x):\n    return x * 2  # comment\n\tTabs\tand   spaces. Привет, 你好, مرحبا! "
+      "👍🏽\n";
   std::string text;
   while (tok_->encode(text).size() < 2000) text += para;
   const auto t0 = std::chrono::steady_clock::now();
   const Ids ids = tok_->encode(text);
-  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(ids.size(), 2000u);
   EXPECT_EQ(tok_->decode(ids), text);
 #if defined(__SANITIZE_ADDRESS__)

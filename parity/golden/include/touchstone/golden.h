@@ -24,23 +24,24 @@ struct GoldenCase {
   std::vector<int32_t> greedy_ids;  // [G] greedy continuation
   std::string greedy_text;          // decoded bytes of greedy_ids (arbitrary bytes)
   int32_t n_vocab = 0;
-  int32_t top_k = 0;                // K
-  int32_t n_full_steps = 0;         // F <= G
-  std::vector<float> full_logits;   // [F, n_vocab]: step s = logits that predicted greedy_ids[s]
-  std::vector<int32_t> topk_ids;    // [G, K] per step, descending by logit, ties -> lower id
-  std::vector<float> topk_logits;   // [G, K]
-  std::vector<double> lse;          // [G] natural-log log-sum-exp of the full logits row
+  int32_t top_k = 0;               // K
+  int32_t n_full_steps = 0;        // F <= G
+  std::vector<float> full_logits;  // [F, n_vocab]: step s = logits that predicted greedy_ids[s]
+  std::vector<int32_t> topk_ids;   // [G, K] per step, descending by logit, ties -> lower id
+  std::vector<float> topk_logits;  // [G, K]
+  std::vector<double> lse;         // [G] natural-log log-sum-exp of the full logits row
 };
 
-struct GoldenScoring {              // teacher-forced passage
+struct GoldenScoring {  // teacher-forced passage
   std::string name;
   std::string text;
-  std::vector<int32_t> token_ids;   // [N]
+  std::vector<int32_t> token_ids;  // [N]
   int32_t n_vocab = 0, top_k = 0;
-  std::vector<int32_t> topk_ids;    // [N-1, K] row i = logits at position i (predicting token_ids[i+1])
-  std::vector<float> topk_logits;   // [N-1, K]
-  std::vector<double> lse;          // [N-1]
-  std::vector<float> target_logits; // [N-1] logit of token_ids[i+1] at position i
+  std::vector<int32_t>
+      topk_ids;  // [N-1, K] row i = logits at position i (predicting token_ids[i+1])
+  std::vector<float> topk_logits;    // [N-1, K]
+  std::vector<double> lse;           // [N-1]
+  std::vector<float> target_logits;  // [N-1] logit of token_ids[i+1] at position i
 };
 
 struct GoldenFile {

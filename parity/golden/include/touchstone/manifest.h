@@ -42,7 +42,7 @@ struct Profile {
 
 struct ManifestCase {
   std::string name;
-  std::string model;              // refers to ManifestModel::name
+  std::string model;  // refers to ManifestModel::name
   std::string prompt;
   bool chat = false;              // optional, default false
   int n_predict = 0;              // required, > 0
@@ -70,7 +70,7 @@ struct Manifest {
   std::vector<Profile> profiles;  // in file order
   std::vector<ManifestCase> cases;
   std::vector<ManifestScoring> scoring;
-  std::vector<Suite> suites;      // in file order
+  std::vector<Suite> suites;  // in file order
 
   // Throw Error naming the unknown name and listing the known ones.
   const ManifestModel& find_model(std::string_view name) const;

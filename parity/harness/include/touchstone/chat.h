@@ -14,6 +14,7 @@ bool is_chatml_template(const std::string& chat_template);
 
 // One user turn with add_generation_prompt=true, exactly as the Jinja template renders it:
 //   <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n
-std::string chatml_prompt(const std::string& user, const std::string& system = kSmolLM2DefaultSystem);
+std::string chatml_prompt(const std::string& user,
+                          const std::string& system = kSmolLM2DefaultSystem);
 
 }  // namespace touchstone

@@ -23,29 +23,29 @@
 namespace touchstone {
 
 struct GreedyDivergence {
-  int step = 0;                 // index into greedy_ids
+  int step = 0;  // index into greedy_ids
   int32_t ref_id = 0, test_id = 0;
   std::string ref_text, test_text;  // decoded bytes of each token
-  double ref_margin = 0.0;      // reference top-1 minus top-2 logit at this step
-  bool accepted = false;        // near-tie rule
+  double ref_margin = 0.0;          // reference top-1 minus top-2 logit at this step
+  bool accepted = false;            // near-tie rule
   bool test_in_ref_topk = false, ref_in_test_topk = false;
 };
 
 struct CaseResult {
   std::string name;
   bool passed = false;
-  std::vector<std::string> failures;   // one line per violated criterion
-  int n_steps = 0;                     // steps compared
-  int n_total = 0;                     // golden steps
-  int n_matched = 0;                   // steps whose argmax equals the golden token
+  std::vector<std::string> failures;                 // one line per violated criterion
+  int n_steps = 0;                                   // steps compared
+  int n_total = 0;                                   // golden steps
+  int n_matched = 0;                                 // steps whose argmax equals the golden token
   std::optional<GreedyDivergence> first_divergence;  // first differing argmax (accepted or not)
   std::vector<GreedyDivergence> near_ties;           // accepted divergences
-  int first_logit_violation_step = -1; // first step whose logits break the profile
-  std::string first_logit_violation;   // what broke there
-  double nmse_max = 0.0;               // over compared steps
-  double max_abs = 0.0;                // over compared steps
+  int first_logit_violation_step = -1;               // first step whose logits break the profile
+  std::string first_logit_violation;                 // what broke there
+  double nmse_max = 0.0;                             // over compared steps
+  double max_abs = 0.0;                              // over compared steps
   double kld_mean = 0.0, kld_max = 0.0;
-  size_t nonfinite = 0;                // NaN/Inf logits seen
+  size_t nonfinite = 0;  // NaN/Inf logits seen
   double seconds = 0.0;
 };
 
@@ -54,8 +54,8 @@ struct ScoringResult {
   bool passed = false;
   std::vector<std::string> failures;
   metrics::ScoringStats stats{};
-  double topk_nmse = 0.0;    // NMSE over all stored top-K logits
-  double topk_max_abs = 0.0; // max |diff| over all stored top-K logits
+  double topk_nmse = 0.0;     // NMSE over all stored top-K logits
+  double topk_max_abs = 0.0;  // max |diff| over all stored top-K logits
   double seconds = 0.0;
 };
 

@@ -12,8 +12,8 @@
 namespace touchstone {
 
 struct RecordOptions {
-  int32_t case_top_k = 64;      // K stored per greedy step
-  int32_t n_full_steps = 2;     // steps whose full-vocabulary logits are stored (keeps goldens < 5 MB)
+  int32_t case_top_k = 64;   // K stored per greedy step
+  int32_t n_full_steps = 2;  // steps whose full-vocabulary logits are stored (keeps goldens < 5 MB)
   int32_t scoring_top_k = 256;  // K stored per scored position
 };
 
@@ -24,7 +24,8 @@ std::string case_prompt_text(const ManifestCase& c);
 // EOS: every case has exactly n_predict steps). Step s stores the logits that
 // predicted greedy_ids[s]. `progress(step, total)` is called after every step.
 GoldenCase record_case(Session& session, const Tokenizer& tok, const ManifestCase& c,
-                       const RecordOptions& opt, const std::function<void(int, int)>& progress = {});
+                       const RecordOptions& opt,
+                       const std::function<void(int, int)>& progress = {});
 
 // Teacher-forced pass over the passage (encoded without BOS).
 GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const ManifestScoring& s,

@@ -129,13 +129,13 @@ Summary summarize(std::span<const double> values);
 // llama-perplexity --kl-divergence style statistics over scored positions.
 struct ScoringStats {
   size_t n_positions;
-  Summary kld;                  // per-position KL estimates (nats)
-  double max_p_tail;            // largest reference tail mass (bounds the KL estimate error)
-  double max_kl_gap_bound;      // max over positions of kl_upper - kl (nats)
-  double top1_agreement;        // fraction of positions where argmax(test) == ref top-1 id
-  double rms_delta_p;           // sqrt(mean((q(target) - p(target))^2)), target = next token
+  Summary kld;              // per-position KL estimates (nats)
+  double max_p_tail;        // largest reference tail mass (bounds the KL estimate error)
+  double max_kl_gap_bound;  // max over positions of kl_upper - kl (nats)
+  double top1_agreement;    // fraction of positions where argmax(test) == ref top-1 id
+  double rms_delta_p;       // sqrt(mean((q(target) - p(target))^2)), target = next token
   double ppl_ref, ppl_test, ppl_ratio;  // exp(mean NLL of target); ratio = ppl_test / ppl_ref
-  size_t n_nonfinite_positions; // positions whose test row had NaN/Inf
+  size_t n_nonfinite_positions;         // positions whose test row had NaN/Inf
 };
 
 // Accumulates positions one at a time so callers never hold all test logits.
@@ -175,9 +175,9 @@ class ScoringAccumulator {
 
 struct NearTieVerdict {
   bool accepted;
-  double ref_margin;       // r[top1] - r[top2] over the stored reference top-K
-  bool test_in_ref_topk;   // test_token among the first min(k, K) ranked ref entries
-  bool ref_in_test_topk;   // ref top-1 among top_k(test_logits, k)
+  double ref_margin;      // r[top1] - r[top2] over the stored reference top-K
+  bool test_in_ref_topk;  // test_token among the first min(k, K) ranked ref entries
+  bool ref_in_test_topk;  // ref top-1 among top_k(test_logits, k)
 };
 
 // The stored reference top-K is ranked internally by (logit desc, id asc), so
@@ -187,8 +187,8 @@ struct NearTieVerdict {
 // and the test row is finite (a non-finite row is never accepted).
 // Errors: K < 2, size mismatch, ids out of range or duplicated, non-finite
 // ref logits, test_token out of range, k <= 0, margin_eps NaN or < 0.
-NearTieVerdict near_tie(std::span<const int32_t> ref_topk_ids, std::span<const float> ref_topk_logits,
-                        int32_t test_token, std::span<const float> test_logits, double margin_eps,
-                        int k);
+NearTieVerdict near_tie(std::span<const int32_t> ref_topk_ids,
+                        std::span<const float> ref_topk_logits, int32_t test_token,
+                        std::span<const float> test_logits, double margin_eps, int k);
 
 }  // namespace touchstone::metrics

@@ -33,18 +33,58 @@ namespace touchstone::gguf {
 
 /// Metadata value types (gguf_metadata_value_type in the spec).
 enum class ValueType : uint32_t {
-  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
-  BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
 };
 
 /// Tensor element types, numbered as ggml_type (ggml.h). Gaps (4, 5, 31-33,
 /// 36-38) are types removed from ggml; they are reported as unknown.
 enum class TensorType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
-  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21,
-  IQ2_S = 22, IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28,
-  IQ1_M = 29, BF16 = 30, TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39, NVFP4 = 40, Q1_0 = 41,
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  IQ1_M = 29,
+  BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
+  MXFP4 = 39,
+  NVFP4 = 40,
+  Q1_0 = 41,
 };
 
 /// "UINT32", "STRING", ... or "type#N" for an unknown value.
@@ -68,10 +108,10 @@ struct TensorInfo {
   std::string name;
   std::vector<uint64_t> shape;  // ggml order: shape[0] is the fastest-varying (row length)
   TensorType type = TensorType::F32;
-  uint64_t offset = 0;          // relative to the start of the data section, as stored
+  uint64_t offset = 0;  // relative to the start of the data section, as stored
   uint64_t n_elements = 0;
-  uint64_t n_bytes = 0;         // 0 when the type is unknown (size cannot be computed)
-  uint64_t info_offset = 0;     // byte offset of this tensor's info record (for messages)
+  uint64_t n_bytes = 0;      // 0 when the type is unknown (size cannot be computed)
+  uint64_t info_offset = 0;  // byte offset of this tensor's info record (for messages)
 };
 
 /// An open GGUF file. Move-only; owns a read-only mapping of the whole file.
@@ -129,7 +169,8 @@ class File {
   File() = default;
   void release() noexcept;
   const Value* lookup(std::string_view key, uint64_t* offset) const;
-  [[noreturn]] void wrong_type(std::string_view key, const Value& val, std::string_view wanted) const;
+  [[noreturn]] void wrong_type(std::string_view key, const Value& val,
+                               std::string_view wanted) const;
 
   friend class FileParser;
 

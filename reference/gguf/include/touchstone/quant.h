@@ -50,43 +50,46 @@ inline constexpr int K_SCALE_SIZE = 12;
 using ggml_half = uint16_t;  // IEEE binary16 bits
 
 struct block_q4_0 {
-  ggml_half d;             // delta
-  uint8_t qs[QK4_0 / 2];   // nibbles / quants
+  ggml_half d;            // delta
+  uint8_t qs[QK4_0 / 2];  // nibbles / quants
 };
 static_assert(sizeof(block_q4_0) == sizeof(ggml_half) + QK4_0 / 2, "wrong q4_0 block size/padding");
 
 struct block_q4_1 {
-  ggml_half d;             // delta
-  ggml_half m;             // min
-  uint8_t qs[QK4_1 / 2];   // nibbles / quants
+  ggml_half d;            // delta
+  ggml_half m;            // min
+  uint8_t qs[QK4_1 / 2];  // nibbles / quants
 };
-static_assert(sizeof(block_q4_1) == 2 * sizeof(ggml_half) + QK4_1 / 2, "wrong q4_1 block size/padding");
+static_assert(sizeof(block_q4_1) == 2 * sizeof(ggml_half) + QK4_1 / 2,
+              "wrong q4_1 block size/padding");
 
 struct block_q5_0 {
-  ggml_half d;             // delta
-  uint8_t qh[4];           // 5-th bit of quants
-  uint8_t qs[QK5_0 / 2];   // nibbles / quants
+  ggml_half d;            // delta
+  uint8_t qh[4];          // 5-th bit of quants
+  uint8_t qs[QK5_0 / 2];  // nibbles / quants
 };
-static_assert(sizeof(block_q5_0) == sizeof(ggml_half) + sizeof(uint32_t) + QK5_0 / 2, "wrong q5_0 block size/padding");
+static_assert(sizeof(block_q5_0) == sizeof(ggml_half) + sizeof(uint32_t) + QK5_0 / 2,
+              "wrong q5_0 block size/padding");
 
 struct block_q5_1 {
-  ggml_half d;             // delta
-  ggml_half m;             // min
-  uint8_t qh[4];           // 5-th bit of quants
-  uint8_t qs[QK5_1 / 2];   // nibbles / quants
+  ggml_half d;            // delta
+  ggml_half m;            // min
+  uint8_t qh[4];          // 5-th bit of quants
+  uint8_t qs[QK5_1 / 2];  // nibbles / quants
 };
-static_assert(sizeof(block_q5_1) == 2 * sizeof(ggml_half) + sizeof(uint32_t) + QK5_1 / 2, "wrong q5_1 block size/padding");
+static_assert(sizeof(block_q5_1) == 2 * sizeof(ggml_half) + sizeof(uint32_t) + QK5_1 / 2,
+              "wrong q5_1 block size/padding");
 
 struct block_q8_0 {
-  ggml_half d;             // delta
-  int8_t qs[QK8_0];        // quants
+  ggml_half d;       // delta
+  int8_t qs[QK8_0];  // quants
 };
 static_assert(sizeof(block_q8_0) == sizeof(ggml_half) + QK8_0, "wrong q8_0 block size/padding");
 
 struct block_q8_1 {
-  ggml_half d;             // delta
-  ggml_half s;             // d * sum(qs[i])
-  int8_t qs[QK8_1];        // quants
+  ggml_half d;       // delta
+  ggml_half s;       // d * sum(qs[i])
+  int8_t qs[QK8_1];  // quants
 };
 static_assert(sizeof(block_q8_1) == 2 * sizeof(ggml_half) + QK8_1, "wrong q8_1 block size/padding");
 
@@ -97,7 +100,8 @@ struct block_q2_K {
   ggml_half d;                // super-block scale for quantized scales
   ggml_half dmin;             // super-block scale for quantized mins
 };
-static_assert(sizeof(block_q2_K) == 2 * sizeof(ggml_half) + QK_K / 16 + QK_K / 4, "wrong q2_K block size/padding");
+static_assert(sizeof(block_q2_K) == 2 * sizeof(ggml_half) + QK_K / 16 + QK_K / 4,
+              "wrong q2_K block size/padding");
 
 // 3-bit: 16 blocks of 16 elements, weight = a*q, 6-bit scales.
 struct block_q3_K {
@@ -106,43 +110,48 @@ struct block_q3_K {
   uint8_t scales[12];       // scales, quantized with 6 bits
   ggml_half d;              // super-block scale
 };
-static_assert(sizeof(block_q3_K) == sizeof(ggml_half) + QK_K / 4 + QK_K / 8 + 12, "wrong q3_K block size/padding");
+static_assert(sizeof(block_q3_K) == sizeof(ggml_half) + QK_K / 4 + QK_K / 8 + 12,
+              "wrong q3_K block size/padding");
 
 // 4-bit: 8 blocks of 32 elements, weight = a*q + b, 6-bit scales and mins.
 struct block_q4_K {
-  ggml_half d;                    // super-block scale for quantized scales
-  ggml_half dmin;                 // super-block scale for quantized mins
-  uint8_t scales[K_SCALE_SIZE];   // scales and mins, quantized with 6 bits
-  uint8_t qs[QK_K / 2];           // 4-bit quants
+  ggml_half d;                   // super-block scale for quantized scales
+  ggml_half dmin;                // super-block scale for quantized mins
+  uint8_t scales[K_SCALE_SIZE];  // scales and mins, quantized with 6 bits
+  uint8_t qs[QK_K / 2];          // 4-bit quants
 };
-static_assert(sizeof(block_q4_K) == 2 * sizeof(ggml_half) + K_SCALE_SIZE + QK_K / 2, "wrong q4_K block size/padding");
+static_assert(sizeof(block_q4_K) == 2 * sizeof(ggml_half) + K_SCALE_SIZE + QK_K / 2,
+              "wrong q4_K block size/padding");
 
 // 5-bit: 8 blocks of 32 elements, weight = a*q + b, 6-bit scales and mins.
 struct block_q5_K {
-  ggml_half d;                    // super-block scale for quantized scales
-  ggml_half dmin;                 // super-block scale for quantized mins
-  uint8_t scales[K_SCALE_SIZE];   // scales and mins, quantized with 6 bits
-  uint8_t qh[QK_K / 8];           // quants, high bit
-  uint8_t qs[QK_K / 2];           // quants, low 4 bits
+  ggml_half d;                   // super-block scale for quantized scales
+  ggml_half dmin;                // super-block scale for quantized mins
+  uint8_t scales[K_SCALE_SIZE];  // scales and mins, quantized with 6 bits
+  uint8_t qh[QK_K / 8];          // quants, high bit
+  uint8_t qs[QK_K / 2];          // quants, low 4 bits
 };
-static_assert(sizeof(block_q5_K) == 2 * sizeof(ggml_half) + K_SCALE_SIZE + QK_K / 2 + QK_K / 8, "wrong q5_K block size/padding");
+static_assert(sizeof(block_q5_K) == 2 * sizeof(ggml_half) + K_SCALE_SIZE + QK_K / 2 + QK_K / 8,
+              "wrong q5_K block size/padding");
 
 // 6-bit: 16 blocks of 16 elements, weight = a*q, 8-bit scales.
 struct block_q6_K {
-  uint8_t ql[QK_K / 2];       // quants, lower 4 bits
-  uint8_t qh[QK_K / 4];       // quants, upper 2 bits
-  int8_t scales[QK_K / 16];   // scales, quantized with 8 bits
-  ggml_half d;                // super-block scale
+  uint8_t ql[QK_K / 2];      // quants, lower 4 bits
+  uint8_t qh[QK_K / 4];      // quants, upper 2 bits
+  int8_t scales[QK_K / 16];  // scales, quantized with 8 bits
+  ggml_half d;               // super-block scale
 };
-static_assert(sizeof(block_q6_K) == sizeof(ggml_half) + QK_K / 16 + 3 * QK_K / 4, "wrong q6_K block size/padding");
+static_assert(sizeof(block_q6_K) == sizeof(ggml_half) + QK_K / 16 + 3 * QK_K / 4,
+              "wrong q6_K block size/padding");
 
 // Intermediate quantization (dot products only): float d, 8-bit quants, block sums.
 struct block_q8_K {
-  float d;                       // delta
-  int8_t qs[QK_K];               // quants
-  int16_t bsums[QK_K / 16];      // sum of quants in groups of 16
+  float d;                   // delta
+  int8_t qs[QK_K];           // quants
+  int16_t bsums[QK_K / 16];  // sum of quants in groups of 16
 };
-static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t), "wrong q8_K block size/padding");
+static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t),
+              "wrong q8_K block size/padding");
 
 // ---- dequantization ---------------------------------------------------------
 /// Dequantizes `n` consecutive elements (n % block_size == 0, else Error).

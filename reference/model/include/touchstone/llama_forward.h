@@ -31,7 +31,8 @@ class LlamaReference {
   // max_context: KV cache capacity in tokens (<= 0: the model's context_length).
   // n_threads: rows of each matrix-vector product are split across threads;
   // the result is bitwise identical for any thread count.
-  LlamaReference(const LlamaWeights& weights, int32_t max_context, int n_threads, Faults faults = {});
+  LlamaReference(const LlamaWeights& weights, int32_t max_context, int n_threads,
+                 Faults faults = {});
 
   // Runs `token` at position position(), appends its K/V to the cache and writes
   // n_vocab logits. Throws touchstone::Error when the id is out of range or the

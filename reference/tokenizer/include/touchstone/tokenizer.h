@@ -43,21 +43,29 @@ namespace touchstone {
 
 /// GGUF token types (tokenizer.ggml.token_type; llama.cpp's llama_token_type).
 enum class TokenType : int32_t {
-  Undefined = 0, Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6,
+  Undefined = 0,
+  Normal = 1,
+  Unknown = 2,
+  Control = 3,
+  UserDefined = 4,
+  Unused = 5,
+  Byte = 6,
 };
 
-struct TokenizerData {                 // everything read from GGUF tokenizer.ggml.* keys
-  std::string model;                   // "gpt2" or "llama"
-  std::string pre;                     // pre-tokenizer name, e.g. "smollm", "default"
-  std::vector<std::string> tokens;     // token text as stored in GGUF
-  std::vector<int32_t> token_types;    // may be empty (then: all Normal, except <0xXX> for "llama")
-  std::vector<float> scores;           // may be empty (then all 0; "llama" merges use them)
-  std::vector<std::string> merges;     // "a b" pairs, may be empty (needed for "gpt2")
+struct TokenizerData {               // everything read from GGUF tokenizer.ggml.* keys
+  std::string model;                 // "gpt2" or "llama"
+  std::string pre;                   // pre-tokenizer name, e.g. "smollm", "default"
+  std::vector<std::string> tokens;   // token text as stored in GGUF
+  std::vector<int32_t> token_types;  // may be empty (then: all Normal, except <0xXX> for "llama")
+  std::vector<float> scores;         // may be empty (then all 0; "llama" merges use them)
+  std::vector<std::string> merges;   // "a b" pairs, may be empty (needed for "gpt2")
   int32_t bos = -1, eos = -1, unk = -1, pad = -1;
   bool add_bos = false, add_eos = false, add_space_prefix = false;
 };
 
-namespace gguf { class File; }
+namespace gguf {
+class File;
+}
 
 /// Reads the tokenizer.ggml.* keys. Throws touchstone::Error naming file + key
 /// when a required key is missing or has the wrong type. Defaults when absent
@@ -122,8 +130,8 @@ class Tokenizer {
   int32_t eos() const;
   int32_t unk() const;
   int32_t pad() const;
-  TokenType token_type(int32_t id) const;   // throws Error for an invalid id
-  bool is_control(int32_t id) const;        // false for invalid ids
+  TokenType token_type(int32_t id) const;  // throws Error for an invalid id
+  bool is_control(int32_t id) const;       // false for invalid ids
   /// Id of the token whose stored text (as in GGUF) is `text`.
   std::optional<int32_t> find_token(std::string_view text) const;
   const TokenizerData& data() const;

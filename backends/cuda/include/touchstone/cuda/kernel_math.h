@@ -90,11 +90,31 @@ TS_HD float bits_to_float(uint32_t u) {
 inline constexpr int kQK = 32;     // Q4_0 / Q4_1 / Q8_0 block, and the "chunk" of every type
 inline constexpr int kQK_K = 256;  // K-quant super-block
 
-struct blk_q4_0 { uint16_t d; uint8_t qs[16]; };
-struct blk_q4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };
-struct blk_q8_0 { uint16_t d; int8_t qs[32]; };
-struct blk_q4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[128]; };
-struct blk_q6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+struct blk_q4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct blk_q4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+struct blk_q8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+struct blk_q4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+struct blk_q6_K {
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint16_t d;
+};
 static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q8_0) == 34);
 static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210);
 
@@ -155,19 +175,27 @@ TS_HD float deq_q6_K(const blk_q6_K& b, int j) {
   const int lo = (g & 1) ? ql[l + 32] : ql[l];
   const int nib = (g & 2) ? (lo >> 4) : (lo & 0xF);
   const int q = static_cast<int8_t>(nib | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
-  return mul_rn(mul_rn(fp16_to_fp32(b.d), static_cast<float>(sc[is + 2 * g])), static_cast<float>(q));
+  return mul_rn(mul_rn(fp16_to_fp32(b.d), static_cast<float>(sc[is + 2 * g])),
+                static_cast<float>(q));
 }
 
 // Element `i` of a row of `type` starting at `row` (row = first byte of the row).
 TS_HD float deq_elem(WType type, const void* row, int64_t i) {
   switch (type) {
-    case WType::F32: return static_cast<const float*>(row)[i];
-    case WType::F16: return fp16_to_fp32(static_cast<const uint16_t*>(row)[i]);
-    case WType::Q4_0: return deq_q4_0(static_cast<const blk_q4_0*>(row)[i / 32], static_cast<int>(i % 32));
-    case WType::Q4_1: return deq_q4_1(static_cast<const blk_q4_1*>(row)[i / 32], static_cast<int>(i % 32));
-    case WType::Q8_0: return deq_q8_0(static_cast<const blk_q8_0*>(row)[i / 32], static_cast<int>(i % 32));
-    case WType::Q4_K: return deq_q4_K(static_cast<const blk_q4_K*>(row)[i / 256], static_cast<int>(i % 256));
-    case WType::Q6_K: return deq_q6_K(static_cast<const blk_q6_K*>(row)[i / 256], static_cast<int>(i % 256));
+    case WType::F32:
+      return static_cast<const float*>(row)[i];
+    case WType::F16:
+      return fp16_to_fp32(static_cast<const uint16_t*>(row)[i]);
+    case WType::Q4_0:
+      return deq_q4_0(static_cast<const blk_q4_0*>(row)[i / 32], static_cast<int>(i % 32));
+    case WType::Q4_1:
+      return deq_q4_1(static_cast<const blk_q4_1*>(row)[i / 32], static_cast<int>(i % 32));
+    case WType::Q8_0:
+      return deq_q8_0(static_cast<const blk_q8_0*>(row)[i / 32], static_cast<int>(i % 32));
+    case WType::Q4_K:
+      return deq_q4_K(static_cast<const blk_q4_K*>(row)[i / 256], static_cast<int>(i % 256));
+    case WType::Q6_K:
+      return deq_q6_K(static_cast<const blk_q6_K*>(row)[i / 256], static_cast<int>(i % 256));
   }
   return 0.0f;
 }
@@ -175,13 +203,20 @@ TS_HD float deq_elem(WType type, const void* row, int64_t i) {
 // Bytes of one row of n elements (n a multiple of the block size).
 TS_HD int64_t row_bytes(WType type, int64_t n) {
   switch (type) {
-    case WType::F32: return 4 * n;
-    case WType::F16: return 2 * n;
-    case WType::Q4_0: return n / 32 * 18;
-    case WType::Q4_1: return n / 32 * 20;
-    case WType::Q8_0: return n / 32 * 34;
-    case WType::Q4_K: return n / 256 * 144;
-    case WType::Q6_K: return n / 256 * 210;
+    case WType::F32:
+      return 4 * n;
+    case WType::F16:
+      return 2 * n;
+    case WType::Q4_0:
+      return n / 32 * 18;
+    case WType::Q4_1:
+      return n / 32 * 20;
+    case WType::Q8_0:
+      return n / 32 * 34;
+    case WType::Q4_K:
+      return n / 256 * 144;
+    case WType::Q6_K:
+      return n / 256 * 210;
   }
   return 0;
 }
@@ -231,7 +266,8 @@ TS_HD float row_dot_emulated(WType type, const void* row, const float* x, int64_
 // pow/cos/sin) and uploaded; the rotation itself is done in fp64 and rounded
 // once, so a rotated pair is bit-identical to the reference.
 inline double rope_theta(int32_t pos, int64_t i, int64_t hd, double base) {
-  return static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+  return static_cast<double>(pos) *
+         std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
 }
 TS_HD void rope_rotate(float* x0, float* x1, double c, double s) {
   const double a = *x0, b = *x1;
@@ -265,7 +301,8 @@ TS_HD SoftmaxScales softmax_merge_scales(float m1, float m2) {
   return {m, c1, c2};
 }
 // In place: (m1, l1, a1[0..n)) <- merge((m1, l1, a1), (m2, l2, a2)).
-TS_HD void softmax_merge(float* m1, float* l1, float* a1, float m2, float l2, const float* a2, int n) {
+TS_HD void softmax_merge(float* m1, float* l1, float* a1, float m2, float l2, const float* a2,
+                         int n) {
   const SoftmaxScales s = softmax_merge_scales(*m1, m2);
   *m1 = s.m;
   *l1 = fma_rn(l2, s.c2, mul_rn(*l1, s.c1));
