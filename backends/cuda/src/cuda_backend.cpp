@@ -689,29 +689,14 @@ void free_session(ts_session* s) {
   delete s;
 }
 
-void check_room(const ts_session* s, int64_t n) {
-  if (s->pos + n > s->max_ctx) {
-    throw StatusError(
-        TS_ERR_CONTEXT_FULL,
-        fmt::format("position {} + {} tokens exceeds max context {}", s->pos, n, s->max_ctx));
-  }
-}
-
-void check_token(const ts_session* s, int32_t t, int64_t index) {
-  if (t < 0 || t >= s->model->cfg.n_vocab) {
-    throw StatusError(TS_ERR_INVALID_ARGUMENT, fmt::format("token #{} = {} outside [0, {})", index,
-                                                           t, s->model->cfg.n_vocab));
-  }
-}
-
 ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
                   float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
     }
-    for (int32_t i = 0; i < n; ++i) check_token(s, tokens[i], i);
-    check_room(s, n);
+    touchstone::abi::check_tokens(tokens, n, s->model->cfg.n_vocab);
+    touchstone::abi::check_room(s->pos, n, s->max_ctx);
     TS_CUDA(cudaSetDevice(s->model->device));
     run_prefill(*s, tokens, n, all_positions != 0, logits);
   });
@@ -720,8 +705,8 @@ ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_p
 ts_status decode(ts_session* s, int32_t token, float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
-    check_token(s, token, 0);
-    check_room(s, 1);
+    touchstone::abi::check_tokens(&token, 1, s->model->cfg.n_vocab);
+    touchstone::abi::check_room(s->pos, 1, s->max_ctx);
     TS_CUDA(cudaSetDevice(s->model->device));
     run_decode(*s, token, logits);
   });
@@ -730,10 +715,7 @@ ts_status decode(ts_session* s, int32_t token, float* logits) {
 ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
-    if (position < 0 || position > s->pos) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                        fmt::format("rewind to {} outside [0, {}]", position, s->pos));
-    }
+    touchstone::abi::check_rewind(position, s->pos);
     s->pos = position;  // entries >= position are overwritten before they are read again
   });
 }

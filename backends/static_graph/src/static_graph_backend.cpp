@@ -98,28 +98,14 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
 
 void free_session(ts_session* s) { delete s; }
 
-void check_room(const ts_session* s, int64_t n) {
-  if (s->s->position() + n > s->s->capacity()) {
-    throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(s->s->position()) + " + " +
-                                               std::to_string(n) + " tokens exceeds max context " +
-                                               std::to_string(s->s->capacity()));
-  }
-}
-
 ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
                   float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
     }
-    for (int32_t i = 0; i < n; ++i) {
-      if (tokens[i] < 0 || tokens[i] >= s->s->n_vocab()) {
-        throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(i) + " = " +
-                                                       std::to_string(tokens[i]) + " outside [0, " +
-                                                       std::to_string(s->s->n_vocab()) + ")");
-      }
-    }
-    check_room(s, n);
+    touchstone::abi::check_tokens(tokens, n, s->s->n_vocab());
+    touchstone::abi::check_room(s->s->position(), n, s->s->capacity());
     s->s->prefill(tokens, n, all_positions != 0, logits);
   });
 }
@@ -127,12 +113,8 @@ ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_p
 ts_status decode(ts_session* s, int32_t token, float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
-    if (token < 0 || token >= s->s->n_vocab()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token " + std::to_string(token) +
-                                                     " outside [0, " +
-                                                     std::to_string(s->s->n_vocab()) + ")");
-    }
-    check_room(s, 1);
+    touchstone::abi::check_tokens(&token, 1, s->s->n_vocab());
+    touchstone::abi::check_room(s->s->position(), 1, s->s->capacity());
     s->s->decode(token, logits);
   });
 }
@@ -140,11 +122,7 @@ ts_status decode(ts_session* s, int32_t token, float* logits) {
 ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
-    if (position < 0 || position > s->s->position()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) +
-                                                     " outside [0, " +
-                                                     std::to_string(s->s->position()) + "]");
-    }
+    touchstone::abi::check_rewind(position, s->s->position());
     s->s->rewind(position);
   });
 }

@@ -133,23 +133,13 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
 
 void free_session(ts_session* s) { delete s; }
 
-void check_tokens(const ts_session* s, const int32_t* tokens, int32_t n) {
-  for (int32_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= s->fwd->n_vocab()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(i) + " = " +
-                                                     std::to_string(tokens[i]) + " outside [0, " +
-                                                     std::to_string(s->fwd->n_vocab()) + ")");
-    }
-  }
-}
-
 ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
                   float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
     }
-    check_tokens(s, tokens, n);
+    touchstone::abi::check_tokens(tokens, n, s->fwd->n_vocab());
     s->fwd->run(tokens, n, all_positions != 0, logits);
   });
 }
@@ -157,7 +147,7 @@ ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_p
 ts_status decode(ts_session* s, int32_t token, float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
-    check_tokens(s, &token, 1);
+    touchstone::abi::check_tokens(&token, 1, s->fwd->n_vocab());
     s->fwd->run(&token, 1, false, logits);
   });
 }
@@ -165,11 +155,7 @@ ts_status decode(ts_session* s, int32_t token, float* logits) {
 ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
-    if (position < 0 || position > s->fwd->position()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) +
-                                                     " outside [0, " +
-                                                     std::to_string(s->fwd->position()) + "]");
-    }
+    touchstone::abi::check_rewind(position, s->fwd->position());
     s->fwd->rewind(position);
   });
 }

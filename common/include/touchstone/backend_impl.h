@@ -4,6 +4,7 @@
 // message for last_error(): exceptions never cross the ABI.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <new>
 #include <string>
@@ -29,6 +30,35 @@ inline std::string& last_error_storage() {
 }
 
 inline const char* last_error() { return last_error_storage().c_str(); }
+
+// ---- argument checks every backend applies identically (same status, same message) ----
+
+// TS_ERR_INVALID_ARGUMENT naming the index and value of the first token outside [0, n_vocab).
+inline void check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                        fmt::format("token #{} = {} outside [0, {})", i, tokens[i], n_vocab));
+    }
+  }
+}
+
+// TS_ERR_CONTEXT_FULL when appending n tokens at `position` would exceed max_context.
+inline void check_room(int64_t position, int64_t n, int64_t max_context) {
+  if (position + n > max_context) {
+    throw StatusError(
+        TS_ERR_CONTEXT_FULL,
+        fmt::format("position {} + {} tokens exceeds max context {}", position, n, max_context));
+  }
+}
+
+// TS_ERR_INVALID_ARGUMENT unless 0 <= to <= position.
+inline void check_rewind(int64_t to, int64_t position) {
+  if (to < 0 || to > position) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      fmt::format("rewind to {} outside [0, {}]", to, position));
+  }
+}
 
 template <typename F>
 ts_status guard(F&& f) noexcept {

@@ -95,30 +95,14 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
 
 void free_session(ts_session* s) { delete s; }
 
-void check_room(const ts_session* s, int64_t n) {
-  if (s->ref->position() + n > s->ref->max_context()) {
-    throw StatusError(TS_ERR_CONTEXT_FULL,
-                      "position " + std::to_string(s->ref->position()) + " + " + std::to_string(n) +
-                          " tokens exceeds max context " + std::to_string(s->ref->max_context()));
-  }
-}
-
-void check_token(const ts_session* s, int32_t t, int64_t index) {
-  if (t < 0 || t >= s->ref->n_vocab()) {
-    throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(index) + " = " +
-                                                   std::to_string(t) + " outside [0, " +
-                                                   std::to_string(s->ref->n_vocab()) + ")");
-  }
-}
-
 ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
                   float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
     }
-    for (int32_t i = 0; i < n; ++i) check_token(s, tokens[i], i);
-    check_room(s, n);
+    touchstone::abi::check_tokens(tokens, n, s->ref->n_vocab());
+    touchstone::abi::check_room(s->ref->position(), n, s->ref->max_context());
     const size_t v = size_t(s->ref->n_vocab());
     for (int32_t i = 0; i < n; ++i) {
       float* row = all_positions ? logits + size_t(i) * v : logits;
@@ -130,8 +114,8 @@ ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_p
 ts_status decode(ts_session* s, int32_t token, float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
-    check_token(s, token, 0);
-    check_room(s, 1);
+    touchstone::abi::check_tokens(&token, 1, s->ref->n_vocab());
+    touchstone::abi::check_room(s->ref->position(), 1, s->ref->max_context());
     s->ref->forward(token, std::span<float>(logits, size_t(s->ref->n_vocab())));
   });
 }
@@ -139,11 +123,7 @@ ts_status decode(ts_session* s, int32_t token, float* logits) {
 ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
-    if (position < 0 || position > s->ref->position()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) +
-                                                     " outside [0, " +
-                                                     std::to_string(s->ref->position()) + "]");
-    }
+    touchstone::abi::check_rewind(position, s->ref->position());
     s->ref->rewind(position);
   });
 }
