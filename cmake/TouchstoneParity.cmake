@@ -57,3 +57,24 @@ function(touchstone_add_contract_tests backend weights)
     LABELS "contract;${backend};${weights}" SKIP_RETURN_CODE 77 TIMEOUT 600
     ENVIRONMENT "TOUCHSTONE_CONTRACT_BACKEND=${backend};TOUCHSTONE_CONTRACT_WEIGHTS=${weights};TOUCHSTONE_MODEL_PATH=${TOUCHSTONE_MODEL_PATH}")
 endfunction()
+
+# touchstone_gtest_labels(TARGET LABEL...)
+#
+# gtest_discover_tests(PROPERTIES LABELS "a;b") keeps only the first label in
+# CMake 3.25, so this adds a CTest include script that runs after the discovered
+# tests are defined and gives every test of TARGET all the labels.
+function(touchstone_gtest_labels target)
+  string(REPLACE ";" "\\;" _labels "${ARGN}")
+  set(_script ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
+  file(WRITE ${_script} "
+file(GLOB _files \"${CMAKE_CURRENT_BINARY_DIR}/${target}*_tests.cmake\")
+foreach(_f IN LISTS _files)
+  file(STRINGS \"\${_f}\" _lines REGEX \"^add_test\\\\(\\\\[=\\\\[\")
+  foreach(_l IN LISTS _lines)
+    string(REGEX REPLACE \"^add_test\\\\(\\\\[=\\\\[([^]]+)\\\\]=\\\\].*\" \"\\\\1\" _name \"\${_l}\")
+    set_tests_properties(\"\${_name}\" PROPERTIES LABELS \"${_labels}\")
+  endforeach()
+endforeach()
+")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_script})
+endfunction()

@@ -43,11 +43,13 @@ const char* device_name() {
   thread_local std::string name;
   const char* act = std::getenv("TOUCHSTONE_CPU_SIMD_ACTIVATIONS");
   const bool int8 = act && std::string(act) == "int8";
-  name = "CPU: " + cpu_model() + " (" + std::to_string(std::thread::hardware_concurrency()) +
-         " hardware threads; fp32 kernels: Highway " + ts_cpu::hwy_current_target() +
-         (int8 ? std::string("; quantized path: int8 activations, ") + ts_cpu::qlevel_name(ts_cpu::qlevel())
-               : std::string("; quantized path: fp32 activations, blocks dequantized in registers")) +
-         "; prefill sgemm: OpenBLAS)";
+  name =
+      "CPU: " + cpu_model() + " (" + std::to_string(std::thread::hardware_concurrency()) +
+      " hardware threads; fp32 kernels: Highway " + ts_cpu::hwy_current_target() +
+      (int8 ? std::string("; quantized path: int8 activations, ") +
+                  ts_cpu::qlevel_name(ts_cpu::qlevel())
+            : std::string("; quantized path: fp32 activations, blocks dequantized in registers")) +
+      "; prefill sgemm: OpenBLAS)";
   return name.c_str();
 }
 
@@ -62,7 +64,8 @@ ts_status capabilities(ts_capabilities* out) {
     // work is split by output rows / (token, head) pairs in fixed-size chunks,
     // never inside one reduction (tested in cpu_simd_test).
     out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
-    // full_precision: every type the dequantizer knows; quantized: Q4_0/Q4_1/Q8_0 matrices, F32 norms.
+    // full_precision: every type the dequantizer knows; quantized: Q4_0/Q4_1/Q8_0 matrices, F32
+    // norms.
     out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
                         TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
                         TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
@@ -93,7 +96,8 @@ int32_t n_vocab(const ts_model* m) { return m ? m->model->config().n_vocab : 0; 
 
 ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
   return touchstone::abi::guard([&] {
-    if (!m || !opt || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
+    if (!m || !opt || !out)
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
     *out = nullptr;
     if (opt->struct_size < sizeof(ts_session_options)) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
@@ -111,7 +115,8 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
       if (a == "int8") {
         so.int8_activations = true;
       } else if (a != "fp32" && !a.empty()) {
-        throw StatusError(TS_ERR_INVALID_ARGUMENT, "TOUCHSTONE_CPU_SIMD_ACTIVATIONS must be fp32 or int8, not '" + a + "'");
+        throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                          "TOUCHSTONE_CPU_SIMD_ACTIVATIONS must be fp32 or int8, not '" + a + "'");
       }
     }
     so.n_threads = opt->n_threads;
@@ -132,28 +137,14 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
 
 void free_session(ts_session* s) { delete s; }
 
-void check_room(const ts_session* s, int64_t n) {
-  if (s->s->position() + n > s->s->max_context()) {
-    throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(s->s->position()) + " + " +
-                                               std::to_string(n) + " tokens exceeds max context " +
-                                               std::to_string(s->s->max_context()));
-  }
-}
-
-void check_token(const ts_session* s, int32_t t, int64_t index) {
-  if (t < 0 || t >= s->n_vocab) {
-    throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(index) + " = " + std::to_string(t) +
-                                                   " outside [0, " + std::to_string(s->n_vocab) + ")");
-  }
-}
-
-ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions, float* logits) {
+ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
+                  float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !tokens || !logits || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
     }
-    for (int32_t i = 0; i < n; ++i) check_token(s, tokens[i], i);
-    check_room(s, n);
+    touchstone::abi::check_tokens(tokens, n, s->n_vocab);
+    touchstone::abi::check_room(s->s->position(), n, s->s->max_context());
     s->s->forward(tokens, n, all_positions != 0, logits);
   });
 }
@@ -161,8 +152,8 @@ ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_p
 ts_status decode(ts_session* s, int32_t token, float* logits) {
   return touchstone::abi::guard([&] {
     if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
-    check_token(s, token, 0);
-    check_room(s, 1);
+    touchstone::abi::check_tokens(&token, 1, s->n_vocab);
+    touchstone::abi::check_room(s->s->position(), 1, s->s->max_context());
     s->s->forward(&token, 1, false, logits);
   });
 }
@@ -170,10 +161,7 @@ ts_status decode(ts_session* s, int32_t token, float* logits) {
 ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
-    if (position < 0 || position > s->s->position()) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(position) + " outside [0, " +
-                                                     std::to_string(s->s->position()) + "]");
-    }
+    touchstone::abi::check_rewind(position, s->s->position());
     s->s->rewind(position);
   });
 }
@@ -181,10 +169,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 int32_t position(const ts_session* s) { return s ? s->s->position() : 0; }
 
 const ts_backend kBackend = {
-    TS_BACKEND_API_VERSION, "cpu_simd",   "0.1.0",    touchstone::abi::last_error,
-    device_name,            capabilities, load_model, free_model,
-    n_vocab,                open_session, free_session, prefill,
-    decode,                 rewind,       position,
+    TS_BACKEND_API_VERSION,
+    "cpu_simd",
+    "0.1.0",
+    touchstone::abi::last_error,
+    device_name,
+    capabilities,
+    load_model,
+    free_model,
+    n_vocab,
+    open_session,
+    free_session,
+    prefill,
+    decode,
+    rewind,
+    position,
 };
 
 }  // namespace

@@ -32,7 +32,8 @@ namespace {
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_t n_out, std::string* why) {
+Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_t n_out,
+                  std::string* why) {
   Linear L;
   L.n_in = n_in;
   L.n_out = n_out;
@@ -41,18 +42,25 @@ Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_
     throw StatusError(TS_ERR_IO, f.path() + ": tensor " + name + " has an unexpected shape");
   }
   switch (t.type) {
-    case gg::TensorType::Q4_0: L.qtype = QType::Q4_0; break;
-    case gg::TensorType::Q4_1: L.qtype = QType::Q4_1; break;
-    case gg::TensorType::Q8_0: L.qtype = QType::Q8_0; break;
+    case gg::TensorType::Q4_0:
+      L.qtype = QType::Q4_0;
+      break;
+    case gg::TensorType::Q4_1:
+      L.qtype = QType::Q4_1;
+      break;
+    case gg::TensorType::Q8_0:
+      L.qtype = QType::Q8_0;
+      break;
     default:
       if (why->empty()) {
-        *why = "quantized path: tensor " + name + " has type " + std::string(gg::type_name(t.type)) +
-               " (kernels exist for Q4_0, Q4_1, Q8_0)";
+        *why = "quantized path: tensor " + name + " has type " +
+               std::string(gg::type_name(t.type)) + " (kernels exist for Q4_0, Q4_1, Q8_0)";
       }
       return L;
   }
   if (n_in % 32 != 0) {
-    if (why->empty()) *why = "quantized path: tensor " + name + " row length is not a multiple of 32";
+    if (why->empty())
+      *why = "quantized path: tensor " + name + " row length is not a multiple of 32";
     return L;
   }
   L.row_bytes = n_in / 32 * qtype_block_bytes(L.qtype);
@@ -157,7 +165,8 @@ void Model::embed(int32_t token, bool fp32, float* out) const {
   }
   const auto& tr = gg::type_traits(embd_->type);
   const size_t row_bytes = d / tr.block_size * tr.type_size;
-  gg::dequantize_row(embd_->type, file_.tensor_data(*embd_).data() + size_t(token) * row_bytes, out, int64_t(d));
+  gg::dequantize_row(embd_->type, file_.tensor_data(*embd_).data() + size_t(token) * row_bytes, out,
+                     int64_t(d));
 }
 
 uint64_t Model::quantized_bytes_per_token() const {
@@ -175,7 +184,8 @@ Session::Session(Model& model, const SessionOptions& opt)
       int8_(opt.quantized && opt.int8_activations),
       faults_(opt.faults),
       max_ctx_(opt.max_context > 0 ? opt.max_context : model.config().n_ctx_train),
-      pool_(opt.n_threads > 0 ? opt.n_threads : int(std::max(1u, std::thread::hardware_concurrency()))) {
+      pool_(opt.n_threads > 0 ? opt.n_threads
+                              : int(std::max(1u, std::thread::hardware_concurrency()))) {
   const size_t d = size_t(c_.n_embd), hd = size_t(c_.head_dim), ff = size_t(c_.n_ff);
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
   const size_t B = kMaxBatch;
@@ -197,13 +207,15 @@ Session::Session(Model& model, const SessionOptions& opt)
   gate_.resize(B * ff);
   up_.resize(B * ff);
   scores_.resize(size_t(pool_.size()) * size_t(max_ctx_));
+  rope_cs_.resize(B * hd);
   const size_t max_in = std::max({d, qd, ff});
   act_qs_.resize(B * max_in);
   act_d_.resize(B * max_in / 32);
   act_s_.resize(B * max_in / 32);
   act_.resize(B);
   for (size_t i = 0; i < B; ++i) {
-    act_[i] = ActRow{act_qs_.data() + i * max_in, act_d_.data() + i * max_in / 32, act_s_.data() + i * max_in / 32};
+    act_[i] = ActRow{act_qs_.data() + i * max_in, act_d_.data() + i * max_in / 32,
+                     act_s_.data() + i * max_in / 32};
   }
   const double base = double{c_.rope_freq_base} * faults_.rope_base_scale;
   for (size_t i = 0; i < hd / 2; ++i) {
@@ -236,7 +248,8 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
     // int8 activations, one row per token (shared by all jobs of this call).
     pool_.run(n_tok, [&](size_t t, int) { quantize_act(x + t * ldx, n_in, act_[t]); });
   }
-  const size_t chunk = quant_ || n_tok == 1 ? 32 : 128;  // fixed: results never depend on thread count
+  const size_t chunk =
+      quant_ || n_tok == 1 ? 32 : 128;  // fixed: results never depend on thread count
   size_t first[4] = {0, 0, 0, 0};
   for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + ceil_div(jobs[j].w->n_out, chunk);
   pool_.run(first[n_jobs], [&](size_t task, int) {
@@ -252,14 +265,16 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
     } else if (n_tok == 1) {
       matvec_f32(W.f + r0 * W.n_in, W.n_in, x, job.y + r0, r1 - r0, W.n_in);
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), int(r1 - r0), int(W.n_in), 1.0f, x,
-                  int(ldx), W.f + r0 * W.n_in, int(W.n_in), 0.0f, job.y + r0, int(job.ldy));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), int(r1 - r0), int(W.n_in),
+                  1.0f, x, int(ldx), W.f + r0 * W.n_in, int(W.n_in), 0.0f, job.y + r0,
+                  int(job.ldy));
     }
   });
 }
 
 void Session::attention(int32_t layer, int32_t n) {
-  const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd, qd = size_t(c_.n_head) * hd;
+  const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
+               qd = size_t(c_.n_head) * hd;
   const int32_t group = c_.n_head / c_.n_head_kv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const float* K = k_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
@@ -295,22 +310,33 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
   const double eps = c_.rms_norm_eps;
 
   for (size_t i = 0; i < N; ++i) model_.embed(tokens[i], !quant_, x_.data() + i * d);
+  // RoPE angles depend on the position only: cos/sin once per chunk, not per
+  // layer and head (same fp64 formulas, same values).
+  pool_.run(N, [&](size_t i, int) {
+    const double pos = static_cast<double>(pos_ + int32_t(i));
+    double* cs_sn = rope_cs_.data() + i * hd;
+    for (size_t j = 0; j < hd / 2; ++j) {
+      const double theta = pos * inv_freq_[j];
+      cs_sn[2 * j] = std::cos(theta);
+      cs_sn[2 * j + 1] = std::sin(theta);
+    }
+  });
 
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     const LayerView& L = w_->layers[size_t(l)];
     float* Kl = k_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
     float* Vl = v_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
 
-    for (size_t i = 0; i < N; ++i) rms_norm(x_.data() + i * d, L.attn_norm, xn_.data() + i * d, d, eps);
+    for (size_t i = 0; i < N; ++i)
+      rms_norm(x_.data() + i * d, L.attn_norm, xn_.data() + i * d, d, eps);
     const Job qkv[3] = {{&L.wq, q_.data(), qd}, {&L.wk, k_.data(), kvd}, {&L.wv, v_.data(), kvd}};
     linears(qkv, 3, xn_.data(), d, N);
     // RoPE (interleaved pairs, fp64 rotation) and KV append.
     pool_.run(N, [&](size_t i, int) {
-      const double pos = static_cast<double>(pos_ + int32_t(i));
       auto rope = [&](float* v) {
+        const double* cs_sn = rope_cs_.data() + i * hd;
         for (size_t j = 0; j < hd / 2; ++j) {
-          const double theta = pos * inv_freq_[j];
-          const double cs = std::cos(theta), sn = std::sin(theta);
+          const double cs = cs_sn[2 * j], sn = cs_sn[2 * j + 1];
           const double x0 = v[2 * j], x1 = v[2 * j + 1];
           v[2 * j] = static_cast<float>(x0 * cs - x1 * sn);
           v[2 * j + 1] = static_cast<float>(x0 * sn + x1 * cs);
@@ -327,13 +353,19 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
     linears(o, 1, att_.data(), qd, N);
     for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
 
-    for (size_t i = 0; i < N; ++i) rms_norm(x_.data() + i * d, L.ffn_norm, xn_.data() + i * d, d, eps);
+    for (size_t i = 0; i < N; ++i)
+      rms_norm(x_.data() + i * d, L.ffn_norm, xn_.data() + i * d, d, eps);
     const Job gu[2] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
     linears(gu, 2, xn_.data(), d, N);
-    pool_.run(N, [&](size_t i, int) {
+    // Elementwise, split into fixed slices of kSiluSlice so decode (one token)
+    // uses every thread too.
+    constexpr size_t kSiluSlice = 256;
+    const size_t n_slices = ceil_div(ff, kSiluSlice);
+    pool_.run(N * n_slices, [&](size_t task, int) {
+      const size_t i = task / n_slices, j0 = (task % n_slices) * kSiluSlice;
       float* g = gate_.data() + i * ff;
       const float* u = up_.data() + i * ff;
-      for (size_t j = 0; j < ff; ++j) {
+      for (size_t j = j0; j < std::min(ff, j0 + kSiluSlice); ++j) {
         const double gj = g[j];
         g[j] = static_cast<float>(gj / (1.0 + std::exp(-gj)) * double{u[j]});
       }
@@ -356,7 +388,8 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
         const uint64_t base = uint64_t(pos_ + int32_t(first + r)) * uint64_t(V);
         float* row = logits + r * V;
         for (size_t i = 0; i < V; ++i) {
-          row[i] = static_cast<float>(double{row[i]} * (1.0 + faults_.logit_noise * noise_sign(base + i)));
+          row[i] = static_cast<float>(double{row[i]} *
+                                      (1.0 + faults_.logit_noise * noise_sign(base + i)));
         }
       }
     }

@@ -114,6 +114,7 @@ class Session {
   std::vector<float> act_d_, act_s_;
   std::vector<ActRow> act_;
   std::vector<double> inv_freq_;
+  std::vector<double> rope_cs_;  // [token][head_dim/2][cos, sin] of the current chunk
 };
 
 }  // namespace ts_cpu

@@ -64,13 +64,13 @@ void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
 // Same contract with fp32 activations X (n_tok rows, stride ldx): weight blocks
 // are dequantized in registers exactly as ggml's dequantize_row_* does, so the
 // products equal the full-precision path's; fp32 accumulation (Highway).
-void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const float* X,
-                size_t ldx, size_t n_tok, float* Y, size_t ldy);
+void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+                const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy);
 
 enum class QLevel : int { Scalar = 0, AVX2 = 1, AVX512VNNI = 2 };
-QLevel qlevel_best();              // best the CPU supports
-QLevel qlevel();                   // currently used
-void force_qlevel(QLevel level);   // tests; must be <= qlevel_best()
+QLevel qlevel_best();             // best the CPU supports
+QLevel qlevel();                  // currently used
+void force_qlevel(QLevel level);  // tests; must be <= qlevel_best()
 const char* qlevel_name(QLevel level);
 
 }  // namespace ts_cpu

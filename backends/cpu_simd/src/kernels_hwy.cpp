@@ -51,7 +51,8 @@ HWY_ATTR void AxpyF32(float alpha, const float* HWY_RESTRICT x, float* HWY_RESTR
   const size_t N = hn::Lanes(df);
   const auto va = hn::Set(df, alpha);
   size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
@@ -74,6 +75,10 @@ HWY_ATTR void ScaleF32(float alpha, float* HWY_RESTRICT y, size_t n) {
 HWY_INLINE float H2F(const uint8_t* p) {
   uint16_t h;
   memcpy(&h, p, 2);
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX2)
+  // F16C vcvtph2ps: exact for every half (normal, subnormal, inf, nan).
+  return _cvtsh_ss(h);
+#endif
   if ((h & 0x7c00u) == 0x7c00u) return h2f_exact(h);  // inf / nan
   const uint32_t mag = uint32_t(h & 0x7fffu) << 13;
   float f;
@@ -82,9 +87,18 @@ HWY_INLINE float H2F(const uint8_t* p) {
   return (h & 0x8000u) ? -f : f;
 }
 
-template <int T, int NT>
-HWY_ATTR void QRowTile(const uint8_t* HWY_RESTRICT row, size_t nb, const float* HWY_RESTRICT x, size_t ldx,
-                       float* HWY_RESTRICT out) {
+// One register tile: NR weight rows x NT tokens. Every (row, token) output has
+// its own accumulator vector and sees exactly the same operation sequence
+// (blocks in order, N-lane chunks in order, one FMA each, then SumOfLanes)
+// whatever NR and NT are, so results never depend on the tiling (prefill ==
+// decode bitwise, thread-count independence). NR > 1 gives decode several
+// independent FMA chains and memory streams; NT > 1 reuses each dequantized
+// weight vector for NT tokens (prefill).
+constexpr size_t kPrefetch = 4096;
+template <int T, int NR, int NT>
+HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes, size_t nb,
+                               const float* HWY_RESTRICT x, size_t ldx, float* HWY_RESTRICT out,
+                               size_t ldo) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> du8;
@@ -92,58 +106,118 @@ HWY_ATTR void QRowTile(const uint8_t* HWY_RESTRICT row, size_t nb, const float* 
   constexpr size_t bb = T == 2 ? 18 : T == 3 ? 20 : 34;
   constexpr size_t off = T == 3 ? 4 : 2;
   const size_t N = hn::Lanes(df);
-  hn::Vec<decltype(df)> acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = hn::Zero(df);
+  hn::Vec<decltype(df)> acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = hn::Zero(df);
   const auto mask = hn::Set(di, 0x0f);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * bb;
-    const auto d = hn::Set(df, H2F(blk));
-    const auto m = hn::Set(df, T == 3 ? H2F(blk + 2) : 0.0f);
-    const uint8_t* qs = blk + off;
-    for (size_t j = 0; j < 32; j += N) {
-      hn::Vec<decltype(df)> w;
-      if constexpr (T == 8) {
-        w = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs) + j))), d);
-      } else {
-        const auto raw = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<decltype(df)>(), hn::LoadU(du8, qs + (j & 15))));
-        const auto q = j < 16 ? hn::And(raw, mask) : hn::ShiftRight<4>(raw);
+    hn::Vec<decltype(df)> d[NR], m[NR];
+    const uint8_t* qs[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* blk = row + size_t(r) * row_bytes + b * bb;
+      // Decode streams the weights from DRAM once: prefetch ahead (NR row
+      // streams, each line once per 64 bytes of blocks).
+      if (NT == 1 && (b * bb) % 64 < bb) __builtin_prefetch(blk + kPrefetch);
+      d[r] = hn::Set(df, H2F(blk));
+      m[r] = hn::Set(df, T == 3 ? H2F(blk + 2) : 0.0f);
+      qs[r] = blk + off;
+    }
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
+    if constexpr (T != 8) {
+      // 16 lanes: the block's 16 possible weights in one register,
+      // table[k] = float(k) * d + m (Q4_1) / float(k - 8) * d (Q4_0), formed
+      // exactly as below, then one vpermps per 16 weights picks them by nibble.
+      const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      __m512i nib[NR];
+      __m512 table[NR];
+      for (int r = 0; r < NR; ++r) {
+        nib[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[r])));
         if constexpr (T == 2) {
-          w = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 8))), d);
+          table[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(8))),
+                                   d[r].raw);
         } else {
-          w = hn::Add(hn::Mul(hn::ConvertTo(df, q), d), m);
+          table[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(iota), d[r].raw), m[r].raw);
         }
       }
-      for (int t = 0; t < NT; ++t) acc[t] = hn::MulAdd(w, hn::LoadU(df, x + size_t(t) * ldx + b * 32 + j), acc[t]);
+      for (int half = 0; half < 2; ++half) {
+        hn::Vec<decltype(df)> w[NR];
+        for (int r = 0; r < NR; ++r) {
+          // vpermps reads the low 4 bits of each index lane: the low nibble as is.
+          const __m512i idx = half == 0 ? nib[r] : _mm512_srli_epi32(nib[r], 4);
+          w[r].raw = _mm512_permutexvar_ps(idx, table[r]);
+        }
+        for (int t = 0; t < NT; ++t) {
+          const auto xv = hn::LoadU(df, x + size_t(t) * ldx + b * 32 + size_t(half) * 16);
+          for (int r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
+        }
+      }
+      continue;
+    }
+#endif
+    for (size_t j = 0; j < 32; j += N) {
+      hn::Vec<decltype(df)> w[NR];
+      for (int r = 0; r < NR; ++r) {
+        if constexpr (T == 8) {
+          w[r] = hn::Mul(
+              hn::ConvertTo(
+                  df,
+                  hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs[r]) + j))),
+              d[r]);
+        } else {
+          const auto raw = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<decltype(df)>(),
+                                                         hn::LoadU(du8, qs[r] + (j & 15))));
+          const auto q = j < 16 ? hn::And(raw, mask) : hn::ShiftRight<4>(raw);
+          if constexpr (T == 2) {
+            w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 8))), d[r]);
+          } else {
+            w[r] = hn::Add(hn::Mul(hn::ConvertTo(df, q), d[r]), m[r]);
+          }
+        }
+      }
+      for (int t = 0; t < NT; ++t) {
+        const auto xv = hn::LoadU(df, x + size_t(t) * ldx + b * 32 + j);
+        for (int r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = hn::GetLane(hn::SumOfLanes(df, acc[t]));
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t)
+      out[size_t(t) * ldo + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
 }
 
+// Rows [r0, r1) x tokens [0, n_tok): tiles of kPR rows x kPT tokens (prefill),
+// then the remaining tokens one at a time in tiles of kDR rows (decode), row
+// tails one row at a time.
 template <int T>
-HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const float* X,
-                        size_t ldx, size_t n_tok, float* Y, size_t ldy) {
-  constexpr int kNT = 8;
-  float out[kNT];
-  for (size_t r = r0; r < r1; ++r) {
-    const uint8_t* row = W + r * row_bytes;
-    size_t t = 0;
-    for (; t + kNT <= n_tok; t += kNT) {
-      QRowTile<T, kNT>(row, nb, X + t * ldx, ldx, out);
-      for (int j = 0; j < kNT; ++j) Y[(t + size_t(j)) * ldy + r] = out[j];
-    }
-    for (; t < n_tok; ++t) {
-      QRowTile<T, 1>(row, nb, X + t * ldx, ldx, out);
-      Y[t * ldy + r] = out[0];
-    }
+HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+                        const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+  constexpr int kPR = 4, kPT = 4, kDR = 4;
+  size_t t = 0;
+  for (; t + kPT <= n_tok; t += kPT) {
+    size_t r = r0;
+    for (; r + kPR <= r1; r += kPR)
+      QTile<T, kPR, kPT>(W + r * row_bytes, row_bytes, nb, X + t * ldx, ldx, Y + t * ldy + r, ldy);
+    for (; r < r1; ++r)
+      QTile<T, 1, kPT>(W + r * row_bytes, row_bytes, nb, X + t * ldx, ldx, Y + t * ldy + r, ldy);
+  }
+  for (; t < n_tok; ++t) {
+    size_t r = r0;
+    for (; r + kDR <= r1; r += kDR)
+      QTile<T, kDR, 1>(W + r * row_bytes, row_bytes, nb, X + t * ldx, ldx, Y + t * ldy + r, ldy);
+    for (; r < r1; ++r)
+      QTile<T, 1, 1>(W + r * row_bytes, row_bytes, nb, X + t * ldx, ldx, Y + t * ldy + r, ldy);
   }
 }
 
-HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
-                       const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0,
+                       size_t r1, const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
   switch (type) {
-    case 2: return GemmQF32T<2>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
-    case 3: return GemmQF32T<3>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
-    default: return GemmQF32T<8>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+    case 2:
+      return GemmQF32T<2>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+    case 3:
+      return GemmQF32T<3>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+    default:
+      return GemmQF32T<8>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
   }
 }
 
@@ -159,16 +233,20 @@ HWY_EXPORT(AxpyF32);
 HWY_EXPORT(ScaleF32);
 HWY_EXPORT(GemmQF32);
 
-void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const float* X,
-                size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+                const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
   HWY_DYNAMIC_DISPATCH(GemmQF32)(int(type), W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
 }
 
-float dot_f32(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n); }
+float dot_f32(const float* a, const float* b, size_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n);
+}
 void matvec_f32(const float* W, size_t ld, const float* x, float* y, size_t n_rows, size_t n) {
   HWY_DYNAMIC_DISPATCH(MatvecF32)(W, ld, x, y, n_rows, n);
 }
-void axpy_f32(float a, const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(AxpyF32)(a, x, y, n); }
+void axpy_f32(float a, const float* x, float* y, size_t n) {
+  HWY_DYNAMIC_DISPATCH(AxpyF32)(a, x, y, n);
+}
 void scale_f32(float a, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleF32)(a, y, n); }
 
 std::vector<std::pair<int64_t, std::string>> hwy_targets() {

@@ -37,7 +37,10 @@ inline float h2f(const uint8_t* p) {
       bits = sign;
     } else {
       exp = 127 - 15 + 1;
-      while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+      while (!(mant & 0x400u)) {
+        mant <<= 1;
+        --exp;
+      }
       bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
     }
   } else if (exp == 31) {
@@ -73,14 +76,15 @@ float block_dot_scalar(const uint8_t* blk, const int8_t* a, float da, float sa) 
 }
 
 template <QType T>
-void gemm_scalar(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const ActRow* X,
-                 size_t n_tok, float* Y, size_t ldy) {
+void gemm_scalar(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+                 const ActRow* X, size_t n_tok, float* Y, size_t ldy) {
   constexpr size_t bb = kBlockBytes[tix(T)];
   for (size_t t = 0; t < n_tok; ++t) {
     for (size_t r = r0; r < r1; ++r) {
       const uint8_t* row = W + r * row_bytes;
       float acc = 0.0f;
-      for (size_t b = 0; b < nb; ++b) acc += block_dot_scalar<T>(row + b * bb, X[t].qs + b * 32, X[t].d[b], X[t].s[b]);
+      for (size_t b = 0; b < nb; ++b)
+        acc += block_dot_scalar<T>(row + b * bb, X[t].qs + b * 32, X[t].d[b], X[t].s[b]);
       Y[t * ldy + r] = acc;
     }
   }
@@ -103,7 +107,10 @@ void tile_avx2(const uint8_t* const* rows, size_t nb, const ActRow* X, float* ou
   __m256 acc[NR][NT];
   float macc[NR][NT];
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) { acc[r][t] = _mm256_setzero_ps(); macc[r][t] = 0.0f; }
+    for (int t = 0; t < NT; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      macc[r][t] = 0.0f;
+    }
   const __m256i lo_mask = _mm256_set1_epi8(0x0f);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
@@ -111,13 +118,19 @@ void tile_avx2(const uint8_t* const* rows, size_t nb, const ActRow* X, float* ou
     float dw[NR], mw[NR];
     for (int r = 0; r < NR; ++r) {
       const uint8_t* blk = rows[r] + b * bb;
-      dw[r] = _cvtsh_ss([&] { uint16_t h; std::memcpy(&h, blk, 2); return h; }());
+      dw[r] = _cvtsh_ss([&] {
+        uint16_t h;
+        std::memcpy(&h, blk, 2);
+        return h;
+      }());
       if constexpr (T == QType::Q8_0) {
         w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
         mw[r] = 0.0f;
       } else {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == QType::Q4_1 ? 4 : 2)));
-        const __m256i qq = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        const __m128i q =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == QType::Q4_1 ? 4 : 2)));
+        const __m256i qq =
+            _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
         w[r] = _mm256_and_si256(qq, lo_mask);
         if constexpr (T == QType::Q4_1) {
           uint16_t h;
@@ -184,38 +197,43 @@ void tile_vnni(const uint8_t* const* rows, size_t nb, const ActRow* X, float* ou
         const __m256i lo = _mm256_and_si256(q, lo_mask);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo_mask);
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // lo0 lo1 hi0 hi1
-        w[r] = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));              // lo0 hi0 lo1 hi1
+        w[r] = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));               // lo0 hi0 lo1 hi1
       }
       if constexpr (T == QType::Q4_1) {
         uint32_t h0, h1;
         std::memcpy(&h0, b0, 4);
         std::memcpy(&h1, b1, 4);
-        const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0))));  // d0 m0 d1 m1
+        const __m512 f = _mm512_castps128_ps512(
+            _mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0))));  // d0 m0 d1 m1
         dv[r] = _mm512_permutexvar_ps(idx02, f);
         mv[r] = _mm512_mul_ps(_mm512_permutexvar_ps(idx13, f), _mm512_set1_ps(0.125f));
       } else {
         uint16_t h0, h1;
         std::memcpy(&h0, b0, 2);
         std::memcpy(&h1, b1, 2);
-        const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(h0) | (uint32_t(h1) << 16)))));
+        const __m512 f = _mm512_castps128_ps512(
+            _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(h0) | (uint32_t(h1) << 16)))));
         dv[r] = _mm512_permutexvar_ps(idx01, f);
-        if constexpr (T == QType::Q4_0) mv[r] = _mm512_mul_ps(dv[r], _mm512_set1_ps(-1.0f));  // -8 d / 8 lanes
+        if constexpr (T == QType::Q4_0)
+          mv[r] = _mm512_mul_ps(dv[r], _mm512_set1_ps(-1.0f));  // -8 d / 8 lanes
       }
     }
     for (int t = 0; t < NT; ++t) {
       const __m512i a = _mm512_loadu_si512(X[t].qs + p * 64);
       const __m512 da = _mm512_permutexvar_ps(
-          idx01, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].d + 2 * p)))));
+          idx01, _mm512_castps128_ps512(
+                     _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].d + 2 * p)))));
       __m512 sa = _mm512_setzero_ps();
       if constexpr (T != QType::Q8_0) {
-        sa = _mm512_permutexvar_ps(
-            idx01, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].s + 2 * p)))));
+        sa = _mm512_permutexvar_ps(idx01, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
+                                              reinterpret_cast<const double*>(X[t].s + 2 * p)))));
       }
       for (int r = 0; r < NR; ++r) {
         __m512i isum;
         if constexpr (T == QType::Q8_0) {
           const __mmask64 neg = _mm512_movepi8_mask(w[r]);
-          isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w[r]), _mm512_mask_sub_epi8(a, neg, zero, a));
+          isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w[r]),
+                                     _mm512_mask_sub_epi8(a, neg, zero, a));
         } else {
           isum = _mm512_dpbusd_epi32(zero, w[r], a);
         }
@@ -245,8 +263,8 @@ TileFn pick_tile(QLevel lv) {
 }
 
 template <QType T>
-void gemm_simd(QLevel lv, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const ActRow* X,
-               size_t n_tok, float* Y, size_t ldy) {
+void gemm_simd(QLevel lv, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+               const ActRow* X, size_t n_tok, float* Y, size_t ldy) {
   constexpr int R = 4, C = 4;
   const TileFn f44 = pick_tile<T, R, C>(lv), f41 = pick_tile<T, R, 1>(lv);
   const TileFn f14 = pick_tile<T, 1, C>(lv), f11 = pick_tile<T, 1, 1>(lv);
@@ -327,20 +345,26 @@ void quantize_act(const float* x, size_t n, ActRow out) {
   }
 }
 
-void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1, const ActRow* X,
-            size_t n_tok, float* Y, size_t ldy) {
+void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
+            const ActRow* X, size_t n_tok, float* Y, size_t ldy) {
   const QLevel lv = qlevel();
   if (lv == QLevel::Scalar) {
     switch (type) {
-      case QType::Q4_0: return gemm_scalar<QType::Q4_0>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
-      case QType::Q4_1: return gemm_scalar<QType::Q4_1>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
-      case QType::Q8_0: return gemm_scalar<QType::Q8_0>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+      case QType::Q4_0:
+        return gemm_scalar<QType::Q4_0>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+      case QType::Q4_1:
+        return gemm_scalar<QType::Q4_1>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+      case QType::Q8_0:
+        return gemm_scalar<QType::Q8_0>(W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
     }
   }
   switch (type) {
-    case QType::Q4_0: return gemm_simd<QType::Q4_0>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
-    case QType::Q4_1: return gemm_simd<QType::Q4_1>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
-    case QType::Q8_0: return gemm_simd<QType::Q8_0>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+    case QType::Q4_0:
+      return gemm_simd<QType::Q4_0>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+    case QType::Q4_1:
+      return gemm_simd<QType::Q4_1>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
+    case QType::Q8_0:
+      return gemm_simd<QType::Q8_0>(lv, W, row_bytes, nb, r0, r1, X, n_tok, Y, ldy);
   }
 }
 
@@ -354,9 +378,12 @@ void force_qlevel(QLevel level) {
 }
 const char* qlevel_name(QLevel level) {
   switch (level) {
-    case QLevel::Scalar: return "scalar";
-    case QLevel::AVX2: return "avx2";
-    case QLevel::AVX512VNNI: return "avx512vnni";
+    case QLevel::Scalar:
+      return "scalar";
+    case QLevel::AVX2:
+      return "avx2";
+    case QLevel::AVX512VNNI:
+      return "avx512vnni";
   }
   return "?";
 }

@@ -86,8 +86,10 @@ TEST_P(HwyTargets, QuantBlocksTimesFp32MatchDequantizedReference) {
       for (size_t r = 0; r < rows; ++r) {
         const double ref = dot_ref(Wf.data() + r * n_in, X.data() + k * n_in, n_in);
         double mag = 0;
-        for (size_t i = 0; i < n_in; ++i) mag += std::fabs(double{Wf[r * n_in + i]} * X[k * n_in + i]);
-        EXPECT_NEAR(Y[k * rows + r], ref, 1e-6 * mag + 1e-7) << int(t) << " row " << r << " tok " << k;
+        for (size_t i = 0; i < n_in; ++i)
+          mag += std::fabs(double{Wf[r * n_in + i]} * X[k * n_in + i]);
+        EXPECT_NEAR(Y[k * rows + r], ref, 1e-6 * mag + 1e-7)
+            << int(t) << " row " << r << " tok " << k;
         if (r >= 1 && r < 4) {
           EXPECT_EQ(y1[r], Y[k * rows + r]);
         }
@@ -165,7 +167,8 @@ TEST_P(QuantKernels, GemmMatchesDequantizedReferenceAndIsTilingIndependent) {
         const double ref = dot_ref(Wf.data() + r * n_in, xa.data(), n_in);
         double mag = 0;
         for (size_t i = 0; i < n_in; ++i) mag += std::fabs(double{Wf[r * n_in + i]} * xa[i]);
-        EXPECT_NEAR(Y[k * rows + r], ref, 2e-6 * mag + 1e-6) << "n_in=" << n_in << " row " << r << " tok " << k;
+        EXPECT_NEAR(Y[k * rows + r], ref, 2e-6 * mag + 1e-6)
+            << "n_in=" << n_in << " row " << r << " tok " << k;
       }
     }
     // Any row range / token subset gives bitwise the same numbers (tiling independence:
@@ -178,10 +181,13 @@ TEST_P(QuantKernels, GemmMatchesDequantizedReferenceAndIsTilingIndependent) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllLevels, QuantKernels, ::testing::ValuesIn(qcases()), [](const auto& pi) {
-  const char* ty = pi.param.type == QType::Q4_0 ? "Q4_0" : pi.param.type == QType::Q4_1 ? "Q4_1" : "Q8_0";
-  return std::string(qlevel_name(pi.param.level)) + "_" + ty;
-});
+INSTANTIATE_TEST_SUITE_P(AllLevels, QuantKernels, ::testing::ValuesIn(qcases()),
+                         [](const auto& pi) {
+                           const char* ty = pi.param.type == QType::Q4_0   ? "Q4_0"
+                                            : pi.param.type == QType::Q4_1 ? "Q4_1"
+                                                                           : "Q8_0";
+                           return std::string(qlevel_name(pi.param.level)) + "_" + ty;
+                         });
 
 TEST(QuantizeAct, RoundTripWithinHalfStep) {
   const auto x = random_vec(96, 11, 3.0f);
@@ -200,9 +206,11 @@ TEST(QuantizeAct, RoundTripWithinHalfStep) {
 
 // ---------------------------------------------------------------- real model
 std::string model_path() {
-  if (const char* dir = std::getenv("TOUCHSTONE_MODEL_DIR")) return std::string(dir) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (const char* dir = std::getenv("TOUCHSTONE_MODEL_DIR"))
+    return std::string(dir) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/root") + "/.cache/touchstone/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::string(home ? home : "/root") +
+         "/.cache/touchstone/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 class ModelTest : public ::testing::TestWithParam<ts_weight_path> {
@@ -269,7 +277,8 @@ TEST_P(ModelTest, PrefillMatchesDecodeSteps) {
       ASSERT_EQ(std::memcmp(row, one.data(), V * sizeof(float)), 0) << "position " << i;
     } else {
       worst = std::max(worst, nmse(one.data(), row, V));
-      ASSERT_EQ(std::max_element(row, row + V) - row, std::max_element(one.begin(), one.end()) - one.begin());
+      ASSERT_EQ(std::max_element(row, row + V) - row,
+                std::max_element(one.begin(), one.end()) - one.begin());
     }
   }
   EXPECT_LE(worst, 1e-9);
@@ -328,7 +337,8 @@ TEST_P(ModelTest, ErrorsAreReported) {
   EXPECT_EQ(api_->open_session(model_, &o, &f), TS_ERR_UNSUPPORTED);
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, ModelTest, ::testing::Values(TS_WEIGHTS_QUANTIZED, TS_WEIGHTS_FULL_PRECISION),
+INSTANTIATE_TEST_SUITE_P(Paths, ModelTest,
+                         ::testing::Values(TS_WEIGHTS_QUANTIZED, TS_WEIGHTS_FULL_PRECISION),
                          [](const auto& pi) {
                            return pi.param == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision";
                          });
