@@ -12,6 +12,8 @@
 //    sequential sum), fp32 weighted sum of V; KV cache in fp32.
 #include "engine.h"
 
+#include <sys/mman.h>
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -125,6 +127,40 @@ Model::Model(const std::string& path) : file_(gg::File::open(path)) {
                           size_t(cfg_.n_vocab), &q_unsupported_);
   if (!gg::can_dequantize(embd_->type)) {
     throw StatusError(TS_ERR_UNSUPPORTED, "token_embd.weight type cannot be dequantized");
+  }
+  if (q_unsupported_.empty()) {
+    const char* e = std::getenv("TOUCHSTONE_CPU_SIMD_ARENA");
+    if (!e || std::string(e) != "0") relocate_quantized();
+  }
+}
+
+void Model::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
+
+// Decode streams every matrix once per token. Served from the file mapping the
+// weights sit in 4 KiB page-cache pages: a TLB miss every 4 KiB and the
+// hardware prefetchers restart at every page. One anonymous arena with
+// MADV_HUGEPAGE (2 MiB pages where the kernel grants them), in the order the
+// forward pass reads the matrices, removes both. The bytes are unchanged.
+void Model::relocate_quantized() {
+  constexpr size_t kAlign = size_t{2} << 20;
+  std::vector<Linear*> all;
+  for (LayerView& L : q_.layers) {
+    for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) all.push_back(w);
+  }
+  all.push_back(&q_.lm_head);
+  size_t total = 0;
+  for (const Linear* w : all) total += (w->row_bytes * w->n_out + 63) & ~size_t{63};
+  total = (total + kAlign - 1) & ~(kAlign - 1);
+  uint8_t* base = static_cast<uint8_t*>(std::aligned_alloc(kAlign, total));
+  if (!base) return;  // keep serving from the mapping
+  arena_.reset(base);
+  madvise(base, total, MADV_HUGEPAGE);
+  size_t off = 0;
+  for (Linear* w : all) {
+    const size_t n = w->row_bytes * w->n_out;
+    std::memcpy(base + off, w->q, n);
+    w->q = base + off;
+    off += (n + 63) & ~size_t{63};
   }
 }
 

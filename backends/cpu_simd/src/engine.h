@@ -54,6 +54,13 @@ class Model {
   touchstone::LlamaConfig cfg_;
   std::vector<std::vector<float>> norms_;  // fp32 norm vectors (quantized path)
   WeightSet q_;
+  // The quantized matrices' GGUF blocks, byte for byte, copied into one
+  // anonymous 2 MiB-aligned arena (transparent huge pages requested).
+  struct ArenaFree {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, ArenaFree> arena_;
+  void relocate_quantized();
   std::string q_unsupported_;  // non-empty: why the quantized path is unavailable
   const touchstone::gguf::TensorInfo* embd_ = nullptr;
   std::once_flag fp_once_;

@@ -130,13 +130,25 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
       __m512i nib[NR];
       __m512 table[NR];
+      // The NR rows' fp16 (d, m) (Q4_1) or d (Q4_0) in one vcvtph2ps, kept as
+      // fp32 in memory so that the table FMA reads them as embedded
+      // broadcasts ({1to16}) instead of shuffle-port broadcasts.
+      constexpr int kS = T == 3 ? 2 : 1;  // halves per row
+      alignas(32) uint16_t h16[8] = {};
+      alignas(32) float sc[8];
+      for (int r = 0; r < NR; ++r) memcpy(h16 + kS * r, qs[r] - off, 2 * kS);
+      _mm256_store_ps(sc, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h16))));
+      asm volatile("" : : "m"(sc) : "memory");  // reload: vbroadcastss from memory, not a shuffle
       for (int r = 0; r < NR; ++r) {
         nib[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[r])));
         if constexpr (T == 2) {
           table[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(8))),
-                                   d[r].raw);
+                                   _mm512_set1_ps(sc[r]));
         } else {
-          table[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(iota), d[r].raw), m[r].raw);
+          // k * d is exact in fp32 (k < 16, d has an 11-bit significand), so
+          // the single rounding of the FMA equals ggml's mul-then-add.
+          table[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iota), _mm512_set1_ps(sc[2 * r]),
+                                     _mm512_set1_ps(sc[2 * r + 1]));
         }
       }
       for (int half = 0; half < 2; ++half) {

@@ -21,7 +21,11 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::work(int id) {
-  for (size_t i = size_t(id); i < n_tasks_; i += size_t(n_threads_)) thunk_(ctx_, i, id);
+  // Contiguous ranges: a thread streams one contiguous run of weight rows, which
+  // the hardware prefetchers follow (round-robin chunks broke the streams).
+  const size_t n = size_t(n_threads_);
+  const size_t b = n_tasks_ * size_t(id) / n, e = n_tasks_ * (size_t(id) + 1) / n;
+  for (size_t i = b; i < e; ++i) thunk_(ctx_, i, id);
 }
 
 void ThreadPool::dispatch(Thunk thunk, void* ctx, size_t n_tasks) {

@@ -1,7 +1,8 @@
 // thread_pool.h - a small persistent fork-join pool (no allocation per job).
 //
-// run(n_tasks, fn) calls fn(task, thread) for task in [0, n_tasks); task i runs
-// on thread i % n_threads (static schedule), the calling thread is thread 0.
+// run(n_tasks, fn) calls fn(task, thread) for task in [0, n_tasks); thread k of
+// T runs the contiguous tasks [k*n/T, (k+1)*n/T) (static schedule), the calling
+// thread is thread 0.
 // Workers spin briefly after a job (most jobs of a forward pass follow each
 // other within microseconds), then sleep on an atomic wait.
 #pragma once

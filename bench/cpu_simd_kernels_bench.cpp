@@ -1,0 +1,97 @@
+// cpu_simd_kernels_bench - the cpu_simd backend's quantized kernels in isolation
+// (Google Benchmark, one thread). Not a test; use it to compare kernel changes.
+//
+//   touchstone_cpu_simd_kernels_bench [--benchmark_filter=...]
+//
+// Benchmarks (name: what):
+//   q4_1/decode/l2      1536 x 576 Q4_1 rows (553 KB, stays in L2) x 1 token: compute bound
+//   q4_1/decode/dram    a 72 MB Q4_1 matrix (rows cycled, never cache resident) x 1 token
+//   q8_0/decode/dram    49152 x 576 Q8_0 (SmolLM2's LM head, 30 MB) x 1 token
+//   q8_0/decode/l2      1024 x 576 Q8_0 rows (627 KB, in L2) x 1 token
+//   q4_1/prefill/64     4096 x 576 Q4_1 rows x 64 tokens
+// Counters: GMAC/s (multiply-adds per second), GB/s (weight bytes per second).
+// Activations are fp32 (the default quantized path: gemm_q_f32).
+#include <benchmark/benchmark.h>
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels.h"
+
+namespace {
+
+using ts_cpu::QType;
+
+constexpr size_t kIn = 576;
+
+std::vector<uint8_t> random_blocks(QType t, size_t rows, uint32_t seed) {
+  const size_t bb = ts_cpu::qtype_block_bytes(t), nb = kIn / 32;
+  std::vector<uint8_t> w(rows * nb * bb);
+  std::mt19937 rng(seed);
+  for (auto& b : w) b = uint8_t(rng());
+  // Valid small fp16 scales (0x2000..0x23ff ~ 0.0078..0.0098) for d (and m).
+  for (size_t i = 0; i < rows * nb; ++i) {
+    uint8_t* blk = w.data() + i * bb;
+    blk[0] = uint8_t(rng());
+    blk[1] = 0x20;
+    if (t == QType::Q4_1) {
+      blk[2] = uint8_t(rng());
+      blk[3] = 0xa0;  // negative min
+    }
+  }
+  return w;
+}
+
+std::vector<float> random_act(size_t n_tok) {
+  std::vector<float> x(n_tok * kIn);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+void run(benchmark::State& state, QType t, size_t rows, size_t slice, size_t n_tok) {
+  const auto w0 = random_blocks(t, rows, 1);
+  const size_t bytes = (w0.size() + (2u << 20) - 1) & ~size_t((2u << 20) - 1);
+  uint8_t* wp = static_cast<uint8_t*>(std::aligned_alloc(2u << 20, bytes));
+  if (getenv("HUGE")) madvise(wp, bytes, MADV_HUGEPAGE);
+  std::memcpy(wp, w0.data(), w0.size());
+  struct {
+    uint8_t* p;
+    const uint8_t* data() const { return p; }
+  } w{wp};
+  const auto x = random_act(n_tok);
+  const size_t row_bytes = ts_cpu::qtype_block_bytes(t) * (kIn / 32);
+  std::vector<float> y(n_tok * slice);
+  size_t r0 = 0;
+  for (auto _ : state) {
+    ts_cpu::gemm_q_f32(t, w.data() + r0 * row_bytes, row_bytes, kIn / 32, 0, slice, x.data(), kIn,
+                       n_tok, y.data(), slice);
+    benchmark::DoNotOptimize(y.data());
+    r0 = (r0 + slice) % rows;
+  }
+  const double macs = double(slice) * double(kIn) * double(n_tok) * double(state.iterations());
+  state.counters["GMAC/s"] = benchmark::Counter(macs * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(
+      double(slice * row_bytes) * double(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
+}
+
+void BM_q4_1_decode_l2(benchmark::State& s) { run(s, QType::Q4_1, 1536, 1536, 1); }
+void BM_q4_1_decode_dram(benchmark::State& s) { run(s, QType::Q4_1, 196608, 1536, 1); }
+void BM_q8_0_decode_dram(benchmark::State& s) { run(s, QType::Q8_0, 49152, 49152, 1); }
+void BM_q8_0_decode_l2(benchmark::State& s) { run(s, QType::Q8_0, 1024, 1024, 1); }
+void BM_q4_1_prefill_64(benchmark::State& s) { run(s, QType::Q4_1, 4096, 4096, 64); }
+
+}  // namespace
+
+BENCHMARK(BM_q4_1_decode_l2)->Name("q4_1/decode/l2");
+BENCHMARK(BM_q4_1_decode_dram)->Name("q4_1/decode/dram");
+BENCHMARK(BM_q8_0_decode_dram)->Name("q8_0/decode/dram");
+BENCHMARK(BM_q8_0_decode_l2)->Name("q8_0/decode/l2");
+BENCHMARK(BM_q4_1_prefill_64)->Name("q4_1/prefill/64");
+BENCHMARK_MAIN();
