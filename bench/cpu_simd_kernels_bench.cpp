@@ -10,7 +10,8 @@
 //   q8_0/decode/l2      1024 x 576 Q8_0 rows (627 KB, in L2) x 1 token
 //   q4_1/prefill/64     4096 x 576 Q4_1 rows x 64 tokens
 // Counters: GMAC/s (multiply-adds per second), GB/s (weight bytes per second).
-// Activations are fp32 (the default quantized path: gemm_q_f32).
+// Activations are fp32 (the default quantized path: gemm_q_f32); int8/... the same
+// shapes with int8 activations (gemm_q, TOUCHSTONE_CPU_SIMD_ACTIVATIONS=int8).
 #include <benchmark/benchmark.h>
 
 #include <sys/mman.h>
@@ -81,6 +82,30 @@ void run(benchmark::State& state, QType t, size_t rows, size_t slice, size_t n_t
       double(slice * row_bytes) * double(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// The same with llama.cpp-style int8 activations (gemm_q, VNNI where present).
+void run_int8(benchmark::State& state, QType t, size_t rows, size_t slice, size_t n_tok) {
+  const auto w0 = random_blocks(t, rows, 1);
+  const auto x = random_act(n_tok);
+  const size_t nb = kIn / 32, row_bytes = ts_cpu::qtype_block_bytes(t) * nb;
+  std::vector<int8_t> qs(n_tok * kIn);
+  std::vector<float> d(n_tok * nb), sm(n_tok * nb);
+  std::vector<ts_cpu::ActRow> X(n_tok);
+  for (size_t k = 0; k < n_tok; ++k) {
+    X[k] = ts_cpu::ActRow{qs.data() + k * kIn, d.data() + k * nb, sm.data() + k * nb};
+    ts_cpu::quantize_act(x.data() + k * kIn, kIn, X[k]);
+  }
+  std::vector<float> y(n_tok * slice);
+  size_t r0 = 0;
+  for (auto _ : state) {
+    ts_cpu::gemm_q(t, w0.data() + r0 * row_bytes, row_bytes, nb, 0, slice, X.data(), n_tok,
+                   y.data(), slice);
+    benchmark::DoNotOptimize(y.data());
+    r0 = (r0 + slice) % rows;
+  }
+  const double macs = double(slice) * double(kIn) * double(n_tok) * double(state.iterations());
+  state.counters["GMAC/s"] = benchmark::Counter(macs * 1e-9, benchmark::Counter::kIsRate);
+}
+
 void BM_q4_1_decode_l2(benchmark::State& s) { run(s, QType::Q4_1, 1536, 1536, 1); }
 void BM_q4_1_decode_dram(benchmark::State& s) { run(s, QType::Q4_1, 196608, 1536, 1); }
 void BM_q8_0_decode_dram(benchmark::State& s) { run(s, QType::Q8_0, 49152, 49152, 1); }
@@ -90,6 +115,11 @@ void BM_q4_1_prefill_64(benchmark::State& s) { run(s, QType::Q4_1, 4096, 4096, 6
 }  // namespace
 
 BENCHMARK(BM_q4_1_decode_l2)->Name("q4_1/decode/l2");
+BENCHMARK_CAPTURE(run_int8, l2, QType::Q4_1, 1536, 1536, 1)->Name("int8/q4_1/decode/l2");
+BENCHMARK_CAPTURE(run_int8, dram, QType::Q4_1, 196608, 1536, 1)->Name("int8/q4_1/decode/dram");
+BENCHMARK_CAPTURE(run_int8, q8, QType::Q8_0, 49152, 49152, 1)->Name("int8/q8_0/decode/dram");
+BENCHMARK_CAPTURE(run_int8, q8l2, QType::Q8_0, 1024, 1024, 1)->Name("int8/q8_0/decode/l2");
+BENCHMARK_CAPTURE(run_int8, pf, QType::Q4_1, 4096, 4096, 64)->Name("int8/q4_1/prefill/64");
 BENCHMARK(BM_q4_1_decode_dram)->Name("q4_1/decode/dram");
 BENCHMARK(BM_q8_0_decode_dram)->Name("q8_0/decode/dram");
 BENCHMARK(BM_q8_0_decode_l2)->Name("q8_0/decode/l2");

@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "touchstone/backend_impl.h"
 #include "touchstone/error.h"
+#include "touchstone/quant.h"
 
 struct ts_model {
   std::unique_ptr<ts_cpu::Model> model;
@@ -64,11 +65,14 @@ ts_status capabilities(ts_capabilities* out) {
     // work is split by output rows / (token, head) pairs in fixed-size chunks,
     // never inside one reduction (tested in cpu_simd_test).
     out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
-    // full_precision: every type the dequantizer knows; quantized: Q4_0/Q4_1/Q8_0 matrices, F32
-    // norms.
-    out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
-                        TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
-                        TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
+    // Both paths: every type the reference dequantizer knows. quantized:
+    // dedicated kernels for Q4_0/Q4_1/Q8_0, the generic block kernel (dequantize
+    // one block in the kernel) for the others (Q4_K, Q6_K, Q5_x, F16, ...).
+    out->weight_types = 0;
+    for (int t = 0; t < 64; ++t) {
+      if (touchstone::gguf::can_dequantize(touchstone::gguf::TensorType(t)))
+        out->weight_types |= TS_WEIGHT_TYPE_BIT(t);
+    }
     out->max_context = 0;
     out->determinism_note = nullptr;
   });

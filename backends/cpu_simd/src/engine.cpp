@@ -53,12 +53,33 @@ Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_
     case gg::TensorType::Q8_0:
       L.qtype = QType::Q8_0;
       break;
-    default:
-      if (why->empty()) {
-        *why = "quantized path: tensor " + name + " has type " +
-               std::string(gg::type_name(t.type)) + " (kernels exist for Q4_0, Q4_1, Q8_0)";
+    default: {
+      // Generic block kernel: dequantize each block in the kernel (the
+      // reference's bit-exact routine) and multiply with fp32 activations.
+      const gg::TypeTraits* tr = gg::find_type_traits(t.type);
+      if (!tr || !gg::can_dequantize(t.type)) {
+        if (why->empty()) {
+          *why = "quantized path: tensor " + name + " has type " +
+                 std::string(gg::type_name(t.type)) + ", which has no kernel";
+        }
+        return L;
       }
+      L.generic = true;
+      L.gtype = int(t.type);
+      // Plain types (F16, BF16, F32: block size 1) run in chunks of 32 elements.
+      L.block_elems = tr->block_size >= 32 ? tr->block_size : 32;
+      L.block_bytes = L.block_elems / tr->block_size * tr->type_size;
+      if (n_in % L.block_elems != 0) {
+        if (why->empty()) {
+          *why = "quantized path: tensor " + name + " row length " + std::to_string(n_in) +
+                 " is not a multiple of its block size " + std::to_string(L.block_elems);
+        }
+        return L;
+      }
+      L.row_bytes = n_in / L.block_elems * L.block_bytes;
+      L.q = f.tensor_data(t).data();
       return L;
+    }
   }
   if (n_in % 32 != 0) {
     if (why->empty())
@@ -66,6 +87,7 @@ Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_
     return L;
   }
   L.row_bytes = n_in / 32 * qtype_block_bytes(L.qtype);
+  L.block_bytes = qtype_block_bytes(L.qtype);
   L.q = f.tensor_data(t).data();
   return L;
 }
@@ -159,6 +181,11 @@ void Model::relocate_quantized() {
   for (Linear* w : all) {
     const size_t n = w->row_bytes * w->n_out;
     std::memcpy(base + off, w->q, n);
+    // Drop the now unused file pages from this process (RSS); the mapping
+    // stays valid and refaults from the page cache if read again (embed()).
+    const uintptr_t page = 4096, b0 = (reinterpret_cast<uintptr_t>(w->q) + page - 1) & ~(page - 1),
+                    b1 = (reinterpret_cast<uintptr_t>(w->q) + n) & ~(page - 1);
+    if (b1 > b0) madvise(reinterpret_cast<void*>(b0), b1 - b0, MADV_DONTNEED);
     w->q = base + off;
     off += (n + 63) & ~size_t{63};
   }
@@ -294,7 +321,11 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
     const Job& job = jobs[j];
     const Linear& W = *job.w;
     const size_t r0 = (task - first[j]) * chunk, r1 = std::min(W.n_out, r0 + chunk);
-    if (int8_) {
+    if (W.generic) {
+      // (also in int8 mode: these types have no int8 kernel; fp32 activations)
+      gemm_blocks_f32(W.gtype, W.q, W.row_bytes, W.block_elems, W.block_bytes, r0, r1, x, ldx,
+                      n_tok, job.y, job.ldy);
+    } else if (int8_) {
       gemm_q(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, act_.data(), n_tok, job.y, job.ldy);
     } else if (quant_) {
       gemm_q_f32(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, x, ldx, n_tok, job.y, job.ldy);

@@ -18,9 +18,15 @@
 namespace ts_cpu {
 
 // One weight matrix [n_out][n_in]: either GGUF blocks (q) or fp32 (f).
+// GGUF blocks of Q4_0/Q4_1/Q8_0 have dedicated kernels (qtype); any other type
+// the reference dequantizer knows (Q4_K, Q6_K, Q5_x, ...) goes through the
+// generic block kernel (generic = true, gtype, block_elems/block_bytes).
 struct Linear {
   const uint8_t* q = nullptr;
   QType qtype = QType::Q4_1;
+  bool generic = false;
+  int gtype = -1;  // GGUF ggml_type of a generic matrix
+  size_t block_elems = 32, block_bytes = 0;
   size_t row_bytes = 0;
   const float* f = nullptr;
   size_t n_out = 0, n_in = 0;

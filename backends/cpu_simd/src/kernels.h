@@ -41,7 +41,7 @@ std::string hwy_current_target();
 
 // ---------------- int8 activations ----------------
 // A row of n (multiple of 32) activations quantized per 32-block, symmetric:
-//   d[b] = max|x| / 127,  qs[i] = round(x[i] / d[b]) in [-127, 127],
+//   d[b] = max|x| / 127,  qs[i] = round_half_even(x[i] * (1 / d[b])) in [-127, 127],
 //   s[b] = d[b] * sum(qs of block b)   (for the Q4_1 min term, as llama.cpp's Q8_1)
 // Scales are kept in fp32 (llama.cpp's block_q8_1 rounds d and s to fp16).
 struct ActRow {
@@ -66,6 +66,18 @@ void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
 // products equal the full-precision path's; fp32 accumulation (Highway).
 void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
                 const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy);
+
+// Any other GGUF block type `ggml_type` the reference dequantizer knows (Q4_K,
+// Q6_K, Q5_0, ...): rows of row_bytes / block_bytes blocks of block_elems
+// elements. Each block is dequantized with touchstone::gguf::dequantize_row
+// (ggml's numbers bit for bit) into a stack buffer inside the kernel (no
+// dequantized copy of the matrix) and multiplied with fp32 activations; per
+// output the same sequence as gemm_q_f32 (blocks in order, N-lane chunks in
+// order, one FMA each, SumOfLanes), so results do not depend on tiling.
+// block_elems <= 256.
+void gemm_blocks_f32(int ggml_type, const uint8_t* W, size_t row_bytes, size_t block_elems,
+                     size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
+                     size_t n_tok, float* Y, size_t ldy);
 
 enum class QLevel : int { Scalar = 0, AVX2 = 1, AVX512VNNI = 2 };
 QLevel qlevel_best();             // best the CPU supports

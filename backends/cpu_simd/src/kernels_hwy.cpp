@@ -221,6 +221,36 @@ HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
   }
 }
 
+// Generic GGUF block types: dequantize one block (reference routine), then
+// FMA it into each token's accumulator; tiles of 1 row x up to 4 tokens.
+HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t block_elems,
+                            size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
+                            size_t n_tok, float* Y, size_t ldy) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  const size_t nb = row_bytes / block_bytes;
+  constexpr size_t kT = 4;
+  alignas(64) float buf[256];
+  for (size_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W + r * row_bytes;
+    for (size_t t0 = 0; t0 < n_tok; t0 += kT) {
+      const size_t nt = n_tok - t0 < kT ? n_tok - t0 : kT;
+      hn::Vec<decltype(df)> acc[kT] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
+      for (size_t b = 0; b < nb; ++b) {
+        touchstone::gguf::dequantize_row(touchstone::gguf::TensorType(type), row + b * block_bytes,
+                                         buf, int64_t(block_elems));
+        for (size_t t = 0; t < nt; ++t) {
+          const float* xb = X + (t0 + t) * ldx + b * block_elems;
+          for (size_t j = 0; j < block_elems; j += N)
+            acc[t] = hn::MulAdd(hn::Load(df, buf + j), hn::LoadU(df, xb + j), acc[t]);
+        }
+      }
+      for (size_t t = 0; t < nt; ++t)
+        Y[(t0 + t) * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[t]));
+    }
+  }
+}
+
 HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0,
                        size_t r1, const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
   switch (type) {
@@ -244,6 +274,14 @@ HWY_EXPORT(MatvecF32);
 HWY_EXPORT(AxpyF32);
 HWY_EXPORT(ScaleF32);
 HWY_EXPORT(GemmQF32);
+HWY_EXPORT(GemmBlocksF32);
+
+void gemm_blocks_f32(int ggml_type, const uint8_t* W, size_t row_bytes, size_t block_elems,
+                     size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
+                     size_t n_tok, float* Y, size_t ldy) {
+  HWY_DYNAMIC_DISPATCH(GemmBlocksF32)
+  (ggml_type, W, row_bytes, block_elems, block_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
+}
 
 void gemm_q_f32(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
                 const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {

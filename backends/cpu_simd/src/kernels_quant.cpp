@@ -54,6 +54,7 @@ inline float h2f(const uint8_t* p) {
 }
 
 constexpr size_t kBlockBytes[3] = {18, 20, 34};  // Q4_0, Q4_1, Q8_0
+constexpr size_t kPrefetch = 4096;               // bytes ahead of the decode weight stream
 constexpr int tix(QType t) { return t == QType::Q4_0 ? 0 : t == QType::Q4_1 ? 1 : 2; }
 
 // ------------------------------------------------------------------ scalar
@@ -166,85 +167,105 @@ void tile_avx2(const uint8_t* const* rows, size_t nb, const ActRow* X, float* ou
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
+// Two blocks per 512-bit register, laid out [lo0 hi0 lo1 hi1] (16 bytes each,
+// matching the activation bytes [a0 | a1]) and built without shuffles: two
+// 128-bit broadcast loads (the second one masked) and a masked nibble shift.
+// Scales per block pair: v = [d_w0 x, m_w0 x, d_w1 x, m_w1 x] (fp16 -> fp32) times
+// [d_a0, s_a0, d_a1, s_a1]; the d terms scale the 8 int32 lanes of their
+// block (one vpermps), the m terms accumulate in a 4-lane register.
+// Per output: blocks in order, the same operations whatever NR and NT are.
 template <QType T, int NR, int NT>
 void tile_vnni(const uint8_t* const* rows, size_t nb, const ActRow* X, float* out /*[NT][NR]*/) {
   constexpr size_t bb = kBlockBytes[tix(T)];
   __m512 acc[NR][NT];
+  __m128 macc[NR][NT];
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  const __m256i lo_mask = _mm256_set1_epi8(0x0f);
-  // lane pattern: lanes 0-7 <- element 0, lanes 8-15 <- element 1 (or 2 / 3)
-  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int t = 0; t < NT; ++t) {
+      acc[r][t] = _mm512_setzero_ps();
+      macc[r][t] = _mm_setzero_ps();
+    }
+  const __m512i lo_mask = _mm512_set1_epi8(0x0f);
   const __m512i idx02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i idx13 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i zero = _mm512_setzero_si512();
+  // Q4_0: v = [d0, -8 d0, d1, -8 d1] from the halves [d0 d0 d1 d1].
+  const __m128 q40_mul = _mm_setr_ps(1.0f, -8.0f, 1.0f, -8.0f);
   const size_t npair = nb / 2;
   for (size_t p = 0; p < npair; ++p) {
     __m512i w[NR];
-    __m512 dv[NR], mv[NR];
+    __m128 v[NR];
     for (int r = 0; r < NR; ++r) {
       const uint8_t* b0 = rows[r] + 2 * p * bb;
       const uint8_t* b1 = b0 + bb;
+      if constexpr (NT == 1) {
+        // Decode streams the weights from DRAM once: prefetch ahead, every
+        // cache line of each row stream (a pair is 36-68 bytes).
+        __builtin_prefetch(b0 + kPrefetch);
+        if constexpr (2 * bb > 64) __builtin_prefetch(b0 + kPrefetch + 64);
+      }
       if constexpr (T == QType::Q8_0) {
-        w[r] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)), 1);
+        w[r] = _mm512_mask_broadcast_i64x4(
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
+            0xf0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)));
       } else {
         constexpr int off = T == QType::Q4_1 ? 4 : 2;
-        const __m256i q = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + off))),
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + off)), 1);
-        const __m256i lo = _mm256_and_si256(q, lo_mask);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo_mask);
-        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // lo0 lo1 hi0 hi1
-        w[r] = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));               // lo0 hi0 lo1 hi1
+        __m512i z =
+            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + off)));
+        z = _mm512_mask_broadcast_i32x4(
+            z, 0xff00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + off)));
+        // 128-bit chunks 1 and 3 take the high nibbles (words 8-15, 24-31).
+        z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4);
+        w[r] = _mm512_and_si512(z, lo_mask);
       }
+      uint32_t h0, h1;
       if constexpr (T == QType::Q4_1) {
-        uint32_t h0, h1;
-        std::memcpy(&h0, b0, 4);
+        std::memcpy(&h0, b0, 4);  // d, m
         std::memcpy(&h1, b1, 4);
-        const __m512 f = _mm512_castps128_ps512(
-            _mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0))));  // d0 m0 d1 m1
-        dv[r] = _mm512_permutexvar_ps(idx02, f);
-        mv[r] = _mm512_mul_ps(_mm512_permutexvar_ps(idx13, f), _mm512_set1_ps(0.125f));
+        v[r] = _mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0)));
       } else {
-        uint16_t h0, h1;
-        std::memcpy(&h0, b0, 2);
-        std::memcpy(&h1, b1, 2);
-        const __m512 f = _mm512_castps128_ps512(
-            _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(h0) | (uint32_t(h1) << 16)))));
-        dv[r] = _mm512_permutexvar_ps(idx01, f);
-        if constexpr (T == QType::Q4_0)
-          mv[r] = _mm512_mul_ps(dv[r], _mm512_set1_ps(-1.0f));  // -8 d / 8 lanes
+        uint16_t d0, d1;
+        std::memcpy(&d0, b0, 2);
+        std::memcpy(&d1, b1, 2);
+        if constexpr (T == QType::Q4_0) {
+          h0 = uint32_t(d0) * 0x10001u;
+          h1 = uint32_t(d1) * 0x10001u;
+          v[r] = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0))), q40_mul);
+        } else {
+          v[r] = _mm_cvtph_ps(_mm_set_epi32(0, 0, int(d1), int(d0)));  // [d0 0 d1 0]
+        }
       }
     }
     for (int t = 0; t < NT; ++t) {
       const __m512i a = _mm512_loadu_si512(X[t].qs + p * 64);
-      const __m512 da = _mm512_permutexvar_ps(
-          idx01, _mm512_castps128_ps512(
-                     _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].d + 2 * p)))));
-      __m512 sa = _mm512_setzero_ps();
-      if constexpr (T != QType::Q8_0) {
-        sa = _mm512_permutexvar_ps(idx01, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
-                                              reinterpret_cast<const double*>(X[t].s + 2 * p)))));
-      }
+      // [d_a0 s_a0 d_a1 s_a1]
+      const __m128 ads = _mm_unpacklo_ps(
+          _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].d + 2 * p))),
+          _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].s + 2 * p))));
+      __m512i a_signed = a;
       for (int r = 0; r < NR; ++r) {
         __m512i isum;
         if constexpr (T == QType::Q8_0) {
           const __mmask64 neg = _mm512_movepi8_mask(w[r]);
-          isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w[r]),
-                                     _mm512_mask_sub_epi8(a, neg, zero, a));
+          a_signed = _mm512_mask_sub_epi8(a, neg, zero, a);
+          isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w[r]), a_signed);
         } else {
           isum = _mm512_dpbusd_epi32(zero, w[r], a);
         }
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv[r], da), acc[r][t]);
-        if constexpr (T != QType::Q8_0) acc[r][t] = _mm512_fmadd_ps(mv[r], sa, acc[r][t]);
+        const __m128 sc = _mm_mul_ps(v[r], ads);
+        if constexpr (T != QType::Q8_0) macc[r][t] = _mm_add_ps(macc[r][t], sc);
+        acc[r][t] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+                            _mm512_permutexvar_ps(idx02, _mm512_castps128_ps512(sc)), acc[r][t]);
       }
     }
   }
   for (int t = 0; t < NT; ++t) {
     for (int r = 0; r < NR; ++r) {
       float y = _mm512_reduce_add_ps(acc[r][t]);
+      if constexpr (T != QType::Q8_0) {
+        alignas(16) float m4[4];
+        _mm_store_ps(m4, macc[r][t]);
+        y += m4[1] + m4[3];
+      }
       if (nb & 1) {
         const size_t b = nb - 1;
         y += block_dot_scalar<T>(rows[r] + b * bb, X[t].qs + b * 32, X[t].d[b], X[t].s[b]);
@@ -326,7 +347,10 @@ std::atomic<int>& level_storage() {
 
 size_t qtype_block_bytes(QType t) { return kBlockBytes[tix(t)]; }
 
-void quantize_act(const float* x, size_t n, ActRow out) {
+namespace {
+// Round half to even (the default MXCSR mode, as vcvtps2dq): every level gives
+// the same int8 activations.
+void quantize_act_scalar(const float* x, size_t n, ActRow out) {
   const size_t nb = n / 32;
   for (size_t b = 0; b < nb; ++b) {
     const float* xb = x + b * 32;
@@ -336,13 +360,40 @@ void quantize_act(const float* x, size_t n, ActRow out) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int32_t sum = 0;
     for (int i = 0; i < 32; ++i) {
-      const int8_t q = static_cast<int8_t>(std::lround(xb[i] * id));
+      const int8_t q = static_cast<int8_t>(std::nearbyint(xb[i] * id));
       out.qs[b * 32 + size_t(i)] = q;
       sum += q;
     }
     out.d[b] = d;
     out.s[b] = d * static_cast<float>(sum);
   }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+void quantize_act_avx512(const float* x, size_t n, ActRow out) {
+  const size_t nb = n / 32;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (size_t b = 0; b < nb; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
+    const float d = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.qs + b * 32), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.qs + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+    out.d[b] = d;
+    out.s[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+}
+#pragma GCC pop_options
+}  // namespace
+
+void quantize_act(const float* x, size_t n, ActRow out) {
+  if (qlevel() == QLevel::AVX512VNNI) return quantize_act_avx512(x, n, out);
+  quantize_act_scalar(x, n, out);
 }
 
 void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
