@@ -131,6 +131,28 @@ TEST_F(Contract, RewindThenReplayReproducesLogits) {
   EXPECT_EQ(s.position(), 0);
 }
 
+// TS_CAP_DEVICE_GREEDY: prefill_greedy appends like prefill and returns the
+// argmax (lowest id on ties) of the logits prefill would have returned.
+TEST_F(Contract, DeviceGreedyIsTheArgmaxOfTheLogits) {
+  if (!(lib_->capabilities().flags & TS_CAP_DEVICE_GREEDY)) GTEST_SKIP() << "no device greedy";
+  Session a(*model_, options());
+  ASSERT_TRUE(a.has_device_greedy());
+  Session b(*model_, options());
+  const std::span<const int32_t> prompt(kTokens.data(), 8);
+  EXPECT_EQ(a.prefill_greedy(prompt), metrics::argmax(b.prefill(prompt)));
+  EXPECT_EQ(a.position(), 8);
+  std::vector<float> row(size_t(b.n_vocab()));
+  for (size_t i = 8; i < kTokens.size(); ++i) {  // decode steps
+    b.decode(kTokens[i], row);
+    EXPECT_EQ(a.prefill_greedy(std::span<const int32_t>(&kTokens[i], 1)), metrics::argmax(row))
+        << "step " << i;
+  }
+  EXPECT_EQ(a.position(), int32_t(kTokens.size()));
+  const int32_t bad = a.n_vocab();
+  EXPECT_THROW(a.prefill_greedy(std::span<const int32_t>(&bad, 1)), BackendError);
+  EXPECT_EQ(a.position(), int32_t(kTokens.size())) << "a refused call must not advance";
+}
+
 TEST_F(Contract, RepeatedRunsAreBitwiseIdenticalWhenClaimed) {
   if (!deterministic()) GTEST_SKIP() << "backend does not claim bitwise determinism";
   Session a(*model_, options()), b(*model_, options());

@@ -1,6 +1,7 @@
 /* A minimal backend used to test the loader: built several times with
- * FAKE_API_VERSION / FAKE_NULL_ENTRY / FAKE_MISSING_FN to exercise every
- * refusal path of BackendLibrary::load. Every session call fails loudly. */
+ * FAKE_API_VERSION / FAKE_NULL_ENTRY / FAKE_MISSING_FN / FAKE_CLAIMS_GREEDY /
+ * FAKE_GREEDY_FN to exercise every refusal path of BackendLibrary::load and
+ * the version-1 compatibility rule. Every session call fails loudly. */
 #include <stddef.h>
 
 #include "touchstone/backend_abi.h"
@@ -13,7 +14,11 @@ static const char* last_error(void) { return "fake backend: nothing is implement
 static const char* device_name(void) { return "fake device"; }
 static ts_status capabilities(ts_capabilities* c) {
   if (!c || c->struct_size < sizeof(*c)) return TS_ERR_INVALID_ARGUMENT;
+#ifdef FAKE_CLAIMS_GREEDY
+  c->flags = TS_CAP_DEVICE_GREEDY;
+#else
   c->flags = 0;
+#endif
   c->weight_types = TS_WEIGHT_TYPE_BIT(0);
   c->max_context = 0;
   c->n_shape_buckets = 0;
@@ -61,6 +66,21 @@ static int32_t position(const ts_session* s) {
   return 0;
 }
 
+/* Present in the table but must never be called by a loader when the table
+ * says api_version 1 (a real version-1 table ends before this member). */
+static ts_status prefill_greedy(ts_session* s, const int32_t* t, int32_t n, int32_t* out) {
+  (void)s;
+  (void)t;
+  (void)n;
+  (void)out;
+  return TS_ERR_INTERNAL;
+}
+#ifdef FAKE_GREEDY_FN
+#define FAKE_GREEDY prefill_greedy
+#else
+#define FAKE_GREEDY NULL
+#endif
+
 #ifdef FAKE_MISSING_FN
 #define FAKE_POSITION NULL
 #else
@@ -70,7 +90,8 @@ static int32_t position(const ts_session* s) {
 static const ts_backend kFake = {FAKE_API_VERSION, "fake",       "0",          last_error,
                                  device_name,      capabilities, load_model,   free_model,
                                  n_vocab,          open_session, free_session, prefill,
-                                 decode,           rewind_to,    FAKE_POSITION};
+                                 decode,           rewind_to,    FAKE_POSITION,
+                                 FAKE_GREEDY};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

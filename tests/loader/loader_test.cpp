@@ -46,6 +46,20 @@ TEST(Loader, RefusesApiVersionMismatchNamingBothVersions) {
   EXPECT_NE(msg.find(std::to_string(TS_BACKEND_API_VERSION)), std::string::npos) << msg;
 }
 
+// Version 1 tables are accepted; members appended in version 2 are not read.
+TEST(Loader, AcceptsVersion1WithoutReadingVersion2Members) {
+  auto lib = BackendLibrary::load(fake("v1"));
+  EXPECT_EQ(lib->api_version(), 1u);
+  EXPECT_EQ(lib->prefill_greedy(), nullptr);
+}
+
+TEST(Loader, DeviceGreedyNeedsTheCapabilityAndTheEntry) {
+  EXPECT_EQ(BackendLibrary::load(fake("ok"))->prefill_greedy(), nullptr);
+  EXPECT_NE(BackendLibrary::load(fake("greedy"))->prefill_greedy(), nullptr);
+  const std::string msg = load_error(fake("greedy_null"));
+  EXPECT_NE(msg.find("TS_CAP_DEVICE_GREEDY"), std::string::npos) << msg;
+}
+
 TEST(Loader, RefusesNullEntryAndMissingFunctions) {
   EXPECT_NE(load_error(fake("null_entry")).find("returned NULL"), std::string::npos);
   EXPECT_NE(load_error(fake("missing_fn")).find("NULL"), std::string::npos);

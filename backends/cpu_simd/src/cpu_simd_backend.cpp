@@ -64,7 +64,7 @@ ts_status capabilities(ts_capabilities* out) {
     // Bitwise determinism across runs and thread counts holds for both paths:
     // work is split by output rows / (token, head) pairs in fixed-size chunks,
     // never inside one reduction (tested in cpu_simd_test).
-    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
+    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM | TS_CAP_DEVICE_GREEDY;
     // Both paths: every type the reference dequantizer knows. quantized:
     // dedicated kernels for Q4_0/Q4_1/Q8_0, the generic block kernel (dequantize
     // one block in the kernel) for the others (Q4_K, Q6_K, Q5_x, F16, ...).
@@ -172,6 +172,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 
 int32_t position(const ts_session* s) { return s ? s->s->position() : 0; }
 
+// The "device" is the CPU: the logits land in the session's own buffer and only
+// the token id is returned.
+ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n, int32_t* token_out) {
+  return touchstone::abi::guard([&] {
+    if (!s || !tokens || !token_out || n <= 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill_greedy: null buffer or n_tokens <= 0");
+    }
+    touchstone::abi::check_tokens(tokens, n, s->n_vocab);
+    touchstone::abi::check_room(s->s->position(), n, s->s->max_context());
+    float* logits = s->s->greedy_logits();
+    s->s->forward(tokens, n, false, logits);
+    *token_out = touchstone::abi::greedy_argmax(logits, s->n_vocab);
+  });
+}
+
 const ts_backend kBackend = {
     TS_BACKEND_API_VERSION,
     "cpu_simd",
@@ -188,6 +203,7 @@ const ts_backend kBackend = {
     decode,
     rewind,
     position,
+    prefill_greedy,
 };
 
 }  // namespace

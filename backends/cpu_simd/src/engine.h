@@ -93,6 +93,11 @@ class Session {
   // (all_positions) or of the last one, n_vocab floats per row.
   void forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   int32_t position() const { return pos_; }
+  // A session-owned [n_vocab] buffer for prefill_greedy (allocated once).
+  float* greedy_logits() {
+    if (greedy_logits_.empty()) greedy_logits_.resize(size_t(c_.n_vocab));
+    return greedy_logits_.data();
+  }
   int32_t max_context() const { return max_ctx_; }
   void rewind(int32_t p) { pos_ = p; }
   int n_threads() const { return pool_.size(); }
@@ -126,6 +131,7 @@ class Session {
   std::vector<int8_t> act_qs_;
   std::vector<float> act_d_, act_s_;
   std::vector<ActRow> act_;
+  std::vector<float> greedy_logits_;
   std::vector<double> inv_freq_;
   std::vector<double> rope_cs_;  // [token][head_dim/2][cos, sin] of the current chunk
 };

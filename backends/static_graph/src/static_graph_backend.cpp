@@ -145,6 +145,7 @@ const ts_backend kBackend = {
     decode,
     rewind,
     position,
+    nullptr,  // prefill_greedy: no TS_CAP_DEVICE_GREEDY
 };
 
 }  // namespace

@@ -22,9 +22,13 @@
  * backend's last_error() returns a human-readable message (thread-local, valid
  * until the next call on that thread). No C++ exception may cross this ABI.
  *
- * Versioning (after ggml's ggml-backend-reg): a loader refuses a library whose
- * api_version differs from TS_BACKEND_API_VERSION and names both numbers.
+ * Versioning (after ggml's ggml-backend-reg): members are only ever appended
+ * to ts_backend. A loader accepts api_version 1 .. TS_BACKEND_API_VERSION and
+ * reads a member added in version N only when api_version >= N (a version-1
+ * table ends at `position`); it refuses any other number and names both.
  * Structs passed in carry struct_size so fields can be appended later.
+ *
+ * Version 2 (2026-11-22) appended prefill_greedy (TS_CAP_DEVICE_GREEDY).
  */
 #ifndef TOUCHSTONE_BACKEND_ABI_H
 #define TOUCHSTONE_BACKEND_ABI_H
@@ -36,7 +40,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 1
+#define TS_BACKEND_API_VERSION 2
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -117,6 +121,15 @@ typedef struct ts_backend {
   /* Truncate the KV cache to `position` tokens (0 <= position <= position()). */
   ts_status (*rewind)(ts_session* session, int32_t position);
   int32_t (*position)(const ts_session* session);
+
+  /* ---- api_version >= 2 ---- */
+  /* Greedy step, for backends with TS_CAP_DEVICE_GREEDY (NULL otherwise):
+   * append n_tokens exactly as prefill does (n_tokens == 1 is a decode step) and
+   * write to *token_out the argmax of the last position's logits, the lowest
+   * token id among equal maxima (NaN never wins), computed where the logits
+   * are: no n_vocab-sized buffer crosses to the caller. */
+  ts_status (*prefill_greedy)(ts_session* session, const int32_t* tokens, int32_t n_tokens,
+                              int32_t* token_out);
 } ts_backend;
 
 /* The one exported symbol. */

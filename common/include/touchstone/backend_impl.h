@@ -60,6 +60,19 @@ inline void check_rewind(int64_t to, int64_t position) {
   }
 }
 
+// The greedy token of one logits row as prefill_greedy defines it: lowest id
+// among equal maxima, NaN never wins (= the harness's metrics::argmax). For
+// backends whose "device" is the host. Throws when every logit is NaN.
+inline int32_t greedy_argmax(const float* logits, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (logits[i] != logits[i]) continue;  // NaN
+    if (best < 0 || logits[i] > logits[best]) best = i;
+  }
+  if (best < 0) throw StatusError(TS_ERR_INTERNAL, "greedy: every logit is NaN");
+  return static_cast<int32_t>(best);
+}
+
 template <typename F>
 ts_status guard(F&& f) noexcept {
   try {

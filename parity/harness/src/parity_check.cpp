@@ -32,6 +32,31 @@ void note_violation(CaseResult& r, int step, const std::string& what) {
   }
 }
 
+// TS_CAP_DEVICE_GREEDY: the same teacher-forced steps again through
+// prefill_greedy; the token the backend returns must be the argmax of the
+// logits it returned for that step (lowest id on ties), step for step.
+void check_device_greedy(Session& session, const GoldenCase& g,
+                         const std::vector<int32_t>& host_argmax, CaseResult& r) {
+  try {
+    session.rewind(0);
+    for (size_t s = 0; s < host_argmax.size(); ++s) {
+      const int32_t dev =
+          s == 0 ? session.prefill_greedy(g.prompt_ids)
+                 : session.prefill_greedy(std::span<const int32_t>(&g.greedy_ids[s - 1], 1));
+      ++r.device_greedy_steps;
+      if (dev != host_argmax[s]) {
+        r.failures.push_back(fmt::format(
+            "device greedy at step {}: prefill_greedy returned {}, the argmax of the backend's "
+            "own logits is {}",
+            s, dev, host_argmax[s]));
+        return;
+      }
+    }
+  } catch (const std::exception& e) {
+    r.failures.push_back(fmt::format("device greedy: {}", e.what()));
+  }
+}
+
 }  // namespace
 
 CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g,
@@ -48,6 +73,7 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
   session.rewind(0);
   std::vector<float> logits = session.prefill(g.prompt_ids);
   std::vector<double> kls;
+  std::vector<int32_t> host_argmax;  // argmax of the backend's own logits per step
   bool stop = false;
   for (int s = 0; s < r.n_total && !stop; ++s) {
     const std::span<const float> row(logits);
@@ -85,6 +111,7 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
     // Greedy agreement.
     const int32_t ref_tok = g.greedy_ids[size_t(s)];
     const int32_t test_tok = metrics::argmax(row);
+    host_argmax.push_back(test_tok);
     if (test_tok == ref_tok) {
       ++r.n_matched;
     } else {
@@ -116,6 +143,7 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
     }
     if (s + 1 < r.n_total) session.decode(ref_tok, logits);  // teacher-forced
   }
+  if (session.has_device_greedy()) check_device_greedy(session, g, host_argmax, r);
   if (!kls.empty()) {
     const metrics::Summary ks = metrics::summarize(kls);
     r.kld_mean = ks.mean;

@@ -112,6 +112,14 @@ std::string format_table(const Report& r) {
       o += fmt::format("  {} / {}: {}\n", i.backend, s.name, f);
     }
   }
+  int greedy_steps = 0;
+  for (const CaseResult& c : r.cases) greedy_steps += c.device_greedy_steps;
+  if (greedy_steps > 0) {
+    o += fmt::format(
+        "\ndevice greedy (TS_CAP_DEVICE_GREEDY): {} steps re-run through prefill_greedy, each "
+        "token checked against the argmax of the backend's own logits\n",
+        greedy_steps);
+  }
   o += fmt::format("\nverdict: {}\n", r.passed() ? "PASS" : "FAIL");
   return o;
 }
@@ -152,6 +160,7 @@ std::string to_json(const Report& r) {
             {"kld_mean", finite_or(c.kld_mean, -1)},
             {"kld_max", finite_or(c.kld_max, -1)},
             {"nonfinite_logits", c.nonfinite},
+            {"device_greedy_steps", c.device_greedy_steps},
             {"seconds", c.seconds},
             {"first_logit_violation_step", c.first_logit_violation_step},
             {"first_logit_violation", c.first_logit_violation}};

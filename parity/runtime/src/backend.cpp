@@ -93,10 +93,10 @@ std::shared_ptr<BackendLibrary> BackendLibrary::load(const std::string& name_or_
     dlclose(handle);
     throw Error("backend '{}': {}() returned NULL", path, TS_BACKEND_ENTRY_SYMBOL);
   }
-  if (api->api_version != TS_BACKEND_API_VERSION) {
+  if (api->api_version < 1 || api->api_version > TS_BACKEND_API_VERSION) {
     const uint32_t v = api->api_version;
     dlclose(handle);
-    throw Error("backend '{}' implements api_version {}, this harness needs {}", path, v,
+    throw Error("backend '{}' implements api_version {}, this harness supports 1..{}", path, v,
                 TS_BACKEND_API_VERSION);
   }
   const bool complete = api->last_error && api->device_name && api->capabilities &&
@@ -109,7 +109,24 @@ std::shared_ptr<BackendLibrary> BackendLibrary::load(const std::string& name_or_
       throw Error("backend '{}' leaves a required function pointer NULL", path);
     }
   }
-  return std::shared_ptr<BackendLibrary>(new BackendLibrary(handle, api, path));
+  std::shared_ptr<BackendLibrary> lib(new BackendLibrary(handle, api, path));
+  if (api->api_version >= 2) {
+    // The greedy entry is used only when the backend claims the capability;
+    // claiming it with a NULL entry is an error. A backend that cannot report
+    // capabilities now (no device) is loaded without it: its later calls fail
+    // with their own status.
+    bool claims = false;
+    try {
+      claims = (lib->capabilities().flags & TS_CAP_DEVICE_GREEDY) != 0;
+    } catch (const std::exception&) {
+      claims = false;
+    }
+    if (claims && !api->prefill_greedy) {
+      throw Error("backend '{}' claims TS_CAP_DEVICE_GREEDY but prefill_greedy is NULL", path);
+    }
+    if (claims) lib->greedy_ = api->prefill_greedy;
+  }
+  return lib;
 }
 
 BackendLibrary::~BackendLibrary() {
@@ -184,6 +201,18 @@ void Session::decode(int32_t token, std::span<float> logits) {
     throw Error("decode: logits buffer holds {} floats, n_vocab is {}", logits.size(), n_vocab_);
   }
   lib_->check(lib_->api().decode(session_, token, logits.data()), "decode");
+}
+
+int32_t Session::prefill_greedy(std::span<const int32_t> tokens) {
+  const auto fn = lib_->prefill_greedy();
+  if (!fn) throw Error("{}: backend has no device greedy (TS_CAP_DEVICE_GREEDY)", lib_->name());
+  int32_t tok = -1;
+  lib_->check(fn(session_, tokens.data(), int32_t(tokens.size()), &tok), "prefill_greedy");
+  if (tok < 0 || tok >= n_vocab_) {
+    throw Error("{}: prefill_greedy returned token {} outside [0, {})", lib_->name(), tok,
+                n_vocab_);
+  }
+  return tok;
 }
 
 void Session::rewind(int32_t position) {

@@ -45,7 +45,8 @@ struct CaseResult {
   double nmse_max = 0.0;                             // over compared steps
   double max_abs = 0.0;                              // over compared steps
   double kld_mean = 0.0, kld_max = 0.0;
-  size_t nonfinite = 0;  // NaN/Inf logits seen
+  size_t nonfinite = 0;         // NaN/Inf logits seen
+  int device_greedy_steps = 0;  // steps re-run through prefill_greedy (TS_CAP_DEVICE_GREEDY)
   double seconds = 0.0;
 };
 

@@ -39,6 +39,11 @@ class BackendLibrary {
   BackendLibrary& operator=(const BackendLibrary&) = delete;
 
   const ts_backend& api() const { return *api_; }
+  // The table's api_version (1 .. TS_BACKEND_API_VERSION).
+  uint32_t api_version() const { return api_->api_version; }
+  // prefill_greedy of a version >= 2 table whose capabilities claim
+  // TS_CAP_DEVICE_GREEDY, else nullptr (never read past a version-1 table).
+  decltype(ts_backend::prefill_greedy) prefill_greedy() const { return greedy_; }
   std::string name() const { return api_->name; }
   const std::string& path() const { return path_; }
   std::string device_name() const;
@@ -51,6 +56,7 @@ class BackendLibrary {
       : handle_(handle), api_(api), path_(std::move(path)) {}
   void* handle_;
   const ts_backend* api_;
+  decltype(ts_backend::prefill_greedy) greedy_ = nullptr;
   std::string path_;
 };
 
@@ -90,6 +96,11 @@ class Session {
   // Logits of every position, [n_tokens * n_vocab] row-major.
   std::vector<float> prefill_all(std::span<const int32_t> tokens);
   void decode(int32_t token, std::span<float> logits);
+  // True when the backend computes the greedy token itself (TS_CAP_DEVICE_GREEDY).
+  bool has_device_greedy() const { return lib_->prefill_greedy() != nullptr; }
+  // Appends `tokens` and returns the backend's own argmax of the last position
+  // (prefill_greedy); throws Error when !has_device_greedy().
+  int32_t prefill_greedy(std::span<const int32_t> tokens);
   void rewind(int32_t position);
   int32_t position() const;
   int32_t n_vocab() const { return n_vocab_; }
