@@ -516,6 +516,33 @@ void run_prefill(ts_session& s, const int32_t* tokens, int n, bool all_positions
   }
 }
 
+// prefill_greedy: the forward pass as run_prefill (last position's logits stay
+// on the device), the argmax kernel (lowest id on ties, NaN never wins), and a
+// 4-byte copy back. Not captured as a graph.
+int32_t run_greedy(ts_session& s, const int32_t* tokens, int n) {
+  const int V = s.model->cfg.n_vocab;
+  for (int off = 0; off < n; off += kMaxBatch) {
+    const int cnt = std::min(kMaxBatch, n - off);
+    const bool last = off + cnt == n;
+    stage_params(s, tokens + off, cnt);
+    enqueue_forward(s, cnt, last ? Logits::Last : Logits::None);
+    if (last) {
+      check_launch(tc::launch_argmax(as<float>(s.logits), V, as<int32_t>(s.argmax), s.stream),
+                   "argmax");
+      TS_CUDA(cudaMemcpyAsync(s.h_argmax.get(), s.argmax.get(), sizeof(int32_t),
+                              cudaMemcpyDeviceToHost, s.stream));
+    }
+    TS_CUDA(cudaStreamSynchronize(s.stream));
+    s.pos += cnt;
+  }
+  const int32_t tok = *static_cast<const int32_t*>(s.h_argmax.get());
+  if (tok < 0 || tok >= V) {
+    throw StatusError(TS_ERR_INTERNAL,
+                      fmt::format("device argmax returned {} (all logits NaN?)", tok));
+  }
+  return tok;
+}
+
 // ---- the C ABI -----------------------------------------------------------------------------
 const char* device_name() {
   thread_local std::string name;
@@ -551,7 +578,7 @@ ts_status capabilities(ts_capabilities* out) {
     }
     *out = ts_capabilities{};
     out->struct_size = sizeof(ts_capabilities);
-    out->flags = TS_CAP_ALL_POSITION_LOGITS;
+    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_DEVICE_GREEDY;
     // Types the quantized path reads on the device (full_precision dequantizes
     // every type touchstone::gguf knows on the host).
     out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
@@ -712,6 +739,18 @@ ts_status decode(ts_session* s, int32_t token, float* logits) {
   });
 }
 
+ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n, int32_t* token_out) {
+  return touchstone::abi::guard([&] {
+    if (!s || !tokens || !token_out || n <= 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill_greedy: null buffer or n_tokens <= 0");
+    }
+    touchstone::abi::check_tokens(tokens, n, s->model->cfg.n_vocab);
+    touchstone::abi::check_room(s->pos, n, s->max_ctx);
+    TS_CUDA(cudaSetDevice(s->model->device));
+    *token_out = run_greedy(*s, tokens, n);
+  });
+}
+
 ts_status rewind(ts_session* s, int32_t position) {
   return touchstone::abi::guard([&] {
     if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
@@ -738,7 +777,7 @@ const ts_backend kBackend = {
     decode,
     rewind,
     position,
-    nullptr,  // prefill_greedy: no TS_CAP_DEVICE_GREEDY
+    prefill_greedy,
 };
 
 }  // namespace
