@@ -8,7 +8,8 @@ namespace {
 constexpr int kSpin = 4000;  // pause iterations (~10-50 us) before sleeping
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : 1) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(n_threads > 0 ? n_threads : 1), ranges_(new Range[size_t(n_threads_)]) {
   threads_.reserve(size_t(n_threads_));
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
@@ -20,18 +21,54 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
+namespace {
+constexpr uint64_t pack(uint64_t front, uint64_t back) { return front << 32 | back; }
+}  // namespace
+
+bool ThreadPool::claim_front(int k, size_t* task) {
+  std::atomic<uint64_t>& fb = ranges_[size_t(k)].fb;
+  uint64_t v = fb.load(std::memory_order_acquire);
+  for (;;) {
+    const uint64_t front = v >> 32, back = v & 0xffffffffu;
+    if (front >= back) return false;
+    if (fb.compare_exchange_weak(v, pack(front + 1, back), std::memory_order_acq_rel)) {
+      *task = size_t(front);
+      return true;
+    }
+  }
+}
+
+bool ThreadPool::claim_back(int k, size_t* task) {
+  std::atomic<uint64_t>& fb = ranges_[size_t(k)].fb;
+  uint64_t v = fb.load(std::memory_order_acquire);
+  for (;;) {
+    const uint64_t front = v >> 32, back = v & 0xffffffffu;
+    if (front >= back) return false;
+    if (fb.compare_exchange_weak(v, pack(front, back - 1), std::memory_order_acq_rel)) {
+      *task = size_t(back - 1);
+      return true;
+    }
+  }
+}
+
 void ThreadPool::work(int id) {
-  // Contiguous ranges: a thread streams one contiguous run of weight rows, which
-  // the hardware prefetchers follow (round-robin chunks broke the streams).
-  const size_t n = size_t(n_threads_);
-  const size_t b = n_tasks_ * size_t(id) / n, e = n_tasks_ * (size_t(id) + 1) / n;
-  for (size_t i = b; i < e; ++i) thunk_(ctx_, i, id);
+  size_t task;
+  while (claim_front(id, &task)) thunk_(ctx_, task, id);
+  // Own range done: steal the others' remaining tasks from the back.
+  for (int j = 1; j < n_threads_; ++j) {
+    const int k = (id + j) % n_threads_;
+    while (claim_back(k, &task)) thunk_(ctx_, task, id);
+  }
 }
 
 void ThreadPool::dispatch(Thunk thunk, void* ctx, size_t n_tasks) {
   thunk_ = thunk;
   ctx_ = ctx;
   n_tasks_ = n_tasks;
+  const size_t n = size_t(n_threads_);
+  for (size_t k = 0; k < n; ++k) {
+    ranges_[k].fb.store(pack(n_tasks * k / n, n_tasks * (k + 1) / n), std::memory_order_relaxed);
+  }
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();

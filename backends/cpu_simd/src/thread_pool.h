@@ -1,8 +1,14 @@
 // thread_pool.h - a small persistent fork-join pool (no allocation per job).
 //
-// run(n_tasks, fn) calls fn(task, thread) for task in [0, n_tasks); thread k of
-// T runs the contiguous tasks [k*n/T, (k+1)*n/T) (static schedule), the calling
-// thread is thread 0.
+// run(n_tasks, fn) calls fn(task, thread) once for every task in [0, n_tasks);
+// the calling thread is thread 0. Schedule: thread k of T owns the contiguous
+// tasks [k*n/T, (k+1)*n/T) and takes them front to back (one contiguous weight
+// stream per thread, which the hardware prefetchers follow); a thread that has
+// finished its own range takes the remaining tasks of the others from the back
+// (work stealing), so a thread the OS has descheduled delays a job by at most
+// the task it is running, not by its whole range. Which thread runs a task
+// never changes its result (tasks are independent); `thread` only names
+// per-thread scratch.
 // Workers spin briefly after a job (most jobs of a forward pass follow each
 // other within microseconds), then sleep on an atomic wait.
 #pragma once
@@ -10,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -36,12 +43,20 @@ class ThreadPool {
 
  private:
   using Thunk = void (*)(void*, size_t, int);
+  // The unclaimed tasks [front, back) of one thread's range, packed in one word
+  // so that the owner (front) and thieves (back) claim with one CAS each.
+  struct alignas(64) Range {
+    std::atomic<uint64_t> fb{0};
+  };
   void dispatch(Thunk thunk, void* ctx, size_t n_tasks);
   void worker(int id);
   void work(int id);
+  bool claim_front(int k, size_t* task);
+  bool claim_back(int k, size_t* task);
 
   int n_threads_;
   std::vector<std::thread> threads_;
+  std::unique_ptr<Range[]> ranges_;
   Thunk thunk_ = nullptr;
   void* ctx_ = nullptr;
   size_t n_tasks_ = 0;
