@@ -7,6 +7,9 @@
 // Benchmarks, registered per backend x weight path (names <backend>/<weights>/...):
 //   prefill/N        N = 64, 256, 512 prompt tokens from an empty cache (rewind(0)
 //                    between iterations), last-position logits. Counter tok/s.
+//                    prefill and decode make one untimed warm-up call first (graph
+//                    backends compile lazily; static_graph prints the compile time
+//                    with TOUCHSTONE_STATIC_GRAPH_VERBOSE=1).
 //   decode/ctx:C     64 decode steps starting at context C = 0, 256, 1024 (then
 //                    rewind(C)); the same work as llama-bench's tg64 for C = 0.
 //                    Counters tok/s, bytes/token (weights streamed per token as
@@ -137,6 +140,7 @@ void bm_prefill(benchmark::State& state, std::string backend, std::string weight
     auto& model = use(backend, weights);
     touchstone::Session s(model, session_options(weights, n + 8));
     const auto tok = prompt(size_t(n), model.n_vocab());
+    s.prefill(tok);  // warm-up, not timed: lazy graph compilation (static_graph)
     for (auto _ : state) {
       s.rewind(0);
       auto logits = s.prefill(tok);
@@ -155,6 +159,7 @@ void bm_decode(benchmark::State& state, std::string backend, std::string weights
     touchstone::Session s(model, session_options(weights, ctx + kSteps + 8));
     std::vector<float> logits(size_t(model.n_vocab()));
     if (ctx > 0) s.prefill(prompt(size_t(ctx), model.n_vocab()));
+    s.decode(1, logits);  // warm-up, not timed: lazy graph compilation (static_graph)
     for (auto _ : state) {
       s.rewind(ctx);
       int32_t t = 1;

@@ -235,14 +235,24 @@ Val matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixForm
       return p[0];
     case MatrixFormat::Q4_0:
     case MatrixFormat::Q4_1: {
-      Val lo = e.binary("tosa.bitwise_and", p[0], e.splat({1, 1, 1}, "i8", "15"));
-      Val hi = e.binary("tosa.logical_right_shift", p[0], e.splat({1, 1, 1}, "i8", "4"));
-      Val q = e.cast(e.concat({lo, hi}, 1), "f32");  // [nb][32][out]: element j of a block
+      // Element j of block b is nibble h = j / 16 of byte j % 16 (low nibbles are
+      // elements 0-15, ggml's order): shift the bytes, broadcast along h, by
+      // [0, 4] and mask -> [nb][2][16][out]. Only broadcasting elementwise ops
+      // and one reshape (no concat), so that the schedule can fuse the whole
+      // dequantization into the matmul's tiles (compiler.cpp).
+      const int64_t nb = in / 32;
+      Val qs = e.reshape(p[0], {nb, 1, 16, outd});
+      Val sh = e.reshape(e.const_i32({2}, {0, 4}), {1, 2, 1, 1});
+      Val nib =
+          e.binary("tosa.bitwise_and", e.binary("tosa.logical_right_shift", qs, e.cast(sh, "i8")),
+                   e.splat({1, 1, 1, 1}, "i8", "15"));
+      Val q = e.cast(nib, "f32");  // [nb][2][16][out]
+      Val d = e.cast(e.reshape(p[1], {nb, 1, 1, outd}), "f32");
       Val w;
       if (f == MatrixFormat::Q4_1) {
-        w = e.add(e.mul(q, e.cast(p[1], "f32")), e.cast(p[2], "f32"));  // q*d + m (ggml order)
+        w = e.add(e.mul(q, d), e.cast(e.reshape(p[2], {nb, 1, 1, outd}), "f32"));  // q*d + m
       } else {
-        w = e.mul(e.sub(q, e.splat({1, 1, 1}, "f32", "8.0")), e.cast(p[1], "f32"));  // (q-8)*d
+        w = e.mul(e.sub(q, e.splat({1, 1, 1, 1}, "f32", "8.0")), d);  // (q-8)*d (ggml order)
       }
       return e.reshape(w, {1, in, outd});
     }

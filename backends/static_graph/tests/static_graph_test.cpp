@@ -126,6 +126,31 @@ TEST(StaticGraphIR, KvCacheUpdatedInPlace) {
   }
 }
 
+// The 4-bit path's dequantization is fused into the tiled matmuls: after
+// bufferization no buffer holds a dequantized matrix ([nb][2][16][N] fp32 with
+// N > one column tile), only per-tile buffers of one block x 16 or 8 columns.
+TEST(StaticGraphIR, QuantizedDequantizationIsFused) {
+  sg::GraphSpec spec;
+  spec.T = 4;
+  spec.W = 32;
+  spec.capacity = 32;
+  spec.mode = sg::WeightMode::Quantized;
+  const sg::ModelDims D = tiny_dims();
+  spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1);
+  spec.embd_format = sg::MatrixFormat::Q8_0;
+  sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
+  const std::string ir = sg::lower_to_buffers(g.mlir, sg::CompileOptions{});
+  const std::regex full(R"(memref\.alloc(a)?\(\)[^\n]*: memref<(\d+)x2x16x(\d+)xf32>)");
+  int tiles = 0;
+  for (auto it = std::sregex_iterator(ir.begin(), ir.end(), full); it != std::sregex_iterator();
+       ++it) {
+    EXPECT_EQ(std::stoll((*it)[2]), 1) << "a dequantized matrix is materialised: " << (*it)[0];
+    EXPECT_LE(std::stoll((*it)[3]), 16) << "a dequantized matrix is materialised: " << (*it)[0];
+    ++tiles;
+  }
+  EXPECT_GT(tiles, 0) << "no dequantized tile buffer: was the fusion applied?";
+}
+
 class StaticGraphModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
