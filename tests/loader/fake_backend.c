@@ -87,11 +87,10 @@ static ts_status prefill_greedy(ts_session* s, const int32_t* t, int32_t n, int3
 #define FAKE_POSITION position
 #endif
 
-static const ts_backend kFake = {FAKE_API_VERSION, "fake",       "0",          last_error,
-                                 device_name,      capabilities, load_model,   free_model,
-                                 n_vocab,          open_session, free_session, prefill,
-                                 decode,           rewind_to,    FAKE_POSITION,
-                                 FAKE_GREEDY};
+static const ts_backend kFake = {FAKE_API_VERSION, "fake",       "0",           last_error,
+                                 device_name,      capabilities, load_model,    free_model,
+                                 n_vocab,          open_session, free_session,  prefill,
+                                 decode,           rewind_to,    FAKE_POSITION, FAKE_GREEDY};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY
