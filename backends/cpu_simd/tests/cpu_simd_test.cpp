@@ -5,6 +5,8 @@
 //    rewind, determinism across runs and thread counts, for both weight paths.
 #include <gtest/gtest.h>
 
+#include "touchstone/test_model.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -205,13 +207,7 @@ TEST(QuantizeAct, RoundTripWithinHalfStep) {
 }
 
 // ---------------------------------------------------------------- real model
-std::string model_path() {
-  if (const char* dir = std::getenv("TOUCHSTONE_MODEL_DIR"))
-    return std::string(dir) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/root") +
-         "/.cache/touchstone/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string model_path() { return touchstone::test::real_model_path(); }
 
 class ModelTest : public ::testing::TestWithParam<ts_weight_path> {
  protected:
