@@ -12,13 +12,14 @@ layout(push_constant) uniform PC {
   uint n;        // row length
   uint n_tok;
   uint out_off;  // out[t][i] = outv[out_off + t * n + i]
+  uint n_rows;   // rows of W (the vocabulary)
 } pc;
 
 void main() {
   const uint t = gl_WorkGroupID.x;
-  const uint row_byte = uint(tokens[t]) * row_bytes(pc.n);
+  const uint row = uint(tokens[t]);
   for (uint q = gl_LocalInvocationID.x; q < pc.n / 4u; q += WG) {
-    const vec4 w = dequant4(row_byte, q);
+    const vec4 w = dequant4(row, q, pc.n, pc.n_rows);
     const uint oi = pc.out_off + t * pc.n + 4u * q;
     outv[oi] = w.x;
     outv[oi + 1u] = w.y;

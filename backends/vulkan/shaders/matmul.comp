@@ -2,11 +2,9 @@
 // matmul.comp - Y[t][o] (+)= sum_i W[o][i] * X[t][i] for a tile of up to TILE
 // tokens per workgroup: each weight quad is dequantized once and used for every
 // token of the tile (matrix-vector when n_tok == 1, matrix-matrix otherwise).
-// Default: one workgroup per output row o (x, plus z * 32768) and token tile (y),
-// the row split across the workgroup and summed with wg_sum (subgroup or
-// shared memory). ROW_PER_INVOCATION (CPU devices such as lavapipe, where a
-// workgroup with barriers costs tens of microseconds): one invocation per row,
-// WG rows per workgroup, no barriers. fp32 accumulation in both.
+// One workgroup per output row o (x, plus z * 32768) and token tile (y), the
+// row split across the workgroup and summed with wg_sum (subgroup or shared
+// memory); fp32 accumulation. The GPU strategy; CPU devices use matmul_rows.comp.
 #define TILE 8
 #include "common.glsl"
 #define W_BINDING 0
@@ -22,43 +20,19 @@ layout(push_constant) uniform PC {
   uint accumulate;        // 1: Y += W X (residual add), 0: Y = W X
 } pc;
 
-#ifdef ROW_PER_INVOCATION
-void main() {
-  const uint o = gl_GlobalInvocationID.x + gl_WorkGroupID.z * 32768u * WG;
-  const uint t0 = gl_WorkGroupID.y * TILE;
-  if (o >= pc.n_out) return;
-  const uint n_tile = min(uint(TILE), pc.n_tok - t0);
-  const uint row_byte = o * row_bytes(pc.n_in);
-  float acc[TILE];
-  for (int t = 0; t < TILE; ++t) acc[t] = 0.0;
-  for (uint q = 0; q < pc.n_in / 4u; ++q) {
-    const vec4 w = dequant4(row_byte, q);
-    for (uint t = 0; t < TILE; ++t) {
-      if (t < n_tile) {
-        const uint xi = pc.x_off + (t0 + t) * pc.x_stride + 4u * q;
-        acc[t] += dot(w, vec4(x[xi], x[xi + 1u], x[xi + 2u], x[xi + 3u]));
-      }
-    }
-  }
-  for (uint t = 0; t < n_tile; ++t) {
-    const uint yi = pc.y_off + (t0 + t) * pc.y_stride + o;
-    y[yi] = pc.accumulate != 0u ? y[yi] + acc[t] : acc[t];
-  }
-}
-#else
 void main() {
   const uint o = gl_WorkGroupID.x + gl_WorkGroupID.z * 32768u;
   const uint t0 = gl_WorkGroupID.y * TILE;
   const uint tid = gl_LocalInvocationID.x;
   const bool row_ok = o < pc.n_out;  // keep every invocation for the barriers
   const uint n_tile = min(uint(TILE), pc.n_tok - t0);
-  const uint row_byte = (row_ok ? o : 0u) * row_bytes(pc.n_in);
+  const uint row = row_ok ? o : 0u;
 
   float acc[TILE];
   for (int t = 0; t < TILE; ++t) acc[t] = 0.0;
   if (row_ok) {
     for (uint q = tid; q < pc.n_in / 4u; q += WG) {
-      const vec4 w = dequant4(row_byte, q);
+      const vec4 w = dequant4(row, q, pc.n_in, pc.n_out);
       for (uint t = 0; t < n_tile; ++t) {
         const uint xi = pc.x_off + (t0 + t) * pc.x_stride + 4u * q;
         acc[t] += dot(w, vec4(x[xi], x[xi + 1u], x[xi + 2u], x[xi + 3u]));
@@ -73,4 +47,3 @@ void main() {
     }
   }
 }
-#endif

@@ -225,13 +225,28 @@ std::shared_ptr<Context> Context::create() {
   c->info_.subgroup_arithmetic = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
                                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+  c->info_.subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                              (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
   c->info_.max_storage_buffer_range = p2.properties.limits.maxStorageBufferRange;
   c->info_.max_group_count_x = p2.properties.limits.maxComputeWorkGroupCount[0];
   const char* sg_env = std::getenv("TOUCHSTONE_VULKAN_SUBGROUP");
   c->use_subgroup_ = c->info_.subgroup_arithmetic && !(sg_env && std::strcmp(sg_env, "0") == 0);
-  c->matmul_rows_ = p2.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  VkPhysicalDeviceFeatures features{};
+  vkGetPhysicalDeviceFeatures(c->phys_, &features);
+  c->info_.int64 = features.shaderInt64 == VK_TRUE;
+  // matmul_rows.comp runs one subgroup of 8 per workgroup, shuffles within it
+  // and loads through 64-bit vectors.
+  const bool rows_ok = c->info_.subgroup_shuffle && sg.subgroupSize == 8 && c->info_.int64;
+  c->matmul_rows_ = rows_ok && p2.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   if (const char* mm = std::getenv("TOUCHSTONE_VULKAN_MATMUL"); mm && *mm) {
     if (std::strcmp(mm, "rows") == 0) {
+      if (!rows_ok) {
+        throw StatusError(
+            TS_ERR_UNSUPPORTED,
+            "TOUCHSTONE_VULKAN_MATMUL=rows needs subgroup size 8 with shuffle (device "
+            "has " +
+                std::to_string(sg.subgroupSize) + ")");
+      }
       c->matmul_rows_ = true;
     } else if (std::strcmp(mm, "split") == 0) {
       c->matmul_rows_ = false;
@@ -250,6 +265,9 @@ std::shared_ptr<Context> Context::create() {
   auto dci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
+  VkPhysicalDeviceFeatures enabled{};
+  enabled.shaderInt64 = c->info_.int64 ? VK_TRUE : VK_FALSE;  // matmul_rows.comp
+  dci.pEnabledFeatures = &enabled;
   check(vkCreateDevice(c->phys_, &dci, nullptr, &c->device_), "vkCreateDevice");
   vkGetDeviceQueue(c->device_, c->queue_family_, 0, &c->queue_);
 

@@ -33,6 +33,8 @@ struct DeviceInfo {
   std::string name;                  // "llvmpipe (LLVM 15.0.6, 256 bits)"
   std::string type;                  // "cpu", "discrete", ...
   bool subgroup_arithmetic = false;  // subgroupAdd usable in compute shaders
+  bool subgroup_shuffle = false;     // subgroupShuffle usable in compute shaders
+  bool int64 = false;                // shaderInt64 (enabled when present)
   uint32_t subgroup_size = 0;
   uint64_t max_storage_buffer_range = 0;
   uint32_t max_group_count_x = 0;
@@ -72,8 +74,10 @@ class Context {
   void check_validation() const;
   // Subgroup variant of the shaders to use (TOUCHSTONE_VULKAN_SUBGROUP=0 forces the fallback).
   bool use_subgroup() const { return use_subgroup_; }
-  // Matmul with one invocation per row: on CPU devices (lavapipe), where
-  // workgroups with barriers are expensive; TOUCHSTONE_VULKAN_MATMUL=rows|split overrides.
+  // Matmul strategy matmul_rows.comp (rows per invocation, no barriers): on CPU
+  // devices (lavapipe) with 8-wide subgroups, subgroupShuffle and shaderInt64;
+  // TOUCHSTONE_VULKAN_MATMUL=rows|split overrides (rows on a device without
+  // those is TS_ERR_UNSUPPORTED).
   bool matmul_row_per_invocation() const { return matmul_rows_; }
 
   // Called by the messenger.

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace touchstone::vk {
 namespace {
@@ -45,6 +47,7 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
   scores_ = Buffer(ctx, f32(T * size_t(c.n_head) * ctx_n), K::Device);
   tokens_ = Buffer(ctx, T * sizeof(int32_t), K::Host);
   logits_ = Buffer(ctx, f32(T * size_t(c.n_vocab)), K::Host);
+  argmax_ = Buffer(ctx, sizeof(int32_t), K::Host);
   for (int32_t l = 0; l < c.n_layer; ++l) {
     kc_.emplace_back(ctx, f32(ctx_n * kv_dim), K::Device);
     vc_.emplace_back(ctx, f32(ctx_n * kv_dim), K::Device);
@@ -61,15 +64,49 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
   }
   rope_ = Buffer(ctx, f32(rope.size()), K::Device);
   rope_.upload(rope.data(), f32(rope.size()));
+  if (const char* p = std::getenv("TOUCHSTONE_VULKAN_PROFILE"); p && *p && *p != '0')
+    prof_ = std::make_unique<Profiler>(ctx);
   ctx_.check_validation();
 }
 
-void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+Forward::~Forward() {
+  if (prof_) prof_->print(w_.quantized ? "quantized" : "full_precision");
+}
+
+void Forward::check_room(int32_t n) const {
   if (pos_ + int64_t{n} > max_ctx_) {
     throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(pos_) + " + " +
                                                std::to_string(n) + " tokens exceeds max context " +
                                                std::to_string(max_ctx_));
   }
+}
+
+int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
+  if (!tokens || n <= 0)
+    throw StatusError(TS_ERR_INVALID_ARGUMENT, "greedy: null tokens or n <= 0");
+  abi::check_tokens(tokens, n, n_vocab());
+  if (faults_.logit_noise != 0.0) {  // the noise is applied on the host
+    std::vector<float> l(static_cast<size_t>(n_vocab()));
+    run(tokens, n, false, l.data());
+    int32_t best = -1;
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (!std::isnan(l[i]) && (best < 0 || l[i] > l[size_t(best)])) best = int32_t(i);
+    }
+    return best;
+  }
+  check_room(n);
+  for (int32_t done = 0; done < n;) {
+    const int32_t m = std::min(kChunk, n - done);
+    run_chunk(tokens + done, uint32_t(m), false, nullptr, done + m == n);
+    done += m;
+  }
+  int32_t best = 0;
+  std::memcpy(&best, argmax_.mapped(), sizeof(best));
+  return best;
+}
+
+void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+  check_room(n);
   const size_t v = size_t(w_.config.n_vocab);
   for (int32_t done = 0; done < n;) {
     const int32_t m = std::min(kChunk, n - done);
@@ -84,12 +121,15 @@ void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* l
   }
 }
 
-void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits) {
+void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits,
+                        bool argmax) {
   std::memcpy(tokens_.mapped(), tokens, n * sizeof(int32_t));
   ctx_.run([&](VkCommandBuffer cb) {
-    Recorder r(cb, sets_);
-    record(r, n, all_positions, logits != nullptr);
+    if (prof_) prof_->begin(cb);
+    Recorder r(cb, sets_, prof_.get());
+    record(r, n, all_positions, logits != nullptr || argmax, argmax);
   });
+  if (prof_) prof_->collect();
   const int32_t pos0 = pos_;
   pos_ += int32_t(n);
   if (!logits) return;
@@ -107,7 +147,7 @@ void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, f
   }
 }
 
-void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits) {
+void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax) {
   const LlamaConfig& c = w_.config;
   const uint32_t d = uint32_t(c.n_embd), hd = uint32_t(c.head_dim), n_ff = uint32_t(c.n_ff);
   const uint32_t q_dim = uint32_t(c.n_head) * hd, kv_dim = uint32_t(c.n_head_kv) * hd;
@@ -116,7 +156,7 @@ void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logi
   const RmsNormPush norm{d, n, 0, d, 0, d, eps};
 
   r.dispatch(k_.get_rows(w_.token_embd.type), {&w_.token_embd.buf, &tokens_, &x_},
-             GetRowsPush{d, n, 0}, n);
+             GetRowsPush{d, n, 0, w_.token_embd.n_out}, n);
   r.barrier();
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const DeviceLayer& L = w_.layers[l];
@@ -139,7 +179,8 @@ void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logi
                            uint32_t(max_ctx_),
                            faults_.kv_off_by_one ? 1u : 0u,
                            static_cast<float>(1.0 / std::sqrt(double(hd)))};
-    r.dispatch(k_.attention(), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head), n);
+    r.dispatch(k_.attention(hd), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head),
+               n);
     r.barrier();
     record_matmul(r, k_, L.wo.type, L.wo.buf, att_, x_, MatmulPush{q_dim, d, n, 0, q_dim, 0, d, 1});
     r.barrier();
@@ -165,6 +206,10 @@ void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logi
   const DeviceMatrix& head = w_.lm_head();
   record_matmul(r, k_, head.type, head.buf, xn_, logits_,
                 MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
+  if (argmax) {  // of the last row written
+    r.barrier();
+    r.dispatch(k_.argmax(), {&logits_, &argmax_}, ArgmaxPush{vocab, (rows - 1) * vocab}, 1);
+  }
   r.host_barrier();
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "touchstone/llama_forward.h"
@@ -21,18 +22,29 @@ class Forward {
   // max_context <= 0: the model's context_length.
   Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights, int32_t max_context,
           Faults faults);
+  ~Forward();
+  Forward(const Forward&) = delete;
+  Forward& operator=(const Forward&) = delete;
 
   // Appends n tokens at position(); writes n_vocab logits of the last position,
   // or n * n_vocab (row-major) when all_positions. Throws StatusError.
   void run(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  // Appends n tokens like run() and returns the greedy next token: the argmax
+  // of the last position's logits (NaN skipped, ties to the lowest id, -1 if
+  // all NaN), computed on the device; logits are not copied back (except under
+  // the logits_perturb fault, applied on the host). Throws StatusError.
+  int32_t greedy(const int32_t* tokens, int32_t n);
   void rewind(int32_t p) { pos_ = p; }  // entries >= p are overwritten before being read
   int32_t position() const { return pos_; }
   int32_t max_context() const { return max_ctx_; }
   int32_t n_vocab() const { return w_.config.n_vocab; }
 
  private:
-  void run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits);
-  void record(Recorder& r, uint32_t n, bool all_positions, bool want_logits);
+  void check_room(int32_t n) const;
+  // argmax: also write the argmax of the last position into argmax_.
+  void run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits,
+                 bool argmax = false);
+  void record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax);
 
   Context& ctx_;
   const Kernels& k_;
@@ -41,9 +53,10 @@ class Forward {
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
   DescriptorCache sets_;
+  std::unique_ptr<Profiler> prof_;  // TOUCHSTONE_VULKAN_PROFILE=1
   Buffer x_, xn_, q_, k_buf_, v_, att_, gate_, up_, scores_, rope_;
-  Buffer tokens_, logits_;       // host-visible
-  std::vector<Buffer> kc_, vc_;  // per layer [max_ctx][n_head_kv * head_dim], RoPE applied
+  Buffer tokens_, logits_, argmax_;  // host-visible
+  std::vector<Buffer> kc_, vc_;      // per layer [max_ctx][n_head_kv * head_dim], RoPE applied
 };
 
 }  // namespace touchstone::vk

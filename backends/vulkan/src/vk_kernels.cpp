@@ -45,13 +45,19 @@ Kernels::Kernels(Context& ctx) : ctx_(ctx) {
   const std::string sg = ctx.use_subgroup() ? "_sg" : "_nosg";
   rows_ = ctx.matmul_row_per_invocation();
   for (const char* t : {"f32", "q4_0", "q4_1", "q8_0"}) {
-    add(std::string("matmul_") + t + (rows_ ? "_rows" : sg), 3, sizeof(MatmulPush));
+    add(std::string("matmul_") + t + sg, 3, sizeof(MatmulPush));  // also the rows fallback
+    if (rows_) {
+      add(std::string("matmul_") + t + "_rows", 3, sizeof(MatmulPush));
+      add(std::string("matmul_") + t + "_rows1", 3, sizeof(MatmulPush));
+    }
     add(std::string("get_rows_") + t, 3, sizeof(GetRowsPush));
   }
   add("rms_norm" + sg, 3, sizeof(RmsNormPush));
   add("attention" + sg, 5, sizeof(AttentionPush));
+  if (rows_ && ctx.info().subgroup_arithmetic) add("attention_rows", 5, sizeof(AttentionPush));
   add("rope_store", 6, sizeof(RopeStorePush));
   add("swiglu", 2, sizeof(SwigluPush));
+  add("argmax", 2, sizeof(ArgmaxPush));
   ctx.check_validation();
 }
 
@@ -118,9 +124,14 @@ const Kernel& Kernels::get(const std::string& base, bool has_subgroup_variant) c
   return it->second;
 }
 
-const Kernel& Kernels::matmul(TensorType t) const {
+const Kernel& Kernels::matmul(TensorType t, uint32_t n_tok, bool rows) const {
   const std::string base = std::string("matmul_") + shader_type_suffix(t);
-  return rows_ ? get(base + "_rows", false) : get(base, true);
+  return rows ? get(base + (n_tok == 1 ? "_rows1" : "_rows"), false) : get(base, true);
+}
+const Kernel& Kernels::attention(uint32_t head_dim) const {
+  if (head_dim == kAttentionRowsHeadDim && kernels_.count("attention_rows"))
+    return kernels_.at("attention_rows");
+  return get("attention", true);
 }
 const Kernel& Kernels::get_rows(TensorType t) const {
   return get(std::string("get_rows_") + shader_type_suffix(t), false);
@@ -188,6 +199,7 @@ void Recorder::dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& b
   vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1, &set, 0, nullptr);
   vkCmdPushConstants(cb_, k.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, uint32_t(push_size), push);
   vkCmdDispatch(cb_, gx, gy, gz);
+  if (prof_) prof_->mark(cb_, k.name + " " + std::to_string(gx * gz) + "x" + std::to_string(gy));
 }
 
 void Recorder::barrier() {
@@ -208,12 +220,15 @@ void Recorder::host_barrier() {
 
 void record_matmul(Recorder& r, const Kernels& k, TensorType wtype, const Buffer& w,
                    const Buffer& x, const Buffer& y, const MatmulPush& p) {
-  const uint32_t rows_per_group = k.matmul_row_per_invocation() ? kWorkgroup : 1;
+  // matmul_rows.comp reads X as vec4 in blocks of 32 elements; other shapes use matmul.comp.
+  const bool rows =
+      k.matmul_row_per_invocation() && p.n_in % 32 == 0 && p.x_off % 4 == 0 && p.x_stride % 4 == 0;
+  const uint32_t rows_per_group = rows ? kMatmulRowsPerGroup : 1;
   const uint32_t groups = (p.n_out + rows_per_group - 1) / rows_per_group;
   const uint32_t gx = groups < kMatmulRowsPerX ? groups : kMatmulRowsPerX;
   const uint32_t gz = (groups + kMatmulRowsPerX - 1) / kMatmulRowsPerX;
   const uint32_t gy = (p.n_tok + kMatmulTile - 1) / kMatmulTile;
-  r.dispatch(k.matmul(wtype), {&w, &x, &y}, p, gx, gy, gz);
+  r.dispatch(k.matmul(wtype, p.n_tok, rows), {&w, &x, &y}, p, gx, gy, gz);
 }
 
 }  // namespace touchstone::vk

@@ -17,6 +17,7 @@
 #include "touchstone/gguf.h"
 #include "vk_buffer.h"
 #include "vk_context.h"
+#include "vk_profile.h"
 
 namespace touchstone::vk {
 
@@ -40,14 +41,17 @@ class Kernels {
   Kernels(const Kernels&) = delete;
   Kernels& operator=(const Kernels&) = delete;
 
-  const Kernel& matmul(gguf::TensorType t) const;
+  // rows: matmul_rows.comp (n_tok == 1: its one-token variant), else matmul.comp.
+  const Kernel& matmul(gguf::TensorType t, uint32_t n_tok, bool rows) const;
   const Kernel& get_rows(gguf::TensorType t) const;
   const Kernel& rms_norm() const { return get("rms_norm", true); }
-  const Kernel& attention() const { return get("attention", true); }
+  // attention_rows.comp on CPU devices when head_dim == kAttentionRowsHeadDim, else attention.comp.
+  const Kernel& attention(uint32_t head_dim) const;
   const Kernel& rope_store() const { return get("rope_store", false); }
   const Kernel& swiglu() const { return get("swiglu", false); }
+  const Kernel& argmax() const { return get("argmax", false); }
   Context& context() const { return ctx_; }
-  // matmul variant: one invocation per row (CPU devices) instead of one workgroup per row.
+  // matmul strategy: matmul_rows.comp (CPU devices) instead of one workgroup per row.
   bool matmul_row_per_invocation() const { return rows_; }
 
  private:
@@ -78,7 +82,9 @@ class DescriptorCache {
 // Records dispatches into one command buffer.
 class Recorder {
  public:
-  Recorder(VkCommandBuffer cb, DescriptorCache& sets) : cb_(cb), sets_(sets) {}
+  // prof: optional, times every dispatch (TOUCHSTONE_VULKAN_PROFILE=1).
+  Recorder(VkCommandBuffer cb, DescriptorCache& sets, Profiler* prof = nullptr)
+      : cb_(cb), sets_(sets), prof_(prof) {}
   template <typename Push>
   void dispatch(const Kernel& k, const std::vector<const Buffer*>& buffers, const Push& push,
                 uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
@@ -95,6 +101,7 @@ class Recorder {
                     size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
   VkCommandBuffer cb_;
   DescriptorCache& sets_;
+  Profiler* prof_;
 };
 
 // ---- push constants, mirrored from the shaders ---------------------------------
@@ -102,7 +109,7 @@ struct MatmulPush {
   uint32_t n_in, n_out, n_tok, x_off, x_stride, y_off, y_stride, accumulate;
 };
 struct GetRowsPush {
-  uint32_t n, n_tok, out_off;
+  uint32_t n, n_tok, out_off, n_rows;
 };
 struct RmsNormPush {
   uint32_t n, n_tok, x_off, x_stride, out_off, out_stride;
@@ -118,12 +125,20 @@ struct AttentionPush {
 struct SwigluPush {
   uint32_t n;
 };
+struct ArgmaxPush {
+  uint32_t n, off;  // argmax of x[off .. off + n); one workgroup
+};
 
-inline constexpr uint32_t kMatmulTile = 8;  // tokens per matmul workgroup (TILE in matmul.comp)
-inline constexpr uint32_t kWorkgroup = 64;  // WG in common.glsl
-inline constexpr uint32_t kMatmulRowsPerX = 32768;  // matmul.comp: o = group.x + group.z * 32768
+inline constexpr uint32_t kMatmulTile = 8;  // tokens per matmul workgroup (TILE in matmul*.comp)
+// matmul_rows.comp: 8 invocations x 4 rows (LANES x ROWS) per workgroup.
+inline constexpr uint32_t kMatmulRowsPerGroup = 32;
+inline constexpr uint32_t kAttentionRowsHeadDim = 64;  // HD in attention_rows.comp
+inline constexpr uint32_t kWorkgroup = 64;             // WG in common.glsl
+inline constexpr uint32_t kMatmulRowsPerX = 32768;     // matmul.comp: o = group.x + group.z * 32768
 
-// Records Y (+)= W X with the right grid.
+// Records Y (+)= W X with the right kernel and grid: matmul_rows.comp when the
+// context uses that strategy and n_in % 32 == 0, x_off % 4 == 0, x_stride % 4
+// == 0; otherwise matmul.comp.
 void record_matmul(Recorder& r, const Kernels& k, gguf::TensorType wtype, const Buffer& w,
                    const Buffer& x, const Buffer& y, const MatmulPush& p);
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "touchstone/quant.h"
+#include "vk_blocks.h"
 #include "vk_kernels.h"
 
 namespace touchstone::vk {
@@ -38,8 +39,15 @@ DeviceMatrix upload_matrix(Context& ctx, const gguf::File& f, const std::string&
   if (raw) {
     const auto bytes = f.tensor_data(t);
     m.type = t.type;
-    m.buf = Buffer(ctx, bytes.size(), Buffer::Kind::Device);
-    m.buf.upload(bytes.data(), bytes.size());
+    if (t.type == TensorType::F32) {
+      m.buf = Buffer(ctx, bytes.size(), Buffer::Kind::Device);
+      m.buf.upload(bytes.data(), bytes.size());
+    } else {
+      const std::vector<uint8_t> split =
+          to_device_blocks(t.type, bytes.data(), size_t(n_in), size_t(n_out));
+      m.buf = Buffer(ctx, split.size(), Buffer::Kind::Device);
+      m.buf.upload(split.data(), split.size());
+    }
   } else {
     if (n_in % 4 != 0)
       throw StatusError(TS_ERR_UNSUPPORTED, name + ": row length not a multiple of 4");

@@ -1,7 +1,8 @@
 // vk_weights.h - the model's weights on the device, for one weight path.
 //
 // full_precision: every tensor dequantized to fp32 on the host, uploaded once.
-// quantized: F32/Q4_0/Q4_1/Q8_0 tensors are uploaded as the raw GGUF blocks and
+// quantized: F32 tensors as they are, Q4_0/Q4_1/Q8_0 as their GGUF blocks in
+// the split layout of vk_blocks.h (same bytes, scales and quants apart),
 // dequantized inside the shaders; any other type (F16, K-quants) is
 // dequantized to fp32 at load (SmolLM2 Q4_1 needs none of those).
 #pragma once

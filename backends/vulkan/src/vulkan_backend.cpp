@@ -50,7 +50,7 @@ ts_status capabilities(ts_capabilities* out) {
     }
     *out = ts_capabilities{};
     out->struct_size = sizeof(ts_capabilities);
-    out->flags = TS_CAP_ALL_POSITION_LOGITS;
+    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_DEVICE_GREEDY;
     // F32/Q4_0/Q4_1/Q8_0 are read in place by the shaders; the other types are
     // dequantized to fp32 at load.
     out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
@@ -162,6 +162,20 @@ ts_status rewind(ts_session* s, int32_t position) {
 
 int32_t position(const ts_session* s) { return s ? s->fwd->position() : 0; }
 
+// The argmax runs in a shader (argmax.comp); only the 4-byte token id comes
+// back, not the n_vocab logits.
+ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n, int32_t* token_out) {
+  return touchstone::abi::guard([&] {
+    if (!s || !tokens || !token_out || n <= 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill_greedy: null buffer or n_tokens <= 0");
+    }
+    touchstone::abi::check_tokens(tokens, n, s->fwd->n_vocab());
+    const int32_t token = s->fwd->greedy(tokens, n);
+    if (token < 0) throw StatusError(TS_ERR_INTERNAL, "greedy: every logit is NaN");
+    *token_out = token;
+  });
+}
+
 const ts_backend kBackend = {
     TS_BACKEND_API_VERSION,
     "vulkan",
@@ -178,7 +192,7 @@ const ts_backend kBackend = {
     decode,
     rewind,
     position,
-    nullptr,  // prefill_greedy: no TS_CAP_DEVICE_GREEDY
+    prefill_greedy,
 };
 
 }  // namespace

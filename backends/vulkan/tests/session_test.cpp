@@ -9,6 +9,8 @@
 // Rewind must reproduce logits bit for bit (same kernels, same inputs).
 #include <gtest/gtest.h>
 
+#include "touchstone/test_model.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -21,13 +23,7 @@
 namespace touchstone {
 namespace {
 
-std::string model_path() {
-  const char* dir = std::getenv("TOUCHSTONE_MODEL_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string d =
-      dir ? dir : std::string(home ? home : "/root") + "/.cache/touchstone/models";
-  return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string model_path() { return touchstone::test::real_model_path(); }
 
 class SessionTest : public ::testing::TestWithParam<ts_weight_path> {
  protected:
