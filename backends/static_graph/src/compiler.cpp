@@ -1,5 +1,6 @@
 // compiler.cpp - MLIR pass pipeline + JIT (see compiler.h).
 #include "compiler.h"
+#include "schedule.h"
 
 #include <unistd.h>
 
@@ -9,11 +10,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
-#include <tuple>
 
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
@@ -23,14 +22,8 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/TargetParser/Host.h"
-#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
-#include "mlir/Dialect/Linalg/IR/Linalg.h"
-#include "mlir/Dialect/Tensor/IR/Tensor.h"
-#include "mlir/Dialect/Transform/IR/TransformDialect.h"
-#include "mlir/Dialect/Transform/Interfaces/TransformInterfaces.h"
-#include "mlir/Dialect/Transform/Transforms/TransformInterpreterUtils.h"
 #include "mlir/ExecutionEngine/ExecutionEngine.h"
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -81,87 +74,6 @@ const char* kStage3 =
     "to-llvm,"
     "finalize-memref-to-llvm,convert-ub-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,reconcile-"
     "unrealized-casts";
-
-// Transform-dialect schedule applied between stages 1 and 2 (generated per
-// module by make_schedule() below, see docs/backends/static_graph.md):
-//
-// * every linalg.batch_matmul with M > 1 whose shapes fit a register tile is
-//   tiled (scf.for over b, n, m, k: the n strip of the weights stays in cache
-//   while the m tiles run over it), vectorized to vector.contract, unit dims
-//   dropped, the accumulator hoisted out of the k loop (it stays in
-//   registers) and the contraction lowered to vector.outerproduct (one FMA per
-//   k, k in order: each output is the sequential sum over k);
-// * the 4-bit/8-bit matmuls: see kScheduleQuant;
-// * any other batch matmul (M = 1 on the fp32 path, shapes that do not tile)
-//   keeps the fallback: generalize + interchange to (b, m, k, n), the
-//   innermost loop over contiguous output columns, mul/add marked `contract`
-//   so that LLVM fuses them into the same FMA as the tiled code.
-//
-// Bump whenever make_schedule()'s choices (tile sizes, fusion) change: it is
-// part of the on-disk cache key (the templates below are too).
-const char* kScheduleVersion = "v4 ciface-inline";
-
-const char* kScheduleHead = R"mlir(
-module attributes {transform.with_named_sequence} {
-  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
-    %f = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
-)mlir";
-
-// One tile configuration (all matmuls tagged sg_tile = ID).
-const char* kScheduleTile = R"mlir(
-    %mmID = transform.structured.match ops{["linalg.batch_matmul"]} attributes {sg_tile = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
-    %tID, %lID:4 = transform.structured.tile_using_for %mmID tile_sizes [1, MT, NT, KT] interchange = ORDER : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
-    transform.structured.vectorize %tID {create_named_contraction} : !transform.any_op
-    transform.apply_patterns to %f {
-      transform.apply_patterns.vector.reduction_to_contract
-      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
-      transform.apply_patterns.canonicalization
-    } : !transform.any_op
-    HOIST
-)mlir";
-
-// One quantized matmul (sg_qmm = ID, rewritten by block_matmul() below), its
-// dequantization chain tagged sg_dq = ID: tile over (b, n, block) [or
-// (block, b, n) for M = 1], fuse the dequantization into that loop (one
-// block x NT columns dequantized into a small buffer, never the whole
-// matrix), tile the block's matmul into MT x NT register tiles, drop the unit
-// dims, vectorize both.
-const char* kScheduleQuant = R"mlir(
-    %qID = transform.structured.match ops{["linalg.generic"]} attributes {sg_qmm = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
-    %dqID = transform.structured.match attributes {sg_dq = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
-    %qtID, %qlID:3 = transform.structured.tile_using_for %qID tile_sizes OUTER interchange = OORDER : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
-    %fuID, %flID = transform.structured.fuse_into_containing_op %dqID into %qlID#2 : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
-    %itID, %ilID:NLOOPS = transform.structured.tile_using_for %qtID tile_sizes INNER interchange = IORDER : (!transform.any_op) -> (!transform.any_op, LOOPTYPES)
-    transform.apply_patterns to %ilID#LAST {
-      transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices
-    } : !transform.any_op
-    %ivID = transform.structured.match ops{["linalg.generic"]} in %ilID#LAST : (!transform.any_op) -> !transform.any_op
-    transform.structured.vectorize %ivID : !transform.any_op
-    transform.structured.vectorize %fuID : !transform.any_op
-    transform.apply_patterns to %f {
-      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
-      transform.apply_patterns.vector.transfer_permutation_patterns
-      transform.apply_patterns.vector.reduction_to_contract
-      transform.apply_patterns.tensor.fold_tensor_empty
-      transform.apply_patterns.canonicalization
-    } : !transform.any_op
-    HOIST
-)mlir";
-
-const char* kScheduleTail = R"mlir(
-    transform.apply_patterns to %f {
-      transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
-      transform.apply_patterns.vector.transfer_permutation_patterns
-      transform.apply_patterns.vector.lower_transpose
-      transform.apply_patterns.canonicalization
-    } : !transform.any_op
-    %rest = transform.structured.match ops{["linalg.batch_matmul"]} attributes {sg_fallback} in %root : (!transform.any_op) -> !transform.any_op
-    %g = transform.structured.generalize %rest : (!transform.any_op) -> !transform.any_op
-    %i = transform.structured.interchange %g iterator_interchange = [0, 1, 3, 2] : (!transform.any_op) -> !transform.any_op
-    transform.yield
-  }
-}
-)mlir";
 
 std::once_flag g_init_once;
 void init_llvm() {
@@ -243,332 +155,6 @@ void run_stage2(mlir::ModuleOp module, const DiagCollector& diags) {
   run_pipeline(module, kStage2Drop, "stage2drop", diags);
   run_pipeline(module, kStage2b, "stage2b", diags);
   set_public(module, true);
-}
-
-// Float lanes of the host's widest vector register (AVX-512: 16, else 8).
-int64_t host_vector_floats() {
-  const llvm::StringMap<bool> f = llvm::sys::getHostCPUFeatures();
-  auto it = f.find("avx512f");
-  return it != f.end() && it->second ? 16 : 8;
-}
-
-struct TileSizes {
-  int64_t m = 0, n = 0, k = 0;
-  bool k_outer = false;  // loops (b, m, k, n) instead of (b, n, m, k)
-  bool operator<(const TileSizes& o) const {
-    return std::tie(m, n, k, k_outer) < std::tie(o.m, o.n, o.k, o.k_outer);
-  }
-};
-
-// Register tile for y[M,N] += x[M,K] . w[K,N]: mT rows x nT columns of
-// accumulators (at most `regs` vector registers), kT-fold unrolled k loop.
-// m = 0 when the shapes do not fit (fallback schedule).
-TileSizes pick_tiles(int64_t M, int64_t N, int64_t K, int64_t vw) {
-  const int64_t regs = vw == 16 ? 16 : 8;  // accumulators: half the register file
-  TileSizes t;
-  if (M <= 0 || N <= 0 || K <= 0 || N % vw != 0) return t;
-  if (M == 1) {
-    // Matrix-vector (decode): memory bound. k outer, n inner, so that the kT
-    // weight rows are read as contiguous streams; the accumulator row stays in
-    // L1/L2. Only with TOUCHSTONE_STATIC_GRAPH_SCHEDULE=gemv (slower than the
-    // fallback in our measurements, see the docs).
-    t.m = 1;
-    t.k_outer = true;
-    for (int64_t c = 4 * vw; c >= vw; c -= vw) {
-      if (N % c == 0) {
-        t.n = c;
-        break;
-      }
-    }
-    for (int64_t c : {4, 2, 1}) {
-      if (K % c == 0 && K > c) {
-        t.k = c;
-        break;
-      }
-    }
-    if (t.k == 0) t.m = 0;
-    return t;
-  }
-  for (int64_t c : {8, 6, 4, 3, 2, 1}) {
-    if (c <= regs / 2 && M % c == 0) {
-      t.m = c;
-      break;
-    }
-  }
-  for (int64_t c = regs / t.m * vw; c >= vw; c -= vw) {
-    if (N % c == 0) {
-      t.n = c;
-      break;
-    }
-  }
-  for (int64_t c : {4, 2, 1}) {
-    if (K % c == 0 && K > c) {
-      t.k = c;
-      break;
-    }
-  }
-  if (t.n == 0 || t.k == 0) t.m = 0;
-  return t;
-}
-
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size()))
-    s.replace(p, from.size(), to);
-}
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-// A quantized matmul as the graph gives it: y = x . reshape(G) where G is the
-// dequantized matrix in its block shape [g_0 .. g_{R-1}, N] (Q4: [nb, 2, 16, N],
-// Q8_0: [nb, 32, N]) produced by elementwise linalg.generics, collapsed to
-// [K, N] and expanded to [1, K, N]. Rewritten as one linalg.generic that
-// contracts over the block dims directly (x expanded to [1, M, g_0 ..]), so
-// that tiles of G are plain slices and the dequantization chain can be fused
-// into the tiled loops. Iteration dims: (r_0 .. r_{R-2}, b, m, n, r_{R-1}).
-// The k order (r_0, .., r_{R-1}) is the order of K: same sums as the matmul.
-// Returns the new op (or null when the pattern does not match) and sets R.
-mlir::linalg::GenericOp block_matmul(mlir::linalg::BatchMatmulOp mm, int64_t& R) {
-  auto ex = mm.getDpsInputOperand(1)->get().getDefiningOp<mlir::tensor::ExpandShapeOp>();
-  if (!ex) return {};
-  auto co = ex.getSrc().getDefiningOp<mlir::tensor::CollapseShapeOp>();
-  if (!co) return {};
-  auto g = co.getSrc().getDefiningOp<mlir::linalg::GenericOp>();
-  if (!g || g->getNumResults() != 1) return {};
-  auto gt = llvm::dyn_cast<mlir::RankedTensorType>(g->getResult(0).getType());
-  auto at = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(0)->get().getType());
-  if (!gt || !at || !gt.hasStaticShape() || !at.hasStaticShape() || gt.getRank() < 3 ||
-      at.getRank() != 3 || at.getDimSize(0) != 1 || !gt.getElementType().isF32()) {
-    return {};
-  }
-  R = gt.getRank() - 1;
-  int64_t k = 1;
-  for (int64_t i = 0; i < R; ++i) k *= gt.getDimSize(unsigned(i));
-  if (k != at.getDimSize(2) || !ex->hasOneUse() || !co->hasOneUse()) return {};
-  mlir::MLIRContext* ctx = mm->getContext();
-  mlir::OpBuilder b(mm);
-  const mlir::Location loc = mm.getLoc();
-  llvm::SmallVector<int64_t> eshape{1, at.getDimSize(1)};
-  mlir::ReassociationIndices last;
-  for (int64_t i = 0; i < R; ++i) {
-    eshape.push_back(gt.getDimSize(unsigned(i)));
-    last.push_back(2 + i);
-  }
-  llvm::SmallVector<mlir::ReassociationIndices> re{{0}, {1}, last};
-  auto xe = mlir::tensor::ExpandShapeOp::create(
-      b, loc, mlir::RankedTensorType::get(eshape, at.getElementType()),
-      mm.getDpsInputOperand(0)->get(), re);
-  const int64_t D = R + 3, bd = R - 1, md = R, nd = R + 1, jd = R + 2;
-  auto dim = [&](int64_t i) { return mlir::getAffineDimExpr(unsigned(i), ctx); };
-  llvm::SmallVector<mlir::AffineExpr> am{dim(bd), dim(md)}, gm, cm{dim(bd), dim(md), dim(nd)};
-  for (int64_t i = 0; i + 1 < R; ++i) {
-    am.push_back(dim(i));
-    gm.push_back(dim(i));
-  }
-  am.push_back(dim(jd));
-  gm.push_back(dim(jd));
-  gm.push_back(dim(nd));
-  llvm::SmallVector<mlir::AffineMap> maps{mlir::AffineMap::get(unsigned(D), 0, am, ctx),
-                                          mlir::AffineMap::get(unsigned(D), 0, gm, ctx),
-                                          mlir::AffineMap::get(unsigned(D), 0, cm, ctx)};
-  llvm::SmallVector<mlir::utils::IteratorType> it(size_t(D), mlir::utils::IteratorType::reduction);
-  it[size_t(bd)] = it[size_t(md)] = it[size_t(nd)] = mlir::utils::IteratorType::parallel;
-  auto gen = mlir::linalg::GenericOp::create(
-      b, loc, mm->getResultTypes(), mlir::ValueRange{xe.getResult(), g->getResult(0)},
-      mlir::ValueRange{mm.getDpsInitOperand(0)->get()}, maps, it, "", "",
-      [](mlir::OpBuilder& nb, mlir::Location l, mlir::ValueRange args) {
-        mlir::Value p = mlir::arith::MulFOp::create(nb, l, args[0], args[1]);
-        mlir::Value s = mlir::arith::AddFOp::create(nb, l, args[2], p);
-        mlir::linalg::YieldOp::create(nb, l, s);
-      });
-  mm->getResult(0).replaceAllUsesWith(gen->getResult(0));
-  mm->erase();
-  ex->erase();
-  co->erase();
-  return gen;
-}
-
-// Tags the elementwise producers of `op` (transitively, single-use ones only:
-// they are fused into the consumer's loops) with sg_dq = id.
-void tag_producers(mlir::Operation* op, mlir::IntegerAttr id) {
-  for (mlir::Value v : op->getOperands()) {
-    auto p = v.getDefiningOp<mlir::linalg::GenericOp>();
-    if (!p || !p->hasOneUse() || p->hasAttr("sg_dq") ||
-        p.getNumParallelLoops() != p.getNumLoops()) {
-      continue;
-    }
-    p->setAttr("sg_dq", id);
-    tag_producers(p, id);
-  }
-}
-
-// TOUCHSTONE_STATIC_GRAPH_SCHEDULE (experiments, part of the cache key):
-// "interchange" = every matmul takes the fallback schedule; "gemv" = the
-// matrix-vector (M = 1) ones are tiled too (k outer), which measured slower than
-// the fallback (LLVM's own vectorization of the contiguous n loop), hence off.
-std::string schedule_variant() {
-  const char* v = std::getenv("TOUCHSTONE_STATIC_GRAPH_SCHEDULE");
-  return v ? v : "";
-}
-
-// Tags every batch matmul with its tile configuration (sg_tile = id) or
-// sg_fallback and returns the transform script for the module.
-std::string make_schedule(mlir::ModuleOp module) {
-  const int64_t vw = host_vector_floats();
-  const std::string variant = schedule_variant();
-  std::map<TileSizes, int64_t> configs;
-  mlir::MLIRContext* ctx = module->getContext();
-  struct Quant {
-    mlir::linalg::GenericOp op;
-    int64_t R, M;
-    TileSizes t;
-  };
-  std::vector<Quant> quants;
-  if (variant != "interchange" && variant != "no-fuse") {
-    llvm::SmallVector<mlir::linalg::BatchMatmulOp> mms;
-    module->walk([&](mlir::linalg::BatchMatmulOp mm) { mms.push_back(mm); });
-    for (auto mm : mms) {
-      auto at = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(0)->get().getType());
-      auto bt = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(1)->get().getType());
-      if (!at || !bt || !at.hasStaticShape() || !bt.hasStaticShape()) continue;
-      const int64_t M = at.getDimSize(1), N = bt.getDimSize(2);
-      TileSizes t = pick_tiles(M, N, at.getDimSize(2), vw);
-      // The dequantized tile (one block x NT columns) is a vector of 32 * NT
-      // floats, lowered fully unrolled: NT = one vector register keeps the LLVM
-      // code (and compile time) small. M = 1: one row per register tile.
-      if (M == 1) t = TileSizes{1, N % vw == 0 ? vw : 0, 0};
-      if (t.n > vw && N % vw == 0) {
-        t.m = std::min<int64_t>(t.m * t.n / vw, 8);
-        while (M % t.m) --t.m;
-        t.n = vw;
-      }
-      if (t.m == 0 || t.n == 0) continue;
-      int64_t R = 0;
-      mlir::linalg::GenericOp g = block_matmul(mm, R);
-      if (!g) continue;
-      auto last = llvm::dyn_cast<mlir::RankedTensorType>(g->getOperand(1).getType());
-      t.k = last.getDimSize(unsigned(R - 1)) % 4 == 0 ? 4 : 1;  // unroll of the innermost block dim
-      const auto id =
-          mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), int64_t(quants.size()));
-      g->setAttr("sg_qmm", id);
-      tag_producers(g, id);
-      quants.push_back(Quant{g, R, M, t});
-    }
-  }
-  module->walk([&](mlir::linalg::BatchMatmulOp mm) {
-    auto a = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(0)->get().getType());
-    auto b = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(1)->get().getType());
-    TileSizes t;
-    if (a && b && a.hasStaticShape() && b.hasStaticShape())
-      t = pick_tiles(a.getDimSize(1), b.getDimSize(2), a.getDimSize(2), vw);
-    if (variant == "interchange" || (variant != "gemv" && t.k_outer)) t.m = 0;
-    if (t.m == 0) {
-      mm->setAttr("sg_fallback", mlir::UnitAttr::get(ctx));
-      return;
-    }
-    auto it = configs.emplace(t, int64_t(configs.size())).first;
-    mm->setAttr("sg_tile", mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), it->second));
-  });
-  std::string script = kScheduleHead;
-  for (const auto& [t, id] : configs) {
-    std::string block = kScheduleTile;
-    replace_all(block, "ID", std::to_string(id));
-    replace_all(block, "MT", std::to_string(t.m));
-    replace_all(block, "NT", std::to_string(t.n));
-    replace_all(block, "KT", std::to_string(t.k));
-    replace_all(block, "ORDER", t.k_outer ? "[0, 1, 3, 2]" : "[0, 2, 1, 3]");
-    // k innermost: the accumulator tile is loop-invariant there (registers).
-    replace_all(block, "HOIST",
-                t.k_outer ? ""
-                          : "transform.loop.hoist_loop_invariant_subsets %l" + std::to_string(id) +
-                                "#3 : !transform.any_op");
-    script += block;
-  }
-  for (size_t q = 0; q < quants.size(); ++q) {
-    const Quant& Q = quants[q];
-    const int64_t R = Q.R, D = R + 3, bd = R - 1, md = R, nd = R + 1, jd = R + 2;
-    std::vector<int64_t> outer(size_t(D), 0), inner(size_t(D), 0), oorder, iorder;
-    outer[0] = 1;  // one block row of the matrix per iteration
-    outer[size_t(bd)] = 1;
-    outer[size_t(nd)] = Q.t.n;
-    // M = 1: block rows outer (each block's NT-column slices are contiguous
-    // streams); else columns outer (the accumulator [M, NT] stays in cache).
-    oorder = Q.M == 1 ? std::vector<int64_t>{0, bd, nd} : std::vector<int64_t>{bd, nd, 0};
-    inner[size_t(md)] = Q.t.m;
-    iorder.push_back(md);
-    for (int64_t i = 1; i + 1 < R; ++i) {
-      inner[size_t(i)] = 1;
-      iorder.push_back(i);
-    }
-    inner[size_t(jd)] = Q.t.k;
-    iorder.push_back(jd);
-    const size_t n_inner = iorder.size();
-    for (int64_t i = 0; i < D; ++i) {
-      if (std::find(oorder.begin(), oorder.end(), i) == oorder.end()) oorder.push_back(i);
-      if (std::find(iorder.begin(), iorder.end(), i) == iorder.end()) iorder.push_back(i);
-    }
-    std::string types, hoist;
-    for (size_t i = 0; i < n_inner; ++i)
-      types += (i ? ", " : "") + std::string("!transform.any_op");
-    // The accumulator is invariant in every inner loop but the m loop.
-    for (size_t i = n_inner; i-- > 1;) {
-      hoist += "transform.loop.hoist_loop_invariant_subsets %il" + std::to_string(q) + "#" +
-               std::to_string(i) + " : !transform.any_op\n    ";
-    }
-    std::string block = kScheduleQuant;
-    replace_all(block, "ID", std::to_string(q));
-    replace_all(block, "OUTER", join(outer));
-    replace_all(block, "OORDER", join(oorder));
-    replace_all(block, "INNER", join(inner));
-    replace_all(block, "IORDER", join(iorder));
-    replace_all(block, "NLOOPS", std::to_string(n_inner));
-    replace_all(block, "LOOPTYPES", types);
-    replace_all(block, "LAST", std::to_string(n_inner - 1));
-    replace_all(block, "HOIST", hoist);
-    script += block;
-  }
-  return script + kScheduleTail;
-}
-
-void apply_schedule(mlir::ModuleOp module, const CompileOptions& opt, const DiagCollector& diags) {
-  if (!opt.vectorize) return;
-  mlir::MLIRContext* ctx = module->getContext();
-  const std::string text = make_schedule(module);
-  mlir::OwningOpRef<mlir::ModuleOp> script = mlir::parseSourceString<mlir::ModuleOp>(text, ctx);
-  if (!script) fail("cannot parse the transform schedule", diags);
-  mlir::transform::TransformOpInterface entry = mlir::transform::detail::findTransformEntryPoint(
-      script->getOperation(), *script,
-      mlir::transform::TransformDialect::kTransformEntryPointSymbolName);
-  if (!entry) fail("transform schedule has no entry point", diags);
-  mlir::transform::TransformOptions topts;
-  if (mlir::failed(mlir::transform::applyTransformNamedSequence(
-          module.getOperation(), entry.getOperation(), *script, topts))) {
-    fail("transform schedule failed", diags);
-  }
-  // The fallback matmuls' multiply-add may contract to an FMA: every matmul
-  // then rounds like the tiled ones (fma(x, w, acc), k in order), so a row
-  // gives the same bits whether it runs in a prefill bucket or alone in the
-  // decode graph (StaticGraphModel.RewindReproducesLogits).
-  const auto contract =
-      mlir::arith::FastMathFlagsAttr::get(ctx, mlir::arith::FastMathFlags::contract);
-  // (structured.generalize drops the sg_fallback tag: match the interchanged
-  // (b, m, k, n) form instead.)
-  using IT = mlir::utils::IteratorType;
-  const llvm::SmallVector<IT> fallback_iters{IT::parallel, IT::parallel, IT::reduction,
-                                             IT::parallel};
-  module->walk([&](mlir::linalg::GenericOp g) {
-    if (llvm::SmallVector<IT>(g.getIteratorTypesArray()) != fallback_iters) return;
-    g.getRegion().walk([&](mlir::Operation* op) {
-      if (auto m = llvm::dyn_cast<mlir::arith::MulFOp>(op)) m.setFastmathAttr(contract);
-      if (auto a = llvm::dyn_cast<mlir::arith::AddFOp>(op)) a.setFastmathAttr(contract);
-    });
-  });
-  if (const char* dir = std::getenv("TOUCHSTONE_STATIC_GRAPH_DUMP"); dir && *dir) {
-    std::ofstream(std::string(dir) + "/schedule.mlir") << text;
-  }
 }
 
 mlir::OwningOpRef<mlir::ModuleOp> parse(mlir::MLIRContext* ctx, const std::string& text,
@@ -655,11 +241,7 @@ std::string host_cpu_name() { return llvm::sys::getHostCPUName().str(); }
 
 std::string pipeline_description(const CompileOptions& opt) {
   std::string s = std::string("stage1: ") + kStage1 + "\n";
-  if (opt.vectorize) {
-    s += std::string("transform (") + kScheduleVersion + " " + schedule_variant() +
-         ", per tile configuration, host vector " + std::to_string(host_vector_floats()) +
-         " floats): " + kScheduleHead + kScheduleTile + kScheduleQuant + kScheduleTail + "\n";
-  }
+  s += schedule_description(opt);
   s += std::string("stage2: ") + kStage2a + ", [func private]," + kStage2Drop + "," + kStage2b +
        ",[func public]" + "\nstage3: " + kStage3 + "\nllvm: O3, host target machine\n";
   return s;
@@ -679,7 +261,7 @@ std::string lower_to_buffers(const std::string& text, const CompileOptions& opt)
   DiagCollector diags(ctx.get());
   auto m = parse(ctx.get(), text, diags);
   run_pipeline(*m, kStage1, "stage1", diags);
-  apply_schedule(*m, opt, diags);
+  if (std::string err = apply_schedule(*m, opt); !err.empty()) fail(err, diags);
   run_stage2(*m, diags);
   std::string out;
   llvm::raw_string_ostream os(out);
@@ -737,7 +319,7 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
   double times[5] = {};
   run_pipeline(*m, kStage1, "stage1", diags);
   times[0] = lap();
-  apply_schedule(*m, opt, diags);
+  if (std::string err = apply_schedule(*m, opt); !err.empty()) fail(err, diags);
   times[1] = lap();
   run_stage2(*m, diags);
   times[2] = lap();

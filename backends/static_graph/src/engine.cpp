@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "touchstone/backend_impl.h"
@@ -291,18 +292,20 @@ bool is_cache(const std::string& n) {
 int64_t cache_layer(const std::string& n) { return std::stoll(n.substr(8)); }
 }  // namespace
 
-Session::Graph& Session::graph(int32_t T, int32_t W) {
-  auto it = graphs_.find({T, W});
+Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
+  auto it = graphs_.find({T, W, argmax});
   if (it != graphs_.end()) return it->second;
   GraphSpec spec = w_.spec_template;
   spec.T = T;
   spec.W = W;
   spec.capacity = cap_;
+  spec.argmax = argmax;
   const std::string name = "step";
   Graph g;
   g.built = build_step_graph(m_.dims, spec, name);
   const std::string key = (mode_ == WeightMode::FullPrecision ? "f" : "q") + std::to_string(T) +
-                          "_" + std::to_string(W) + "_" + std::to_string(cap_);
+                          "_" + std::to_string(W) + "_" + std::to_string(cap_) +
+                          (argmax ? "_argmax" : "");
   {
     std::lock_guard<std::mutex> lock(m_.mu);
     auto git = m_.graphs.find(key);
@@ -330,7 +333,7 @@ Session::Graph& Session::graph(int32_t T, int32_t W) {
         "static_graph: lowered signature has " + std::to_string(g.compiled->lowered_num_args) +
         " arguments, expected " + std::to_string(expected) + " (KV caches not updated in place?)");
   }
-  return graphs_.emplace(std::make_pair(T, W), std::move(g)).first->second;
+  return graphs_.emplace(std::make_tuple(T, W, argmax), std::move(g)).first->second;
 }
 
 namespace {
@@ -353,8 +356,8 @@ struct Desc {
 };
 }  // namespace
 
-void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows) {
-  Graph& g = graph(c.T, c.W);
+void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy) {
+  Graph& g = graph(c.T, c.W, greedy != nullptr);
   const int64_t V = m_.dims.n_vocab;
   std::vector<int32_t> tok(size_t(c.T), 0);
   std::copy(tokens + c.start, tokens + c.start + c.n, tok.begin());
@@ -403,6 +406,16 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows) {
   }
   g.compiled->call(args.data());
   if (logits_rows) std::memcpy(logits_rows, out_.data(), size_t(c.n) * size_t(V) * sizeof(float));
+  if (greedy) {
+    const int32_t t = am[size_t(c.n - 1)];
+    const float* row = out_.data() + int64_t(c.n - 1) * V;
+    // tosa.argmax (nan_mode IGNORE) starts from (index 0, -FLT_MAX) and takes
+    // strictly greater values: it answers 0 when no logit exceeds -FLT_MAX
+    // (every logit NaN, -inf or -FLT_MAX). Only then is the row scanned here,
+    // with the contract's rule (and an error when every logit is NaN).
+    const bool degenerate = t < 0 || t >= V || !(row[t] > -std::numeric_limits<float>::max());
+    *greedy = degenerate ? abi::greedy_argmax(row, V) : t;
+  }
   pos_ += c.n;
 }
 
@@ -418,6 +431,14 @@ void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, floa
       }
     }
   }
+}
+
+int32_t Session::prefill_greedy(const int32_t* tokens, int32_t n) {
+  // Same plan as prefill; only the last chunk needs the argmax variant.
+  int32_t token = -1;
+  for (const Chunk& c : plan_prefill(pos_, n, cap_, buckets))
+    run(c, tokens, nullptr, c.start + c.n == n ? &token : nullptr);
+  return token;
 }
 
 void Session::decode(int32_t token, float* logits) {

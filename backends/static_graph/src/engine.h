@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compiler.h"
@@ -80,6 +81,11 @@ class Session {
   // Runs tokens[0..n) at the current position. logits: n*V (all) or V floats.
   void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   void decode(int32_t token, float* logits);
+  // Runs tokens[0..n) like prefill and returns the greedy token of the last
+  // position (lowest id among equal maxima, NaN never wins), computed in the
+  // graph (tosa.argmax): the last chunk runs a graph variant with an argmax
+  // output, compiled on first use; the logits are not copied out.
+  int32_t prefill_greedy(const int32_t* tokens, int32_t n);
   void rewind(int32_t p);
   int32_t position() const { return pos_; }
   int32_t capacity() const { return cap_; }
@@ -97,8 +103,9 @@ class Session {
     BuiltGraph built;
     std::shared_ptr<CompiledGraph> compiled;
   };
-  Graph& graph(int32_t T, int32_t W);
-  void run(const Chunk& c, const int32_t* tokens, float* logits_rows);
+  Graph& graph(int32_t T, int32_t W, bool argmax);
+  // greedy != nullptr: runs the argmax variant and stores the argmax of row c.n-1.
+  void run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy = nullptr);
 
   Model& m_;
   WeightMode mode_;
@@ -106,7 +113,7 @@ class Session {
   int32_t cap_;
   int32_t pos_ = 0;
   HostTensor kc_, vc_, rcos_, rsin_;
-  std::map<std::pair<int32_t, int32_t>, Graph> graphs_;
+  std::map<std::tuple<int32_t, int32_t, bool>, Graph> graphs_;  // (T, W, argmax)
   std::vector<GraphStats> stats_;
   std::vector<float> out_;
 };

@@ -492,7 +492,11 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
     out.results.push_back(ArgInfo{"v_cache." + std::to_string(l), vcs[size_t(l)].shape, "f32"});
   }
   if (S.argmax) {
-    Val am = e.emit("tosa.argmax", {logits}, {T}, "i32", "{axis = 1 : i32}");
+    // nan_mode IGNORE: strict ogt against the running maximum, so the lowest id
+    // among equal maxima wins and a NaN never replaces it (the default,
+    // PROPAGATE, makes the first NaN win). See prefill_greedy in engine.cpp.
+    Val am = e.emit("tosa.argmax", {logits}, {T}, "i32",
+                    "{axis = 1 : i32, nan_mode = #tosa.nan_mode<IGNORE>}");
     results.push_back(am);
     out.results.push_back(ArgInfo{"argmax", am.shape, am.elem});
   }

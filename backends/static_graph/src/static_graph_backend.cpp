@@ -40,7 +40,8 @@ ts_status capabilities(ts_capabilities* out) {
     }
     *out = ts_capabilities{};
     out->struct_size = sizeof(ts_capabilities);
-    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_STATIC_SHAPES | TS_CAP_BITWISE_DETERMINISM;
+    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_DEVICE_GREEDY | TS_CAP_STATIC_SHAPES |
+                 TS_CAP_BITWISE_DETERMINISM;
     out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(2) | TS_WEIGHT_TYPE_BIT(3) |
                         TS_WEIGHT_TYPE_BIT(8);
     out->max_context = kDefaultCapacity;
@@ -127,6 +128,17 @@ ts_status rewind(ts_session* s, int32_t position) {
   });
 }
 
+ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n, int32_t* token_out) {
+  return touchstone::abi::guard([&] {
+    if (!s || !tokens || !token_out || n <= 0) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill_greedy: null buffer or n_tokens <= 0");
+    }
+    touchstone::abi::check_tokens(tokens, n, s->s->n_vocab());
+    touchstone::abi::check_room(s->s->position(), n, s->s->capacity());
+    *token_out = s->s->prefill_greedy(tokens, n);
+  });
+}
+
 int32_t position(const ts_session* s) { return s ? s->s->position() : 0; }
 
 const ts_backend kBackend = {
@@ -145,7 +157,7 @@ const ts_backend kBackend = {
     decode,
     rewind,
     position,
-    nullptr,  // prefill_greedy: no TS_CAP_DEVICE_GREEDY
+    prefill_greedy,
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 // prompt crossing a bucket boundary, rewind, prefill vs decode).
 #include <gtest/gtest.h>
 
+#include "touchstone/test_model.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -21,13 +23,7 @@ namespace sg = touchstone::static_graph;
 
 namespace {
 
-std::string model_path() {
-  const char* dir = std::getenv("TOUCHSTONE_MODEL_DIR");
-  const std::string d = dir ? dir
-                            : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") +
-                                  "/.cache/touchstone/models";
-  return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string model_path() { return touchstone::test::real_model_path(); }
 
 sg::ModelDims tiny_dims() { return sg::ModelDims{2, 64, 128, 4, 2, 16, 100, 1e-5f}; }
 
