@@ -8,8 +8,12 @@
 //   prefill/N        N = 64, 256, 512 prompt tokens from an empty cache (rewind(0)
 //                    between iterations), last-position logits. Counter tok/s.
 //                    prefill and decode make one untimed warm-up call first (graph
-//                    backends compile lazily; static_graph prints the compile time
-//                    with TOUCHSTONE_STATIC_GRAPH_VERBOSE=1).
+//                    backends compile lazily). Counter first_call_ms: open_session
+//                    + (decode: the context's prefill +) the warm-up call, wall
+//                    time; with a cold static_graph object cache
+//                    (TOUCHSTONE_STATIC_GRAPH_CACHE= disables it) that is the
+//                    compile time of the graph for this shape plus one run
+//                    (TOUCHSTONE_STATIC_GRAPH_VERBOSE=1 prints the split).
 //   decode/ctx:C     64 decode steps starting at context C = 0, 256, 1024 (then
 //                    rewind(C)); the same work as llama-bench's tg64 for C = 0.
 //                    Counters tok/s, bytes/token (weights streamed per token as
@@ -25,10 +29,12 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -135,12 +141,28 @@ void finish(benchmark::State& state, double tokens) {
   state.counters["peak_rss_MB"] = peak_rss_mb();
 }
 
+// first_call_ms: wall time from before open_session to the end of the
+// untimed warm-up call (a graph backend may compile in either). Google
+// Benchmark calls a benchmark function several times (to size the iteration
+// count); only the first call of each benchmark can pay a lazy compile, so
+// that one is kept and reported.
+std::map<std::string, double> g_first_call_ms;
+struct FirstCall {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  void done(benchmark::State& state, const std::string& key) const {
+    const std::chrono::duration<double, std::milli> dt = std::chrono::steady_clock::now() - t0;
+    state.counters["first_call_ms"] = g_first_call_ms.emplace(key, dt.count()).first->second;
+  }
+};
+
 void bm_prefill(benchmark::State& state, std::string backend, std::string weights, int n) {
   try {
     auto& model = use(backend, weights);
-    touchstone::Session s(model, session_options(weights, n + 8));
     const auto tok = prompt(size_t(n), model.n_vocab());
+    const FirstCall first;
+    touchstone::Session s(model, session_options(weights, n + 8));
     s.prefill(tok);  // warm-up, not timed: lazy graph compilation (static_graph)
+    first.done(state, backend + "/" + weights + "/prefill/" + std::to_string(n));
     for (auto _ : state) {
       s.rewind(0);
       auto logits = s.prefill(tok);
@@ -156,10 +178,12 @@ void bm_decode(benchmark::State& state, std::string backend, std::string weights
   constexpr int kSteps = 64;
   try {
     auto& model = use(backend, weights);
-    touchstone::Session s(model, session_options(weights, ctx + kSteps + 8));
     std::vector<float> logits(size_t(model.n_vocab()));
+    const FirstCall first;  // for ctx > 0 this includes the prefill of the context
+    touchstone::Session s(model, session_options(weights, ctx + kSteps + 8));
     if (ctx > 0) s.prefill(prompt(size_t(ctx), model.n_vocab()));
     s.decode(1, logits);  // warm-up, not timed: lazy graph compilation (static_graph)
+    first.done(state, backend + "/" + weights + "/decode/" + std::to_string(ctx));
     for (auto _ : state) {
       s.rewind(ctx);
       int32_t t = 1;
