@@ -8,8 +8,9 @@
 //    int8 activations (kernels_quant.cpp).
 //  * RMSNorm sums, RoPE angles and rotation, SiLU: fp64 like the reference,
 //    rounded once to fp32.
-//  * attention: fp32 scores (SIMD dot), fp32 softmax (max-subtracted exp,
-//    sequential sum), fp32 weighted sum of V; KV cache in fp32.
+//  * attention: fp32 scores (SIMD dot), fp32 softmax (max-subtracted vector
+//    exp, lane-wise sum), fp32 weighted sum of V (kernels.h: attend_f32); KV
+//    cache in fp32.
 #include "engine.h"
 
 #include <sys/mman.h>
@@ -353,20 +354,8 @@ void Session::attention(int32_t layer, int32_t n) {
     const float* qh = q_.data() + i * qd + h * hd;
     const size_t off = size_t(int32_t(h) / group) * hd;
     float* s = scores_.data() + size_t(thread) * size_t(max_ctx_);
-    float mx = -INFINITY;
-    for (int32_t t = 0; t < n_kv; ++t) {
-      s[t] = dot_f32(qh, K + size_t(t) * kvd + off, hd) * scale;
-      mx = std::max(mx, s[t]);
-    }
-    float sum = 0.0f;
-    for (int32_t t = 0; t < n_kv; ++t) {
-      s[t] = std::exp(s[t] - mx);
-      sum += s[t];
-    }
-    float* o = att_.data() + i * qd + h * hd;
-    std::fill(o, o + hd, 0.0f);
-    for (int32_t t = 0; t < n_kv; ++t) axpy_f32(s[t], V + size_t(t) * kvd + off, o, hd);
-    scale_f32(1.0f / sum, o, hd);
+    attend_f32(qh, K + off, V + off, kvd, hd, size_t(n_kv), scale, s,
+               att_.data() + i * qd + h * hd);
   });
 }
 

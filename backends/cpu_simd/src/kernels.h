@@ -32,6 +32,18 @@ void matvec_f32(const float* W, size_t ld, const float* x, float* y, size_t n_ro
 void axpy_f32(float a, const float* x, float* y, size_t n);
 // y *= a
 void scale_f32(float a, float* y, size_t n);
+// Causal softmax attention of one query head q[hd] over n_kv >= 1 cached
+// positions: K row t at K + t*ld, V row t at V + t*ld (the KV cache layout,
+// ld = n_head_kv * head_dim), scores[n_kv] is scratch. In fp32:
+//   s_t = dot_f32(q, K_t) * scale;  m = max_t s_t;
+//   p_t = exp(s_t - m)  (Highway's vector Exp, hwy/contrib/math: max error 1 ulp);
+//   any NaN score: out is all NaN (as with std::exp, which propagates it);
+//   sum = lane-wise sum over t (N lanes, t in order per lane) then SumOfLanes;
+//   out[j] = (p_0 V_0j + p_1 V_1j + ...) * (1 / sum)  (one FMA per t, in t order).
+// The result depends on the Highway target (N), never on threads or on n_kv's
+// split into calls.
+void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_t hd, size_t n_kv,
+                float scale, float* scores, float* out);
 
 // Highway targets compiled into this library and supported by this CPU
 // (bit, name), best first; force_hwy_target(0) restores the default.

@@ -4,7 +4,10 @@
 #define HWY_TARGET_INCLUDE "kernels_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+// after highway.h (per-target -inl header):
+#include "hwy/contrib/math/math-inl.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -63,6 +66,75 @@ HWY_ATTR void ScaleF32(float alpha, float* HWY_RESTRICT y, size_t n) {
   size_t i = 0;
   for (; i + N <= n; i += N) hn::StoreU(hn::Mul(va, hn::LoadU(df, y + i)), df, y + i);
   for (; i < n; ++i) y[i] *= alpha;
+}
+
+// ---- attention for one query head (see kernels.h: attend_f32) ----
+HWY_ATTR void AttendF32(const float* HWY_RESTRICT q, const float* HWY_RESTRICT K,
+                        const float* HWY_RESTRICT V, size_t ld, size_t hd, size_t n_kv, float scale,
+                        float* HWY_RESTRICT s, float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  // scores and their maximum
+  float mx = -HUGE_VALF;
+  bool nan = false;
+  for (size_t t = 0; t < n_kv; ++t) {
+    s[t] = DotF32(q, K + t * ld, hd) * scale;
+    nan |= s[t] != s[t];
+    mx = s[t] > mx ? s[t] : mx;
+  }
+  if (nan) {  // hn::Exp maps NaN to 0; a NaN score must reach the output instead
+    for (size_t j = 0; j < hd; ++j) out[j] = NAN;
+    return;
+  }
+  // p_t = exp(s_t - mx), N lanes at a time; the tail through a padded copy whose
+  // pad lanes hold -200 (hn::Exp gives 0 below -104) and are not stored back.
+  const auto vmx = hn::Set(df, mx);
+  auto vsum = hn::Zero(df);
+  size_t t = 0;
+  for (; t + N <= n_kv; t += N) {
+    const auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + t), vmx));
+    hn::StoreU(p, df, s + t);
+    vsum = hn::Add(vsum, p);
+  }
+  if (t < n_kv) {
+    HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)];
+    for (size_t i = 0; i < N; ++i) tail[i] = t + i < n_kv ? s[t + i] - mx : -200.0f;
+    const auto p = hn::Exp(df, hn::Load(df, tail));
+    hn::Store(p, df, tail);
+    for (size_t i = 0; t + i < n_kv; ++i) s[t + i] = tail[i];
+    vsum = hn::Add(vsum, p);  // exp(-200) = 0 in fp32
+  }
+  const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(df, vsum));
+  // out = (sum_t p_t V_t) * inv: per element the FMA chain in t order, four
+  // accumulators of N lanes in registers per pass over the positions.
+  const auto vinv = hn::Set(df, inv);
+  size_t j = 0;
+  for (; j + 4 * N <= hd; j += 4 * N) {
+    auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    for (size_t u = 0; u < n_kv; ++u) {
+      const auto p = hn::Set(df, s[u]);
+      const float* v = V + u * ld + j;
+      a0 = hn::MulAdd(p, hn::LoadU(df, v), a0);
+      a1 = hn::MulAdd(p, hn::LoadU(df, v + N), a1);
+      a2 = hn::MulAdd(p, hn::LoadU(df, v + 2 * N), a2);
+      a3 = hn::MulAdd(p, hn::LoadU(df, v + 3 * N), a3);
+    }
+    hn::StoreU(hn::Mul(vinv, a0), df, out + j);
+    hn::StoreU(hn::Mul(vinv, a1), df, out + j + N);
+    hn::StoreU(hn::Mul(vinv, a2), df, out + j + 2 * N);
+    hn::StoreU(hn::Mul(vinv, a3), df, out + j + 3 * N);
+  }
+  for (; j + N <= hd; j += N) {
+    auto a = hn::Zero(df);
+    for (size_t u = 0; u < n_kv; ++u)
+      a = hn::MulAdd(hn::Set(df, s[u]), hn::LoadU(df, V + u * ld + j), a);
+    hn::StoreU(hn::Mul(vinv, a), df, out + j);
+  }
+  for (; j < hd; ++j) {
+    float a = 0.0f;
+    for (size_t u = 0; u < n_kv; ++u) a += s[u] * V[u * ld + j];
+    out[j] = a * inv;
+  }
 }
 
 // ---- GGUF blocks x fp32 activations (weights dequantized in registers) ----
@@ -273,6 +345,7 @@ HWY_EXPORT(DotF32);
 HWY_EXPORT(MatvecF32);
 HWY_EXPORT(AxpyF32);
 HWY_EXPORT(ScaleF32);
+HWY_EXPORT(AttendF32);
 HWY_EXPORT(GemmQF32);
 HWY_EXPORT(GemmBlocksF32);
 
@@ -298,6 +371,10 @@ void axpy_f32(float a, const float* x, float* y, size_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyF32)(a, x, y, n);
 }
 void scale_f32(float a, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleF32)(a, y, n); }
+void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_t hd, size_t n_kv,
+                float scale, float* scores, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendF32)(q, K, V, ld, hd, n_kv, scale, scores, out);
+}
 
 std::vector<std::pair<int64_t, std::string>> hwy_targets() {
   std::vector<std::pair<int64_t, std::string>> out;

@@ -68,6 +68,54 @@ TEST_P(HwyTargets, DotMatvecAxpyMatchFp64Reference) {
   }
 }
 
+// attend_f32 against softmax attention in fp64 (std::exp) over the KV-cache
+// layout (rows of stride ld, the head at an offset), for lengths around the
+// vector width (tail handling) and long contexts; a NaN score reaches every
+// output; a head's result does not depend on the other heads in the rows.
+TEST_P(HwyTargets, AttentionMatchesFp64Softmax) {
+  ASSERT_EQ(hwy_current_target(), GetParam().second);
+  const size_t hd = 64, ld = 3 * hd, off = hd;
+  for (size_t n_kv : {1u, 2u, 7u, 15u, 16u, 17u, 33u, 200u, 1030u}) {
+    const auto q = random_vec(hd, 11, 2.0f);
+    const auto K = random_vec(n_kv * ld, 12), V = random_vec(n_kv * ld, 13);
+    const float scale = 0.125f;
+    std::vector<float> scores(n_kv), out(hd);
+    attend_f32(q.data(), K.data() + off, V.data() + off, ld, hd, n_kv, scale, scores.data(),
+               out.data());
+    std::vector<double> p(n_kv);
+    double mx = -1e300, sum = 0;
+    for (size_t t = 0; t < n_kv; ++t) {
+      p[t] = dot_ref(q.data(), K.data() + t * ld + off, hd) * scale;
+      mx = std::max(mx, p[t]);
+    }
+    for (auto& x : p) sum += (x = std::exp(x - mx));
+    for (size_t j = 0; j < hd; ++j) {
+      double ref = 0, mag = 0;
+      for (size_t t = 0; t < n_kv; ++t) {
+        ref += p[t] * V[t * ld + off + j];
+        mag += std::fabs(p[t] * V[t * ld + off + j]);
+      }
+      EXPECT_NEAR(out[j], ref / sum, 1e-5 * (mag / sum) + 1e-6) << "n_kv=" << n_kv << " j=" << j;
+    }
+    // other heads' columns changed: same bits for this head
+    auto K2 = K, V2 = V;
+    for (size_t t = 0; t < n_kv; ++t) K2[t * ld] = V2[t * ld + 2 * hd] = 1e30f;
+    std::vector<float> out2(hd);
+    attend_f32(q.data(), K2.data() + off, V2.data() + off, ld, hd, n_kv, scale, scores.data(),
+               out2.data());
+    EXPECT_EQ(out, out2) << "n_kv=" << n_kv;
+  }
+  // a NaN in one cached key poisons the head's output (as std::exp would)
+  const size_t n_kv = 20;
+  const auto q = random_vec(hd, 21);
+  auto K = random_vec(n_kv * hd, 22);
+  const auto V = random_vec(n_kv * hd, 23);
+  K[5 * hd + 3] = NAN;
+  std::vector<float> scores(n_kv), out(hd);
+  attend_f32(q.data(), K.data(), V.data(), hd, hd, n_kv, 0.125f, scores.data(), out.data());
+  for (float x : out) EXPECT_TRUE(std::isnan(x));
+}
+
 std::vector<uint8_t> random_blocks(QType t, size_t n_rows, size_t n_in, uint32_t seed);
 
 // Blocks dequantized in registers x fp32 activations vs fp64 dot products of
