@@ -13,6 +13,7 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
@@ -67,13 +68,28 @@ const char* kStage2b =
 
 // Stage 3: loops -> LLVM dialect. convert-vector-to-scf (unrolled) runs before
 // convert-scf-to-cf: it lowers the n-D vector transfers of the matmul tiles.
+// kStage3Parallel first (CompileOptions::parallel): the matmuls' scf.forall
+// strips become omp.parallel + omp.wsloop; canonicalize right after
+// convert-scf-to-openmp inlines the memref.alloca_scope it wraps the loop body
+// in (else convert-scf-to-cf splits that region into several blocks, which
+// alloca_scope rejects); convert-openmp-to-llvm at the end.
+const char* kStage3Parallel =
+    "func.func(scf-forall-to-parallel),convert-scf-to-openmp,canonicalize,";
 const char* kStage3 =
     "func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=true},lower-affine,"
     "convert-scf-to-cf,canonicalize,cse,convert-vector-to-llvm,"
     "expand-strided-metadata,lower-affine,convert-math-to-llvm,convert-arith-to-llvm,convert-index-"
     "to-llvm,"
-    "finalize-memref-to-llvm,convert-ub-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,reconcile-"
-    "unrealized-casts";
+    "finalize-memref-to-llvm,convert-ub-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,"
+    "RECONCILE";
+const char* kStage3End = "reconcile-unrealized-casts";
+const char* kStage3ParallelEnd = "convert-openmp-to-llvm,reconcile-unrealized-casts";
+
+std::string stage3(bool parallel) {
+  std::string s = std::string(parallel ? kStage3Parallel : "") + kStage3;
+  s.replace(s.find("RECONCILE"), 9, parallel ? kStage3ParallelEnd : kStage3End);
+  return s;
+}
 
 std::once_flag g_init_once;
 void init_llvm() {
@@ -180,6 +196,39 @@ std::string runner_utils_path() {
   return {};
 }
 
+using SetThreadsFn = void (*)(int);
+SetThreadsFn g_set_threads = nullptr;
+
+}  // namespace
+
+const std::string& openmp_runtime() {
+  static const std::string path = [] {
+    if (const char* off = std::getenv("TOUCHSTONE_STATIC_GRAPH_NO_OPENMP"); off && *off)
+      return std::string();
+    for (const char* p : {"/usr/lib/llvm-22/lib/libomp.so.5", "/usr/lib/llvm-22/lib/libomp.so",
+                          "/usr/lib/x86_64-linux-gnu/libomp.so.5", "libomp.so.5"}) {
+      if (p[0] == '/' && !std::filesystem::exists(p)) continue;
+      std::string err;
+      auto lib = llvm::sys::DynamicLibrary::getPermanentLibrary(p, &err);
+      if (!lib.isValid()) continue;
+      void* f = lib.getAddressOfSymbol("omp_set_num_threads");
+      if (!f || !lib.getAddressOfSymbol("__kmpc_fork_call")) continue;
+      g_set_threads = reinterpret_cast<SetThreadsFn>(f);
+      return std::string(p);
+    }
+    return std::string();
+  }();
+  return path;
+}
+
+void set_num_threads(int n) {
+  if (openmp_runtime().empty() || !g_set_threads) return;
+  if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  g_set_threads(n);
+}
+
+namespace {
+
 class EngineGraph : public CompiledGraph {
  public:
   std::unique_ptr<mlir::ExecutionEngine> engine;
@@ -213,6 +262,7 @@ std::unique_ptr<CompiledGraph> load_cached(const std::string& path, const std::s
   }
   const std::string rt = runner_utils_path();
   if (!rt.empty()) llvm::sys::DynamicLibrary::LoadLibraryPermanently(rt.c_str());
+  (void)openmp_runtime();  // loaded permanently: the process generator finds __kmpc_*
   auto gen = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
       (*jit)->getDataLayout().getGlobalPrefix());
   if (!gen) {
@@ -242,8 +292,10 @@ std::string host_cpu_name() { return llvm::sys::getHostCPUName().str(); }
 std::string pipeline_description(const CompileOptions& opt) {
   std::string s = std::string("stage1: ") + kStage1 + "\n";
   s += schedule_description(opt);
+  const bool par = opt.parallel && opt.vectorize;
   s += std::string("stage2: ") + kStage2a + ", [func private]," + kStage2Drop + "," + kStage2b +
-       ",[func public]" + "\nstage3: " + kStage3 + "\nllvm: O3, host target machine\n";
+       ",[func public]" + "\nstage3: " + stage3(par) + "\nllvm: O3, host target machine" +
+       (par ? ", OpenMP runtime (omp_set_num_threads per call)" : "") + "\n";
   return s;
 }
 
@@ -270,9 +322,11 @@ std::string lower_to_buffers(const std::string& text, const CompileOptions& opt)
 }
 
 std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std::string& func_name,
-                                             const CompileOptions& opt) {
+                                             const CompileOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   init_llvm();
+  CompileOptions opt = options;
+  opt.parallel = opt.parallel && opt.vectorize && !openmp_runtime().empty();
   const std::string symbol = "_mlir__mlir_ciface_" + func_name;
   std::string cpu = host_cpu_name();
   {
@@ -327,7 +381,8 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
   m->walk([&](mlir::func::FuncOp f) {
     if (f.getSymName() == func_name) lowered_args = static_cast<int>(f.getNumArguments());
   });
-  run_pipeline(*m, kStage3, "stage3", diags);
+  const std::string s3 = stage3(opt.parallel);
+  run_pipeline(*m, s3.c_str(), "stage3", diags);
   // Inline the step function into its C-interface wrapper: otherwise the
   // wrapper calls it with every memref descriptor expanded to scalars (~5000
   // arguments on the 4-bit path), and LLVM's instruction selection of that one
@@ -345,8 +400,9 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
   eo.transformer = transformer;
   eo.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
   const std::string rt = runner_utils_path();
-  llvm::SmallVector<llvm::StringRef, 1> libs;
+  llvm::SmallVector<llvm::StringRef, 2> libs;
   if (!rt.empty()) libs.push_back(rt);
+  if (opt.parallel) libs.push_back(openmp_runtime());
   eo.sharedLibPaths = libs;
   eo.enableObjectDump = !cache_path.empty();
   auto engine = mlir::ExecutionEngine::create(*m, eo, std::move(*tm));

@@ -16,7 +16,20 @@ namespace touchstone::static_graph {
 struct CompileOptions {
   std::string cache_dir;  // "" = no on-disk cache
   bool vectorize = true;  // transform-dialect schedule for the matmuls
+  // Matmuls tiled into parallel column strips run on OpenMP threads (scf.forall
+  // -> scf.parallel -> omp.wsloop). Only honoured with vectorize; compile_graph
+  // turns it off when the OpenMP runtime cannot be loaded.
+  bool parallel = true;
 };
+
+// The OpenMP runtime (libomp.so.5), loaded once into the process: its path, or
+// "" when it cannot be loaded (then every graph is compiled sequentially).
+const std::string& openmp_runtime();
+
+// Thread count for the parallel strips of the graphs called next from this
+// thread (omp_set_num_threads); n <= 0: the hardware threads. No-op without
+// the runtime.
+void set_num_threads(int n);
 
 // A compiled step function: call(args) where args[i] points to the i-th
 // argument value (here: a pointer to a memref descriptor), in the order of the

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <thread>
 
 #include "touchstone/backend_impl.h"
 #include "touchstone/error.h"
@@ -267,8 +268,7 @@ std::string default_cache_dir() {
 }
 
 Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads)
-    : m_(m), mode_(mode), w_(m.weights(mode)), cap_(capacity) {
-  (void)n_threads;
+    : m_(m), mode_(mode), w_(m.weights(mode)), cap_(capacity), n_threads_(n_threads) {
   const ModelDims& D = m.dims;
   const int64_t L = D.n_layer, KVH = D.n_head_kv, hd = D.head_dim, half = hd / 2;
   kc_ = HostTensor::make({1, L * KVH * hd * cap_, 1}, "f32");
@@ -300,12 +300,18 @@ Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
   spec.W = W;
   spec.capacity = cap_;
   spec.argmax = argmax;
+  // One thread: the sequential pipeline (no strips, no OpenMP region). The
+  // strips cost the fp32 decode matmuls (fallback schedule) ~40% on one
+  // thread; both pipelines give bitwise the same results.
+  const int threads =
+      n_threads_ > 0 ? n_threads_ : int(std::max(1u, std::thread::hardware_concurrency()));
+  const bool parallel = threads > 1 && !openmp_runtime().empty();
   const std::string name = "step";
   Graph g;
   g.built = build_step_graph(m_.dims, spec, name);
   const std::string key = (mode_ == WeightMode::FullPrecision ? "f" : "q") + std::to_string(T) +
                           "_" + std::to_string(W) + "_" + std::to_string(cap_) +
-                          (argmax ? "_argmax" : "");
+                          (argmax ? "_argmax" : "") + (parallel ? "_par" : "");
   {
     std::lock_guard<std::mutex> lock(m_.mu);
     auto git = m_.graphs.find(key);
@@ -314,6 +320,7 @@ Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
   if (!g.compiled) {
     CompileOptions opt;
     opt.cache_dir = default_cache_dir();
+    opt.parallel = parallel;
     g.compiled = compile_graph(g.built.mlir, name, opt);
     std::lock_guard<std::mutex> lock(m_.mu);
     m_.graphs[key] = g.compiled;
@@ -404,6 +411,7 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
     desc_ptrs[k] = descs[k].words.data();
     args[k] = &desc_ptrs[k];
   }
+  set_num_threads(n_threads_);  // the matmuls' OpenMP strips (0: hardware threads)
   g.compiled->call(args.data());
   if (logits_rows) std::memcpy(logits_rows, out_.data(), size_t(c.n) * size_t(V) * sizeof(float));
   if (greedy) {

@@ -77,6 +77,8 @@ struct GraphStats {
 
 class Session {
  public:
+  // n_threads: threads of the matmuls' parallel column strips (OpenMP), 0 =
+  // the hardware threads; results do not depend on it (bitwise).
   Session(Model& m, WeightMode mode, int32_t capacity, int n_threads);
   // Runs tokens[0..n) at the current position. logits: n*V (all) or V floats.
   void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
@@ -111,6 +113,7 @@ class Session {
   WeightMode mode_;
   const WeightSet& w_;
   int32_t cap_;
+  int n_threads_;  // OpenMP threads of the matmul strips (0: hardware threads)
   int32_t pos_ = 0;
   HostTensor kc_, vc_, rcos_, rsin_;
   std::map<std::tuple<int32_t, int32_t, bool>, Graph> graphs_;  // (T, W, argmax)

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -37,7 +38,13 @@ namespace {
 //
 // Bump whenever make_schedule()'s choices (tile sizes, fusion) change: it is
 // part of the on-disk cache key (the templates below are too).
-const char* kScheduleVersion = "v4 ciface-inline";
+//
+// With CompileOptions::parallel, every matmul is first tiled with
+// scf.forall over independent output column strips (and the batch dim of the
+// attention matmuls); the strips run on OpenMP threads (compiler.cpp). The
+// strip width is fixed at compile time and every output is still the same
+// sequential FMA chain over k, so results do not depend on the thread count.
+const char* kScheduleVersion = "v5 forall-omp";
 
 const char* kScheduleHead = R"mlir(
 module attributes {transform.with_named_sequence} {
@@ -48,7 +55,7 @@ module attributes {transform.with_named_sequence} {
 // One tile configuration (all matmuls tagged sg_tile = ID).
 const char* kScheduleTile = R"mlir(
     %mmID = transform.structured.match ops{["linalg.batch_matmul"]} attributes {sg_tile = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
-    %tID, %lID:4 = transform.structured.tile_using_for %mmID tile_sizes [1, MT, NT, KT] interchange = ORDER : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+    PARTILE%tID, %lID:4 = transform.structured.tile_using_for %mmPID tile_sizes [1, MT, NT, KT] interchange = ORDER : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
     transform.structured.vectorize %tID {create_named_contraction} : !transform.any_op
     transform.apply_patterns to %f {
       transform.apply_patterns.vector.reduction_to_contract
@@ -67,8 +74,8 @@ const char* kScheduleTile = R"mlir(
 const char* kScheduleQuant = R"mlir(
     %qID = transform.structured.match ops{["linalg.generic"]} attributes {sg_qmm = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
     %dqID = transform.structured.match attributes {sg_dq = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
-    %qtID, %qlID:3 = transform.structured.tile_using_for %qID tile_sizes OUTER interchange = OORDER : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
-    %fuID, %flID = transform.structured.fuse_into_containing_op %dqID into %qlID#2 : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+    PARTILE%qtID, %qlID:3 = transform.structured.tile_using_for %qPID tile_sizes OUTER interchange = OORDER : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+    %fuID, %flID = transform.structured.fuse_into_containing_op %dqPID into %qlID#2 : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
     %itID, %ilID:NLOOPS = transform.structured.tile_using_for %qtID tile_sizes INNER interchange = IORDER : (!transform.any_op) -> (!transform.any_op, LOOPTYPES)
     transform.apply_patterns to %ilID#LAST {
       transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices
@@ -93,13 +100,55 @@ const char* kScheduleTail = R"mlir(
       transform.apply_patterns.vector.lower_transpose
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %rest = transform.structured.match ops{["linalg.batch_matmul"]} attributes {sg_fallback} in %root : (!transform.any_op) -> !transform.any_op
+FALLBACK    %rest = transform.structured.match ops{["linalg.batch_matmul"]} attributes {sg_fallback} in %root : (!transform.any_op) -> !transform.any_op
     %g = transform.structured.generalize %rest : (!transform.any_op) -> !transform.any_op
     %i = transform.structured.interchange %g iterator_interchange = [0, 1, 3, 2] : (!transform.any_op) -> !transform.any_op
     transform.yield
   }
 }
 )mlir";
+
+// Parallel column strips (CompileOptions::parallel): the op matched by %mmID
+// is tiled with scf.forall (tile sizes PSIZES: the output's n dim in strips,
+// the batch dim of the attention matmuls by 1); the rest of the schedule
+// works on the tile (%mmPID). Only parallel dims are tiled: no reduction is
+// split.
+const char* kScheduleForall = R"mlir(
+    %mmPID, %mmFID = transform.structured.tile_using_forall %mmID tile_sizes PSIZES : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+)mlir";
+
+// The same for a quantized matmul, whose dequantization chain is first fused
+// into the strip loop (then into the block loop inside it, as without
+// strips): each thread dequantizes its own tiles.
+const char* kScheduleQuantForall = R"mlir(
+    %qPID, %qFID = transform.structured.tile_using_forall %qID tile_sizes PSIZES : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %dqPID, %qF2ID = transform.structured.fuse_into_containing_op %dqID into %qFID : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+)mlir";
+
+// Fallback matmuls (sg_fbpar = ID) tiled into column strips before they are
+// generalized (the tiled op keeps its sg_fallback tag).
+const char* kScheduleFallbackForall = R"mlir(
+    %fbID = transform.structured.match ops{["linalg.batch_matmul"]} attributes {sg_fbpar = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
+    %fbtID, %fbfID = transform.structured.tile_using_forall %fbID tile_sizes PSIZES : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+)mlir";
+
+// Number of parallel strips aimed at: the host's hardware threads (at least
+// 2). Part of the cache key (schedule_description).
+int64_t strip_count() { return std::max<int64_t>(2, int64_t(std::thread::hardware_concurrency())); }
+
+// Width of the parallel column strips of an N-column output: the widest
+// multiple of `unit` that divides N into at least strip_count() strips, else
+// `unit` itself; 0 when `unit` does not divide N (no strips: the matmul stays
+// sequential). Wide strips matter for the matrix-vector (decode) matmuls: a
+// strip reads each weight row as one contiguous run of its width (32-column
+// strips made the fp32 decode 2x slower on one thread).
+int64_t strip_width(int64_t N, int64_t unit) {
+  if (unit <= 0 || N % unit != 0) return 0;
+  for (int64_t c = (N / strip_count()) / unit * unit; c > unit; c -= unit) {
+    if (N % c == 0) return c;
+  }
+  return unit;
+}
 
 // Float lanes of the host's widest vector register (AVX-512: 16, else 8).
 int64_t host_vector_floats() {
@@ -111,8 +160,11 @@ int64_t host_vector_floats() {
 struct TileSizes {
   int64_t m = 0, n = 0, k = 0;
   bool k_outer = false;  // loops (b, m, k, n) instead of (b, n, m, k)
+  int64_t strip = 0;     // parallel column strip width (0: no scf.forall)
+  bool batch = false;    // the batch dim is > 1 (tiled by 1 in the forall too)
   bool operator<(const TileSizes& o) const {
-    return std::tie(m, n, k, k_outer) < std::tie(o.m, o.n, o.k, o.k_outer);
+    return std::tie(m, n, k, k_outer, strip, batch) <
+           std::tie(o.m, o.n, o.k, o.k_outer, o.strip, o.batch);
   }
 };
 
@@ -270,10 +322,11 @@ std::string schedule_variant() {
 
 // Tags every batch matmul with its tile configuration (sg_tile = id) or
 // sg_fallback and returns the transform script for the module.
-std::string make_schedule(mlir::ModuleOp module) {
+std::string make_schedule(mlir::ModuleOp module, bool parallel) {
   const int64_t vw = host_vector_floats();
   const std::string variant = schedule_variant();
   std::map<TileSizes, int64_t> configs;
+  std::map<std::pair<int64_t, bool>, int64_t> fb_configs;  // (strip, batch) -> id
   mlir::MLIRContext* ctx = module->getContext();
   struct Quant {
     mlir::linalg::GenericOp op;
@@ -300,6 +353,7 @@ std::string make_schedule(mlir::ModuleOp module) {
         t.n = vw;
       }
       if (t.m == 0 || t.n == 0) continue;
+      if (parallel) t.strip = strip_width(N, t.n);
       int64_t R = 0;
       mlir::linalg::GenericOp g = block_matmul(mm, R);
       if (!g) continue;
@@ -319,9 +373,22 @@ std::string make_schedule(mlir::ModuleOp module) {
     if (a && b && a.hasStaticShape() && b.hasStaticShape())
       t = pick_tiles(a.getDimSize(1), b.getDimSize(2), a.getDimSize(2), vw);
     if (variant == "interchange" || (variant != "gemv" && t.k_outer)) t.m = 0;
+    const bool batch = a && a.hasStaticShape() && a.getDimSize(0) > 1;
     if (t.m == 0) {
       mm->setAttr("sg_fallback", mlir::UnitAttr::get(ctx));
+      const int64_t strip =
+          parallel && b && b.hasStaticShape() ? strip_width(b.getDimSize(2), vw) : 0;
+      if (strip > 0 || (parallel && batch)) {
+        const auto key = std::make_pair(strip, batch);
+        auto it = fb_configs.emplace(key, int64_t(fb_configs.size())).first;
+        mm->setAttr("sg_fbpar",
+                    mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), it->second));
+      }
       return;
+    }
+    if (parallel) {
+      t.strip = strip_width(b.getDimSize(2), t.n);
+      t.batch = batch;
     }
     auto it = configs.emplace(t, int64_t(configs.size())).first;
     mm->setAttr("sg_tile", mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), it->second));
@@ -329,6 +396,12 @@ std::string make_schedule(mlir::ModuleOp module) {
   std::string script = kScheduleHead;
   for (const auto& [t, id] : configs) {
     std::string block = kScheduleTile;
+    std::string par = "    %mmPID = transform.merge_handles %mmID : !transform.any_op\n";
+    if (t.strip > 0 || t.batch) {
+      par = kScheduleForall;
+      replace_all(par, "PSIZES", join({t.batch ? 1 : 0, 0, t.strip}));
+    }
+    replace_all(block, "PARTILE", par);
     replace_all(block, "ID", std::to_string(id));
     replace_all(block, "MT", std::to_string(t.m));
     replace_all(block, "NT", std::to_string(t.n));
@@ -373,6 +446,16 @@ std::string make_schedule(mlir::ModuleOp module) {
                std::to_string(i) + " : !transform.any_op\n    ";
     }
     std::string block = kScheduleQuant;
+    std::string par =
+        "    %qPID = transform.merge_handles %qID : !transform.any_op\n"
+        "    %dqPID = transform.merge_handles %dqID : !transform.any_op\n";
+    if (Q.t.strip > 0) {
+      std::vector<int64_t> ps(size_t(D), 0);
+      ps[size_t(nd)] = Q.t.strip;
+      par = kScheduleQuantForall;
+      replace_all(par, "PSIZES", join(ps));
+    }
+    replace_all(block, "PARTILE", par);
     replace_all(block, "ID", std::to_string(q));
     replace_all(block, "OUTER", join(outer));
     replace_all(block, "OORDER", join(oorder));
@@ -384,7 +467,16 @@ std::string make_schedule(mlir::ModuleOp module) {
     replace_all(block, "HOIST", hoist);
     script += block;
   }
-  return script + kScheduleTail;
+  std::string fallback;
+  for (const auto& [key, id] : fb_configs) {
+    std::string block = kScheduleFallbackForall;
+    replace_all(block, "PSIZES", join({key.second ? 1 : 0, 0, key.first}));
+    replace_all(block, "ID", std::to_string(id));
+    fallback += block;
+  }
+  std::string tail = kScheduleTail;
+  replace_all(tail, "FALLBACK", fallback);
+  return script + tail;
 }
 
 }  // namespace
@@ -392,7 +484,7 @@ std::string make_schedule(mlir::ModuleOp module) {
 std::string apply_schedule(mlir::ModuleOp module, const CompileOptions& opt) {
   if (!opt.vectorize) return {};
   mlir::MLIRContext* ctx = module->getContext();
-  const std::string text = make_schedule(module);
+  const std::string text = make_schedule(module, opt.parallel);
   mlir::OwningOpRef<mlir::ModuleOp> script = mlir::parseSourceString<mlir::ModuleOp>(text, ctx);
   if (!script) return "cannot parse the transform schedule";
   mlir::transform::TransformOpInterface entry = mlir::transform::detail::findTransformEntryPoint(
@@ -431,8 +523,13 @@ std::string apply_schedule(mlir::ModuleOp module, const CompileOptions& opt) {
 std::string schedule_description(const CompileOptions& opt) {
   if (!opt.vectorize) return {};
   return std::string("transform (") + kScheduleVersion + " " + schedule_variant() +
+         (opt.parallel ? " parallel strips >= " + std::to_string(strip_count()) : " sequential") +
          ", per tile configuration, host vector " + std::to_string(host_vector_floats()) +
-         " floats): " + kScheduleHead + kScheduleTile + kScheduleQuant + kScheduleTail + "\n";
+         " floats): " + kScheduleHead + kScheduleTile + kScheduleQuant + kScheduleTail +
+         (opt.parallel
+              ? std::string(kScheduleForall) + kScheduleQuantForall + kScheduleFallbackForall
+              : std::string()) +
+         "\n";
 }
 
 }  // namespace touchstone::static_graph

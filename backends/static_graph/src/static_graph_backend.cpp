@@ -1,6 +1,7 @@
 // static_graph_backend.cpp - the static_graph backend behind the session
 // contract (touchstone/backend_abi.h): whole-model graphs built from the GGUF
 // model, compiled by MLIR (TOSA -> LLVM) and run with mlir::ExecutionEngine.
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -29,7 +30,11 @@ constexpr int32_t kDefaultCapacity = 2048;
 
 const char* device_name() {
   thread_local std::string name;
-  name = "CPU (" + sg::host_cpu_name() + "), MLIR 22 TOSA->LLVM JIT, one thread";
+  const std::string& omp = sg::openmp_runtime();
+  name = "CPU (" + sg::host_cpu_name() + "), MLIR 22 TOSA->LLVM JIT, " +
+         (omp.empty() ? std::string("one thread (OpenMP runtime not found)")
+                      : "matmuls on n_threads threads (OpenMP, " +
+                            std::filesystem::path(omp).filename().string() + ")");
   return name.c_str();
 }
 

@@ -6,7 +6,9 @@
 #include "touchstone/test_model.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <string>
@@ -217,4 +219,35 @@ TEST_F(StaticGraphModel, RewindReproducesLogits) {
   s.rewind(4);
   s.decode(253, again.data());  // position 4 again
   EXPECT_EQ(max_abs_diff(first.data(), again.data(), size_t(V)), 0.0);
+}
+
+// The matmuls run in parallel column strips (OpenMP) whose width is fixed at
+// compile time, and no reduction is split: the logits of a prefill and a few
+// decode steps are bitwise the same on 1 thread (the sequential pipeline) and
+// on 2 and 3 threads (the parallel one; 3 splits the strips unevenly), on both
+// weight paths.
+TEST_F(StaticGraphModel, ThreadCountDoesNotChangeLogits) {
+  if (sg::openmp_runtime().empty()) {
+    std::fprintf(stderr, "note: OpenMP runtime not found, graphs run on one thread\n");
+  }
+  const int32_t V = model_->dims.n_vocab;
+  const std::vector<int32_t> toks{1, 504, 3458, 282, 253, 2115, 30, 987};
+  for (const sg::WeightMode mode : {sg::WeightMode::FullPrecision, sg::WeightMode::Quantized}) {
+    std::vector<std::vector<float>> runs;
+    for (const int threads : {1, 2, 3}) {
+      sg::Session s(*model_, mode, kCap, threads);
+      std::vector<float> out(size_t(V) * (toks.size() + 3));
+      s.prefill(toks.data(), int32_t(toks.size()), true, out.data());
+      for (int i = 0; i < 3; ++i)
+        s.decode(int32_t(7 + 100 * i), out.data() + (toks.size() + size_t(i)) * size_t(V));
+      runs.push_back(std::move(out));
+    }
+    for (size_t r = 1; r < runs.size(); ++r) {
+      const bool same =
+          std::memcmp(runs[0].data(), runs[r].data(), runs[0].size() * sizeof(float)) == 0;
+      EXPECT_TRUE(same) << (mode == sg::WeightMode::Quantized ? "quantized" : "full_precision")
+                        << ": logits differ between 1 and " << r + 1 << " threads, max |diff| "
+                        << max_abs_diff(runs[0].data(), runs[r].data(), runs[0].size());
+    }
+  }
 }
