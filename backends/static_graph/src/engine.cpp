@@ -14,7 +14,6 @@
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
 #include "touchstone/llama_config.h"
-#include "touchstone/llama_weights.h"
 #include "touchstone/quant.h"
 
 namespace touchstone::static_graph {
@@ -132,25 +131,46 @@ const WeightSet& Model::weights(WeightMode mode) {
     ws->tensors[k] = std::move(t);
   };
   if (mode == WeightMode::FullPrecision) {
-    const LlamaWeights w = load_llama_weights(f);
-    HostTensor emb = HostTensor::make({1, D.n_vocab, D.n_embd}, "f32");
-    std::memcpy(emb.data.get(), w.token_embd.data(), emb.bytes);
-    put("token_embd", emb);
-    put("output_norm", vec_f32(w.output_norm));
-    put("lm_head", transpose_f32(w.lm_head(), D.n_vocab, D.n_embd));
+    // One tensor dequantized at a time, then transposed into its graph layout:
+    // the load's peak is one fp32 matrix above the packed set (a whole
+    // dequantized LlamaWeights beside it doubled the peak RSS).
+    const LlamaConfig c = read_llama_config(f);
+    auto deq = [&](const std::string& name, int64_t n) {
+      std::vector<float> v = gguf::dequantize(f, f.tensor(name));
+      if (int64_t(v.size()) != n) {
+        throw abi::StatusError(TS_ERR_IO, path + ": tensor " + name + " has " +
+                                              std::to_string(v.size()) + " elements, expected " +
+                                              std::to_string(n));
+      }
+      return v;
+    };
+    const int64_t E = D.n_embd, qd = int64_t(D.n_head) * D.head_dim,
+                  kvd = int64_t(D.n_head_kv) * D.head_dim;
+    {
+      const std::vector<float> emb = deq("token_embd.weight", int64_t(D.n_vocab) * E);
+      HostTensor t = HostTensor::make({1, D.n_vocab, E}, "f32");
+      std::memcpy(t.data.get(), emb.data(), t.bytes);
+      put("token_embd", std::move(t));
+      if (c.tied_embeddings) put("lm_head", transpose_f32(emb, D.n_vocab, E));
+    }
+    if (!c.tied_embeddings) {
+      put("lm_head", transpose_f32(deq("output.weight", int64_t(D.n_vocab) * E), D.n_vocab, E));
+    }
+    put("output_norm", vec_f32(deq("output_norm.weight", E)));
     for (int32_t l = 0; l < D.n_layer; ++l) {
-      const LlamaLayerWeights& L = w.layers[size_t(l)];
       const std::string p = "blk." + std::to_string(l) + ".";
-      const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
-      put(p + "attn_norm", vec_f32(L.attn_norm));
-      put(p + "ffn_norm", vec_f32(L.ffn_norm));
-      put(p + "attn_q", transpose_f32(L.wq, qd, D.n_embd));
-      put(p + "attn_k", transpose_f32(L.wk, kvd, D.n_embd));
-      put(p + "attn_v", transpose_f32(L.wv, kvd, D.n_embd));
-      put(p + "attn_output", transpose_f32(L.wo, D.n_embd, qd));
-      put(p + "ffn_gate", transpose_f32(L.w_gate, D.n_ff, D.n_embd));
-      put(p + "ffn_up", transpose_f32(L.w_up, D.n_ff, D.n_embd));
-      put(p + "ffn_down", transpose_f32(L.w_down, D.n_embd, D.n_ff));
+      auto mat = [&](const char* name, int64_t out, int64_t in) {
+        put(p + name, transpose_f32(deq(p + name + ".weight", out * in), out, in));
+      };
+      put(p + "attn_norm", vec_f32(deq(p + "attn_norm.weight", E)));
+      put(p + "ffn_norm", vec_f32(deq(p + "ffn_norm.weight", E)));
+      mat("attn_q", qd, E);
+      mat("attn_k", kvd, E);
+      mat("attn_v", kvd, E);
+      mat("attn_output", E, qd);
+      mat("ffn_gate", D.n_ff, E);
+      mat("ffn_up", D.n_ff, E);
+      mat("ffn_down", E, D.n_ff);
     }
   } else {
     // Norms in fp32; every matrix stays in its GGUF blocks (repacked, not dequantized).
