@@ -13,7 +13,6 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
@@ -223,7 +222,6 @@ const std::string& openmp_runtime() {
 
 void set_num_threads(int n) {
   if (openmp_runtime().empty() || !g_set_threads) return;
-  if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   g_set_threads(n);
 }
 

@@ -27,8 +27,7 @@ struct CompileOptions {
 const std::string& openmp_runtime();
 
 // Thread count for the parallel strips of the graphs called next from this
-// thread (omp_set_num_threads); n <= 0: the hardware threads. No-op without
-// the runtime.
+// thread (omp_set_num_threads), n >= 1. No-op without the runtime.
 void set_num_threads(int n);
 
 // A compiled step function: call(args) where args[i] points to the i-th

@@ -288,7 +288,12 @@ std::string default_cache_dir() {
 }
 
 Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads)
-    : m_(m), mode_(mode), w_(m.weights(mode)), cap_(capacity), n_threads_(n_threads) {
+    : m_(m),
+      mode_(mode),
+      w_(m.weights(mode)),
+      cap_(capacity),
+      n_threads_(n_threads > 0 ? n_threads
+                               : int(std::max(1u, std::thread::hardware_concurrency()))) {
   const ModelDims& D = m.dims;
   const int64_t L = D.n_layer, KVH = D.n_head_kv, hd = D.head_dim, half = hd / 2;
   kc_ = HostTensor::make({1, L * KVH * hd * cap_, 1}, "f32");
@@ -323,9 +328,7 @@ Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
   // One thread: the sequential pipeline (no strips, no OpenMP region). The
   // strips cost the fp32 decode matmuls (fallback schedule) ~40% on one
   // thread; both pipelines give bitwise the same results.
-  const int threads =
-      n_threads_ > 0 ? n_threads_ : int(std::max(1u, std::thread::hardware_concurrency()));
-  const bool parallel = threads > 1 && !openmp_runtime().empty();
+  const bool parallel = n_threads_ > 1 && !openmp_runtime().empty();
   const std::string name = "step";
   Graph g;
   g.built = build_step_graph(m_.dims, spec, name);
@@ -431,7 +434,7 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
     desc_ptrs[k] = descs[k].words.data();
     args[k] = &desc_ptrs[k];
   }
-  set_num_threads(n_threads_);  // the matmuls' OpenMP strips (0: hardware threads)
+  set_num_threads(n_threads_);  // the matmuls' OpenMP strips
   g.compiled->call(args.data());
   if (logits_rows) std::memcpy(logits_rows, out_.data(), size_t(c.n) * size_t(V) * sizeof(float));
   if (greedy) {

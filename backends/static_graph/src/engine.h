@@ -113,7 +113,7 @@ class Session {
   WeightMode mode_;
   const WeightSet& w_;
   int32_t cap_;
-  int n_threads_;  // OpenMP threads of the matmul strips (0: hardware threads)
+  int n_threads_;  // OpenMP threads of the matmul strips (>= 1; 0 at open = hardware threads)
   int32_t pos_ = 0;
   HostTensor kc_, vc_, rcos_, rsin_;
   std::map<std::tuple<int32_t, int32_t, bool>, Graph> graphs_;  // (T, W, argmax)
