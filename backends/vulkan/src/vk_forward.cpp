@@ -88,11 +88,7 @@ int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
   if (faults_.logit_noise != 0.0) {  // the noise is applied on the host
     std::vector<float> l(static_cast<size_t>(n_vocab()));
     run(tokens, n, false, l.data());
-    int32_t best = -1;
-    for (size_t i = 0; i < l.size(); ++i) {
-      if (!std::isnan(l[i]) && (best < 0 || l[i] > l[size_t(best)])) best = int32_t(i);
-    }
-    return best;
+    return abi::greedy_argmax(l.data(), n_vocab());  // throws when every logit is NaN
   }
   check_room(n);
   for (int32_t done = 0; done < n;) {
@@ -102,6 +98,7 @@ int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
   }
   int32_t best = 0;
   std::memcpy(&best, argmax_.mapped(), sizeof(best));
+  if (best < 0) throw StatusError(TS_ERR_INTERNAL, "greedy: every logit is NaN");  // argmax.comp
   return best;
 }
 

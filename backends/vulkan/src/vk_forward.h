@@ -30,9 +30,10 @@ class Forward {
   // or n * n_vocab (row-major) when all_positions. Throws StatusError.
   void run(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   // Appends n tokens like run() and returns the greedy next token: the argmax
-  // of the last position's logits (NaN skipped, ties to the lowest id, -1 if
-  // all NaN), computed on the device; logits are not copied back (except under
-  // the logits_perturb fault, applied on the host). Throws StatusError.
+  // of the last position's logits (NaN skipped, ties to the lowest id; every
+  // logit NaN: TS_ERR_INTERNAL), computed on the device; logits are not copied
+  // back (except under the logits_perturb fault, applied on the host). Throws
+  // StatusError.
   int32_t greedy(const int32_t* tokens, int32_t n);
   void rewind(int32_t p) { pos_ = p; }  // entries >= p are overwritten before being read
   int32_t position() const { return pos_; }

@@ -169,10 +169,7 @@ ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n, int32_
     if (!s || !tokens || !token_out || n <= 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill_greedy: null buffer or n_tokens <= 0");
     }
-    touchstone::abi::check_tokens(tokens, n, s->fwd->n_vocab());
-    const int32_t token = s->fwd->greedy(tokens, n);
-    if (token < 0) throw StatusError(TS_ERR_INTERNAL, "greedy: every logit is NaN");
-    *token_out = token;
+    *token_out = s->fwd->greedy(tokens, n);  // checks the token ids
   });
 }
 

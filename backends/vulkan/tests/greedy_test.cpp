@@ -16,6 +16,7 @@
 
 #include "touchstone/gguf.h"
 #include "touchstone/llama_config.h"
+#include "touchstone/metrics.h"
 #include "vk_buffer.h"
 #include "vk_context.h"
 #include "vk_forward.h"
@@ -38,14 +39,9 @@ std::shared_ptr<Context> context_or_skip(std::string* why) {
   }
 }
 
-// Lowest index among the maxima, NaN skipped, -1 when all NaN (metrics::argmax).
-int32_t host_argmax(const float* x, size_t n) {
-  int32_t best = -1;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isnan(x[i]) && (best < 0 || x[i] > x[size_t(best)])) best = int32_t(i);
-  }
-  return best;
-}
+// The harness's rule: lowest index among the maxima, NaN skipped,
+// metrics::kNoToken (-1) when all NaN.
+int32_t host_argmax(const float* x, size_t n) { return metrics::argmax({x, n}); }
 
 TEST(ArgmaxKernelTest, TiesGoToLowestIndexAndNanIsSkipped) {
   std::string why;
