@@ -50,12 +50,12 @@ TEST(Loader, RefusesApiVersionMismatchNamingBothVersions) {
 TEST(Loader, AcceptsVersion1WithoutReadingVersion2Members) {
   auto lib = BackendLibrary::load(fake("v1"));
   EXPECT_EQ(lib->api_version(), 1u);
-  EXPECT_EQ(lib->prefill_greedy(), nullptr);
+  EXPECT_FALSE(lib->has_device_greedy());
 }
 
 TEST(Loader, DeviceGreedyNeedsTheCapabilityAndTheEntry) {
-  EXPECT_EQ(BackendLibrary::load(fake("ok"))->prefill_greedy(), nullptr);
-  EXPECT_NE(BackendLibrary::load(fake("greedy"))->prefill_greedy(), nullptr);
+  EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_device_greedy());
+  EXPECT_TRUE(BackendLibrary::load(fake("greedy"))->has_device_greedy());
   const std::string msg = load_error(fake("greedy_null"));
   EXPECT_NE(msg.find("TS_CAP_DEVICE_GREEDY"), std::string::npos) << msg;
 }

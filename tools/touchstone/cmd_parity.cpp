@@ -1,10 +1,13 @@
 // touchstone parity [--backend NAME|PATH] [--suite default] [--case C]... [--weights ...]
-// Runs the backend on every case of the suite, prints the report table, writes
-// JSON / JUnit XML, exits 1 on failure.
+// Runs the backend (in a child process unless --in-process) on every case of
+// the suite, rewrites the JSON / JUnit reports after every case, prints the
+// report table, exits 0 only when the harness itself judged every check PASS.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
+#include "backend_host.h"
 #include "cli_common.h"
 #include "touchstone/error.h"
 #include "touchstone/golden.h"
@@ -13,15 +16,173 @@
 #include "touchstone/report.h"
 
 namespace touchstone::cli {
+namespace {
+
+struct Opts {
+  std::string manifest = default_manifest_path(), backend = "reference", suite = "default";
+  std::string weights = "full_precision", profile, fault, json, junit;
+  std::vector<std::string> cases, scoring;
+  bool no_scoring = false, expect_fail = false, in_process = false;
+  int threads = 0;
+  double timeout = 300.0;
+};
+
+struct Plan {
+  std::vector<std::string> cases, scoring;
+  const ManifestModel* model = nullptr;
+};
+
+Plan plan_run(const Manifest& m, const Opts& o) {
+  const Suite& suite = m.find_suite(o.suite);
+  Plan p{o.cases.empty() ? suite.cases : o.cases, o.scoring.empty() ? suite.scoring : o.scoring};
+  if (o.no_scoring) p.scoring.clear();
+  // Naming cases or passages selects just those; naming neither runs the whole suite.
+  if (!o.cases.empty() && o.scoring.empty()) p.scoring.clear();
+  if (o.cases.empty() && !o.scoring.empty()) p.cases.clear();
+  std::string model_name;  // all checks of a run use one model
+  for (const auto& n : p.cases) model_name = m.find_case(n).model;
+  for (const auto& n : p.scoring) model_name = m.find_scoring(n).model;
+  if (model_name.empty()) throw Error("nothing to run: the selection has no cases or passages");
+  for (const auto& n : p.cases) {
+    if (m.find_case(n).model != model_name) {
+      throw Error("case '{}' uses model '{}', not '{}'", n, m.find_case(n).model, model_name);
+    }
+  }
+  p.model = &m.find_model(model_name);
+  return p;
+}
+
+// The reports as they stand, rewritten atomically (after every check).
+void write_reports(const Opts& o, const Report& r) {
+  if (!o.json.empty()) write_file_atomic(o.json, to_json(r));
+  if (!o.junit.empty()) write_file_atomic(o.junit, to_junit(r));
+}
+
+// A failure the backend caused before the check could start (load, session).
+template <typename Result>
+Result setup_failure(const std::string& name, const std::exception& e) {
+  Result r;
+  r.name = name;
+  r.backend_error = fmt::format("setup: {}", e.what());
+  r.failures.push_back(r.backend_error);
+  return r;
+}
+
+// Runs `check` on a fresh or reused session; a backend failure becomes the
+// check's FAIL row and the session is replaced for the next one. A backend
+// with no device here (TS_ERR_DEVICE at setup) propagates: the run SKIPs.
+template <typename Result, typename Fn>
+Result guarded(BackendHost& host, const std::string& name, Fn&& check) {
+  Session* session = nullptr;
+  try {
+    session = &host.session();
+  } catch (const BackendError& e) {
+    if (e.status() == TS_ERR_DEVICE) throw;
+    host.discard();
+    return setup_failure<Result>(name, e);
+  }
+  Result r = check(*session);
+  if (!r.backend_error.empty()) host.discard();
+  return r;
+}
+
+bool expect_fail_caught(const Report& report) {
+  bool caught = !report.passed();
+  for (const CaseResult& c : report.cases) {
+    const bool named =
+        (c.first_divergence && !c.first_divergence->accepted) || c.first_logit_violation_step >= 0;
+    if (!c.passed && !named) caught = false;
+  }
+  return caught;
+}
+
+void progress(const std::string& name, bool passed, double seconds, size_t done, size_t total) {
+  fmt::print(stderr, "  [{}/{}] {:<22} {} ({:.1f} s)\n", done, total, name,
+             passed ? "PASS" : "FAIL", seconds);
+}
+
+// The vocabulary size the reference recorded: every backend must match it.
+int32_t golden_n_vocab(const GoldenFile& g) {
+  if (!g.cases.empty()) return g.cases.front().n_vocab;
+  return g.scoring.empty() ? 0 : g.scoring.front().n_vocab;
+}
+
+int run_parity(const Opts& o) {
+  const Manifest m = load_manifest(o.manifest);
+  const Plan plan = plan_run(m, o);
+  const ManifestModel& mm = *plan.model;
+  const ts_weight_path wp = parse_weight_path(o.weights);
+  const Profile& profile = m.find_profile(
+      !o.profile.empty() ? o.profile : (wp == TS_WEIGHTS_QUANTIZED ? "quantized" : "exact"));
+  const std::string model_path = resolve_model(mm);
+  const GoldenFile golden = read_golden_file(m.resolve(mm.golden));
+  if (golden.model_sha256 != mm.sha256) {
+    throw Error("{}: goldens were recorded for model sha256 {}, manifest says {}",
+                m.resolve(mm.golden), golden.model_sha256, mm.sha256);
+  }
+  const Tokenizer tok = load_tokenizer(model_path);
+  for (const auto& n : plan.cases)
+    if (!golden.find_case(n))
+      throw Error("{}: no golden for case '{}' (run `touchstone golden`)", m.resolve(mm.golden), n);
+  for (const auto& n : plan.scoring)
+    if (!golden.find_scoring(n))
+      throw Error("{}: no golden for scoring passage '{}'", m.resolve(mm.golden), n);
+
+  Report report;
+  report.n_planned = int(plan.cases.size() + plan.scoring.size());
+  report.info =
+      RunInfo{o.backend, o.backend, "", weight_path_name(wp), profile.name, o.suite, mm.name,
+              mm.sha256, o.threads, ""};
+  BackendHost host(HostOptions{o.backend, o.in_process, o.timeout, model_path,
+                               SessionOptions{wp, o.threads, 0, o.fault}, golden_n_vocab(golden)});
+  report.info.execution = host.execution();
+  write_reports(o, report);  // output paths are checked before any backend call
+  if (o.in_process) arm_exit_guard(o.backend);
+  try {
+    BackendLibrary& lib = host.library();
+    report.info.backend = lib.name();
+    report.info.backend_path = lib.path();
+    report.info.device = lib.device_name();
+  } catch (const BackendCrash& e) {
+    report.info.device = fmt::format("(backend failed to start: {})", e.what());
+  }
+  const size_t total = size_t(report.n_planned);
+  for (const std::string& n : plan.cases) {
+    report.cases.push_back(guarded<CaseResult>(
+        host, n, [&](Session& s) { return check_case(s, tok, *golden.find_case(n), profile); }));
+    const CaseResult& r = report.cases.back();
+    progress(n, r.passed, r.seconds, report.cases.size(), total);
+    write_reports(o, report);
+  }
+  for (const std::string& n : plan.scoring) {
+    report.scoring.push_back(guarded<ScoringResult>(host, n, [&](Session& s) {
+      bool all = false;
+      try {
+        all = (host.library().capabilities().flags & TS_CAP_ALL_POSITION_LOGITS) != 0;
+      } catch (const BackendError& e) {
+        return setup_failure<ScoringResult>(n, e);
+      }
+      return check_scoring(s, *golden.find_scoring(n), profile, all);
+    }));
+    const ScoringResult& r = report.scoring.back();
+    progress(n, r.passed, r.seconds, report.cases.size() + report.scoring.size(), total);
+    write_reports(o, report);
+  }
+  report.complete = true;
+  write_reports(o, report);
+  disarm_exit_guard();
+  fmt::print("{}", format_table(report));
+  if (!o.expect_fail) return report.passed() ? 0 : kExitFail;
+  // --expect-fail: the harness must catch the fault and say where.
+  const bool caught = expect_fail_caught(report);
+  fmt::print("expect-fail: fault {} {}\n", o.fault.empty() ? "(none)" : o.fault,
+             caught ? "was caught, first divergent steps named" : "was NOT caught");
+  return caught ? 0 : kExitFail;
+}
+
+}  // namespace
 
 void add_parity(CLI::App& app, int& exit_code) {
-  struct Opts {
-    std::string manifest = default_manifest_path(), backend = "reference", suite = "default";
-    std::string weights = "full_precision", profile, fault, json, junit;
-    std::vector<std::string> cases, scoring;
-    bool no_scoring = false, expect_fail = false;
-    int threads = 0;
-  };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("parity", "Compare a backend with the goldens");
   cmd->add_option("--backend,-b", o->backend,
@@ -33,94 +194,23 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--weights", o->weights, "full_precision | quantized");
   cmd->add_option("--profile", o->profile,
                   "Tolerance profile (default: exact for full_precision, quantized otherwise)");
-  cmd->add_option("--threads,-t", o->threads, "Threads (0 = backend default)");
+  cmd->add_option("--threads,-t", o->threads, "Threads (0 = backend default)")
+      ->check(CLI::Range(0, 4096).description("an integer in [0, 4096]"));
+  cmd->add_option("--timeout", o->timeout,
+                  "Time limit per backend call in seconds (child process only); a call still "
+                  "running after it is a FAIL")
+      ->check(CLI::Range(0.001, 1e6).description("seconds in (0, 1e6]"));
+  cmd->add_flag("--in-process", o->in_process,
+                "Load the backend into the harness process (debugging): no time limit, and a "
+                "crash takes the run down");
   cmd->add_option("--fault", o->fault, "Test only: inject a named fault into the backend");
   cmd->add_flag("--expect-fail", o->expect_fail,
                 "Test only: succeed iff the verdict is FAIL and every failing case names its first "
                 "divergent step");
-  cmd->add_option("--json", o->json, "Write the report as JSON here");
+  cmd->add_option("--json", o->json, "Write the report as JSON here (rewritten after every case)");
   cmd->add_option("--junit", o->junit, "Write the report as JUnit XML here");
   cmd->add_option("--manifest", o->manifest, "goldens/manifest.json");
-  cmd->callback([o, &exit_code] {
-    const Manifest m = load_manifest(o->manifest);
-    const Suite& suite = m.find_suite(o->suite);
-    std::vector<std::string> case_names = o->cases.empty() ? suite.cases : o->cases;
-    std::vector<std::string> scoring_names = o->scoring.empty() ? suite.scoring : o->scoring;
-    if (o->no_scoring) scoring_names.clear();
-    // Naming cases or passages selects just those; naming neither runs the whole suite.
-    if (!o->cases.empty() && o->scoring.empty()) scoring_names.clear();
-    if (o->cases.empty() && !o->scoring.empty()) case_names.clear();
-    const ts_weight_path wp = parse_weight_path(o->weights);
-    const Profile& profile = m.find_profile(
-        !o->profile.empty() ? o->profile : (wp == TS_WEIGHTS_QUANTIZED ? "quantized" : "exact"));
-
-    // All cases of a run must use one model.
-    std::string model_name;
-    for (const auto& n : case_names) model_name = m.find_case(n).model;
-    for (const auto& n : scoring_names) model_name = m.find_scoring(n).model;
-    if (model_name.empty()) throw Error("nothing to run: the selection has no cases or passages");
-    const ManifestModel& mm = m.find_model(model_name);
-    const std::string model_path = resolve_model(mm);
-    const GoldenFile golden = read_golden_file(m.resolve(mm.golden));
-    if (golden.model_sha256 != mm.sha256) {
-      throw Error("{}: goldens were recorded for model sha256 {}, manifest says {}",
-                  m.resolve(mm.golden), golden.model_sha256, mm.sha256);
-    }
-    Tokenizer tok = load_tokenizer(model_path);
-    auto lib = BackendLibrary::load(o->backend);
-    const ts_capabilities caps = lib->capabilities();
-    Model model(lib, model_path);
-    Session session(model, SessionOptions{wp, o->threads, 0, o->fault});
-
-    Report report;
-    report.info = RunInfo{lib->name(),
-                          lib->path(),
-                          lib->device_name(),
-                          weight_path_name(wp),
-                          profile.name,
-                          suite.name,
-                          mm.name,
-                          mm.sha256,
-                          o->threads};
-    for (const std::string& n : case_names) {
-      const ManifestCase& mc = m.find_case(n);
-      if (mc.model != mm.name)
-        throw Error("case '{}' uses model '{}', not '{}'", n, mc.model, mm.name);
-      const GoldenCase* gc = golden.find_case(n);
-      if (!gc)
-        throw Error("{}: no golden for case '{}' (run `touchstone golden`)", m.resolve(mm.golden),
-                    n);
-      report.cases.push_back(check_case(session, tok, *gc, profile));
-      const CaseResult& r = report.cases.back();
-      fmt::print(stderr, "  {:<22} {} ({:.1f} s)\n", n, r.passed ? "PASS" : "FAIL", r.seconds);
-    }
-    for (const std::string& n : scoring_names) {
-      const GoldenScoring* gs = golden.find_scoring(n);
-      if (!gs) throw Error("{}: no golden for scoring passage '{}'", m.resolve(mm.golden), n);
-      report.scoring.push_back(
-          check_scoring(session, *gs, profile, (caps.flags & TS_CAP_ALL_POSITION_LOGITS) != 0));
-      fmt::print(stderr, "  {:<22} {} ({:.1f} s)\n", n,
-                 report.scoring.back().passed ? "PASS" : "FAIL", report.scoring.back().seconds);
-    }
-    fmt::print("{}", format_table(report));
-    if (!o->json.empty()) write_file_atomic(o->json, to_json(report));
-    if (!o->junit.empty()) write_file_atomic(o->junit, to_junit(report));
-
-    if (!o->expect_fail) {
-      exit_code = report.passed() ? 0 : kExitFail;
-      return;
-    }
-    // --expect-fail: the harness must catch the fault and say where.
-    bool caught = !report.passed();
-    for (const CaseResult& c : report.cases) {
-      const bool named = (c.first_divergence && !c.first_divergence->accepted) ||
-                         c.first_logit_violation_step >= 0;
-      if (!c.passed && !named) caught = false;
-    }
-    fmt::print("expect-fail: fault {} {}\n", o->fault.empty() ? "(none)" : o->fault,
-               caught ? "was caught, first divergent steps named" : "was NOT caught");
-    exit_code = caught ? 0 : kExitFail;
-  });
+  cmd->callback([o, &exit_code] { exit_code = run_parity(*o); });
 }
 
 }  // namespace touchstone::cli

@@ -54,26 +54,35 @@ void check_device_greedy(Session& session, const GoldenCase& g,
     }
   } catch (const std::exception& e) {
     r.failures.push_back(fmt::format("device greedy: {}", e.what()));
+    if (dynamic_cast<const BackendError*>(&e)) r.backend_error = e.what();
   }
 }
 
-}  // namespace
+// Where a case or passage is: the call in flight and its step/position, so a
+// failing call (error status, crash, time-out) is reported with both.
+struct Progress {
+  const char* call = "open";
+  int step = -1;
+};
 
-CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g,
-                      const Profile& p) {
-  const auto t0 = Clock::now();
-  CaseResult r;
-  r.name = g.name;
-  r.n_total = int(g.greedy_ids.size());
+std::string where(const Progress& at, const char* unit) {
+  return at.step < 0 ? fmt::format("{}", at.call)
+                     : fmt::format("{} {} ({})", unit, at.step, at.call);
+}
+
+// The teacher-forced steps of one case; a failing backend call throws, with
+// `at` saying where.
+void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
+                    CaseResult& r, std::vector<double>& kls, std::vector<int32_t>& host_argmax,
+                    Progress& at) {
   const size_t V = size_t(g.n_vocab), K = size_t(g.top_k);
   if (session.n_vocab() != g.n_vocab) {
-    throw Error("case '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(),
-                g.n_vocab);
+    throw Error("backend n_vocab {} != golden n_vocab {}", session.n_vocab(), g.n_vocab);
   }
+  at = {"rewind", -1};
   session.rewind(0);
+  at = {"prefill", 0};
   std::vector<float> logits = session.prefill(g.prompt_ids);
-  std::vector<double> kls;
-  std::vector<int32_t> host_argmax;  // argmax of the backend's own logits per step
   bool stop = false;
   for (int s = 0; s < r.n_total && !stop; ++s) {
     const std::span<const float> row(logits);
@@ -111,6 +120,11 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
     // Greedy agreement.
     const int32_t ref_tok = g.greedy_ids[size_t(s)];
     const int32_t test_tok = metrics::argmax(row);
+    if (test_tok < 0) {  // every logit NaN: there is no greedy token
+      r.failures.push_back(fmt::format("step {}: every logit is NaN, no greedy token", s));
+      note_violation(r, s, "every logit is NaN");
+      break;
+    }
     host_argmax.push_back(test_tok);
     if (test_tok == ref_tok) {
       ++r.n_matched;
@@ -141,9 +155,33 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
         continue;
       }
     }
-    if (s + 1 < r.n_total) session.decode(ref_tok, logits);  // teacher-forced
+    if (s + 1 < r.n_total) {
+      at = {"decode", s + 1};
+      session.decode(ref_tok, logits);  // teacher-forced
+    }
   }
-  if (session.has_device_greedy()) check_device_greedy(session, g, host_argmax, r);
+}
+
+}  // namespace
+
+CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g,
+                      const Profile& p) {
+  const auto t0 = Clock::now();
+  CaseResult r;
+  r.name = g.name;
+  r.n_total = int(g.greedy_ids.size());
+  std::vector<double> kls;
+  std::vector<int32_t> host_argmax;  // argmax of the backend's own logits per step
+  Progress at;
+  try {
+    run_case_steps(session, tok, g, p, r, kls, host_argmax, at);
+  } catch (const std::exception& e) {
+    r.backend_error = fmt::format("{}: {}", where(at, "step"), e.what());
+    r.failures.push_back(r.backend_error);
+  }
+  if (r.backend_error.empty() && session.has_device_greedy()) {
+    check_device_greedy(session, g, host_argmax, r);
+  }
   if (!kls.empty()) {
     const metrics::Summary ks = metrics::summarize(kls);
     r.kld_mean = ks.mean;
@@ -179,43 +217,54 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
   ScoringResult r;
   r.name = g.name;
   const size_t V = size_t(g.n_vocab), K = size_t(g.top_k), N = g.token_ids.size();
-  if (session.n_vocab() != g.n_vocab) {
-    throw Error("scoring '{}': backend n_vocab {} != golden n_vocab {}", g.name, session.n_vocab(),
-                g.n_vocab);
-  }
-  session.rewind(0);
-  std::vector<float> all;
-  std::vector<float> row_buf(V);
-  if (all_position_logits) all = session.prefill_all(g.token_ids);
   metrics::ScoringAccumulator acc;
   double err2 = 0.0, ref2 = 0.0;
-  for (size_t i = 0; i + 1 < N; ++i) {
-    std::span<const float> row;
-    if (all_position_logits) {
-      row = std::span<const float>(all.data() + i * V, V);
-    } else {
-      if (i == 0) {
-        row_buf = session.prefill(std::span<const int32_t>(g.token_ids.data(), 1));
+  Progress at;
+  auto fail = [&](const std::string& s) { r.failures.push_back(s); };
+  try {
+    if (session.n_vocab() != g.n_vocab) {
+      throw Error("backend n_vocab {} != golden n_vocab {}", session.n_vocab(), g.n_vocab);
+    }
+    at = {"rewind", -1};
+    session.rewind(0);
+    std::vector<float> all;
+    std::vector<float> row_buf(V);
+    at = {all_position_logits ? "prefill(all positions)" : "prefill", 0};
+    if (all_position_logits) all = session.prefill_all(g.token_ids);
+    for (size_t i = 0; i + 1 < N; ++i) {
+      std::span<const float> row;
+      if (all_position_logits) {
+        row = std::span<const float>(all.data() + i * V, V);
       } else {
-        session.decode(g.token_ids[i], row_buf);
+        if (i == 0) {
+          row_buf = session.prefill(std::span<const int32_t>(g.token_ids.data(), 1));
+        } else {
+          at = {"decode", int(i)};
+          session.decode(g.token_ids[i], row_buf);
+        }
+        row = row_buf;
       }
-      row = row_buf;
+      const std::span<const int32_t> ids(g.topk_ids.data() + i * K, K);
+      const std::span<const float> vals(g.topk_logits.data() + i * K, K);
+      acc.add(ids, vals, g.lse[i], g.target_logits[i], g.token_ids[i + 1], row);
+      for (size_t j = 0; j < K; ++j) {
+        const double d = double(row[size_t(ids[j])]) - double(vals[j]);
+        err2 += d * d;
+        ref2 += double(vals[j]) * double(vals[j]);
+        r.topk_max_abs = std::max(r.topk_max_abs, std::isfinite(d) ? std::abs(d) : INFINITY);
+      }
     }
-    const std::span<const int32_t> ids(g.topk_ids.data() + i * K, K);
-    const std::span<const float> vals(g.topk_logits.data() + i * K, K);
-    acc.add(ids, vals, g.lse[i], g.target_logits[i], g.token_ids[i + 1], row);
-    for (size_t j = 0; j < K; ++j) {
-      const double d = double(row[size_t(ids[j])]) - double(vals[j]);
-      err2 += d * d;
-      ref2 += double(vals[j]) * double(vals[j]);
-      r.topk_max_abs = std::max(r.topk_max_abs, std::isfinite(d) ? std::abs(d) : INFINITY);
-    }
+  } catch (const std::exception& e) {
+    r.backend_error = fmt::format("{}: {}", where(at, "position"), e.what());
+    fail(r.backend_error);
+    r.passed = false;
+    r.seconds = seconds_since(t0);
+    return r;
   }
   r.topk_nmse = ref2 > 0 ? err2 / ref2 : 0.0;
   if (!std::isfinite(r.topk_nmse)) r.topk_nmse = INFINITY;
   r.stats = acc.finish();
   const metrics::ScoringStats& st = r.stats;
-  auto fail = [&](const std::string& s) { r.failures.push_back(s); };
   if (st.n_nonfinite_positions)
     fail(fmt::format("{} positions with non-finite logits", st.n_nonfinite_positions));
   if (p.kld_mean_max && !(st.kld.mean <= *p.kld_mean_max)) {

@@ -1,7 +1,11 @@
 #include "touchstone/report.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <filesystem>
@@ -29,10 +33,64 @@ std::string divergence_cell(const CaseResult& c) {
          (d.accepted ? " (near-tie)" : "");
 }
 
-std::string xml_escape(const std::string& s) {
+double finite_or(double v, double fallback) { return std::isfinite(v) ? v : fallback; }
+
+// Length of the valid UTF-8 sequence at s[i] (1..4), or 0 if invalid
+// (overlong, surrogate, above U+10FFFF, truncated). *cp receives the code point.
+size_t utf8_seq(const std::string& s, size_t i, uint32_t* cp) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) {
+    *cp = c;
+    return 1;
+  }
+  size_t n = 0;
+  uint32_t v = 0, min = 0;
+  if ((c & 0xE0) == 0xC0) {
+    n = 2, v = c & 0x1F, min = 0x80;
+  } else if ((c & 0xF0) == 0xE0) {
+    n = 3, v = c & 0x0F, min = 0x800;
+  } else if ((c & 0xF8) == 0xF0) {
+    n = 4, v = c & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    v = (v << 6) | (b(i + k) & 0x3F);
+  }
+  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+  *cp = v;
+  return n;
+}
+
+}  // namespace
+
+std::string sanitize_utf8(const std::string& bytes) {
   std::string o;
-  for (char ch : s) {
-    switch (ch) {
+  o.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    uint32_t cp = 0;
+    const size_t n = utf8_seq(bytes, i, &cp);
+    if (n == 0) {
+      o += "\xEF\xBF\xBD";  // U+FFFD REPLACEMENT CHARACTER
+      ++i;
+    } else {
+      o.append(bytes, i, n);
+      i += n;
+    }
+  }
+  return o;
+}
+
+std::string xml_escape(const std::string& s) {
+  const std::string u = sanitize_utf8(s);
+  std::string o;
+  for (size_t i = 0; i < u.size();) {
+    uint32_t cp = 0;
+    const size_t n = utf8_seq(u, i, &cp);
+    switch (cp) {
       case '&':
         o += "&amp;";
         break;
@@ -46,21 +104,21 @@ std::string xml_escape(const std::string& s) {
         o += "&quot;";
         break;
       default:
-        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') {
-          o += fmt::format("&#{};", int(ch));
+        if (cp < 0x20 && cp != '\t' && cp != '\n' && cp != '\r') {
+          o += fmt::format("\\x{:02X}", cp);
+        } else if (cp == 0xFFFE || cp == 0xFFFF) {
+          o += fmt::format("\\u{{{:04X}}}", cp);
         } else {
-          o += ch;
+          o.append(u, i, n);
         }
     }
+    i += n;
   }
   return o;
 }
 
-double finite_or(double v, double fallback) { return std::isfinite(v) ? v : fallback; }
-
-}  // namespace
-
 bool Report::passed() const {
+  if (!complete || (cases.empty() && scoring.empty())) return false;
   for (const auto& c : cases)
     if (!c.passed) return false;
   for (const auto& s : scoring)
@@ -73,9 +131,9 @@ std::string format_table(const Report& r) {
   const RunInfo& i = r.info;
   o += fmt::format(
       "backend {} ({}), device: {}\nmodel {} sha256 {}\nweights {}, profile '{}', suite '{}', "
-      "threads {}\n\n",
+      "threads {}, {}\n\n",
       i.backend, i.backend_path, i.device, i.model_name, i.model_sha256, i.weight_path, i.profile,
-      i.suite, i.n_threads);
+      i.suite, i.n_threads, i.execution.empty() ? "in process" : i.execution);
   o += fmt::format("{:<12} {:<22} {:<7} {:>9} {:>10} {:>10} {:>10}  {}\n", "backend", "case",
                    "verdict", "matched", "NMSE max", "max|Δ|", "KLD mean", "first divergence");
   for (const CaseResult& c : r.cases) {
@@ -120,8 +178,13 @@ std::string format_table(const Report& r) {
         "token checked against the argmax of the backend's own logits\n",
         greedy_steps);
   }
-  o += fmt::format("\nverdict: {}\n", r.passed() ? "PASS" : "FAIL");
-  return o;
+  const size_t done = r.cases.size() + r.scoring.size();
+  if (!r.complete) {
+    o += fmt::format("\nverdict: INCOMPLETE ({} of {} checks finished)\n", done, r.n_planned);
+  } else {
+    o += fmt::format("\nverdict: {}\n", r.passed() ? "PASS" : "FAIL");
+  }
+  return sanitize_utf8(o);
 }
 
 std::string to_json(const Report& r) {
@@ -146,6 +209,9 @@ std::string to_json(const Report& r) {
   j["profile"] = i.profile;
   j["suite"] = i.suite;
   j["n_threads"] = i.n_threads;
+  j["execution"] = i.execution;
+  j["complete"] = r.complete;
+  j["checks_planned"] = r.n_planned;
   j["passed"] = r.passed();
   j["cases"] = json::array();
   for (const CaseResult& c : r.cases) {
@@ -163,7 +229,8 @@ std::string to_json(const Report& r) {
             {"device_greedy_steps", c.device_greedy_steps},
             {"seconds", c.seconds},
             {"first_logit_violation_step", c.first_logit_violation_step},
-            {"first_logit_violation", c.first_logit_violation}};
+            {"first_logit_violation", c.first_logit_violation},
+            {"backend_error", c.backend_error}};
     cj["first_divergence"] = c.first_divergence ? div(*c.first_divergence) : json(nullptr);
     cj["near_ties"] = json::array();
     for (const auto& d : c.near_ties) cj["near_ties"].push_back(div(d));
@@ -192,9 +259,12 @@ std::string to_json(const Report& r) {
                             {"ppl_ratio", finite_or(st.ppl_ratio, -1)},
                             {"topk_nmse", finite_or(s.topk_nmse, -1)},
                             {"topk_max_abs", finite_or(s.topk_max_abs, -1)},
+                            {"backend_error", s.backend_error},
                             {"seconds", s.seconds}});
   }
-  return j.dump(2) + "\n";
+  // Backend names, device strings and token bytes may be any bytes: invalid
+  // UTF-8 is replaced (U+FFFD), never thrown on after the verdict.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 std::string to_junit(const Report& r) {
@@ -205,6 +275,11 @@ std::string to_junit(const Report& r) {
   std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o += fmt::format("<testsuites><testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n", suite, n,
                    failures);
+  if (!r.complete) {
+    o += fmt::format(
+        "  <system-err>{}</system-err>\n",
+        xml_escape(fmt::format("incomplete run: {} of {} checks finished", n, r.n_planned)));
+  }
   auto tc = [&](const std::string& name, double secs, const std::vector<std::string>& fails) {
     o += fmt::format("  <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", suite,
                      xml_escape(name), secs);
@@ -224,20 +299,31 @@ std::string to_junit(const Report& r) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error("{}: cannot create temporary file {}", path, tmp);
-  const bool ok = std::fwrite(content.data(), 1, content.size(), f) == content.size() &&
-                  std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    throw Error("{}: write failed", tmp);
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path tmp =
+      p.parent_path() / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("{}: cannot create {}: {}", path, tmp.string(), std::strerror(errno));
+  size_t off = 0;
+  int err = 0;
+  while (off < content.size() && err == 0) {
+    const ssize_t n = ::write(fd, content.data() + off, content.size() - off);
+    if (n > 0)
+      off += size_t(n);
+    else if (!(n < 0 && errno == EINTR))
+      err = n < 0 ? errno : EIO;
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error("{}: rename from {} failed: {}", path, tmp, ec.message());
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw Error("{}: writing {} failed: {}", path, tmp.string(), std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    ::unlink(tmp.c_str());
+    throw Error("{}: rename from {} failed: {}", path, tmp.string(), std::strerror(err));
   }
 }
 

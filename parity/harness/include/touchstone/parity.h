@@ -47,6 +47,9 @@ struct CaseResult {
   double kld_mean = 0.0, kld_max = 0.0;
   size_t nonfinite = 0;         // NaN/Inf logits seen
   int device_greedy_steps = 0;  // steps re-run through prefill_greedy (TS_CAP_DEVICE_GREEDY)
+  // Non-empty when a backend call failed (error status, crash, exit, time-out,
+  // protocol violation): where and why. The session is unusable afterwards.
+  std::string backend_error;
   double seconds = 0.0;
 };
 
@@ -57,9 +60,13 @@ struct ScoringResult {
   metrics::ScoringStats stats{};
   double topk_nmse = 0.0;     // NMSE over all stored top-K logits
   double topk_max_abs = 0.0;  // max |diff| over all stored top-K logits
+  std::string backend_error;  // as in CaseResult
   double seconds = 0.0;
 };
 
+// Neither function throws for anything the backend does: a failing call
+// becomes a failure naming the step/position and the call, and sets
+// backend_error so the caller replaces the session before the next case.
 CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& golden,
                       const Profile& profile);
 

@@ -12,21 +12,13 @@
 #include <vector>
 
 #include "touchstone/backend_abi.h"
+#include "touchstone/backend_channel.h"
 #include "touchstone/error.h"
 
 namespace touchstone {
 
-// An error reported by a backend through the C ABI; keeps its ts_status so
-// callers can tell "no device here" (TS_ERR_DEVICE -> test SKIP) from a bug.
-class BackendError : public Error {
- public:
-  BackendError(ts_status status, const std::string& what) : Error(what), status_(status) {}
-  ts_status status() const { return status_; }
-
- private:
-  ts_status status_;
-};
-
+// One loaded backend: in this process (dlopen) or in a child process
+// (`touchstone-backend-runner`, see touchstone/backend_channel.h).
 class BackendLibrary {
  public:
   // `name_or_path`: a path (contains '/' or ends in ".so") is dlopen()ed as is;
@@ -34,30 +26,34 @@ class BackendLibrary {
   // $TOUCHSTONE_BACKEND_PATH (colon-separated), then <dir of this executable>/../lib.
   // Throws Error naming every place searched, a dlerror, or an api_version mismatch.
   static std::shared_ptr<BackendLibrary> load(const std::string& name_or_path);
-  ~BackendLibrary();
+  // The same library run in a child process: every call has a time limit, and
+  // a crash, exit, hang or protocol violation throws BackendCrash instead of
+  // taking the caller down. Load errors are the runner's, with the same text.
+  static std::shared_ptr<BackendLibrary> spawn(const std::string& name_or_path,
+                                               const ChildOptions& options);
+  explicit BackendLibrary(std::unique_ptr<BackendChannel> channel) : channel_(std::move(channel)) {}
   BackendLibrary(const BackendLibrary&) = delete;
   BackendLibrary& operator=(const BackendLibrary&) = delete;
 
-  const ts_backend& api() const { return *api_; }
+  BackendChannel& channel() const { return *channel_; }
   // The table's api_version (1 .. TS_BACKEND_API_VERSION).
-  uint32_t api_version() const { return api_->api_version; }
-  // prefill_greedy of a version >= 2 table whose capabilities claim
-  // TS_CAP_DEVICE_GREEDY, else nullptr (never read past a version-1 table).
-  decltype(ts_backend::prefill_greedy) prefill_greedy() const { return greedy_; }
-  std::string name() const { return api_->name; }
-  const std::string& path() const { return path_; }
-  std::string device_name() const;
-  ts_capabilities capabilities() const;
-  // Throws BackendError "<backend>: <what>: <status>: <last_error>" when status != TS_OK.
-  void check(ts_status status, const char* what) const;
+  uint32_t api_version() const { return info().api_version; }
+  // A version >= 2 table whose capabilities claim TS_CAP_DEVICE_GREEDY with a
+  // non-NULL prefill_greedy (never read past a version-1 table).
+  bool has_device_greedy() const { return info().device_greedy; }
+  const std::string& name() const { return info().name; }
+  const std::string& version() const { return info().version; }
+  const std::string& path() const { return info().path; }
+  const std::string& device_name() const { return info().device; }
+  ts_capabilities capabilities() const { return channel_->capabilities(); }
+  // Child process: false after it died; restart() starts a fresh one (models
+  // and sessions of the old one must be dropped first).
+  bool alive() const { return channel_->alive(); }
+  void restart() { channel_->restart(); }
 
  private:
-  BackendLibrary(void* handle, const ts_backend* api, std::string path)
-      : handle_(handle), api_(api), path_(std::move(path)) {}
-  void* handle_;
-  const ts_backend* api_;
-  decltype(ts_backend::prefill_greedy) greedy_ = nullptr;
-  std::string path_;
+  const BackendInfo& info() const { return channel_->info(); }
+  std::unique_ptr<BackendChannel> channel_;
 };
 
 const char* status_name(ts_status s);
@@ -69,12 +65,13 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
   int32_t n_vocab() const;
-  ts_model* handle() const { return model_; }
+  Handle handle() const { return model_; }
   const std::shared_ptr<BackendLibrary>& library() const { return lib_; }
 
  private:
   std::shared_ptr<BackendLibrary> lib_;
-  ts_model* model_ = nullptr;
+  Handle model_ = 0;
+  int32_t n_vocab_ = 0;
 };
 
 struct SessionOptions {
@@ -97,7 +94,7 @@ class Session {
   std::vector<float> prefill_all(std::span<const int32_t> tokens);
   void decode(int32_t token, std::span<float> logits);
   // True when the backend computes the greedy token itself (TS_CAP_DEVICE_GREEDY).
-  bool has_device_greedy() const { return lib_->prefill_greedy() != nullptr; }
+  bool has_device_greedy() const { return lib_->has_device_greedy(); }
   // Appends `tokens` and returns the backend's own argmax of the last position
   // (prefill_greedy); throws Error when !has_device_greedy().
   int32_t prefill_greedy(std::span<const int32_t> tokens);
@@ -107,7 +104,7 @@ class Session {
 
  private:
   std::shared_ptr<BackendLibrary> lib_;
-  ts_session* session_ = nullptr;
+  Handle session_ = 0;
   int32_t n_vocab_ = 0;
 };
 

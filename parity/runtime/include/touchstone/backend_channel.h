@@ -1,0 +1,90 @@
+// touchstone/backend_channel.h - how the harness reaches a backend.
+//
+// The session contract's calls (touchstone/backend_abi.h), one virtual each,
+// with C++ types. Two implementations:
+//   - in process: the dlopen()ed ts_backend table, called directly;
+//   - child process: the same calls sent to `touchstone-backend-runner` over
+//     the protocol of touchstone/protocol.h, each with a time limit.
+// Model and session handles are opaque 64-bit ids (the backend's pointers in
+// process, the runner's ids in a child). Every call throws BackendError with
+// the backend's status and message on a non-OK status, and BackendCrash when
+// the backend process died, hung past the time limit or broke the protocol.
+// Outputs are written only into the caller's buffers, whose sizes the caller
+// states; a child that sends a different size is a protocol violation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "touchstone/backend_abi.h"
+#include "touchstone/error.h"
+#include "touchstone/protocol.h"
+
+namespace touchstone {
+
+// An error reported by a backend through the C ABI; keeps its ts_status so
+// callers can tell "no device here" (TS_ERR_DEVICE -> test SKIP) from a bug.
+class BackendError : public Error {
+ public:
+  // `detail`: the backend's own last_error() text, when there is one.
+  BackendError(ts_status status, const std::string& what, std::string detail = "")
+      : Error(what), status_(status), detail_(std::move(detail)) {}
+  ts_status status() const { return status_; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  ts_status status_;
+  std::string detail_;
+};
+
+// The backend process crashed, exited, hung or broke the protocol/contract.
+// status() is TS_ERR_INTERNAL; what() names the signal/exit code or the limit.
+class BackendCrash : public BackendError {
+ public:
+  explicit BackendCrash(const std::string& what) : BackendError(TS_ERR_INTERNAL, what) {}
+};
+
+using Handle = uint64_t;
+using protocol::BackendInfo;
+
+class BackendChannel {
+ public:
+  virtual ~BackendChannel() = default;
+  virtual const BackendInfo& info() const = 0;
+  virtual ts_capabilities capabilities() = 0;
+  virtual Handle load_model(const std::string& gguf_path, int32_t* n_vocab) = 0;
+  virtual void free_model(Handle model) noexcept = 0;
+  virtual Handle open_session(Handle model, const ts_session_options& options) = 0;
+  virtual void free_session(Handle session) noexcept = 0;
+  // out.size() must be n_vocab, or tokens.size() * n_vocab when all_positions.
+  virtual void prefill(Handle session, std::span<const int32_t> tokens, bool all_positions,
+                       std::span<float> out) = 0;
+  virtual void decode(Handle session, int32_t token, std::span<float> out) = 0;
+  virtual int32_t prefill_greedy(Handle session, std::span<const int32_t> tokens) = 0;
+  virtual void rewind(Handle session, int32_t position) = 0;
+  virtual int32_t position(Handle session) = 0;
+  // Child process only: false once the process died or was killed; restart()
+  // starts a fresh one (every handle of the old one is gone).
+  virtual bool alive() const { return true; }
+  virtual void restart() {}
+};
+
+// dlopen()s the library (name or path, see BackendLibrary::load) and checks
+// the table; throws Error naming the problem.
+std::unique_ptr<BackendChannel> open_in_process(const std::string& name_or_path);
+
+struct ChildOptions {
+  double call_timeout_s = 300.0;  // per call; a call still running after it is a hang
+  std::string runner;             // runner executable ("" = next to this executable)
+};
+// Starts `touchstone-backend-runner` for the library and says hello.
+std::unique_ptr<BackendChannel> open_child_process(const std::string& name_or_path,
+                                                   const ChildOptions& options);
+
+// Resolves a backend name to a library path ($TOUCHSTONE_BACKEND_PATH, then
+// <exe dir>/../lib); a path is returned as is. Throws Error listing the places tried.
+std::string resolve_backend_path(const std::string& name_or_path);
+
+}  // namespace touchstone

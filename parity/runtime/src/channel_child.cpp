@@ -1,0 +1,406 @@
+// The child-process channel: the backend runs in `touchstone-backend-runner`,
+// reached over a socketpair with the protocol of touchstone/protocol.h. Every
+// call has a deadline; a hang is killed, a death is reaped and named.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "touchstone/backend.h"
+#include "touchstone/backend_channel.h"
+
+namespace touchstone {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using protocol::Op;
+using protocol::ProtocolError;
+using protocol::Reader;
+using protocol::Writer;
+
+constexpr uint64_t kMaxErrorReply = 4 + 4 + (1u << 20);
+
+std::string runner_path(const ChildOptions& o) {
+  if (!o.runner.empty()) return o.runner;
+  if (const char* env = std::getenv("TOUCHSTONE_RUNNER")) return env;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot locate touchstone-backend-runner: /proc/self/exe: {}", ec.message());
+  return (exe.parent_path() / "touchstone-backend-runner").string();
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return fmt::format("was killed by signal {} (SIG{}: {})", sig, abbrev ? abbrev : "?",
+                       strsignal(sig));
+  }
+  return fmt::format("stopped with wait status {}", status);
+}
+
+class ChildChannel final : public BackendChannel {
+ public:
+  ChildChannel(std::string library, ChildOptions options)
+      : library_(std::move(library)), options_(std::move(options)) {
+    start();
+  }
+  ~ChildChannel() override { stop(); }
+
+  const BackendInfo& info() const override { return info_; }
+  bool alive() const override { return pid_ > 0; }
+  void restart() override {
+    stop();
+    start();
+  }
+
+  ts_capabilities capabilities() override {
+    auto reply = call(Op::kCapabilities, Writer{}, kMaxErrorReply);
+    Reader r(reply, "capabilities reply");
+    ok_or_throw(r, "capabilities");
+    ts_capabilities c = protocol::decode_capabilities(r, note_);
+    r.finish();
+    return c;
+  }
+  Handle load_model(const std::string& path, int32_t* n_vocab) override {
+    Writer w;
+    w.str(path);
+    auto reply = call(Op::kLoadModel, w, kMaxErrorReply);
+    Reader r(reply, "load_model reply");
+    ok_or_throw(r, "load_model");
+    const Handle h = r.u64("model");
+    *n_vocab = r.i32("n_vocab");
+    r.finish();
+    return h;
+  }
+  void free_model(Handle m) noexcept override { free_handle(Op::kFreeModel, m); }
+  Handle open_session(Handle m, const ts_session_options& o) override {
+    Writer w;
+    w.u64(m).i32(o.weight_path).i32(o.n_threads).i32(o.max_context).str(o.fault ? o.fault : "");
+    auto reply = call(Op::kOpenSession, w, kMaxErrorReply);
+    Reader r(reply, "open_session reply");
+    ok_or_throw(r, "open_session");
+    const Handle h = r.u64("session");
+    r.finish();
+    return h;
+  }
+  void free_session(Handle s) noexcept override { free_handle(Op::kFreeSession, s); }
+  void prefill(Handle s, std::span<const int32_t> t, bool all, std::span<float> out) override {
+    Writer w;
+    w.u64(s).i32(all ? 1 : 0).i32(int32_t(t.size())).i32s(t);
+    const char* what = all ? "prefill(all positions)" : "prefill";
+    floats_call(Op::kPrefill, w, what, out);
+  }
+  void decode(Handle s, int32_t token, std::span<float> out) override {
+    Writer w;
+    w.u64(s).i32(token);
+    floats_call(Op::kDecode, w, "decode", out);
+  }
+  int32_t prefill_greedy(Handle s, std::span<const int32_t> t) override {
+    if (!info_.device_greedy) {
+      throw Error("{}: backend has no device greedy (TS_CAP_DEVICE_GREEDY)", info_.name);
+    }
+    Writer w;
+    w.u64(s).i32(int32_t(t.size())).i32s(t);
+    return i32_call(Op::kPrefillGreedy, w, "prefill_greedy", "token");
+  }
+  void rewind(Handle s, int32_t p) override {
+    Writer w;
+    w.u64(s).i32(p);
+    auto reply = call(Op::kRewind, w, kMaxErrorReply);
+    Reader r(reply, "rewind reply");
+    ok_or_throw(r, "rewind");
+    r.finish();
+  }
+  int32_t position(Handle s) override {
+    Writer w;
+    w.u64(s);
+    return i32_call(Op::kPosition, w, "position", "position");
+  }
+
+ private:
+  void start();
+  void stop() noexcept;
+  std::vector<uint8_t> call(Op op, const Writer& w, uint64_t max_reply);
+  std::string display_name() const { return info_.name.empty() ? library_ : info_.name; }
+  void wait_for(short events, Clock::time_point deadline, const char* what);
+  void send_all(const std::string& bytes, Clock::time_point deadline, const char* what);
+  void recv_exact(uint8_t* dst, size_t n, Clock::time_point deadline, const char* what);
+  [[noreturn]] void died(const char* what, const std::string& how);
+  [[noreturn]] void violation(const char* what, const std::string& detail);
+  void ok_or_throw(Reader& r, const char* what);
+
+  void floats_call(Op op, const Writer& w, const char* what, std::span<float> out) {
+    auto reply = call(op, w, std::max<uint64_t>(kMaxErrorReply, 4 + out.size_bytes()));
+    Reader r(reply, fmt::format("{} reply", what));
+    ok_or_throw(r, what);
+    if (r.remaining() != out.size_bytes()) {
+      violation(what, fmt::format("{} bytes of logits, expected {} ({} floats)", r.remaining(),
+                                  out.size_bytes(), out.size()));
+    }
+    r.f32s("logits", out);
+  }
+  int32_t i32_call(Op op, const Writer& w, const char* what, const char* field) {
+    auto reply = call(op, w, kMaxErrorReply);
+    Reader r(reply, fmt::format("{} reply", what));
+    ok_or_throw(r, what);
+    const int32_t v = r.i32(field);
+    r.finish();
+    return v;
+  }
+  void free_handle(Op op, Handle h) noexcept {
+    if (!alive()) return;
+    try {
+      Writer w;
+      w.u64(h);
+      call(op, w, kMaxErrorReply);
+    } catch (const std::exception&) {
+      // A backend that fails to free is reported by the next call (it is dead).
+    }
+  }
+
+  std::string library_;
+  ChildOptions options_;
+  BackendInfo info_;
+  std::string note_;  // capabilities' determinism_note storage
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
+void ChildChannel::start() {
+  const std::string runner = runner_path(options_);
+  if (::access(runner.c_str(), X_OK) != 0) {
+    throw Error("backend runner '{}' is not executable: {}", runner, std::strerror(errno));
+  }
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    throw Error("socketpair for the backend runner: {}", std::strerror(errno));
+  }
+  // argv is built before fork: the child only calls async-signal-safe functions.
+  std::vector<std::string> args = {runner, "--fd", "3", library_};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(sv[0]);
+    ::close(sv[1]);
+    throw Error("fork for the backend runner: {}", std::strerror(e));
+  }
+  if (pid == 0) {
+    // Die with the harness; the backend's stdout goes to stderr so it cannot
+    // garble the report on stdout; the socket becomes fd 3 (without CLOEXEC).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::dup2(2, 1);
+    if (sv[1] == 3) {
+      ::fcntl(3, F_SETFD, 0);
+    } else if (::dup2(sv[1], 3) != 3) {
+      ::_exit(127);
+    }
+    ::execv(runner.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(sv[1]);
+  pid_ = pid;
+  fd_ = sv[0];
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
+  Writer w;
+  w.u32(protocol::kVersion);
+  auto reply = call(Op::kHello, w, 4 + 4 + (1u << 20) + (1u << 18));
+  Reader r(reply, "hello reply");
+  const int32_t status = r.i32("status");
+  if (status != TS_OK) {
+    // The runner could not load the library: the loader's own message.
+    const std::string msg = r.str("error");
+    stop();
+    throw Error("{}", msg);
+  }
+  info_ = protocol::decode_info(r);
+  r.finish();
+  if (info_.protocol_version != protocol::kVersion) {
+    violation("hello", fmt::format("runner speaks protocol version {}, the harness {}",
+                                   info_.protocol_version, protocol::kVersion));
+  }
+}
+
+void ChildChannel::stop() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (pid_ <= 0) return;
+  // Closing the socket asks the runner to exit; give it a moment, then kill.
+  int status = 0;
+  for (int i = 0; i < 100; ++i) {
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+void ChildChannel::died(const char* what, const std::string& how) {
+  // The runner closed the socket or failed: reap it (kill it if it lingers).
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  std::string cause = how;
+  if (pid_ > 0) {
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 100 && got == 0; ++i) {
+      got = ::waitpid(pid_, &status, WNOHANG);
+      if (got == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (got == 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      cause += "; it did not exit and was killed";
+    } else if (got == pid_) {
+      cause = "the backend process " + describe_wait_status(status);
+    }
+    pid_ = -1;
+  }
+  throw BackendCrash(fmt::format("backend '{}': {} during {}", display_name(), cause, what));
+}
+
+void ChildChannel::violation(const char* what, const std::string& detail) {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  throw BackendCrash(fmt::format("backend '{}': protocol violation in {}: {} (process killed)",
+                                 display_name(), what, detail));
+}
+
+void ChildChannel::wait_for(short events, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+      pid_ = -1;
+      ::close(fd_);
+      fd_ = -1;
+      throw BackendCrash(fmt::format("backend '{}': timed out after {} s in {} (process killed)",
+                                     display_name(), options_.call_timeout_s, what));
+    }
+    pollfd p{fd_, events, 0};
+    const int pr = ::poll(&p, 1, int(std::min<int64_t>(left.count(), 1000)));
+    if (pr > 0) return;  // ready, or POLLHUP/POLLERR: the next send/recv tells
+    if (pr < 0 && errno != EINTR) died(what, fmt::format("poll failed ({})", std::strerror(errno)));
+  }
+}
+
+void ChildChannel::send_all(const std::string& bytes, Clock::time_point deadline,
+                            const char* what) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += size_t(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      wait_for(POLLOUT, deadline, what);
+    } else if (!(n < 0 && errno == EINTR)) {
+      died(what, fmt::format("sending the request failed ({})", std::strerror(errno)));
+    }
+  }
+}
+
+void ChildChannel::recv_exact(uint8_t* dst, size_t n, Clock::time_point deadline,
+                              const char* what) {
+  size_t off = 0;
+  while (off < n) {
+    const ssize_t got = ::recv(fd_, dst + off, n - off, 0);
+    if (got > 0) {
+      off += size_t(got);
+    } else if (got == 0) {
+      died(what, "the backend process closed the connection");
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      wait_for(POLLIN, deadline, what);
+    } else if (errno != EINTR) {
+      died(what, fmt::format("reading the reply failed ({})", std::strerror(errno)));
+    }
+  }
+}
+
+std::vector<uint8_t> ChildChannel::call(Op op, const Writer& w, uint64_t max_reply) {
+  const char* what = protocol::op_name(uint32_t(op));
+  if (!alive()) {
+    throw BackendCrash(
+        fmt::format("backend '{}': {}: the backend process is not running", display_name(), what));
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.call_timeout_s));
+  send_all(protocol::frame(uint32_t(op), w.bytes()), deadline, what);
+  uint8_t header[protocol::kHeaderSize];
+  recv_exact(header, sizeof header, deadline, what);
+  protocol::FrameHeader h;
+  try {
+    h = protocol::parse_header(header, max_reply);
+  } catch (const ProtocolError& e) {
+    violation(what, e.what());
+  }
+  if (h.op != (uint32_t(op) | protocol::kReplyBit)) {
+    violation(what, fmt::format("reply op 0x{:x}, expected 0x{:x}", h.op,
+                                uint32_t(op) | protocol::kReplyBit));
+  }
+  std::vector<uint8_t> payload(size_t(h.payload_len));
+  recv_exact(payload.data(), payload.size(), deadline, what);
+  return payload;
+}
+
+void ChildChannel::ok_or_throw(Reader& r, const char* what) {
+  int32_t status = 0;
+  std::string msg;
+  try {
+    status = r.i32("status");
+    if (status == TS_OK) return;
+    msg = r.str("error");
+    r.finish();
+  } catch (const ProtocolError& e) {
+    violation(what, e.what());
+  }
+  if (status == protocol::kStatusContractViolation) {
+    violation(what, msg);
+  }
+  if (status < TS_OK || status > TS_ERR_INTERNAL) {
+    violation(what, fmt::format("unknown status {}", status));
+  }
+  throw BackendError(ts_status(status), fmt::format("backend '{}': {}: {}: {}", info_.name, what,
+                                                    status_name(ts_status(status)),
+                                                    msg.empty() ? "(no message)" : msg));
+}
+
+}  // namespace
+
+std::unique_ptr<BackendChannel> open_child_process(const std::string& name_or_path,
+                                                   const ChildOptions& options) {
+  if (!(options.call_timeout_s > 0)) {
+    throw Error("backend call time limit must be > 0 s, got {}", options.call_timeout_s);
+  }
+  return std::make_unique<ChildChannel>(resolve_backend_path(name_or_path), options);
+}
+
+}  // namespace touchstone

@@ -1,0 +1,164 @@
+// The in-process channel: the dlopen()ed ts_backend table, called directly.
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "touchstone/backend.h"
+#include "touchstone/backend_channel.h"
+
+namespace touchstone {
+namespace fs = std::filesystem;
+namespace {
+
+std::vector<fs::path> search_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("TOUCHSTONE_BACKEND_PATH")) {
+    std::string s = env;
+    size_t start = 0;
+    while (start <= s.size()) {
+      const size_t end = s.find(':', start);
+      const std::string part =
+          s.substr(start, end == std::string::npos ? std::string::npos : end - start);
+      if (!part.empty()) dirs.emplace_back(part);
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+  }
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back(exe.parent_path().parent_path() / "lib");
+  return dirs;
+}
+
+// Loads the table; the handle stays open for the life of the process
+// (backends may own threads/driver state whose static destructors crash when
+// unloaded at exit).
+const ts_backend* load_table(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) throw Error("cannot load backend '{}': {}", path, dlerror());
+  auto entry = reinterpret_cast<ts_backend_entry_fn>(dlsym(handle, TS_BACKEND_ENTRY_SYMBOL));
+  if (!entry) throw Error("backend '{}' does not export {}()", path, TS_BACKEND_ENTRY_SYMBOL);
+  const ts_backend* api = entry();
+  if (!api) throw Error("backend '{}': {}() returned NULL", path, TS_BACKEND_ENTRY_SYMBOL);
+  if (api->api_version < 1 || api->api_version > TS_BACKEND_API_VERSION) {
+    throw Error("backend '{}' implements api_version {}, this harness supports 1..{}", path,
+                api->api_version, TS_BACKEND_API_VERSION);
+  }
+  const bool complete = api->last_error && api->device_name && api->capabilities &&
+                        api->load_model && api->free_model && api->n_vocab && api->open_session &&
+                        api->free_session && api->prefill && api->decode && api->rewind &&
+                        api->position;
+  if (!complete) throw Error("backend '{}' leaves a required function pointer NULL", path);
+  if (!api->name || !api->version) throw Error("backend '{}' has a NULL name or version", path);
+  return api;
+}
+
+class InProcessChannel final : public BackendChannel {
+ public:
+  InProcessChannel(const ts_backend* api, std::string path) : api_(api) {
+    info_.api_version = api->api_version;
+    info_.name = api->name;
+    info_.version = api->version;
+    info_.path = std::move(path);
+    const char* d = api->device_name();
+    info_.device = d ? d : "(unknown device)";
+    if (api->api_version >= 2) {
+      // The greedy entry is used only when the backend claims the capability;
+      // claiming it with a NULL entry is an error. A backend that cannot report
+      // capabilities now (no device) is loaded without it: its later calls fail
+      // with their own status.
+      ts_capabilities caps{};
+      caps.struct_size = sizeof(caps);
+      const bool claims =
+          api->capabilities(&caps) == TS_OK && (caps.flags & TS_CAP_DEVICE_GREEDY) != 0;
+      if (claims && !api->prefill_greedy) {
+        throw Error("backend '{}' claims TS_CAP_DEVICE_GREEDY but prefill_greedy is NULL",
+                    info_.path);
+      }
+      info_.device_greedy = claims;
+    }
+  }
+
+  const BackendInfo& info() const override { return info_; }
+
+  ts_capabilities capabilities() override {
+    ts_capabilities caps{};
+    caps.struct_size = sizeof(caps);
+    check(api_->capabilities(&caps), "capabilities");
+    return caps;
+  }
+  Handle load_model(const std::string& gguf_path, int32_t* n_vocab) override {
+    ts_model* m = nullptr;
+    check(api_->load_model(gguf_path.c_str(), &m), "load_model");
+    *n_vocab = api_->n_vocab(m);
+    return reinterpret_cast<Handle>(m);
+  }
+  void free_model(Handle m) noexcept override { api_->free_model(model(m)); }
+  Handle open_session(Handle m, const ts_session_options& o) override {
+    ts_session* s = nullptr;
+    check(api_->open_session(model(m), &o, &s), "open_session");
+    return reinterpret_cast<Handle>(s);
+  }
+  void free_session(Handle s) noexcept override { api_->free_session(session(s)); }
+  void prefill(Handle s, std::span<const int32_t> t, bool all, std::span<float> out) override {
+    check(api_->prefill(session(s), t.data(), int32_t(t.size()), all ? 1 : 0, out.data()),
+          all ? "prefill(all positions)" : "prefill");
+  }
+  void decode(Handle s, int32_t token, std::span<float> out) override {
+    check(api_->decode(session(s), token, out.data()), "decode");
+  }
+  int32_t prefill_greedy(Handle s, std::span<const int32_t> t) override {
+    if (!info_.device_greedy) {
+      throw Error("{}: backend has no device greedy (TS_CAP_DEVICE_GREEDY)", info_.name);
+    }
+    int32_t tok = -1;
+    check(api_->prefill_greedy(session(s), t.data(), int32_t(t.size()), &tok), "prefill_greedy");
+    return tok;
+  }
+  void rewind(Handle s, int32_t p) override { check(api_->rewind(session(s), p), "rewind"); }
+  int32_t position(Handle s) override { return api_->position(session(s)); }
+
+ private:
+  static ts_model* model(Handle h) { return reinterpret_cast<ts_model*>(h); }
+  static ts_session* session(Handle h) { return reinterpret_cast<ts_session*>(h); }
+  // Throws BackendError "backend '<name>': <what>: <status>: <last_error>".
+  void check(ts_status status, const char* what) const {
+    if (status == TS_OK) return;
+    const char* m = api_->last_error();
+    const std::string msg = m && *m ? m : "(no message)";
+    throw BackendError(
+        status, fmt::format("backend '{}': {}: {}: {}", info_.name, what, status_name(status), msg),
+        msg);
+  }
+
+  const ts_backend* api_;
+  BackendInfo info_;
+};
+
+}  // namespace
+
+std::string resolve_backend_path(const std::string& name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() > 3 && name_or_path.ends_with(".so"));
+  if (is_path) {
+    if (!fs::exists(name_or_path)) throw Error("backend library '{}' does not exist", name_or_path);
+    return name_or_path;
+  }
+  const std::string file = "libtouchstone_backend_" + name_or_path + ".so";
+  std::string tried;
+  for (const fs::path& dir : search_dirs()) {
+    const fs::path candidate = dir / file;
+    if (fs::exists(candidate)) return candidate.string();
+    tried += "\n  " + candidate.string();
+  }
+  throw Error("backend '{}' not found; looked for:{}\n(set TOUCHSTONE_BACKEND_PATH or pass a path)",
+              name_or_path, tried);
+}
+
+std::unique_ptr<BackendChannel> open_in_process(const std::string& name_or_path) {
+  const std::string path = resolve_backend_path(name_or_path);
+  return std::make_unique<InProcessChannel>(load_table(path), path);
+}
+
+}  // namespace touchstone

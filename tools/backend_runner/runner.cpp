@@ -1,0 +1,289 @@
+// touchstone-backend-runner --fd N LIBRARY
+//
+// The child side of the child-process protocol (touchstone/protocol.h,
+// docs/protocol.md): loads one backend library in this process, then answers
+// requests on fd N until the harness closes it. Whatever the backend does to
+// this process (crash, exit, hang, heap overflow) the harness sees as this
+// process dying or going silent, and reports it; the runner itself only
+// forwards calls, checks handles, and guards every logits buffer with a
+// sentinel tail so a backend writing past n_vocab floats is caught
+// (kStatusContractViolation) instead of silently corrupting memory.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "touchstone/backend.h"
+#include "touchstone/backend_channel.h"
+#include "touchstone/protocol.h"
+
+namespace touchstone {
+namespace {
+
+using protocol::Op;
+using protocol::Reader;
+using protocol::Writer;
+
+constexpr size_t kGuardFloats = 4096;
+constexpr uint32_t kGuardBits = 0x7fc0dead;  // a NaN payload no kernel produces by accident
+
+bool read_exact(int fd, uint8_t* dst, size_t n) {
+  size_t off = 0;
+  while (off < n) {
+    const ssize_t got = ::read(fd, dst + off, n - off);
+    if (got > 0) {
+      off += size_t(got);
+    } else if (got == 0 || errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void write_all(int fd, const std::string& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += size_t(n);
+    } else if (!(n < 0 && errno == EINTR)) {
+      std::_Exit(3);  // the harness is gone
+    }
+  }
+}
+
+// A status reply for an error.
+std::string error_payload(int32_t status, const std::string& msg) {
+  Writer w;
+  w.i32(status).str(msg);
+  return w.bytes();
+}
+
+class Runner {
+ public:
+  explicit Runner(std::unique_ptr<BackendChannel> ch) : ch_(std::move(ch)) {}
+  // Answers one request; `payload` is the request body.
+  std::string handle(Op op, Reader& r);
+  bool poisoned() const { return poisoned_; }
+
+ private:
+  std::vector<float>& guarded(size_t n);
+  void check_guard(size_t n, const char* what);
+  Handle model(Reader& r) {
+    const Handle h = r.u64("model");
+    if (!models_.count(h)) throw Error("runner: unknown model handle {}", h);
+    return h;
+  }
+  Handle session(Reader& r) {
+    const Handle h = r.u64("session");
+    if (!sessions_.count(h)) throw Error("runner: unknown session handle {}", h);
+    return h;
+  }
+  std::string floats_reply(size_t n) {
+    Writer w;
+    w.i32(TS_OK).f32s(std::span<const float>(buf_.data(), n));
+    return w.bytes();
+  }
+
+  std::unique_ptr<BackendChannel> ch_;
+  std::map<Handle, int32_t> models_;    // -> n_vocab
+  std::map<Handle, int32_t> sessions_;  // -> n_vocab
+  std::vector<float> buf_;
+  bool poisoned_ = false;
+};
+
+std::vector<float>& Runner::guarded(size_t n) {
+  buf_.assign(n + kGuardFloats, 0.0f);
+  float guard;
+  std::memcpy(&guard, &kGuardBits, sizeof guard);
+  std::fill(buf_.begin() + std::ptrdiff_t(n), buf_.end(), guard);
+  return buf_;
+}
+
+void Runner::check_guard(size_t n, const char* what) {
+  for (size_t i = n; i < buf_.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &buf_[i], sizeof bits);
+    if (bits != kGuardBits) {
+      poisoned_ = true;
+      throw protocol::ProtocolError(
+          "{} wrote past the end of its logits buffer: the buffer holds {} floats (n_vocab x "
+          "positions), float {} was changed",
+          what, n, i);
+    }
+  }
+}
+
+std::string Runner::handle(Op op, Reader& r) {
+  Writer w;
+  w.i32(TS_OK);
+  switch (op) {
+    case Op::kCapabilities:
+      r.finish();
+      protocol::encode(w, ch_->capabilities());
+      return w.bytes();
+    case Op::kLoadModel: {
+      const std::string path = r.str("path");
+      r.finish();
+      int32_t n_vocab = 0;
+      const Handle h = ch_->load_model(path, &n_vocab);
+      models_[h] = n_vocab;
+      w.u64(h).i32(n_vocab);
+      return w.bytes();
+    }
+    case Op::kFreeModel: {
+      const Handle h = model(r);
+      r.finish();
+      ch_->free_model(h);
+      models_.erase(h);
+      return w.bytes();
+    }
+    case Op::kOpenSession: {
+      const Handle m = model(r);
+      ts_session_options o{};
+      o.struct_size = sizeof o;
+      o.weight_path = ts_weight_path(r.i32("weight_path"));
+      o.n_threads = r.i32("n_threads");
+      o.max_context = r.i32("max_context");
+      const std::string fault = r.str("fault");
+      r.finish();
+      o.fault = fault.empty() ? nullptr : fault.c_str();
+      const Handle s = ch_->open_session(m, o);
+      sessions_[s] = models_[m];
+      w.u64(s);
+      return w.bytes();
+    }
+    case Op::kFreeSession: {
+      const Handle h = session(r);
+      r.finish();
+      ch_->free_session(h);
+      sessions_.erase(h);
+      return w.bytes();
+    }
+    case Op::kPrefill: {
+      const Handle s = session(r);
+      const bool all = r.i32("all_positions") != 0;
+      const int32_t n = r.i32("n_tokens");
+      if (n < 0 || size_t(n) * 4 != r.remaining()) {
+        throw Error("runner: prefill: n_tokens {} does not match the {} bytes of tokens", n,
+                    r.remaining());
+      }
+      std::vector<int32_t> tokens(static_cast<size_t>(n));
+      r.i32s("tokens", tokens);
+      const size_t out = size_t(sessions_[s]) * (all ? size_t(n) : 1);
+      ch_->prefill(s, tokens, all, std::span<float>(guarded(out).data(), out));
+      check_guard(out, all ? "prefill(all positions)" : "prefill");
+      return floats_reply(out);
+    }
+    case Op::kDecode: {
+      const Handle s = session(r);
+      const int32_t token = r.i32("token");
+      r.finish();
+      const size_t out = size_t(sessions_[s]);
+      ch_->decode(s, token, std::span<float>(guarded(out).data(), out));
+      check_guard(out, "decode");
+      return floats_reply(out);
+    }
+    case Op::kPrefillGreedy: {
+      const Handle s = session(r);
+      const int32_t n = r.i32("n_tokens");
+      if (n < 0 || size_t(n) * 4 != r.remaining()) {
+        throw Error("runner: prefill_greedy: n_tokens {} does not match the {} bytes of tokens", n,
+                    r.remaining());
+      }
+      std::vector<int32_t> tokens(static_cast<size_t>(n));
+      r.i32s("tokens", tokens);
+      w.i32(ch_->prefill_greedy(s, tokens));
+      return w.bytes();
+    }
+    case Op::kRewind: {
+      const Handle s = session(r);
+      const int32_t p = r.i32("position");
+      r.finish();
+      ch_->rewind(s, p);
+      return w.bytes();
+    }
+    case Op::kPosition: {
+      const Handle s = session(r);
+      r.finish();
+      w.i32(ch_->position(s));
+      return w.bytes();
+    }
+    case Op::kHello:
+      break;
+  }
+  throw Error("runner: unexpected op {}", uint32_t(op));
+}
+
+// Reads the hello, loads the library, answers with BackendInfo (or the load error).
+std::unique_ptr<Runner> hello(int fd, const std::string& library) {
+  uint8_t header[protocol::kHeaderSize];
+  if (!read_exact(fd, header, sizeof header)) std::_Exit(3);
+  const auto h = protocol::parse_header(header, 64);
+  std::vector<uint8_t> body(h.payload_len);
+  if (!read_exact(fd, body.data(), body.size())) std::_Exit(3);
+  const uint32_t reply_op = uint32_t(Op::kHello) | protocol::kReplyBit;
+  try {
+    auto ch = open_in_process(library);
+    Writer w;
+    w.i32(TS_OK);
+    protocol::encode(w, ch->info());
+    write_all(fd, protocol::frame(reply_op, w.bytes()));
+    return std::make_unique<Runner>(std::move(ch));
+  } catch (const std::exception& e) {
+    write_all(fd, protocol::frame(reply_op, error_payload(TS_ERR_INTERNAL, e.what())));
+    std::_Exit(0);
+  }
+}
+
+int serve(int fd, const std::string& library) {
+  auto runner = hello(fd, library);
+  for (;;) {
+    uint8_t header[protocol::kHeaderSize];
+    if (!read_exact(fd, header, sizeof header)) return 0;  // harness closed: done
+    const auto h = protocol::parse_header(header, protocol::kMaxRequestPayload);
+    std::vector<uint8_t> body(h.payload_len);
+    if (!read_exact(fd, body.data(), body.size())) return 0;
+    const Op op = Op(h.op);
+    Reader r(body, fmt::format("{} request", protocol::op_name(h.op)));
+    std::string reply;
+    try {
+      reply = runner->handle(op, r);
+    } catch (const protocol::ProtocolError& e) {
+      reply = error_payload(
+          runner->poisoned() ? protocol::kStatusContractViolation : TS_ERR_INVALID_ARGUMENT,
+          e.what());
+    } catch (const BackendError& e) {
+      reply = error_payload(e.status(), e.detail().empty() ? e.what() : e.detail());
+    } catch (const std::exception& e) {
+      reply = error_payload(TS_ERR_INTERNAL, e.what());
+    }
+    write_all(fd, protocol::frame(h.op | protocol::kReplyBit, reply));
+    if (runner->poisoned()) return 70;  // the heap may be corrupt: stop here
+  }
+}
+
+}  // namespace
+}  // namespace touchstone
+
+int main(int argc, char** argv) {
+  if (argc != 4 || std::strcmp(argv[1], "--fd") != 0) {
+    std::fprintf(stderr,
+                 "usage: %s --fd N LIBRARY\n(started by the touchstone harness; see "
+                 "docs/protocol.md)\n",
+                 argv[0]);
+    return 2;
+  }
+  const int fd = std::atoi(argv[2]);
+  try {
+    return touchstone::serve(fd, argv[3]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "touchstone-backend-runner: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,77 @@
+#include "backend_host.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli_common.h"
+
+namespace touchstone::cli {
+
+BackendLibrary& BackendHost::library() {
+  if (lib_ && !lib_->alive()) {
+    session_.reset();
+    model_.reset();
+    lib_->restart();
+  }
+  if (!lib_) {
+    lib_ = o_.in_process ? BackendLibrary::load(o_.backend)
+                         : BackendLibrary::spawn(o_.backend, ChildOptions{o_.call_timeout_s, ""});
+  }
+  return *lib_;
+}
+
+Session& BackendHost::session() {
+  if (session_) return *session_;
+  BackendLibrary& lib = library();
+  if (!model_) model_ = std::make_unique<Model>(lib_, o_.model_path);
+  if (o_.expected_n_vocab > 0 && model_->n_vocab() != o_.expected_n_vocab) {
+    const int32_t got = model_->n_vocab();
+    model_.reset();
+    throw BackendError(TS_ERR_INTERNAL,
+                       fmt::format("backend '{}': n_vocab() is {}, the model's vocabulary has {} "
+                                   "tokens; no logits were requested",
+                                   lib.name(), got, o_.expected_n_vocab));
+  }
+  session_ = std::make_unique<Session>(*model_, o_.session);
+  return *session_;
+}
+
+void BackendHost::discard() {
+  session_.reset();
+  model_.reset();
+}
+
+std::string BackendHost::execution() const {
+  return o_.in_process
+             ? "in process"
+             : fmt::format("child process (time limit {:g} s per call)", o_.call_timeout_s);
+}
+
+namespace {
+std::atomic<bool> g_guard_armed{false};
+std::string g_guard_backend;
+
+void exit_guard() {
+  if (!g_guard_armed.load()) return;
+  std::fprintf(stderr,
+               "touchstone: error: backend '%s' called exit() inside the harness process before "
+               "the verdict was written; no verdict (run without --in-process to get a report)\n",
+               g_guard_backend.c_str());
+  std::fflush(stderr);
+  ::_exit(kExitError);
+}
+}  // namespace
+
+void arm_exit_guard(const std::string& backend) {
+  static const bool registered = std::atexit(exit_guard) == 0;
+  (void)registered;
+  g_guard_backend = backend;
+  g_guard_armed = true;
+}
+
+void disarm_exit_guard() { g_guard_armed = false; }
+
+}  // namespace touchstone::cli
