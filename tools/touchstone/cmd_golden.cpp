@@ -54,7 +54,7 @@ void add_golden(CLI::App& app, int& exit_code) {
       GoldenFile g;
       g.model_name = mm.name;
       g.model_sha256 = mm.sha256;
-      g.reference_version = std::string(lib->api().name) + " " + lib->api().version;
+      g.reference_version = lib->name() + " " + lib->version();
       g.reference_revision = revision;
       fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording",
                  mm.name, lib->name(), lib->device_name());
