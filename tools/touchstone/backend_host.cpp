@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "cli_common.h"
+#include "touchstone/report.h"
 
 namespace touchstone::cli {
 
@@ -26,6 +27,15 @@ BackendLibrary& BackendHost::library() {
 Session& BackendHost::session() {
   if (session_) return *session_;
   BackendLibrary& lib = library();
+  // The contract's strings are UTF-8 (docs/contract.md): reports carry them.
+  for (const std::string* s : {&lib.name(), &lib.version(), &lib.device_name()}) {
+    if (sanitize_utf8(*s) != *s) {
+      throw BackendError(TS_ERR_INTERNAL,
+                         fmt::format("backend '{}': contract: name, version or device_name is "
+                                     "not valid UTF-8: {:?}",
+                                     sanitize_utf8(lib.name()), *s));
+    }
+  }
   if (!model_) model_ = std::make_unique<Model>(lib_, o_.model_path);
   if (o_.expected_n_vocab > 0 && model_->n_vocab() != o_.expected_n_vocab) {
     const int32_t got = model_->n_vocab();

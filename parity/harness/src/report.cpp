@@ -22,6 +22,7 @@ std::string printable(const std::string& bytes) {
 }
 
 std::string divergence_cell(const CaseResult& c) {
+  if (!c.backend_error.empty()) return "backend failed (see why)";
   if (!c.first_divergence) {
     return c.first_logit_violation_step >= 0
                ? fmt::format("logits@{}", c.first_logit_violation_step)

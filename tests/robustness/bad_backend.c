@@ -1,0 +1,105 @@
+/* A deliberately misbehaving backend for the harness's robustness tests.
+ *
+ * It forwards every call to the real reference backend (REFERENCE_BACKEND_PATH)
+ * and misbehaves as TOUCHSTONE_BAD_MODE says:
+ *   exit0    exit(0) in decode             segv     SIGSEGV in decode
+ *   abort    abort() in decode             hang     never returns from decode
+ *   nan      every logit NaN from decode   error    TS_ERR_INTERNAL from decode
+ *   overflow decode writes 1000 floats past n_vocab
+ *   n_vocab  n_vocab() reports 10          names    name and device are not UTF-8
+ * The decode modes strike only in the first decode after the prefill number
+ * TOUCHSTONE_BAD_AT (default 2, counted across processes in the file
+ * TOUCHSTONE_BAD_STATE), so with cases run in order the first passes, the
+ * second breaks and the run must carry on to the third. */
+#include <dlfcn.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "touchstone/backend_abi.h"
+
+static ts_backend g_table;
+static const ts_backend* g_ref;
+static int g_armed;       /* the next decode misbehaves */
+static int32_t g_n_vocab; /* the model's real n_vocab: the logits row length */
+
+static const char* mode(void) {
+  const char* m = getenv("TOUCHSTONE_BAD_MODE");
+  return m ? m : "";
+}
+
+/* Counts prefills across child restarts in a file; returns the new count. */
+static int count_prefill(void) {
+  const char* path = getenv("TOUCHSTONE_BAD_STATE");
+  int n = 0;
+  if (!path) return 1;
+  FILE* f = fopen(path, "r");
+  if (f) {
+    if (fscanf(f, "%d", &n) != 1) n = 0;
+    fclose(f);
+  }
+  ++n;
+  f = fopen(path, "w");
+  if (f) {
+    fprintf(f, "%d\n", n);
+    fclose(f);
+  }
+  return n;
+}
+
+static ts_status bad_prefill(ts_session* s, const int32_t* t, int32_t n, int32_t all, float* out) {
+  const char* at = getenv("TOUCHSTONE_BAD_AT");
+  g_armed = count_prefill() == (at ? atoi(at) : 2);
+  return g_ref->prefill(s, t, n, all, out);
+}
+
+static ts_status bad_decode(ts_session* s, int32_t token, float* out) {
+  const ts_status st = g_ref->decode(s, token, out);
+  if (!g_armed) return st;
+  g_armed = 0;
+  const char* m = mode();
+  if (!strcmp(m, "exit0")) exit(0);
+  if (!strcmp(m, "segv")) raise(SIGSEGV);
+  if (!strcmp(m, "abort")) abort();
+  if (!strcmp(m, "hang"))
+    for (;;) pause();
+  if (!strcmp(m, "error")) return TS_ERR_INTERNAL;
+  if (!strcmp(m, "nan") || !strcmp(m, "overflow")) {
+    const int extra = !strcmp(m, "overflow") ? 1000 : 0;
+    for (int i = 0; i < g_n_vocab + extra; ++i) out[i] = NAN;
+  }
+  return st;
+}
+
+static const char* bad_last_error(void) {
+  return !strcmp(mode(), "error") ? "bad backend: deliberate error" : g_ref->last_error();
+}
+
+static int32_t bad_n_vocab(const ts_model* m) {
+  g_n_vocab = g_ref->n_vocab(m);
+  return !strcmp(mode(), "n_vocab") ? 10 : g_n_vocab;
+}
+
+static const char* bad_device_name(void) { return "bad device \xc3\x28 \xff"; }
+
+__attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
+  void* h = dlopen(REFERENCE_BACKEND_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return NULL;
+  ts_backend_entry_fn entry = (ts_backend_entry_fn)dlsym(h, TS_BACKEND_ENTRY_SYMBOL);
+  if (!entry || !(g_ref = entry())) return NULL;
+  g_table = *g_ref;
+  g_table.name = "bad";
+  g_table.version = "0";
+  if (!strcmp(mode(), "names")) {
+    g_table.name = "bad\xff\xfe";
+    g_table.device_name = bad_device_name;
+  }
+  g_table.last_error = bad_last_error;
+  g_table.prefill = bad_prefill;
+  g_table.decode = bad_decode;
+  g_table.n_vocab = bad_n_vocab;
+  return &g_table;
+}
