@@ -33,7 +33,11 @@ class Contract : public ::testing::Test {
     const std::string path = env("TOUCHSTONE_MODEL_PATH");
     if (path.empty() || !std::filesystem::exists(path)) return;
     try {
-      lib_ = BackendLibrary::load(env("TOUCHSTONE_CONTRACT_BACKEND"));
+      // TOUCHSTONE_CONTRACT_CHILD=1: the same suite through the child-process
+      // protocol, which must be indistinguishable from the C ABI in process.
+      lib_ = env("TOUCHSTONE_CONTRACT_CHILD") == "1"
+                 ? BackendLibrary::spawn(env("TOUCHSTONE_CONTRACT_BACKEND"), ChildOptions{})
+                 : BackendLibrary::load(env("TOUCHSTONE_CONTRACT_BACKEND"));
       model_ = std::make_unique<Model>(lib_, path);
     } catch (const BackendError& e) {
       if (e.status() != TS_ERR_DEVICE) throw;
