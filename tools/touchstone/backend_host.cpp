@@ -8,6 +8,7 @@
 
 #include "cli_common.h"
 #include "touchstone/report.h"
+#include "touchstone/tokenizer.h"
 
 namespace touchstone::cli {
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "touchstone/error.h"
+#include "touchstone/tokenizer.h"
 
 namespace touchstone {
 namespace {
@@ -36,82 +37,28 @@ std::string divergence_cell(const CaseResult& c) {
 
 double finite_or(double v, double fallback) { return std::isfinite(v) ? v : fallback; }
 
-// Length of the valid UTF-8 sequence at s[i] (1..4), or 0 if invalid
-// (overlong, surrogate, above U+10FFFF, truncated). *cp receives the code point.
-size_t utf8_seq(const std::string& s, size_t i, uint32_t* cp) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  if (c < 0x80) {
-    *cp = c;
-    return 1;
-  }
-  size_t n = 0;
-  uint32_t v = 0, min = 0;
-  if ((c & 0xE0) == 0xC0) {
-    n = 2, v = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 3, v = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 4, v = c & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b(i + k) & 0x3F);
-  }
-  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  *cp = v;
-  return n;
-}
-
 }  // namespace
 
-std::string sanitize_utf8(const std::string& bytes) {
-  std::string o;
-  o.reserve(bytes.size());
-  for (size_t i = 0; i < bytes.size();) {
-    uint32_t cp = 0;
-    const size_t n = utf8_seq(bytes, i, &cp);
-    if (n == 0) {
-      o += "\xEF\xBF\xBD";  // U+FFFD REPLACEMENT CHARACTER
-      ++i;
-    } else {
-      o.append(bytes, i, n);
-      i += n;
-    }
-  }
-  return o;
-}
-
 std::string xml_escape(const std::string& s) {
-  const std::string u = sanitize_utf8(s);
+  const std::string u = sanitize_utf8(s);  // valid UTF-8 from here on
   std::string o;
   for (size_t i = 0; i < u.size();) {
-    uint32_t cp = 0;
-    const size_t n = utf8_seq(u, i, &cp);
-    switch (cp) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        if (cp < 0x20 && cp != '\t' && cp != '\n' && cp != '\r') {
-          o += fmt::format("\\x{:02X}", cp);
-        } else if (cp == 0xFFFE || cp == 0xFFFF) {
-          o += fmt::format("\\u{{{:04X}}}", cp);
-        } else {
-          o.append(u, i, n);
-        }
+    const auto c = static_cast<unsigned char>(u[i]);
+    const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (c == '&') {
+      o += "&amp;";
+    } else if (c == '<') {
+      o += "&lt;";
+    } else if (c == '>') {
+      o += "&gt;";
+    } else if (c == '"') {
+      o += "&quot;";
+    } else if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+      o += fmt::format("\\x{:02X}", c);
+    } else if (u.compare(i, 3, "\xEF\xBF\xBE") == 0 || u.compare(i, 3, "\xEF\xBF\xBF") == 0) {
+      o += u[i + 2] == '\xBE' ? "\\u{FFFE}" : "\\u{FFFF}";
+    } else {
+      o.append(u, i, n);
     }
     i += n;
   }

@@ -38,9 +38,8 @@ std::string to_junit(const Report& r);  // one <testcase> per case / scoring pas
 // name the file and carry strerror(errno); `path` is never half-written.
 void write_file_atomic(const std::string& path, const std::string& content);
 
-// Text safe for JSON and XML: invalid UTF-8 sequences become U+FFFD.
-std::string sanitize_utf8(const std::string& bytes);
-// XML 1.0 attribute/text escaping of sanitize_utf8(s): & < > " escaped, the
+// XML 1.0 attribute/text escaping of sanitize_utf8(s) (touchstone/tokenizer.h:
+// invalid UTF-8 -> U+FFFD): & < > " escaped, the
 // characters XML 1.0 forbids (C0 controls but tab/LF/CR, U+FFFE, U+FFFF)
 // written as the text "\xNN" / "\u{FFFE}".
 std::string xml_escape(const std::string& s);
