@@ -302,9 +302,15 @@ class Parser {
           fail(p,
                fmt::format("invalid suite name '{}': use letters, digits, '_', '-', '.'", sname));
         const json& o = object(val, p);
-        allow_keys(o, p, {"cases", "scoring"});
+        allow_keys(o, p, {"cases", "scoring", "max_steps", "max_positions", "description"});
         Suite s;
         s.name = sname;
+        if (const json* v = find(o, "max_steps"))
+          s.max_steps = positive_int(*v, child(p, "max_steps"));
+        if (const json* v = find(o, "max_positions"))
+          s.max_positions = positive_int(*v, child(p, "max_positions"));
+        if (const json* v = find(o, "description"))
+          s.description = string(*v, child(p, "description"));
         auto refs = [&](const char* key, std::vector<std::string>& out, auto& items,
                         const char* kind) {
           const json* v = find(o, key);

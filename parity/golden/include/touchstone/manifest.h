@@ -57,9 +57,12 @@ struct ManifestScoring {
 };
 
 struct Suite {
-  std::string name;
+  std::string name, description;
   std::vector<std::string> cases;    // names of ManifestCase
   std::vector<std::string> scoring;  // names of ManifestScoring
+  // A quick suite's trims (0 = no limit): compare only the first max_steps
+  // greedy steps of each case and the first max_positions scoring positions.
+  int max_steps = 0, max_positions = 0;
 };
 
 struct Manifest {
