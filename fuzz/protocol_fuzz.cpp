@@ -1,0 +1,46 @@
+// libFuzzer target: the child-process protocol decoder (touchstone/protocol.h)
+// as the harness runs it on a runner's replies: header, then each reply kind.
+// Any input must decode or throw ProtocolError; nothing else.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "touchstone/protocol.h"
+
+using namespace touchstone::protocol;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::span<const uint8_t> in(data, size);
+  try {
+    if (size >= kHeaderSize) (void)parse_header(in.first(kHeaderSize), kMaxRequestPayload);
+  } catch (const ProtocolError&) {
+  }
+  const std::span<const uint8_t> body = size > kHeaderSize ? in.subspan(kHeaderSize) : in;
+  try {
+    Reader r(body, "hello reply");
+    (void)decode_info(r);
+    r.finish();
+  } catch (const ProtocolError&) {
+  }
+  try {
+    std::string note;
+    Reader r(body, "capabilities reply");
+    (void)decode_capabilities(r, note);
+    r.finish();
+  } catch (const ProtocolError&) {
+  }
+  try {  // a logits reply: status, then exactly n floats
+    Reader r(body, "decode reply");
+    if (r.i32("status") != 0) {
+      (void)r.str("error");
+    } else {
+      std::vector<float> out(r.remaining() / 4);
+      r.f32s("logits", out);
+    }
+    r.finish();
+  } catch (const ProtocolError&) {
+  }
+  return 0;
+}
