@@ -56,7 +56,7 @@ void gguf_seeds(const std::string& dir) {
     }
     b.tensor("a.weight", {4, 2}, tg::TensorType::F32, f32);
     b.tensor("b.weight", {8}, tg::TensorType::F16, pattern(16, 3));
-    save(dir + "/seed_f32_f16.gguf", b.build());
+    save(dir + "/seed_f32_f16", b.build());
   }
   {  // one block of each common quantized type
     GgufBuilder b;
@@ -64,14 +64,14 @@ void gguf_seeds(const std::string& dir) {
     b.tensor("q4_1", {32}, tg::TensorType::Q4_1, pattern(20, 2));
     b.tensor("q8_0", {32}, tg::TensorType::Q8_0, pattern(34, 3));
     b.tensor("q5_1", {32}, tg::TensorType::Q5_1, pattern(24, 4));
-    save(dir + "/seed_quant.gguf", b.build());
+    save(dir + "/seed_quant", b.build());
   }
   {  // K-quants and IQ types (one super-block each)
     GgufBuilder b;
     b.tensor("q4_k", {256}, tg::TensorType::Q4_K, pattern(144, 5));
     b.tensor("q6_k", {256}, tg::TensorType::Q6_K, pattern(210, 6));
     b.tensor("iq4_nl", {32}, tg::TensorType::IQ4_NL, pattern(18, 7));
-    save(dir + "/seed_kquant.gguf", b.build());
+    save(dir + "/seed_kquant", b.build());
   }
   {  // a byte-level BPE tokenizer
     GgufBuilder b;
@@ -86,7 +86,7 @@ void gguf_seeds(const std::string& dir) {
     auto& m = b.key("tokenizer.ggml.merges", tg::ValueType::ARRAY);
     m.put<uint32_t>(8).put<uint64_t>(1).str("a b");
     b.key("tokenizer.ggml.bos_token_id", tg::ValueType::UINT32).put<uint32_t>(0);
-    save(dir + "/seed_tokenizer.gguf", b.build());
+    save(dir + "/seed_tokenizer", b.build());
   }
 }
 
