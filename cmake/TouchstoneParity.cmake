@@ -1,12 +1,12 @@
 # touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...])
 #
-# One CTest test per case and scoring passage of the manifest's default suite:
+# One CTest test per case and scoring passage of the manifest's "full" suite:
 #   parity.<backend>.<weights>.<case>   labels: parity;<backend>;<tier>;<weights>
 # A test exits 77 (SKIP) when the backend reports that no device is available
 # (TS_ERR_DEVICE): it never passes vacuously.
 set(TOUCHSTONE_MANIFEST ${PROJECT_SOURCE_DIR}/goldens/manifest.json)
 file(READ ${TOUCHSTONE_MANIFEST} _ts_manifest)
-string(JSON _ts_suite GET "${_ts_manifest}" suites default)
+string(JSON _ts_suite GET "${_ts_manifest}" suites full)
 set(TOUCHSTONE_DEFAULT_CASES "")
 set(TOUCHSTONE_DEFAULT_SCORING "")
 foreach(_kind cases scoring)

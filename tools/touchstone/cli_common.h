@@ -17,6 +17,9 @@ namespace touchstone::cli {
 inline constexpr int kExitFail = 1;
 inline constexpr int kExitError = 2;
 inline constexpr int kExitSkip = 77;  // no device for this backend here (CTest SKIP_RETURN_CODE)
+// The backend refuses this model or weight path at setup (TS_ERR_UNSUPPORTED):
+// not a PASS, not a silent SKIP; ci/parity lists it as UNSUPPORTED.
+inline constexpr int kExitUnsupported = 3;
 
 std::string default_manifest_path();
 Tokenizer load_tokenizer(const std::string& gguf_path);
@@ -29,5 +32,6 @@ void add_run(CLI::App& app, int& exit_code);
 void add_golden(CLI::App& app, int& exit_code);
 void add_parity(CLI::App& app, int& exit_code);
 void add_export(CLI::App& app, int& exit_code);
+void add_summary(CLI::App& app, int& exit_code);
 
 }  // namespace touchstone::cli

@@ -19,7 +19,7 @@ namespace touchstone::cli {
 namespace {
 
 struct Opts {
-  std::string manifest = default_manifest_path(), backend = "reference", suite = "default";
+  std::string manifest = default_manifest_path(), backend = "reference", suite = "quick";
   std::string weights = "full_precision", profile, fault, json, junit;
   std::vector<std::string> cases, scoring;
   bool no_scoring = false, expect_fail = false, in_process = false;
@@ -70,14 +70,15 @@ Result setup_failure(const std::string& name, const std::exception& e) {
 
 // Runs `check` on a fresh or reused session; a backend failure becomes the
 // check's FAIL row and the session is replaced for the next one. A backend
-// with no device here (TS_ERR_DEVICE at setup) propagates: the run SKIPs.
+// with no device here (TS_ERR_DEVICE at setup) or refusing the model / weight
+// path (TS_ERR_UNSUPPORTED at setup) propagates: the run is SKIP / UNSUPPORTED.
 template <typename Result, typename Fn>
 Result guarded(BackendHost& host, const std::string& name, Fn&& check) {
   Session* session = nullptr;
   try {
     session = &host.session();
   } catch (const BackendError& e) {
-    if (e.status() == TS_ERR_DEVICE) throw;
+    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
     host.discard();
     return setup_failure<Result>(name, e);
   }
@@ -96,10 +97,25 @@ bool expect_fail_caught(const Report& report) {
   return caught;
 }
 
-void progress(const std::string& name, bool passed, double seconds, size_t done, size_t total) {
-  fmt::print(stderr, "  [{}/{}] {:<22} {} ({:.1f} s)\n", done, total, name,
-             passed ? "PASS" : "FAIL", seconds);
-}
+// Progress on stderr with an estimate of the time left, by the number of
+// steps/positions still to check at the rate seen so far.
+class Progress {
+ public:
+  Progress(size_t total_checks, double total_units) : total_(total_checks), units_(total_units) {}
+  void done(const std::string& name, bool passed, double seconds, double units) {
+    ++done_;
+    units_done_ += units;
+    elapsed_ += seconds;
+    const double left = units_done_ > 0 ? elapsed_ / units_done_ * (units_ - units_done_) : 0.0;
+    fmt::print(stderr, "  [{}/{}] {:<22} {} ({:.1f} s){}\n", done_, total_, name,
+               passed ? "PASS" : "FAIL", seconds,
+               done_ < total_ ? fmt::format(", about {:.0f} s left", left) : "");
+  }
+
+ private:
+  size_t total_, done_ = 0;
+  double units_, units_done_ = 0, elapsed_ = 0;
+};
 
 // The vocabulary size the reference recorded: every backend must match it.
 int32_t golden_n_vocab(const GoldenFile& g) {
@@ -107,54 +123,70 @@ int32_t golden_n_vocab(const GoldenFile& g) {
   return g.scoring.empty() ? 0 : g.scoring.front().n_vocab;
 }
 
-int run_parity(const Opts& o) {
-  const Manifest m = load_manifest(o.manifest);
-  const Plan plan = plan_run(m, o);
-  const ManifestModel& mm = *plan.model;
-  const ts_weight_path wp = parse_weight_path(o.weights);
-  const Profile& profile = m.find_profile(
-      !o.profile.empty() ? o.profile : (wp == TS_WEIGHTS_QUANTIZED ? "quantized" : "exact"));
-  const std::string model_path = resolve_model(mm);
-  const GoldenFile golden = read_golden_file(m.resolve(mm.golden));
-  if (golden.model_sha256 != mm.sha256) {
-    throw Error("{}: goldens were recorded for model sha256 {}, manifest says {}",
-                m.resolve(mm.golden), golden.model_sha256, mm.sha256);
-  }
-  const Tokenizer tok = load_tokenizer(model_path);
-  for (const auto& n : plan.cases)
-    if (!golden.find_case(n))
-      throw Error("{}: no golden for case '{}' (run `touchstone golden`)", m.resolve(mm.golden), n);
-  for (const auto& n : plan.scoring)
-    if (!golden.find_scoring(n))
-      throw Error("{}: no golden for scoring passage '{}'", m.resolve(mm.golden), n);
+// Everything a run reads before it touches the backend.
+struct Inputs {
+  Manifest manifest;
+  Plan plan;
+  const Profile* profile = nullptr;
+  ts_weight_path weights = TS_WEIGHTS_FULL_PRECISION;
+  std::string model_path;
+  GoldenFile golden;
+  std::unique_ptr<Tokenizer> tok;
+};
 
-  Report report;
-  report.n_planned = int(plan.cases.size() + plan.scoring.size());
-  report.info =
-      RunInfo{o.backend, o.backend, "", weight_path_name(wp), profile.name, o.suite, mm.name,
-              mm.sha256, o.threads, ""};
-  BackendHost host(HostOptions{o.backend, o.in_process, o.timeout, model_path,
-                               SessionOptions{wp, o.threads, 0, o.fault}, golden_n_vocab(golden)});
-  report.info.execution = host.execution();
-  write_reports(o, report);  // output paths are checked before any backend call
-  if (o.in_process) arm_exit_guard(o.backend);
-  try {
-    BackendLibrary& lib = host.library();
-    report.info.backend = lib.name();
-    report.info.backend_path = lib.path();
-    report.info.device = lib.device_name();
-  } catch (const BackendCrash& e) {
-    report.info.device = fmt::format("(backend failed to start: {})", e.what());
+std::unique_ptr<Inputs> load_inputs(const Opts& o) {
+  auto in = std::make_unique<Inputs>();
+  in->manifest = load_manifest(o.manifest);
+  const Manifest& m = in->manifest;
+  in->plan = plan_run(m, o);
+  const ManifestModel& mm = *in->plan.model;
+  in->weights = parse_weight_path(o.weights);
+  in->profile = &m.find_profile(!o.profile.empty()                    ? o.profile
+                                : in->weights == TS_WEIGHTS_QUANTIZED ? "quantized"
+                                                                      : "exact");
+  in->model_path = resolve_model(mm);
+  in->golden = read_golden_file(m.resolve(mm.golden));
+  if (in->golden.model_sha256 != mm.sha256) {
+    throw Error("{}: goldens were recorded for model sha256 {}, manifest says {}",
+                m.resolve(mm.golden), in->golden.model_sha256, mm.sha256);
   }
-  const size_t total = size_t(report.n_planned);
-  for (const std::string& n : plan.cases) {
-    report.cases.push_back(guarded<CaseResult>(
-        host, n, [&](Session& s) { return check_case(s, tok, *golden.find_case(n), profile); }));
+  in->tok = std::make_unique<Tokenizer>(load_tokenizer(in->model_path));
+  for (const auto& n : in->plan.cases)
+    if (!in->golden.find_case(n))
+      throw Error("{}: no golden for case '{}' (run `touchstone golden`)", m.resolve(mm.golden), n);
+  for (const auto& n : in->plan.scoring)
+    if (!in->golden.find_scoring(n))
+      throw Error("{}: no golden for scoring passage '{}'", m.resolve(mm.golden), n);
+  return in;
+}
+
+// Every check of the plan, in order; reports rewritten after each.
+void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
+  const Suite& suite = in.manifest.find_suite(o.suite);
+  const int max_steps = o.cases.empty() ? suite.max_steps : 0;
+  const int max_positions = o.scoring.empty() ? suite.max_positions : 0;
+  double units = 0;
+  for (const auto& n : in.plan.cases) {  // prompt tokens + steps: prefill costs per token too
+    const GoldenCase& g = *in.golden.find_case(n);
+    const double steps = double(g.greedy_ids.size());
+    units +=
+        double(g.prompt_ids.size()) + (max_steps > 0 ? std::min(steps, double(max_steps)) : steps);
+  }
+  for (const auto& n : in.plan.scoring) {
+    const double pos = double(in.golden.find_scoring(n)->token_ids.size());
+    units += max_positions > 0 ? std::min(pos, double(max_positions)) : pos;
+  }
+  Progress progress(size_t(report.n_planned), units);
+  for (const std::string& n : in.plan.cases) {
+    report.cases.push_back(guarded<CaseResult>(host, n, [&](Session& s) {
+      return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps);
+    }));
     const CaseResult& r = report.cases.back();
-    progress(n, r.passed, r.seconds, report.cases.size(), total);
+    progress.done(n, r.passed, r.seconds,
+                  double(in.golden.find_case(n)->prompt_ids.size()) + r.n_total);
     write_reports(o, report);
   }
-  for (const std::string& n : plan.scoring) {
+  for (const std::string& n : in.plan.scoring) {
     report.scoring.push_back(guarded<ScoringResult>(host, n, [&](Session& s) {
       bool all = false;
       try {
@@ -162,16 +194,56 @@ int run_parity(const Opts& o) {
       } catch (const BackendError& e) {
         return setup_failure<ScoringResult>(n, e);
       }
-      return check_scoring(s, *golden.find_scoring(n), profile, all);
+      return check_scoring(s, *in.golden.find_scoring(n), *in.profile, all, max_positions);
     }));
     const ScoringResult& r = report.scoring.back();
-    progress(n, r.passed, r.seconds, report.cases.size() + report.scoring.size(), total);
+    progress.done(n, r.passed, r.seconds, double(r.stats.n_positions));
     write_reports(o, report);
   }
+}
+
+// Identity of the backend for the report; a backend that cannot even start
+// is named by its path and each check fails at setup.
+void describe_backend(BackendHost& host, RunInfo& info) {
+  try {
+    BackendLibrary& lib = host.library();
+    info.backend = lib.name();
+    info.backend_path = lib.path();
+    info.device = lib.device_name();
+  } catch (const BackendCrash& e) {
+    info.device = fmt::format("(backend failed to start: {})", e.what());
+  }
+}
+
+int run_parity(const Opts& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::unique_ptr<Inputs> in = load_inputs(o);
+  const ManifestModel& mm = *in->plan.model;
+  Report report;
+  report.n_planned = int(in->plan.cases.size() + in->plan.scoring.size());
+  report.info = RunInfo{o.backend,         o.backend, "",      weight_path_name(in->weights),
+                        in->profile->name, o.suite,   mm.name, mm.sha256,
+                        o.threads,         ""};
+  BackendHost host(HostOptions{o.backend, o.in_process, o.timeout, in->model_path,
+                               SessionOptions{in->weights, o.threads, 0, o.fault},
+                               golden_n_vocab(in->golden)});
+  report.info.execution = host.execution();
+  write_reports(o, report);  // output paths are checked before any backend call
+  if (o.in_process) arm_exit_guard(o.backend);
+  int skip_code = 0;
+  try {
+    describe_backend(host, report.info);
+    run_checks(o, *in, host, report);
+  } catch (const BackendError& e) {  // no device here, or this model/path refused
+    (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
+    skip_code = e.status() == TS_ERR_DEVICE ? kExitSkip : kExitUnsupported;
+  }
   report.complete = true;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_reports(o, report);
   disarm_exit_guard();
   fmt::print("{}", format_table(report));
+  if (skip_code != 0) return skip_code;
   if (!o.expect_fail) return report.passed() ? 0 : kExitFail;
   // --expect-fail: the harness must catch the fault and say where.
   const bool caught = expect_fail_caught(report);
@@ -187,7 +259,9 @@ void add_parity(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand("parity", "Compare a backend with the goldens");
   cmd->add_option("--backend,-b", o->backend,
                   "Backend name (libtouchstone_backend_NAME.so) or library path");
-  cmd->add_option("--suite", o->suite, "Suite from the manifest");
+  cmd->add_option(
+      "--suite", o->suite,
+      "Suite from the manifest: quick (default; trimmed) or full (every case, every step)");
   cmd->add_option("--case", o->cases, "Only these cases (repeatable)");
   cmd->add_option("--scoring", o->scoring, "Only these scoring passages (repeatable)");
   cmd->add_flag("--no-scoring", o->no_scoring, "Skip the teacher-forced scoring passages");

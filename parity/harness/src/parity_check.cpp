@@ -164,12 +164,13 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
 
 }  // namespace
 
-CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g,
-                      const Profile& p) {
+CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
+                      int max_steps) {
   const auto t0 = Clock::now();
   CaseResult r;
   r.name = g.name;
   r.n_total = int(g.greedy_ids.size());
+  if (max_steps > 0) r.n_total = std::min(r.n_total, max_steps);
   std::vector<double> kls;
   std::vector<int32_t> host_argmax;  // argmax of the backend's own logits per step
   Progress at;
@@ -212,11 +213,14 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
 }
 
 ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Profile& p,
-                            bool all_position_logits) {
+                            bool all_position_logits, int max_positions) {
   const auto t0 = Clock::now();
   ScoringResult r;
   r.name = g.name;
-  const size_t V = size_t(g.n_vocab), K = size_t(g.top_k), N = g.token_ids.size();
+  const size_t V = size_t(g.n_vocab), K = size_t(g.top_k);
+  size_t N = g.token_ids.size();
+  if (max_positions > 0) N = std::min(N, size_t(max_positions) + 1);
+  const std::span<const int32_t> tokens(g.token_ids.data(), N);
   metrics::ScoringAccumulator acc;
   double err2 = 0.0, ref2 = 0.0;
   Progress at;
@@ -230,7 +234,7 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
     std::vector<float> all;
     std::vector<float> row_buf(V);
     at = {all_position_logits ? "prefill(all positions)" : "prefill", 0};
-    if (all_position_logits) all = session.prefill_all(g.token_ids);
+    if (all_position_logits) all = session.prefill_all(tokens);
     for (size_t i = 0; i + 1 < N; ++i) {
       std::span<const float> row;
       if (all_position_logits) {

@@ -65,6 +65,13 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
+std::string Report::verdict() const {
+  if (!skipped.empty()) return "SKIP";
+  if (!unsupported.empty()) return "UNSUPPORTED";
+  if (!complete) return "INCOMPLETE";
+  return passed() ? "PASS" : "FAIL";
+}
+
 bool Report::passed() const {
   if (!complete || (cases.empty() && scoring.empty())) return false;
   for (const auto& c : cases)
@@ -127,10 +134,12 @@ std::string format_table(const Report& r) {
         greedy_steps);
   }
   const size_t done = r.cases.size() + r.scoring.size();
-  if (!r.complete) {
+  if (!r.skipped.empty() || !r.unsupported.empty()) {
+    o += fmt::format("\nverdict: {}: {}\n", r.verdict(), r.skipped + r.unsupported);
+  } else if (!r.complete) {
     o += fmt::format("\nverdict: INCOMPLETE ({} of {} checks finished)\n", done, r.n_planned);
   } else {
-    o += fmt::format("\nverdict: {}\n", r.passed() ? "PASS" : "FAIL");
+    o += fmt::format("\nverdict: {}\n", r.verdict());
   }
   return sanitize_utf8(o);
 }
@@ -161,6 +170,9 @@ std::string to_json(const Report& r) {
   j["complete"] = r.complete;
   j["checks_planned"] = r.n_planned;
   j["passed"] = r.passed();
+  j["verdict"] = r.verdict();
+  j["reason"] = r.skipped + r.unsupported;
+  j["seconds"] = r.seconds;
   j["cases"] = json::array();
   for (const CaseResult& c : r.cases) {
     json cj{{"name", c.name},

@@ -67,10 +67,12 @@ struct ScoringResult {
 // Neither function throws for anything the backend does: a failing call
 // becomes a failure naming the step/position and the call, and sets
 // backend_error so the caller replaces the session before the next case.
+// max_steps > 0: compare only the first max_steps greedy steps (a quick suite).
 CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& golden,
-                      const Profile& profile);
+                      const Profile& profile, int max_steps = 0);
 
+// max_positions > 0: score only the first max_positions positions of the passage.
 ScoringResult check_scoring(Session& session, const GoldenScoring& golden, const Profile& profile,
-                            bool all_position_logits);
+                            bool all_position_logits, int max_positions = 0);
 
 }  // namespace touchstone

@@ -23,8 +23,14 @@ struct Report {
   // a report left by a killed run says so.
   bool complete = false;
   int n_planned = 0;  // cases + passages the run set out to check
+  // Set when the run could not check anything: the backend has no device here
+  // (TS_ERR_DEVICE) or refuses this model / weight path (TS_ERR_UNSUPPORTED).
+  std::string skipped, unsupported;
+  double seconds = 0.0;  // wall time of the whole run
   // PASS only for a complete run with at least one result, every one PASS.
   bool passed() const;
+  // "PASS", "FAIL", "SKIP", "UNSUPPORTED" or "INCOMPLETE".
+  std::string verdict() const;
 };
 
 // Human-readable table (backend x case: verdict, tokens matched, first divergence, NMSE, KLD)
