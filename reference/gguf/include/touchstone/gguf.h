@@ -11,7 +11,9 @@
 // Strings are u64 length + UTF-8 bytes (no terminator); arrays are u32
 // element type + u64 count + elements. Everything is little-endian.
 //
-// The file is mmap()ed read-only. Every read is checked against the file
+// The whole file is read into private, read-only memory at open (not
+// mmap()ed: a mapped file truncated by another process raises SIGBUS on the
+// next access; see File::open in gguf.cpp). Every read is checked against the file
 // size and every count is capped by the bytes that remain, so malformed input
 // raises touchstone::Error (naming the file, the byte offset and the field)
 // instead of crashing or allocating without bound.
@@ -114,7 +116,7 @@ struct TensorInfo {
   uint64_t info_offset = 0;  // byte offset of this tensor's info record (for messages)
 };
 
-/// An open GGUF file. Move-only; owns a read-only mapping of the whole file.
+/// An open GGUF file. Move-only; owns a read-only in-memory copy of the whole file.
 class File {
  public:
   /// Opens and validates `path`. Throws touchstone::Error on any problem.
@@ -175,7 +177,7 @@ class File {
   friend class FileParser;
 
   std::string path_;
-  const uint8_t* base_ = nullptr;  // mmap()ed file, nullptr when empty/moved-from
+  const uint8_t* base_ = nullptr;  // the file's bytes (anonymous mapping), nullptr when empty
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
