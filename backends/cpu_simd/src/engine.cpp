@@ -159,8 +159,8 @@ Model::Model(const std::string& path) : file_(gg::File::open(path)) {
 
 void Model::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
 
-// Decode streams every matrix once per token. Served from the file mapping the
-// weights sit in 4 KiB page-cache pages: a TLB miss every 4 KiB and the
+// Decode streams every matrix once per token. Served from the model buffer the
+// weights sit in 4 KiB pages: a TLB miss every 4 KiB and the
 // hardware prefetchers restart at every page. One anonymous arena with
 // MADV_HUGEPAGE (2 MiB pages where the kernel grants them), in the order the
 // forward pass reads the matrices, removes both. The bytes are unchanged.
@@ -182,11 +182,9 @@ void Model::relocate_quantized() {
   for (Linear* w : all) {
     const size_t n = w->row_bytes * w->n_out;
     std::memcpy(base + off, w->q, n);
-    // Drop the now unused file pages from this process (RSS); the mapping
-    // stays valid and refaults from the page cache if read again (embed()).
-    const uintptr_t page = 4096, b0 = (reinterpret_cast<uintptr_t>(w->q) + page - 1) & ~(page - 1),
-                    b1 = (reinterpret_cast<uintptr_t>(w->q) + n) & ~(page - 1);
-    if (b1 > b0) madvise(reinterpret_cast<void*>(b0), b1 - b0, MADV_DONTNEED);
+    // The source stays as it is: gguf::File holds the model in private memory
+    // (read, not mmap()ed, so truncating the file cannot SIGBUS us), and
+    // MADV_DONTNEED on it would zero bytes that embed() reads again (tied head).
     w->q = base + off;
     off += (n + 63) & ~size_t{63};
   }
