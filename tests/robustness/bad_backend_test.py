@@ -7,13 +7,63 @@ around it judged normally, exit status 1.
 usage: bad_backend_test.py TOUCHSTONE BAD_BACKEND_LIB MANIFEST OUT_DIR MODE EXPECT
   EXPECT: text the failing case's failure line must contain.
 """
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 CASES = ["one_token", "narrative", "arithmetic"]
+
+
+def processes_with_env(entry):
+    """PIDs whose environment holds `entry` (KEY=VALUE)."""
+    pids = []
+    for path in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(path, "rb") as f:
+                if entry.encode() in f.read().split(b"\0"):
+                    pids.append(int(path.split("/")[2]))
+        except OSError:
+            pass
+    return pids
+
+
+def killed_run(cmd, env, rj, state):
+    """kill -9 the harness while case 2 hangs: the JSON on disk must be a valid
+    report of case 1, marked incomplete, and the backend process must be gone."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    report = None
+    while time.time() < deadline:
+        try:
+            with open(rj, encoding="utf-8") as f:
+                report = json.load(f)
+            if len(report["cases"]) == 1:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    time.sleep(1.0)  # case 2 is now inside the hanging decode
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    time.sleep(0.5)
+    errors = []
+    with open(rj, encoding="utf-8") as f:
+        report = json.load(f)
+    if report["complete"]:
+        errors.append("report of a killed run is marked complete")
+    if [c["name"] for c in report["cases"]] != CASES[:1] or not report["cases"][0]["passed"]:
+        errors.append(f"killed run's report: {report['cases']}")
+    if report["passed"]:
+        errors.append("killed run's report says passed")
+    left = processes_with_env("TOUCHSTONE_BAD_STATE=" + state)
+    if left:
+        errors.append(f"backend processes outlived the harness: {left}")
+    return errors
 
 
 def main():
@@ -28,6 +78,12 @@ def main():
            "--junit", rx, "--timeout", "20"]
     for c in CASES:
         cmd += ["--case", c]
+    if mode == "killed":
+        env["TOUCHSTONE_BAD_MODE"] = "hang"
+        cmd[cmd.index("--timeout") + 1] = "600"
+        errors = killed_run(cmd, env, rj, state)
+        print("\n".join("FAILED: " + e for e in errors) or "killed run: valid incomplete report")
+        return 1 if errors else 0
     p = subprocess.run(cmd, env=env, capture_output=True, timeout=600)
     out_text = p.stdout.decode(errors="replace")
     print(out_text)
