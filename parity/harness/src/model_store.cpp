@@ -1,6 +1,8 @@
 #include "touchstone/model_store.h"
 
 #include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdlib>
@@ -42,13 +44,45 @@ std::string sha256_file(const std::string& path) {
   return hex;
 }
 
+namespace {
+
+// What identifies one version of a file's bytes: any write changes ctime,
+// which no unprivileged user can set back.
+std::string file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  return fmt::format("{}:{}:{}:{}.{}:{}.{}", st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec,
+                     st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+}
+
+}  // namespace
+
+std::string sha256_file_cached(const std::string& path) {
+  const std::string id = file_identity(path);
+  const std::string cache = path + ".sha256-cache";
+  if (!id.empty()) {
+    std::ifstream in(cache);
+    std::string cached_id, sum;
+    if (in >> cached_id >> sum && cached_id == id && sum.size() == 64) return sum;
+  }
+  const std::string sum = sha256_file(path);
+  if (!id.empty() && file_identity(path) == id) {  // best effort; a failed write costs a rehash
+    const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
+    std::ofstream(tmp) << id << " " << sum << "\n";
+    std::error_code ec;
+    std::filesystem::rename(tmp, cache, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+  }
+  return sum;
+}
+
 std::string resolve_model(const ManifestModel& model) {
   const std::string path = model_cache_dir() + "/" + model.filename;
   if (!std::filesystem::exists(path)) {
     throw Error("model '{}' not found at {} (run ci/bootstrap to fetch {}=={})", model.name, path,
                 model.package, model.package_version);
   }
-  const std::string sum = sha256_file(path);
+  const std::string sum = sha256_file_cached(path);
   if (sum != model.sha256) {
     throw Error(
         "{}: sha256 {} does not match the manifest's {} for model '{}' (delete the file and "
