@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "backend_host.h"
 #include "cli_common.h"
@@ -102,13 +103,16 @@ bool expect_fail_caught(const Report& report) {
 class Progress {
  public:
   Progress(size_t total_checks, double total_units) : total_(total_checks), units_(total_units) {}
-  void done(const std::string& name, bool passed, double seconds, double units) {
+  void start(const std::string& name) {
+    fmt::print(stderr, "  [{}/{}] {:<22} ", done_ + 1, total_, name);
+    std::fflush(stderr);
+  }
+  void done(bool passed, double seconds, double units) {
     ++done_;
     units_done_ += units;
     elapsed_ += seconds;
     const double left = units_done_ > 0 ? elapsed_ / units_done_ * (units_ - units_done_) : 0.0;
-    fmt::print(stderr, "  [{}/{}] {:<22} {} ({:.1f} s){}\n", done_, total_, name,
-               passed ? "PASS" : "FAIL", seconds,
+    fmt::print(stderr, "{} ({:.1f} s){}\n", passed ? "PASS" : "FAIL", seconds,
                done_ < total_ ? fmt::format(", about {:.0f} s left", left) : "");
   }
 
@@ -178,15 +182,17 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   }
   Progress progress(size_t(report.n_planned), units);
   for (const std::string& n : in.plan.cases) {
+    progress.start(n);
     report.cases.push_back(guarded<CaseResult>(host, n, [&](Session& s) {
       return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps);
     }));
     const CaseResult& r = report.cases.back();
-    progress.done(n, r.passed, r.seconds,
+    progress.done(r.passed, r.seconds,
                   double(in.golden.find_case(n)->prompt_ids.size()) + r.n_total);
     write_reports(o, report);
   }
   for (const std::string& n : in.plan.scoring) {
+    progress.start(n);
     report.scoring.push_back(guarded<ScoringResult>(host, n, [&](Session& s) {
       bool all = false;
       try {
@@ -197,7 +203,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
       return check_scoring(s, *in.golden.find_scoring(n), *in.profile, all, max_positions);
     }));
     const ScoringResult& r = report.scoring.back();
-    progress.done(n, r.passed, r.seconds, double(r.stats.n_positions));
+    progress.done(r.passed, r.seconds, double(r.stats.n_positions));
     write_reports(o, report);
   }
 }
