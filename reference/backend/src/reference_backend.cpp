@@ -56,6 +56,8 @@ ts_status load_model(const char* path, ts_model** out) {
     try {
       const touchstone::gguf::File file = touchstone::gguf::File::open(path);
       m = std::make_unique<ts_model>(ts_model{touchstone::load_llama_weights(file)});
+    } catch (const touchstone::UnsupportedModel& e) {
+      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_IO, e.what());
     }

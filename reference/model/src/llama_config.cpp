@@ -3,7 +3,9 @@
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
 
+#include <cstdio>
 #include <limits>
+#include <set>
 
 namespace touchstone {
 namespace {
@@ -15,14 +17,59 @@ int32_t positive_i32(const gguf::File& f, const std::string& key, uint64_t v) {
   return static_cast<int32_t>(v);
 }
 
+// "llama.*" keys the forward pass reads or that cannot change what it computes
+// (GGUF spec, "LLM" section). Anything else (rope.scaling.*, expert_count,
+// attention.sliding_window, ...) changes the model, so it is refused by name.
+const std::set<std::string> kKnownKeys = {
+    "block_count",         "context_length",       "embedding_length",
+    "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+    "rope.freq_base",      "rope.dimension_count", "attention.layer_norm_rms_epsilon",
+    "vocab_size",          "attention.key_length", "attention.value_length"};
+
+void refuse_unknown_keys(const gguf::File& f, const std::string& prefix) {
+  for (const auto& [key, value] : f.metadata()) {
+    if (key.rfind(prefix, 0) == 0 && !kKnownKeys.count(key.substr(prefix.size()))) {
+      throw UnsupportedModel(
+          "{}: metadata key '{}' is not supported by the reference (computing the model without "
+          "it would be silently wrong)",
+          f.path(), key);
+    }
+  }
+}
+
+// Every tensor must be one the forward pass reads (rope_freqs.weight, biases,
+// extra norms are refused, not ignored).
+void refuse_unknown_tensors(const gguf::File& f, int32_t n_layer) {
+  static const std::set<std::string> kPerLayer = {"attn_norm", "attn_q",      "attn_k",
+                                                  "attn_v",    "attn_output", "ffn_norm",
+                                                  "ffn_gate",  "ffn_up",      "ffn_down"};
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    const std::string& n = t.name;
+    bool known = n == "token_embd.weight" || n == "output_norm.weight" || n == "output.weight";
+    int layer = -1, used = 0;
+    char part[64] = {};
+    if (!known && std::sscanf(n.c_str(), "blk.%d.%63[a-z_].weight%n", &layer, part, &used) == 2 &&
+        size_t(used) == n.size()) {
+      known = layer >= 0 && layer < n_layer && kPerLayer.count(part);
+    }
+    if (!known) {
+      throw UnsupportedModel(
+          "{}: tensor '{}' is not supported by the reference (computing the model without it "
+          "would be silently wrong)",
+          f.path(), n);
+    }
+  }
+}
+
 }  // namespace
 
 LlamaConfig read_llama_config(const gguf::File& f) {
   LlamaConfig c;
   c.architecture = f.get_string("general.architecture");
   if (c.architecture != "llama") {
-    throw Error("{}: metadata key 'general.architecture': '{}' is not supported (only 'llama')",
-                f.path(), c.architecture);
+    throw UnsupportedModel(
+        "{}: metadata key 'general.architecture': '{}' is not supported (only 'llama')", f.path(),
+        c.architecture);
   }
   const std::string p = c.architecture + ".";
   auto req = [&](const char* k) { return positive_i32(f, p + k, f.get_uint(p + k)); };
@@ -51,9 +98,16 @@ LlamaConfig read_llama_config(const gguf::File& f) {
   if (auto v = f.find_uint(p + "rope.dimension_count")) {
     c.n_rot = positive_i32(f, p + "rope.dimension_count", *v);
   }
+  for (const char* k : {"attention.key_length", "attention.value_length"}) {
+    if (auto v = f.find_uint(p + k); v && *v != uint64_t(c.head_dim)) {
+      throw UnsupportedModel("{}: {}{} {} != embedding_length / head_count {} (not supported)",
+                             f.path(), p, k, *v, c.head_dim);
+    }
+  }
   if (c.n_rot != c.head_dim) {
-    throw Error("{}: {}rope.dimension_count {} != head dim {} (partial RoPE is not supported)",
-                f.path(), p, c.n_rot, c.head_dim);
+    throw UnsupportedModel(
+        "{}: {}rope.dimension_count {} != head dim {} (partial RoPE is not supported)", f.path(), p,
+        c.n_rot, c.head_dim);
   }
   if (!(c.rope_freq_base > 0.0f) || !(c.rms_norm_eps > 0.0f)) {
     throw Error("{}: rope.freq_base ({}) and layer_norm_rms_epsilon ({}) must be positive",
@@ -66,6 +120,8 @@ LlamaConfig read_llama_config(const gguf::File& f) {
                              f.get_string_array("tokenizer.ggml.tokens").size());
   }
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  refuse_unknown_keys(f, p);
+  refuse_unknown_tensors(f, c.n_layer);
   return c;
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "touchstone/error.h"
+
 namespace touchstone {
 namespace gguf {
 class File;
@@ -28,9 +30,22 @@ struct LlamaConfig {
   bool tied_embeddings = false;     // true when output.weight is absent (LM head = token_embd)
 };
 
+// The file describes a model this reference does not compute (an unknown
+// architecture key such as llama.rope.scaling.type, an extra tensor such as
+// rope_freqs.weight or a bias): computing it while ignoring that part would
+// silently give the wrong model, so it is refused (TS_ERR_UNSUPPORTED).
+class UnsupportedModel : public Error {
+ public:
+  using Error::Error;
+};
+
 // Reads and validates the config. Throws touchstone::Error naming the file and
 // the key when a key is missing, has the wrong type or an impossible value
-// (e.g. n_head not dividing n_embd, n_head_kv not dividing n_head).
+// (e.g. n_head not dividing n_embd, n_head_kv not dividing n_head), and
+// UnsupportedModel naming the first "llama.*" metadata key outside the known
+// set, or the first tensor that is not one of the weights the forward pass
+// reads (token_embd, output_norm, output, blk.N.{attn_norm, attn_q, attn_k,
+// attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}.weight).
 LlamaConfig read_llama_config(const gguf::File& file);
 
 }  // namespace touchstone
