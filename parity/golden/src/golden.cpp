@@ -1,12 +1,11 @@
 // Golden-file I/O on the HDF5 C API. Layout: docs/golden-format.md.
 #include "touchstone/golden.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -14,6 +13,7 @@
 #include <set>
 #include <type_traits>
 
+#include "file_io.h"
 #include "h5util.h"
 #include "touchstone/error.h"
 
@@ -313,148 +313,142 @@ class Writer {
   std::string file_;
 };
 
-std::string dir_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) {
-    if (directory) return;  // best effort
-    throw Error("{}: cannot open for fsync: {}", path, std::strerror(errno));
-  }
-  const int r = ::fsync(fd);
-  const int e = errno;
-  ::close(fd);
-  if (r != 0 && !directory) throw Error("{}: fsync failed: {}", path, std::strerror(e));
-}
-
 // The first kUserBlockSize bytes of a golden file are an HDF5 "user block"
-// (ignored by HDF5, h5py, h5dump) holding a text header with the size and an
-// FNV-1a 64 hash of the rest of the file. The reader checks it before handing
-// the file to libhdf5, which is not hardened against corrupted metadata (it
-// can crash on e.g. a damaged global heap).
+// (ignored by HDF5, h5py, h5dump) holding a text header with the size and the
+// sha256 of the rest of the file. The reader checks it before handing the
+// bytes to libhdf5, which is not hardened against corrupted metadata (crafted
+// files crash it, hang it or make it allocate gigabytes).
 constexpr hsize_t kUserBlockSize = 512;
-constexpr const char* kMagic = "TOUCHSTONE-GOLDEN\n";
 
-uint64_t fnv1a64(const char* data, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
+bool iequals(std::string_view a, std::string_view b) {
+  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
+                                            [&](char x, char y) { return lower(x) == lower(y); });
 }
+constexpr std::string_view kMagic = "TOUCHSTONE-GOLDEN\n";
 
-bool read_whole(const std::string& path, std::string& out) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return false;
-  out.clear();
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      return false;
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return true;
-}
-
-std::string checksum_header(const std::string& bytes) {
-  const size_t body = bytes.size() - kUserBlockSize;
-  std::string h =
-      fmt::format("{}format {}\nbytes {}\nfnv1a64 {:016x}\n", kMagic, kGoldenFormatVersion, body,
-                  fnv1a64(bytes.data() + kUserBlockSize, body));
+std::string checksum_header(std::string_view bytes) {
+  const std::string_view body = bytes.substr(kUserBlockSize);
+  std::string h = fmt::format("{}format {}\nbytes {}\nsha256 {}\n", kMagic, kGoldenFormatVersion,
+                              body.size(), sha256_hex(body));
   h.resize(kUserBlockSize, '\0');
   return h;
 }
 
-void stamp_checksum(const std::string& tmp) {
-  std::string bytes;
-  if (!read_whole(tmp, bytes) || bytes.size() < kUserBlockSize)
-    throw Error("{}: cannot read back the written file: {}", tmp, std::strerror(errno));
-  const std::string header = checksum_header(bytes);
-  const int fd = ::open(tmp.c_str(), O_WRONLY);
-  if (fd < 0) throw Error("{}: cannot open for writing: {}", tmp, std::strerror(errno));
-  const ssize_t w = ::pwrite(fd, header.data(), header.size(), 0);
-  const int e = errno;
-  ::close(fd);
-  if (w != static_cast<ssize_t>(header.size()))
-    throw Error("{}: cannot write the checksum header: {}", tmp, std::strerror(e));
-}
+constexpr const char* kRefusedHint =
+    "refused before opening it with libhdf5; re-record it with `touchstone golden`, or pass "
+    "--trust-goldens to read it anyway";
 
-// Files without the header (written by other tools) are not checked.
-void verify_checksum(const std::string& path) {
-  std::string bytes;
-  if (!read_whole(path, bytes))
-    throw Error("{}: cannot read golden file: {}", path, std::strerror(errno));
-  const size_t magic_len = std::strlen(kMagic);
-  if (bytes.size() < magic_len || bytes.compare(0, magic_len, kMagic) != 0) return;
-  if (bytes.size() < kUserBlockSize)
-    throw Error("{}: truncated golden file: {} bytes, shorter than the {}-byte header", path,
-                bytes.size(), kUserBlockSize);
-  const std::string stored(bytes.data(), std::strlen(bytes.c_str()));
+// Throws unless `bytes` start with a valid header matching the rest. With
+// `trust`, a file without the header (damaged magic, another tool) passes;
+// a header that is present but does not match is refused even then.
+void verify_header(const std::string& where, std::string_view bytes, bool trust) {
+  const bool has_magic = bytes.size() >= kUserBlockSize && bytes.substr(0, kMagic.size()) == kMagic;
+  if (!has_magic) {
+    if (trust) return;
+    if (bytes.size() < kUserBlockSize)
+      throw Error(
+          "{}: truncated or not a golden file: {} bytes, shorter than the {}-byte "
+          "TOUCHSTONE-GOLDEN header; {}",
+          where, bytes.size(), kUserBlockSize, kRefusedHint);
+    throw Error(
+        "{}: not a valid golden file: the first bytes are not the TOUCHSTONE-GOLDEN "
+        "header (damaged, or written by another tool); {}",
+        where, kRefusedHint);
+  }
+  const std::string_view block = bytes.substr(0, kUserBlockSize);
+  const std::string_view stored = block.substr(0, std::min(block.find('\0'), block.size()));
   const std::string expected = checksum_header(bytes);
-  if (stored != std::string(expected.c_str()))
-    throw Error("{}: corrupted or truncated golden file: header says\n{}but the content gives\n{}",
-                path, stored, std::string(expected.c_str()));
+  if (stored != std::string_view(expected.c_str()))
+    throw Error(
+        "{}: corrupted or truncated golden file: header says\n{}but the content gives\n{}{}", where,
+        stored, expected.c_str(), kRefusedHint);
 }
 
-Id file_access_plist(const std::string& path) {
+// Name of an in-memory HDF5 file: the core driver refuses to open an image
+// under the name of a file that exists on disk, and must never touch the
+// disk, so the name is one that cannot exist (a path below /dev/null).
+std::string memory_name() {
+  static std::atomic<unsigned long> counter{0};
+  return fmt::format("/dev/null/touchstone-golden-image-{}", counter++);
+}
+
+// Opens an HDF5 image held in memory (core driver, no backing store).
+Id open_image(const std::string& where, const std::string& bytes) {
   Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (!fapl.valid())
-    throw Error("{}: cannot create file access property list{}", path, hdf5_suffix());
-  // STRONG: closing the file really closes it (and every object in it).
-  if (H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0)
-    throw Error("{}: cannot set file close degree{}", path, hdf5_suffix());
-#if H5_VERSION_GE(1, 10, 7)
-  // Don't fail on file systems without flock support.
-  H5Pset_file_locking(fapl, true, true);
+    throw Error("{}: cannot create file access property list{}", where, hdf5_suffix());
+  if (H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0 ||
+      H5Pset_fapl_core(fapl, 1 << 20, /*backing_store=*/false) < 0 ||
+      H5Pset_file_image(fapl, const_cast<char*>(bytes.data()), bytes.size()) < 0)
+    throw Error("{}: cannot set up the in-memory file driver{}", where, hdf5_suffix());
+  Id file(H5Fopen(memory_name().c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
+  if (!file.valid()) throw Error("{}: not a readable HDF5 file{}", where, hdf5_suffix());
+  return file;
+}
+
+// Builds the whole golden file in memory: user block + HDF5 image.
+std::string build_image(const std::string& path, const GoldenFile& g) {
+  Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  if (!fapl.valid() || !fcpl.valid())
+    throw Error("{}: cannot create property lists{}", path, hdf5_suffix());
+  if (H5Pset_fapl_core(fapl, 1 << 20, /*backing_store=*/false) < 0)
+    throw Error("{}: cannot set up the in-memory file driver{}", path, hdf5_suffix());
+  H5Pset_obj_track_times(fcpl, false);  // best effort for the root group
   H5Eclear2(H5E_DEFAULT);
-#endif
-  return fapl;
+  if (H5Pset_userblock(fcpl, kUserBlockSize) < 0)
+    throw Error("{}: cannot reserve the user block{}", path, hdf5_suffix());
+  Id file(H5Fcreate(memory_name().c_str(), H5F_ACC_TRUNC, fcpl, fapl), H5Fclose);
+  if (!file.valid()) throw Error("{}: cannot create the in-memory file{}", path, hdf5_suffix());
+  Writer(path).write_all(file, g);
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0)
+    throw Error("{}: cannot flush the in-memory file{}", path, hdf5_suffix());
+  // The image starts at the HDF5 base address, after the user block.
+  const ssize_t size = H5Fget_file_image(file, nullptr, 0);
+  if (size <= 0) throw Error("{}: cannot get the in-memory file image{}", path, hdf5_suffix());
+  std::string bytes(kUserBlockSize + static_cast<size_t>(size), '\0');
+  if (H5Fget_file_image(file, bytes.data() + kUserBlockSize, static_cast<size_t>(size)) != size)
+    throw Error("{}: cannot copy the in-memory file image{}", path, hdf5_suffix());
+  if (file.close() < 0) throw Error("{}: cannot close the in-memory file{}", path, hdf5_suffix());
+  return bytes;
 }
 
 }  // namespace
 
+std::string sha256_hex(std::string_view bytes) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+  unsigned len = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), md.data(), &len, EVP_sha256(), nullptr) != 1)
+    throw Error("sha256: OpenSSL EVP_Digest failed");
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+std::string stamp_golden_header(std::string bytes) {
+  if (bytes.size() < kUserBlockSize)
+    throw Error("stamp_golden_header: {} bytes, shorter than the {}-byte user block", bytes.size(),
+                kUserBlockSize);
+  const std::string header = checksum_header(bytes);
+  bytes.replace(0, kUserBlockSize, header);
+  return bytes;
+}
+
+std::vector<std::string> remove_stale_golden_temps(const std::string& path) {
+  return fileio::remove_stale_temps(path);
+}
+
 void write_golden_file(const std::string& path, const GoldenFile& g) {
   validate_golden(g, path);
   h5::silence_errors();
-  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-  bool created = false;
+  std::string bytes;
   try {
-    {
-      Id fapl = file_access_plist(tmp);
-      Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
-      if (!fcpl.valid()) throw Error("{}: cannot create property list{}", tmp, hdf5_suffix());
-      H5Pset_obj_track_times(fcpl, false);  // best effort for the root group
-      H5Eclear2(H5E_DEFAULT);
-      if (H5Pset_userblock(fcpl, kUserBlockSize) < 0)
-        throw Error("{}: cannot reserve the user block{}", tmp, hdf5_suffix());
-      Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl, fapl), H5Fclose);
-      if (!file.valid()) throw Error("{}: cannot create file{}", tmp, hdf5_suffix());
-      created = true;
-      Writer(tmp).write_all(file, g);
-      if (file.close() < 0) throw Error("{}: cannot close file{}", tmp, hdf5_suffix());
-    }
-    stamp_checksum(tmp);
-    fsync_path(tmp, false);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error("{}: cannot rename {} over it: {}", path, tmp, std::strerror(errno));
-    created = false;
-    fsync_path(dir_of(path), true);
-  } catch (...) {
-    if (created) std::remove(tmp.c_str());
-    throw;
+    bytes = stamp_golden_header(build_image(path, g));
+  } catch (const std::bad_alloc&) {
+    throw Error("{}: out of memory while building the golden file", path);
   }
+  fileio::write_atomic(path, bytes);
 }
 
 // ---------------------------------------------------------------------------
@@ -784,26 +778,43 @@ class Reader {
 
 }  // namespace
 
-GoldenFile read_golden_file(const std::string& path) {
+GoldenFile parse_golden_bytes(const std::string& where, const std::string& bytes, bool trust) {
   h5::silence_errors();
   try {
-    if (::access(path.c_str(), R_OK) != 0)
-      throw Error("{}: cannot open golden file: {}", path, std::strerror(errno));
-    verify_checksum(path);
-    const htri_t is = H5Fis_hdf5(path.c_str());
-    if (is <= 0) {
-      const std::string d = hdf5_suffix();
-      throw Error("{}: not an HDF5 file{}", path, d);
-    }
-    Id fapl = file_access_plist(path);
-    Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
-    if (!file.valid()) throw Error("{}: cannot open HDF5 file{}", path, hdf5_suffix());
-    GoldenFile g = Reader(path).read_all(file);
-    validate_golden(g, path);
+    verify_header(where, bytes, trust);
+    Id file = open_image(where, bytes);
+    GoldenFile g = Reader(where).read_all(file);
+    validate_golden(g, where);
     return g;
   } catch (const std::bad_alloc&) {
-    throw Error("{}: out of memory while reading (malformed sizes?)", path);
+    throw Error("{}: out of memory while reading (malformed sizes?)", where);
   }
+}
+
+GoldenFile read_golden_file(const std::string& path, bool trust) {
+  return parse_golden_bytes(path, fileio::read_file(path, "golden file"), trust);
+}
+
+GoldenFile read_pinned_golden(const Manifest& m, const ManifestModel& mm, bool trust) {
+  const std::string path = m.resolve(mm.golden);
+  const std::string bytes = fileio::read_file(path, "golden file");
+  if (!trust) {
+    const std::string actual = sha256_hex(bytes);
+    if (mm.golden_sha256.empty())
+      throw Error(
+          "{}: model '{}' has no \"golden_sha256\", so its golden {} is not pinned; add "
+          "\"golden_sha256\": \"{}\" if that file is the one you recorded (`touchstone golden` "
+          "writes it), or pass --trust-goldens",
+          m.path, mm.name, path, actual);
+    if (!iequals(actual, mm.golden_sha256))
+      throw Error(
+          "{}: sha256 {} does not match the golden_sha256 {} pinned for model '{}' in {}: the "
+          "golden was swapped, edited or damaged; refused before opening it with libhdf5. "
+          "Re-record it with `touchstone golden` (which updates the pin), or pass "
+          "--trust-goldens",
+          path, actual, mm.golden_sha256, mm.name, m.path);
+  }
+  return parse_golden_bytes(path, bytes, trust);
 }
 
 }  // namespace touchstone

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -12,9 +13,11 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 
+#include "file_io.h"
 #include "touchstone/error.h"
 
 namespace touchstone {
@@ -22,6 +25,11 @@ namespace touchstone {
 namespace {
 
 using json = nlohmann::ordered_json;
+
+// Upper bounds of manifest integers: far above any real context length, far
+// below what would make the recorder allocate unbounded memory.
+constexpr int64_t kMaxSteps = 1 << 20;
+constexpr int64_t kMaxTopK = 1 << 20;
 
 std::string escape_key(const std::string& k) {
   std::string out;
@@ -131,11 +139,15 @@ class Parser {
       fail(ptr, fmt::format("invalid name {}: use letters, digits, '_', '-', '.'", got(v)));
     return s;
   }
-  int positive_int(const json& v, const std::string& ptr) const {
-    if (!v.is_number_integer() ||
-        (v.is_number_unsigned() ? v.get<uint64_t>() == 0 || v.get<uint64_t>() > INT32_MAX
-                                : v.get<int64_t>() <= 0))
-      fail(ptr, "expected a positive integer, got " + got(v));
+  // An integer in [1, max]; floats (64.5), strings and out-of-range values fail.
+  int positive_int(const json& v, const std::string& ptr, int64_t max = INT32_MAX) const {
+    if (!v.is_number_integer())
+      fail(ptr, fmt::format("expected a positive integer (at most {}), got {}", max, got(v)));
+    const bool in_range = v.is_number_unsigned()
+                              ? v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= uint64_t(max)
+                              : v.get<int64_t>() >= 1 && v.get<int64_t>() <= max;
+    if (!in_range)
+      fail(ptr, fmt::format("expected a positive integer (at most {}), got {}", max, got(v)));
     return static_cast<int>(v.get<int64_t>());
   }
   double number(const json& v, const std::string& ptr) const {
@@ -144,7 +156,8 @@ class Parser {
   }
   double non_negative(const json& v, const std::string& ptr) const {
     const double d = number(v, ptr);
-    if (!(d >= 0)) fail(ptr, "expected a non-negative number, got " + got(v));
+    if (!(d >= 0) || !std::isfinite(d))
+      fail(ptr, "expected a non-negative number (finite), got " + got(v));
     return d;
   }
   bool boolean(const json& v, const std::string& ptr) const {
@@ -199,7 +212,7 @@ class Parser {
       const json& o = object(models[i], p);
       allow_keys(o, p,
                  {"name", "package", "package_version", "file_in_package", "filename", "sha256",
-                  "golden"});
+                  "golden", "golden_sha256"});
       ManifestModel mm;
       mm.name = name(require(o, p, "name"), child(p, "name"));
       mm.package = string(require(o, p, "package"), child(p, "package"));
@@ -210,6 +223,12 @@ class Parser {
       if (!is_hex64(mm.sha256))
         fail(child(p, "sha256"), "expected 64 hex characters, got " + got(o["sha256"]));
       mm.golden = string(require(o, p, "golden"), child(p, "golden"));
+      if (mm.golden.empty()) fail(child(p, "golden"), "expected a file name, got \"\"");
+      if (const json* v = find(o, "golden_sha256")) {
+        mm.golden_sha256 = string(*v, child(p, "golden_sha256"));
+        if (!is_hex64(mm.golden_sha256))
+          fail(child(p, "golden_sha256"), "expected 64 hex characters, got " + got(*v));
+      }
       m.models.push_back(std::move(mm));
     }
     check_unique(m.models, "/models", "model");
@@ -237,7 +256,7 @@ class Parser {
       if (const json* v = find(o, "near_tie_margin"))
         pr.near_tie_margin = non_negative(*v, child(p, "near_tie_margin"));
       if (const json* v = find(o, "near_tie_top_k"))
-        pr.near_tie_top_k = positive_int(*v, child(p, "near_tie_top_k"));
+        pr.near_tie_top_k = positive_int(*v, child(p, "near_tie_top_k"), kMaxTopK);
       auto opt = [&](const char* key, std::optional<double>& out) {
         if (const json* v = find(o, key)) out = non_negative(*v, child(p, key));
       };
@@ -265,7 +284,7 @@ class Parser {
       check_ref(m.models, c.model, child(p, "model"), "model");
       c.prompt = string(require(o, p, "prompt"), child(p, "prompt"));
       if (const json* v = find(o, "chat")) c.chat = boolean(*v, child(p, "chat"));
-      c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"));
+      c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"), kMaxSteps);
       if (const json* v = find(o, "tags")) c.tags = strings(*v, child(p, "tags"));
       m.cases.push_back(std::move(c));
     }
@@ -306,9 +325,9 @@ class Parser {
         Suite s;
         s.name = sname;
         if (const json* v = find(o, "max_steps"))
-          s.max_steps = positive_int(*v, child(p, "max_steps"));
+          s.max_steps = positive_int(*v, child(p, "max_steps"), kMaxSteps);
         if (const json* v = find(o, "max_positions"))
-          s.max_positions = positive_int(*v, child(p, "max_positions"));
+          s.max_positions = positive_int(*v, child(p, "max_positions"), kMaxSteps);
         if (const json* v = find(o, "description"))
           s.description = string(*v, child(p, "description"));
         auto refs = [&](const char* key, std::vector<std::string>& out, auto& items,
@@ -383,6 +402,14 @@ class DuplicateKeyCheck {
   };
   std::string file_;
   std::vector<Frame> stack_;
+
+ public:
+  // JSON pointer of the value the parser is in (for errors without one).
+  std::string current_pointer() const {
+    if (stack_.empty()) return "/";
+    const Frame& f = stack_.back();
+    return f.is_array ? child(f.ptr, f.index) : child(f.ptr, f.key);
+  }
 };
 
 template <typename T>
@@ -419,24 +446,79 @@ std::string Manifest::resolve(const std::string& relative) const {
   return dir + "/" + relative;
 }
 
-Manifest load_manifest(const std::string& path) {
-  std::string err;
-  const std::string text = read_text(path, &err);
-  if (!err.empty()) throw Error("{}: cannot read manifest: {}", path, err);
+namespace {
 
+Manifest parse_manifest_text(const std::string& path, const std::string& text) {
   json root;
+  DuplicateKeyCheck dup(path);
   try {
-    DuplicateKeyCheck dup(path);
     root = json::parse(text, std::ref(dup), /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::parse_error& e) {
     throw Error("{}: invalid JSON at byte {}: {}", path, e.byte, e.what());
+  } catch (const json::exception& e) {  // e.g. out_of_range 406: number overflow (1e400)
+    throw Error("{}: {}: invalid value: {}", path, dup.current_pointer(), e.what());
   }
 
   Manifest m;
   m.path = path;
-  const auto slash = path.rfind('/');
-  m.dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  m.dir = fileio::dir_of(path);
   return Parser(path).parse(root, std::move(m));
+}
+
+// `text` with the model's golden_sha256 set to `sha256`, everything else
+// byte-identical. Throws when the place to edit is not unique.
+std::string with_pin(const std::string& path, const std::string& text, const ManifestModel& mm,
+                     const std::string& sha256) {
+  auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+      ++n;
+    return n;
+  };
+  std::string out = text;
+  if (!mm.golden_sha256.empty()) {
+    const std::string old = "\"" + mm.golden_sha256 + "\"";
+    if (count(old) == 1) return out.replace(out.find(old), old.size(), "\"" + sha256 + "\"");
+  } else {
+    const std::regex golden_key(
+        "(\n([ \t]*))\"golden\"[ \t]*:[ \t]*" +
+        std::regex_replace(json(mm.golden).dump(), std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)"));
+    std::smatch match;
+    if (std::regex_search(text, match, golden_key) &&
+        !std::regex_search(match.suffix().first, text.cend(), golden_key)) {
+      const auto end = static_cast<size_t>(match.position(0) + match.length(0));
+      return out.insert(end, fmt::format(",\n{}\"golden_sha256\": \"{}\"", match.str(2), sha256));
+    }
+  }
+  throw Error(
+      "{}: cannot update the pin of model '{}' automatically; set its \"golden_sha256\" "
+      "to \"{}\" by hand",
+      path, mm.name, sha256);
+}
+
+}  // namespace
+
+Manifest load_manifest(const std::string& path) {
+  std::string err;
+  const std::string text = read_text(path, &err);
+  if (!err.empty())
+    throw Error(
+        "{}: cannot read manifest: {} (pass --manifest <path>, or run from the project "
+        "root that holds goldens/manifest.json)",
+        path, err);
+  return parse_manifest_text(path, text);
+}
+
+void pin_golden_sha256(const std::string& path, const std::string& model,
+                       const std::string& sha256) {
+  const std::string text = fileio::read_file(path, "manifest");
+  const Manifest before = parse_manifest_text(path, text);
+  const std::string updated = with_pin(path, text, before.find_model(model), sha256);
+  const Manifest after = parse_manifest_text(path, updated);
+  if (after.find_model(model).golden_sha256 != sha256)
+    throw Error("{}: updating golden_sha256 of model '{}' failed; set it to \"{}\" by hand", path,
+                model, sha256);
+  fileio::write_atomic(path, updated);
 }
 
 }  // namespace touchstone

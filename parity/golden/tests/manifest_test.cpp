@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -157,10 +158,12 @@ TEST_F(ManifestTest, MissingFile) {
 TEST_F(ManifestTest, WrongTypesNameThePointer) {
   auto j = valid_manifest();
   j["cases"][1]["n_predict"] = "abc";
-  expect_json_error(j, {": /cases/1/n_predict: expected a positive integer, got \"abc\""});
+  expect_json_error(
+      j, {": /cases/1/n_predict: expected a positive integer (at most 1048576), got \"abc\""});
   j = valid_manifest();
   j["cases"][0]["n_predict"] = 0;
-  expect_json_error(j, {"/cases/0/n_predict: expected a positive integer, got 0"});
+  expect_json_error(j,
+                    {"/cases/0/n_predict: expected a positive integer (at most 1048576), got 0"});
   j = valid_manifest();
   j["cases"][0]["n_predict"] = -3;
   expect_json_error(j, {"/cases/0/n_predict"});
@@ -283,4 +286,65 @@ TEST_F(ManifestTest, PointerEscapesKeys) {
   auto j = valid_manifest();
   j["suites"]["a/b"] = ordered_json::object();
   expect_json_error(j, {"/suites/a~1b: invalid suite name"});
+}
+
+TEST_F(ManifestTest, NumbersOutOfRangeNameFileAndField) {
+  // A number JSON itself cannot hold: nlohmann's out_of_range, at its pointer.
+  std::string text = valid_manifest().dump(2);
+  const std::string n64 = "\"n_predict\": 16";
+  ASSERT_NE(text.find(n64), std::string::npos);
+  text.replace(text.find(n64), n64.size(), "\"n_predict\": 1e400");
+  expect_error(text, {": /cases/1/n_predict: invalid value", "1e400"});
+  text = valid_manifest().dump(2);
+  const std::string margin = "\"near_tie_margin\": 0.5";
+  ASSERT_NE(text.find(margin), std::string::npos);
+  text.replace(text.find(margin), margin.size(), "\"near_tie_margin\": -1e999");
+  expect_error(text, {": /profiles/quantized/near_tie_margin: invalid value"});
+
+  auto j = valid_manifest();
+  j["cases"][0]["n_predict"] = 1 << 21;
+  expect_json_error(j, {"/cases/0/n_predict: expected a positive integer (at most 1048576)"});
+  j = valid_manifest();
+  j["cases"][0]["n_predict"] = std::numeric_limits<uint64_t>::max();
+  expect_json_error(j, {"/cases/0/n_predict", "18446744073709551615"});
+  j = valid_manifest();
+  j["cases"][0]["n_predict"] = 64.0;
+  expect_json_error(j, {"/cases/0/n_predict", "expected a positive integer"});
+  j = valid_manifest();
+  j["suites"]["smoke"]["max_steps"] = -1;
+  expect_json_error(j, {"/suites/smoke/max_steps"});
+  j = valid_manifest();
+  j["suites"]["smoke"]["max_positions"] = 1e300;
+  expect_json_error(j, {"/suites/smoke/max_positions"});
+  j = valid_manifest();
+  j["profiles"]["exact"]["near_tie_top_k"] = 1 << 30;
+  expect_json_error(j, {"/profiles/exact/near_tie_top_k"});
+  j = valid_manifest();
+  j["profiles"]["exact"]["kld_p99_max"] = 1e308;
+  EXPECT_NO_THROW(touchstone::load_manifest(write(j.dump())));  // finite: allowed
+  j["format_version"] = 1e300;
+  expect_json_error(j, {"/format_version"});
+}
+
+TEST_F(ManifestTest, GoldenShaIsOptionalAndChecked) {
+  auto j = valid_manifest();
+  EXPECT_EQ(touchstone::load_manifest(write(j.dump())).models[0].golden_sha256, "");
+  j["models"][0]["golden_sha256"] = kSha;
+  EXPECT_EQ(touchstone::load_manifest(write(j.dump())).models[0].golden_sha256, kSha);
+  j["models"][0]["golden_sha256"] = "abc";
+  expect_json_error(j, {"/models/0/golden_sha256: expected 64 hex characters"});
+  j["models"][0]["golden_sha256"] = 5;
+  expect_json_error(j, {"/models/0/golden_sha256: expected a string"});
+  j = valid_manifest();
+  j["models"][0]["golden"] = "";
+  expect_json_error(j, {"/models/0/golden: expected a file name"});
+}
+
+TEST_F(ManifestTest, MissingFileSaysHowToFix) {
+  try {
+    touchstone::load_manifest((dir_ / "goldens" / "manifest.json").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pass --manifest"), std::string::npos) << e.what();
+  }
 }

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "touchstone/manifest.h"
+
 namespace touchstone {
 
 inline constexpr int kGoldenFormatVersion = 1;
@@ -61,14 +63,44 @@ struct GoldenFile {
 // prefixed with `where` naming the case and field. Used by write and read.
 void validate_golden(const GoldenFile& g, const std::string& where);
 
-// ATOMIC: validates, writes "<path>.tmp.<pid>" in the same directory, closes,
-// fsyncs, renames over `path`. On any error the temp file is removed and
-// Error is thrown; `path` is never left half-written.
+// Builds the whole file in memory (HDF5 core driver), stamps the header, then
+// writes it crash-safely: "<dir>/.<name>.tmp-<pid>", write, fsync, close,
+// rename over `path`, fsync the directory. ENOSPC, EIO or a kill leave `path`
+// as it was; errors name the file and the errno text. Never touches libhdf5's
+// file I/O, so a failed write cannot crash libhdf5's exit-time cleanup.
 void write_golden_file(const std::string& path, const GoldenFile& g);
 
-// Throws Error naming the file and the dataset/attribute (and expected vs
-// actual shape/dtype) on anything malformed; never crashes on a bad file.
-GoldenFile read_golden_file(const std::string& path);
+// Removes temp files of killed writers next to `path` (".<name>.tmp-<pid>"
+// and the older "<name>.tmp.<pid>" whose pid is not running); returns them.
+std::vector<std::string> remove_stale_golden_temps(const std::string& path);
+
+// Reads the whole file, checks its header (512-byte user block: size and
+// sha256 of the rest) and only then parses the bytes in memory with libhdf5.
+// Without `trust`, a file without a valid header (damaged magic, truncated,
+// written by another tool) is refused before libhdf5 sees a byte. A header
+// that is present but does not match the content is refused even with
+// `trust`. Throws Error naming the file and the dataset/attribute (and
+// expected vs actual shape/dtype) on anything malformed.
+GoldenFile read_golden_file(const std::string& path, bool trust = false);
+
+// The same on bytes already in memory; `where` names them in errors.
+GoldenFile parse_golden_bytes(const std::string& where, const std::string& bytes,
+                              bool trust = false);
+
+// The golden of `model` (manifest.resolve(model.golden)), checked against the
+// manifest's pin before anything else: the file's sha256 must equal
+// model.golden_sha256, else Error naming the file, both hashes and the fix
+// (re-record with `touchstone golden`, or --trust-goldens). A model without a
+// pin is refused too. `trust` skips the pin and the header requirement
+// (as read_golden_file).
+GoldenFile read_pinned_golden(const Manifest& manifest, const ManifestModel& model, bool trust);
+
+// Lower-case hex sha256 (OpenSSL).
+std::string sha256_hex(std::string_view bytes);
+
+// `bytes` (an HDF5 file with a 512-byte user block) with the header stamped
+// into the user block. For tools and fuzzers that build golden bytes.
+std::string stamp_golden_header(std::string bytes);
 
 // Bit-for-bit comparison used by `touchstone golden --check`: human-readable
 // differences, empty = identical. Compares every field (floats by bit

@@ -21,6 +21,7 @@ struct ManifestModel {
   std::string filename;         // GGUF file name
   std::string sha256;           // 64 hex chars (as written in the manifest)
   std::string golden;           // golden file name, relative to the manifest's directory
+  std::string golden_sha256;    // sha256 of the golden file (64 hex chars), "" when not pinned
 };
 
 struct Profile {
@@ -89,7 +90,17 @@ struct Manifest {
 // Required top-level keys: format_version (== 1), models, profiles, cases.
 // Optional: scoring, suites. Every error names the file and JSON pointer,
 // e.g. "goldens/manifest.json: /cases/3/n_predict: expected a positive
-// integer, got \"abc\"". Invalid JSON reports the parse error + byte offset.
+// integer (at most 1048576), got \"abc\"". Every number is type- and range-checked
+// (n_predict, max_steps, max_positions, near_tie_top_k in [1, 2^20];
+// thresholds finite and >= 0); a number JSON itself cannot hold (1e400) is
+// an error at its pointer. Invalid JSON reports the parse error + byte offset.
 Manifest load_manifest(const std::string& path);
+
+// Sets model `model`'s "golden_sha256" in the manifest file `path` to
+// `sha256` (adding the key after "golden" when absent), leaving every other
+// byte as it was; checks the result still loads, then writes it atomically.
+// Throws Error (with the line to add by hand) when the edit is ambiguous.
+void pin_golden_sha256(const std::string& path, const std::string& model,
+                       const std::string& sha256);
 
 }  // namespace touchstone
