@@ -9,26 +9,33 @@
 namespace touchstone::cli {
 
 std::string default_manifest_path() {
-  // Prefer the working directory (a checkout), then the source tree this binary was built from.
-  if (std::filesystem::exists("goldens/manifest.json")) return "goldens/manifest.json";
-  return std::string(TOUCHSTONE_SOURCE_DIR) + "/goldens/manifest.json";
+  // The project in the working directory only: never the source tree this binary was built
+  // from (a bare `touchstone golden` elsewhere would rewrite that tree's goldens). When it is
+  // missing, load_manifest says to pass --manifest or run from the project root.
+  return "goldens/manifest.json";
 }
 
 Tokenizer load_tokenizer(const std::string& gguf_path) {
   return Tokenizer(tokenizer_data_from_gguf(gguf::File::open(gguf_path)));
 }
 
-std::string source_revision() {
-  const std::string cmd = std::string("git -C '") + TOUCHSTONE_SOURCE_DIR +
-                          "' describe --always --dirty --abbrev=40 2>/dev/null";
+std::string source_revision(const std::string& manifest_path) {
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(manifest_path, ec);
+  std::string dir = (ec ? std::filesystem::path(manifest_path) : abs).parent_path().string();
+  if (dir.empty()) dir = ".";
+  std::string quoted = "'";
+  for (char c : dir) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  const std::string cmd = "git -C " + quoted + " describe --always --dirty --abbrev=40 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return "unknown";
   char buf[128] = {};
   std::string out;
   while (fgets(buf, sizeof buf, p)) out += buf;
-  pclose(p);
+  const int status = pclose(p);
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out.empty() ? "unknown" : out;
+  return status != 0 || out.empty() ? "unknown" : out;
 }
 
 ts_weight_path parse_weight_path(const std::string& s) {

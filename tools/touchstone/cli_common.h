@@ -21,10 +21,12 @@ inline constexpr int kExitSkip = 77;  // no device for this backend here (CTest 
 // not a PASS, not a silent SKIP; ci/parity lists it as UNSUPPORTED.
 inline constexpr int kExitUnsupported = 3;
 
+// "goldens/manifest.json" (relative to the working directory; no fallback).
 std::string default_manifest_path();
 Tokenizer load_tokenizer(const std::string& gguf_path);
-// "reference" revision: `git rev-parse HEAD` of the source tree (+ "-dirty"), or "unknown".
-std::string source_revision();
+// Revision of the git checkout holding the manifest (the user's project):
+// `git describe --always --dirty --abbrev=40` there, or "unknown".
+std::string source_revision(const std::string& manifest_path);
 ts_weight_path parse_weight_path(const std::string& s);
 const char* weight_path_name(ts_weight_path w);
 

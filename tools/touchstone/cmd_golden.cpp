@@ -22,12 +22,49 @@ void progress_line(const std::string& what, int done, int total) {
   if (done == total) fmt::print(stderr, "\n");
 }
 
+// Recording needs an exact revision: a dirty or unknown one only with --allow-dirty.
+void require_clean_revision(const std::string& revision, const Manifest& m, bool allow_dirty) {
+  const bool dirty = revision.ends_with("-dirty");
+  if (allow_dirty || (!dirty && revision != "unknown")) return;
+  if (dirty)
+    throw Error(
+        "the git checkout holding {} has uncommitted changes (revision {}); a golden "
+        "records the exact revision it was made from: commit first, or pass --allow-dirty",
+        m.path, revision);
+  throw Error(
+      "cannot determine the git revision of the checkout holding {}; a golden records the "
+      "exact revision it was made from: record inside a git checkout, or pass "
+      "--allow-dirty",
+      m.path);
+}
+
+// Writes the golden (crash-safe) and, when it replaces the committed one,
+// updates the manifest's golden_sha256 pin.
+void write_and_pin(const Manifest& m, const ManifestModel& mm, const GoldenFile& g,
+                   const std::string& out_dir) {
+  const std::string path = out_dir.empty() ? m.resolve(mm.golden)
+                                           : (std::filesystem::path(out_dir) / mm.golden).string();
+  for (const std::string& stale : remove_stale_golden_temps(path))
+    fmt::print(stderr, "removed stale temp file {}\n", stale);
+  write_golden_file(path, g);
+  const std::string sha = sha256_file(path);
+  fmt::print("wrote {} ({} cases, {} scoring passages, {:.1f} MB, sha256 {})\n", path,
+             g.cases.size(), g.scoring.size(), double(std::filesystem::file_size(path)) / 1e6, sha);
+  if (!out_dir.empty()) {
+    fmt::print("not pinned: written outside the manifest's directory; its golden_sha256 is {}\n",
+               sha);
+  } else if (sha != mm.golden_sha256) {
+    pin_golden_sha256(m.path, mm.name, sha);
+    fmt::print("pinned {}: models/{}/golden_sha256 = {}\n", m.path, mm.name, sha);
+  }
+}
+
 }  // namespace
 
 void add_golden(CLI::App& app, int& exit_code) {
   struct Opts {
     std::string manifest = default_manifest_path(), backend = "reference", out;
-    bool check = false;
+    bool check = false, trust_goldens = false, allow_dirty = false;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
@@ -40,10 +77,15 @@ void add_golden(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", o->out, "Directory to write golden files to (default: the manifest's)");
   cmd->add_option("--threads,-t", o->threads,
                   "Threads (0 = all cores; results do not depend on it)");
+  cmd->add_flag("--trust-goldens", o->trust_goldens,
+                "--check: read the committed goldens without their sha256 pin / header check");
+  cmd->add_flag("--allow-dirty", o->allow_dirty,
+                "Record from a checkout with uncommitted changes (the golden says '-dirty')");
   cmd->callback([o, &exit_code] {
     const Manifest m = load_manifest(o->manifest);
+    const std::string revision = source_revision(o->manifest);
+    if (!o->check) require_clean_revision(revision, m, o->allow_dirty);
     auto lib = BackendLibrary::load(o->backend);
-    const std::string revision = source_revision();
     const RecordOptions ropt;
     bool all_same = true;
     for (const ManifestModel& mm : m.models) {
@@ -71,7 +113,7 @@ void add_golden(CLI::App& app, int& exit_code) {
       }
       const std::string committed = m.resolve(mm.golden);
       if (o->check) {
-        const GoldenFile old = read_golden_file(committed);
+        const GoldenFile old = read_pinned_golden(m, mm, o->trust_goldens);
         if (old.reference_revision != g.reference_revision) {
           fmt::print(stderr, "note: goldens recorded at revision {}, checking at {}\n",
                      old.reference_revision, g.reference_revision);
@@ -82,11 +124,7 @@ void add_golden(CLI::App& app, int& exit_code) {
         if (diffs.empty()) fmt::print("{}: reproduced bit for bit\n", committed);
         all_same = all_same && diffs.empty();
       } else {
-        const std::string path =
-            o->out.empty() ? committed : (std::filesystem::path(o->out) / mm.golden).string();
-        write_golden_file(path, g);
-        fmt::print("wrote {} ({} cases, {} scoring passages, {:.1f} MB)\n", path, g.cases.size(),
-                   g.scoring.size(), double(std::filesystem::file_size(path)) / 1e6);
+        write_and_pin(m, mm, g, o->out);
       }
     }
     exit_code = all_same ? 0 : kExitFail;
