@@ -1,5 +1,5 @@
 // Whole-file I/O for goldens and the manifest: see file_io.h.
-#include "file_io.h"
+#include "touchstone/file_io.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -13,9 +13,9 @@
 #include <set>
 #include <type_traits>
 
-#include "file_io.h"
 #include "h5util.h"
 #include "touchstone/error.h"
+#include "touchstone/file_io.h"
 
 namespace touchstone {
 

@@ -17,8 +17,8 @@
 #include <set>
 #include <sstream>
 
-#include "file_io.h"
 #include "touchstone/error.h"
+#include "touchstone/file_io.h"
 
 namespace touchstone {
 

@@ -1,17 +1,11 @@
 #include "touchstone/report.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
-#include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "touchstone/error.h"
+#include "touchstone/file_io.h"
 #include "touchstone/tokenizer.h"
 
 namespace touchstone {
@@ -259,32 +253,7 @@ std::string to_junit(const Report& r) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  const fs::path tmp =
-      p.parent_path() / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("{}: cannot create {}: {}", path, tmp.string(), std::strerror(errno));
-  size_t off = 0;
-  int err = 0;
-  while (off < content.size() && err == 0) {
-    const ssize_t n = ::write(fd, content.data() + off, content.size() - off);
-    if (n > 0)
-      off += size_t(n);
-    else if (!(n < 0 && errno == EINTR))
-      err = n < 0 ? errno : EIO;
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    throw Error("{}: writing {} failed: {}", path, tmp.string(), std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    ::unlink(tmp.c_str());
-    throw Error("{}: rename from {} failed: {}", path, tmp.string(), std::strerror(err));
-  }
+  fileio::write_atomic(path, content);
 }
 
 }  // namespace touchstone

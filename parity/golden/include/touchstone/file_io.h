@@ -1,5 +1,6 @@
-// Internal: whole-file reads, crash-safe whole-file writes and sha256 for the
-// golden library. Not installed. Every error names the file and errno text.
+// touchstone/file_io.h - whole-file reads and crash-safe whole-file writes
+// (goldens, manifests' pins, parity reports). Every error names the file and
+// the errno text.
 #pragma once
 
 #include <string>
