@@ -139,6 +139,36 @@ class Parser {
       fail(ptr, fmt::format("invalid name {}: use letters, digits, '_', '-', '.'", got(v)));
     return s;
   }
+  std::string hex64(const json& v, const std::string& ptr) const {
+    std::string s = string(v, ptr);
+    if (!is_hex64(s)) fail(ptr, "expected 64 hex characters, got " + got(v));
+    return s;
+  }
+  // A plain file name: no directory part, so nothing is written outside the cache.
+  std::string file_name(const json& v, const std::string& ptr) const {
+    std::string s = string(v, ptr);
+    if (s.empty() || s == "." || s == ".." || s.find_first_of(std::string("/\0", 2)) != s.npos)
+      fail(ptr, "expected a file name without '/', got " + got(v));
+    return s;
+  }
+  // A path inside the manifest's directory: relative, no ".." component, so
+  // `touchstone golden` never writes outside the project.
+  std::string relative_path(const json& v, const std::string& ptr) const {
+    std::string s = string(v, ptr);
+    bool ok = !s.empty() && s.front() != '/' && s.find('\0') == s.npos;
+    for (size_t at = 0; ok && at <= s.size();) {
+      const size_t end = std::min(s.find('/', at), s.size());
+      const std::string_view part(s.data() + at, end - at);
+      ok = !part.empty() && part != "." && part != "..";
+      at = end + 1;
+    }
+    if (!ok)
+      fail(ptr,
+           "expected a file name or relative path inside the manifest's directory (no "
+           "leading '/', no '..', '.' or empty components), got " +
+               got(v));
+    return s;
+  }
   // An integer in [1, max]; floats (64.5), strings and out-of-range values fail.
   int positive_int(const json& v, const std::string& ptr, int64_t max = INT32_MAX) const {
     if (!v.is_number_integer())
@@ -198,160 +228,157 @@ class Parser {
   Manifest parse(const json& root, Manifest m) const {
     object(root, "");
     allow_keys(root, "", {"format_version", "models", "profiles", "cases", "scoring", "suites"});
-
     const json& fv = require(root, "", "format_version");
     if (!fv.is_number_integer() || fv.get<int64_t>() != kManifestFormatVersion)
       fail("/format_version", fmt::format("unsupported format_version {} (expected {})", got(fv),
                                           kManifestFormatVersion));
     m.format_version = kManifestFormatVersion;
 
-    // models
     const json& models = array(require(root, "", "models"), "/models");
-    for (size_t i = 0; i < models.size(); ++i) {
-      const std::string p = child("/models", i);
-      const json& o = object(models[i], p);
-      allow_keys(o, p,
-                 {"name", "package", "package_version", "file_in_package", "filename", "sha256",
-                  "golden", "golden_sha256"});
-      ManifestModel mm;
-      mm.name = name(require(o, p, "name"), child(p, "name"));
-      mm.package = string(require(o, p, "package"), child(p, "package"));
-      mm.package_version = string(require(o, p, "package_version"), child(p, "package_version"));
-      mm.file_in_package = string(require(o, p, "file_in_package"), child(p, "file_in_package"));
-      mm.filename = string(require(o, p, "filename"), child(p, "filename"));
-      mm.sha256 = string(require(o, p, "sha256"), child(p, "sha256"));
-      if (!is_hex64(mm.sha256))
-        fail(child(p, "sha256"), "expected 64 hex characters, got " + got(o["sha256"]));
-      mm.golden = string(require(o, p, "golden"), child(p, "golden"));
-      if (mm.golden.empty()) fail(child(p, "golden"), "expected a file name, got \"\"");
-      if (const json* v = find(o, "golden_sha256")) {
-        mm.golden_sha256 = string(*v, child(p, "golden_sha256"));
-        if (!is_hex64(mm.golden_sha256))
-          fail(child(p, "golden_sha256"), "expected 64 hex characters, got " + got(*v));
-      }
-      m.models.push_back(std::move(mm));
-    }
+    for (size_t i = 0; i < models.size(); ++i)
+      m.models.push_back(parse_model(models[i], child("/models", i)));
     check_unique(m.models, "/models", "model");
 
-    // profiles
     const json& profiles = object(require(root, "", "profiles"), "/profiles");
-    for (const auto& [pname, pv] : profiles.items()) {
-      const std::string p = child("/profiles", pname);
-      if (!valid_name(pname))
-        fail(p,
-             fmt::format("invalid profile name '{}': use letters, digits, '_', '-', '.'", pname));
-      const json& o = object(pv, p);
-      allow_keys(o, p,
-                 {"description", "greedy", "near_tie_margin", "near_tie_top_k", "logits_nmse_max",
-                  "logits_max_abs_max", "kld_mean_max", "kld_p99_max", "top1_agreement_min",
-                  "ppl_ratio_max"});
-      Profile pr;
-      pr.name = pname;
-      if (const json* v = find(o, "description"))
-        pr.description = string(*v, child(p, "description"));
-      pr.greedy = string(require(o, p, "greedy"), child(p, "greedy"));
-      if (pr.greedy != "identical" && pr.greedy != "tolerance")
-        fail(child(p, "greedy"),
-             "expected \"identical\" or \"tolerance\", got " + got(o["greedy"]));
-      if (const json* v = find(o, "near_tie_margin"))
-        pr.near_tie_margin = non_negative(*v, child(p, "near_tie_margin"));
-      if (const json* v = find(o, "near_tie_top_k"))
-        pr.near_tie_top_k = positive_int(*v, child(p, "near_tie_top_k"), kMaxTopK);
-      auto opt = [&](const char* key, std::optional<double>& out) {
-        if (const json* v = find(o, key)) out = non_negative(*v, child(p, key));
-      };
-      opt("logits_nmse_max", pr.logits_nmse_max);
-      opt("logits_max_abs_max", pr.logits_max_abs_max);
-      opt("kld_mean_max", pr.kld_mean_max);
-      opt("kld_p99_max", pr.kld_p99_max);
-      opt("top1_agreement_min", pr.top1_agreement_min);
-      opt("ppl_ratio_max", pr.ppl_ratio_max);
-      if (pr.top1_agreement_min && *pr.top1_agreement_min > 1.0)
-        fail(child(p, "top1_agreement_min"),
-             "expected a fraction in [0, 1], got " + got(o["top1_agreement_min"]));
-      m.profiles.push_back(std::move(pr));
-    }
+    for (const auto& [pname, pv] : profiles.items())
+      m.profiles.push_back(parse_profile(pname, pv, child("/profiles", pname)));
 
-    // cases
     const json& cases = array(require(root, "", "cases"), "/cases");
-    for (size_t i = 0; i < cases.size(); ++i) {
-      const std::string p = child("/cases", i);
-      const json& o = object(cases[i], p);
-      allow_keys(o, p, {"name", "model", "prompt", "chat", "n_predict", "tags"});
-      ManifestCase c;
-      c.name = name(require(o, p, "name"), child(p, "name"));
-      c.model = string(require(o, p, "model"), child(p, "model"));
-      check_ref(m.models, c.model, child(p, "model"), "model");
-      c.prompt = string(require(o, p, "prompt"), child(p, "prompt"));
-      if (const json* v = find(o, "chat")) c.chat = boolean(*v, child(p, "chat"));
-      c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"), kMaxSteps);
-      if (const json* v = find(o, "tags")) c.tags = strings(*v, child(p, "tags"));
-      m.cases.push_back(std::move(c));
-    }
+    for (size_t i = 0; i < cases.size(); ++i)
+      m.cases.push_back(parse_case(cases[i], child("/cases", i), m));
     check_unique(m.cases, "/cases", "case");
 
-    // scoring
     if (const json* sv = find(root, "scoring")) {
       const json& scoring = array(*sv, "/scoring");
-      for (size_t i = 0; i < scoring.size(); ++i) {
-        const std::string p = child("/scoring", i);
-        const json& o = object(scoring[i], p);
-        allow_keys(o, p, {"name", "model", "text_file"});
-        ManifestScoring s;
-        s.name = name(require(o, p, "name"), child(p, "name"));
-        s.model = string(require(o, p, "model"), child(p, "model"));
-        check_ref(m.models, s.model, child(p, "model"), "model");
-        s.text_file = string(require(o, p, "text_file"), child(p, "text_file"));
-        if (s.text_file.empty()) fail(child(p, "text_file"), "expected a file name, got \"\"");
-        std::string err;
-        const std::string full = m.resolve(s.text_file);
-        s.text = read_text(full, &err);
-        if (!err.empty()) fail(child(p, "text_file"), fmt::format("cannot read {}: {}", full, err));
-        m.scoring.push_back(std::move(s));
-      }
+      for (size_t i = 0; i < scoring.size(); ++i)
+        m.scoring.push_back(parse_scoring(scoring[i], child("/scoring", i), m));
       check_unique(m.scoring, "/scoring", "scoring");
     }
 
-    // suites
     if (const json* sv = find(root, "suites")) {
       const json& suites = object(*sv, "/suites");
-      for (const auto& [sname, val] : suites.items()) {
-        const std::string p = child("/suites", sname);
-        if (!valid_name(sname))
-          fail(p,
-               fmt::format("invalid suite name '{}': use letters, digits, '_', '-', '.'", sname));
-        const json& o = object(val, p);
-        allow_keys(o, p, {"cases", "scoring", "max_steps", "max_positions", "description"});
-        Suite s;
-        s.name = sname;
-        if (const json* v = find(o, "max_steps"))
-          s.max_steps = positive_int(*v, child(p, "max_steps"), kMaxSteps);
-        if (const json* v = find(o, "max_positions"))
-          s.max_positions = positive_int(*v, child(p, "max_positions"), kMaxSteps);
-        if (const json* v = find(o, "description"))
-          s.description = string(*v, child(p, "description"));
-        auto refs = [&](const char* key, std::vector<std::string>& out, auto& items,
-                        const char* kind) {
-          const json* v = find(o, key);
-          if (v == nullptr) return;
-          out = strings(*v, child(p, key));
-          std::set<std::string> seen;
-          for (size_t i = 0; i < out.size(); ++i) {
-            const std::string ip = child(child(p, key), i);
-            check_ref(items, out[i], ip, kind);
-            if (!seen.insert(out[i]).second)
-              fail(ip, fmt::format("{} '{}' listed twice", kind, out[i]));
-          }
-        };
-        refs("cases", s.cases, m.cases, "case");
-        refs("scoring", s.scoring, m.scoring, "scoring");
-        m.suites.push_back(std::move(s));
-      }
+      for (const auto& [sname, val] : suites.items())
+        m.suites.push_back(parse_suite(sname, val, child("/suites", sname), m));
     }
     return m;
   }
 
  private:
+  ManifestModel parse_model(const json& v, const std::string& p) const {
+    const json& o = object(v, p);
+    allow_keys(o, p,
+               {"name", "package", "package_version", "file_in_package", "filename", "sha256",
+                "golden", "golden_sha256"});
+    ManifestModel mm;
+    mm.name = name(require(o, p, "name"), child(p, "name"));
+    mm.package = string(require(o, p, "package"), child(p, "package"));
+    mm.package_version = string(require(o, p, "package_version"), child(p, "package_version"));
+    mm.file_in_package = string(require(o, p, "file_in_package"), child(p, "file_in_package"));
+    mm.filename = file_name(require(o, p, "filename"), child(p, "filename"));
+    mm.sha256 = hex64(require(o, p, "sha256"), child(p, "sha256"));
+    mm.golden = relative_path(require(o, p, "golden"), child(p, "golden"));
+    if (const json* g = find(o, "golden_sha256"))
+      mm.golden_sha256 = hex64(*g, child(p, "golden_sha256"));
+    return mm;
+  }
+
+  Profile parse_profile(const std::string& pname, const json& v, const std::string& p) const {
+    if (!valid_name(pname))
+      fail(p, fmt::format("invalid profile name '{}': use letters, digits, '_', '-', '.'", pname));
+    const json& o = object(v, p);
+    allow_keys(o, p,
+               {"description", "greedy", "near_tie_margin", "near_tie_top_k", "logits_nmse_max",
+                "logits_max_abs_max", "kld_mean_max", "kld_p99_max", "top1_agreement_min",
+                "ppl_ratio_max"});
+    Profile pr;
+    pr.name = pname;
+    if (const json* d = find(o, "description"))
+      pr.description = string(*d, child(p, "description"));
+    pr.greedy = string(require(o, p, "greedy"), child(p, "greedy"));
+    if (pr.greedy != "identical" && pr.greedy != "tolerance")
+      fail(child(p, "greedy"), "expected \"identical\" or \"tolerance\", got " + got(o["greedy"]));
+    if (const json* m = find(o, "near_tie_margin"))
+      pr.near_tie_margin = non_negative(*m, child(p, "near_tie_margin"));
+    if (const json* k = find(o, "near_tie_top_k"))
+      pr.near_tie_top_k = positive_int(*k, child(p, "near_tie_top_k"), kMaxTopK);
+    auto opt = [&](const char* key, std::optional<double>& out) {
+      if (const json* t = find(o, key)) out = non_negative(*t, child(p, key));
+    };
+    opt("logits_nmse_max", pr.logits_nmse_max);
+    opt("logits_max_abs_max", pr.logits_max_abs_max);
+    opt("kld_mean_max", pr.kld_mean_max);
+    opt("kld_p99_max", pr.kld_p99_max);
+    opt("top1_agreement_min", pr.top1_agreement_min);
+    opt("ppl_ratio_max", pr.ppl_ratio_max);
+    if (pr.top1_agreement_min && *pr.top1_agreement_min > 1.0)
+      fail(child(p, "top1_agreement_min"),
+           "expected a fraction in [0, 1], got " + got(o["top1_agreement_min"]));
+    return pr;
+  }
+
+  ManifestCase parse_case(const json& v, const std::string& p, const Manifest& m) const {
+    const json& o = object(v, p);
+    allow_keys(o, p, {"name", "model", "prompt", "chat", "n_predict", "tags"});
+    ManifestCase c;
+    c.name = name(require(o, p, "name"), child(p, "name"));
+    c.model = string(require(o, p, "model"), child(p, "model"));
+    check_ref(m.models, c.model, child(p, "model"), "model");
+    c.prompt = string(require(o, p, "prompt"), child(p, "prompt"));
+    if (const json* b = find(o, "chat")) c.chat = boolean(*b, child(p, "chat"));
+    c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"), kMaxSteps);
+    if (const json* t = find(o, "tags")) c.tags = strings(*t, child(p, "tags"));
+    return c;
+  }
+
+  ManifestScoring parse_scoring(const json& v, const std::string& p, const Manifest& m) const {
+    const json& o = object(v, p);
+    allow_keys(o, p, {"name", "model", "text_file"});
+    ManifestScoring s;
+    s.name = name(require(o, p, "name"), child(p, "name"));
+    s.model = string(require(o, p, "model"), child(p, "model"));
+    check_ref(m.models, s.model, child(p, "model"), "model");
+    s.text_file = string(require(o, p, "text_file"), child(p, "text_file"));
+    if (s.text_file.empty()) fail(child(p, "text_file"), "expected a file name, got \"\"");
+    std::string err;
+    const std::string full = m.resolve(s.text_file);
+    s.text = read_text(full, &err);
+    if (!err.empty()) fail(child(p, "text_file"), fmt::format("cannot read {}: {}", full, err));
+    return s;
+  }
+
+  Suite parse_suite(const std::string& sname, const json& v, const std::string& p,
+                    const Manifest& m) const {
+    if (!valid_name(sname))
+      fail(p, fmt::format("invalid suite name '{}': use letters, digits, '_', '-', '.'", sname));
+    const json& o = object(v, p);
+    allow_keys(o, p, {"cases", "scoring", "max_steps", "max_positions", "description"});
+    Suite s;
+    s.name = sname;
+    if (const json* n = find(o, "max_steps"))
+      s.max_steps = positive_int(*n, child(p, "max_steps"), kMaxSteps);
+    if (const json* n = find(o, "max_positions"))
+      s.max_positions = positive_int(*n, child(p, "max_positions"), kMaxSteps);
+    if (const json* d = find(o, "description")) s.description = string(*d, child(p, "description"));
+    if (const json* c = find(o, "cases")) s.cases = refs(*c, child(p, "cases"), m.cases, "case");
+    if (const json* r = find(o, "scoring"))
+      s.scoring = refs(*r, child(p, "scoring"), m.scoring, "scoring");
+    return s;
+  }
+
+  // A list of names, each referring to one of `items`, none twice.
+  template <typename T>
+  std::vector<std::string> refs(const json& v, const std::string& ptr, const std::vector<T>& items,
+                                const char* kind) const {
+    std::vector<std::string> out = strings(v, ptr);
+    std::set<std::string> seen;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const std::string ip = child(ptr, i);
+      check_ref(items, out[i], ip, kind);
+      if (!seen.insert(out[i]).second) fail(ip, fmt::format("{} '{}' listed twice", kind, out[i]));
+    }
+    return out;
+  }
+
   std::string file_;
 };
 
@@ -448,15 +475,35 @@ std::string Manifest::resolve(const std::string& relative) const {
 
 namespace {
 
+// nlohmann's message without its "[json.exception.x.n] " prefix, control and
+// non-ASCII bytes (the ill-formed UTF-8 it quotes) escaped as \xNN, so the
+// error itself is printable, valid UTF-8.
+std::string plain_message(const json::exception& e) {
+  std::string_view what = e.what();
+  if (what.starts_with("[json.exception.")) {
+    const size_t end = what.find("] ");
+    if (end != std::string_view::npos) what.remove_prefix(end + 2);
+  }
+  std::string out;
+  for (char ch : what) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c >= 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += ch;
+  }
+  return out;
+}
+
 Manifest parse_manifest_text(const std::string& path, const std::string& text) {
   json root;
   DuplicateKeyCheck dup(path);
   try {
     root = json::parse(text, std::ref(dup), /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::parse_error& e) {
-    throw Error("{}: invalid JSON at byte {}: {}", path, e.byte, e.what());
+  } catch (const json::parse_error& e) {  // also ill-formed UTF-8 in a string
+    throw Error("{}: invalid JSON at byte {}: {}", path, e.byte, plain_message(e));
   } catch (const json::exception& e) {  // e.g. out_of_range 406: number overflow (1e400)
-    throw Error("{}: {}: invalid value: {}", path, dup.current_pointer(), e.what());
+    throw Error("{}: {}: invalid value: {}", path, dup.current_pointer(), plain_message(e));
   }
 
   Manifest m;

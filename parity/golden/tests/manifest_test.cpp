@@ -348,3 +348,54 @@ TEST_F(ManifestTest, MissingFileSaysHowToFix) {
     EXPECT_NE(std::string(e.what()).find("pass --manifest"), std::string::npos) << e.what();
   }
 }
+
+TEST_F(ManifestTest, NonUtf8IsAnErrorWithPrintableMessage) {
+  std::string text = valid_manifest().dump(2);
+  const std::string prompt = "\"Once upon a time\"";
+  ASSERT_NE(text.find(prompt), std::string::npos);
+  text.replace(text.find(prompt), prompt.size(), "\"Once upon a \xff\xfe time\"");
+  expect_error(text, {"invalid JSON at byte", "ill-formed UTF-8", "\\xff"});
+  try {
+    touchstone::load_manifest(write(text));
+  } catch (const Error& e) {
+    for (char c : std::string(e.what()))  // the raw byte is not echoed
+      EXPECT_LT(static_cast<unsigned char>(c), 0x80) << e.what();
+  }
+  // A non-UTF-8 key is refused the same way.
+  text = valid_manifest().dump(2);
+  text.replace(text.find("\"chat\""), 6, "\"ch\xc3\x28t\"");
+  expect_error(text, {"invalid JSON at byte", "UTF-8"});
+}
+
+TEST_F(ManifestTest, WrongTypedFieldsNameTheirPointer) {
+  const std::vector<std::pair<std::string, ordered_json>> cases = {
+      {"/models/0/filename", 7},      {"/models/0/golden", ordered_json::array()},
+      {"/cases/1/chat", "yes"},       {"/cases/0/tags/0", 3},
+      {"/cases/0/prompt", nullptr},   {"/profiles/exact/greedy", false},
+      {"/suites/smoke/cases/0", 1.5}, {"/profiles/quantized/kld_mean_max", "0.1"},
+      {"/scoring/0/text_file", 12},   {"/models/0/package_version", 2}};
+  for (const auto& [ptr, value] : cases) {
+    auto j = valid_manifest();
+    j[ordered_json::json_pointer(ptr)] = value;
+    expect_json_error(j, {": " + ptr + ": expected"});
+  }
+}
+
+TEST_F(ManifestTest, GoldenAndModelPathsStayInside) {
+  // `touchstone golden` writes the golden: never outside the manifest's directory.
+  for (const char* bad : {"/etc/x.h5", "../x.h5", "a/../../x.h5", "a//x.h5", "./x.h5", "a/"}) {
+    auto j = valid_manifest();
+    j["models"][0]["golden"] = bad;
+    expect_json_error(
+        j, {"/models/0/golden: expected a file name or relative path inside the manifest's"});
+  }
+  auto j = valid_manifest();
+  j["models"][0]["golden"] = "sub/x.h5";
+  EXPECT_EQ(touchstone::load_manifest(write(j.dump())).models[0].golden, "sub/x.h5");
+  // The model is cached under its file name: no directory part.
+  for (const char* bad : {"../m.gguf", "/tmp/m.gguf", "a/m.gguf", "..", ""}) {
+    j = valid_manifest();
+    j["models"][0]["filename"] = bad;
+    expect_json_error(j, {"/models/0/filename: expected a file name without '/'"});
+  }
+}
