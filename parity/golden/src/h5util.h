@@ -50,4 +50,12 @@ void silence_errors();
 // clears the stack.
 std::string take_error();
 
+// " (HDF5: <innermost message>)", or "" when the stack is empty; clears it.
+std::string error_suffix();
+
+// A fresh name for an in-memory (core driver) file. The core driver refuses
+// to open an image under the name of a file that exists on disk, and must
+// never touch the disk, so the name is one that cannot exist (below /dev/null).
+std::string memory_name();
+
 }  // namespace touchstone::h5

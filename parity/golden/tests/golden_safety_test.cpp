@@ -18,6 +18,7 @@
 #include "golden_fixture.h"
 #include "touchstone/error.h"
 #include "touchstone/golden.h"
+#include "touchstone/manifest.h"
 
 using namespace golden_testing;  // NOLINT(google-build-using-namespace): test helpers
 
@@ -247,4 +248,18 @@ TEST_F(GoldenTest, KilledWriterLeavesPreviousGoldenIntact) {
     spit(p, before);
   }
   if (mid_write == 0) GTEST_SKIP() << "never killed the writer mid-write (machine too fast?)";
+}
+
+// The committed golden: matches its manifest pin, and the writer reproduces
+// it byte for byte (so a change to the writer cannot silently change the format).
+TEST_F(GoldenTest, CommittedGoldenIsPinnedAndRewrittenByteIdentical) {
+  const touchstone::Manifest m = touchstone::load_manifest(TOUCHSTONE_GOLDENS_DIR "/manifest.json");
+  ASSERT_FALSE(m.models.empty());
+  for (const touchstone::ManifestModel& mm : m.models) {
+    ASSERT_FALSE(mm.golden_sha256.empty()) << mm.name << ": committed golden not pinned";
+    const GoldenFile g = touchstone::read_pinned_golden(m, mm, /*trust=*/false);
+    const std::string p = path(mm.name + ".h5");
+    touchstone::write_golden_file(p, g);
+    EXPECT_EQ(touchstone::sha256_hex(slurp(p)), mm.golden_sha256) << mm.name;
+  }
 }
