@@ -263,3 +263,23 @@ TEST_F(GoldenTest, CommittedGoldenIsPinnedAndRewrittenByteIdentical) {
     EXPECT_EQ(touchstone::sha256_hex(slurp(p)), mm.golden_sha256) << mm.name;
   }
 }
+
+// Fuzz-found inputs (fuzz/regressions, also run by ci/fuzz) in the ordinary
+// unit tests: each damaged golden is refused before libhdf5 opens it (no
+// HDF5 error in the message), each bad manifest is an Error naming the file.
+TEST_F(GoldenTest, FuzzRegressionInputsAreRefused) {
+  const fs::path root = TOUCHSTONE_FUZZ_REGRESSIONS_DIR;
+  int goldens = 0, manifests = 0;
+  for (const auto& e : fs::directory_iterator(root / "golden_fuzz")) {
+    const std::string p = e.path().string();
+    expect_error_with([&] { touchstone::read_golden_file(p); }, {p, "--trust-goldens"});
+    ++goldens;
+  }
+  for (const auto& e : fs::directory_iterator(root / "manifest_fuzz")) {
+    const std::string p = e.path().string();
+    expect_error_with([&] { touchstone::load_manifest(p); }, {p + ": "});
+    ++manifests;
+  }
+  EXPECT_GT(goldens, 0);
+  EXPECT_GT(manifests, 0);
+}
