@@ -2,11 +2,16 @@
 // checks that a fresh reference run reproduces the committed goldens bit for bit.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "cli_common.h"
 #include "touchstone/error.h"
+#include "touchstone/file_io.h"
 #include "touchstone/golden.h"
 #include "touchstone/model_store.h"
 #include "touchstone/recorder.h"
@@ -38,14 +43,34 @@ void require_clean_revision(const std::string& revision, const Manifest& m, bool
       m.path);
 }
 
+// Where the golden of `mm` is written: next to the manifest, or under --out.
+std::string golden_path(const Manifest& m, const ManifestModel& mm, const std::string& out_dir) {
+  return out_dir.empty() ? m.resolve(mm.golden)
+                         : (std::filesystem::path(out_dir) / mm.golden).string();
+}
+
+// Checked before the (minutes-long) recording: every golden's directory exists
+// and is writable. Also removes temp files of killed writers there.
+void prepare_output(const Manifest& m, const std::string& out_dir) {
+  for (const std::string& stale : fileio::remove_stale_temps(m.path))
+    fmt::print(stderr, "removed stale temp file {}\n", stale);
+  for (const ManifestModel& mm : m.models) {
+    const std::string path = golden_path(m, mm, out_dir), dir = fileio::dir_of(path);
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      throw Error("{}: cannot write {} there: not an existing directory", dir, path);
+    if (::access(dir.c_str(), W_OK) != 0)
+      throw Error("{}: cannot write {} there: {}", dir, path, std::strerror(errno));
+    for (const std::string& stale : remove_stale_golden_temps(path))
+      fmt::print(stderr, "removed stale temp file {}\n", stale);
+  }
+}
+
 // Writes the golden (crash-safe) and, when it replaces the committed one,
 // updates the manifest's golden_sha256 pin.
 void write_and_pin(const Manifest& m, const ManifestModel& mm, const GoldenFile& g,
                    const std::string& out_dir) {
-  const std::string path = out_dir.empty() ? m.resolve(mm.golden)
-                                           : (std::filesystem::path(out_dir) / mm.golden).string();
-  for (const std::string& stale : remove_stale_golden_temps(path))
-    fmt::print(stderr, "removed stale temp file {}\n", stale);
+  const std::string path = golden_path(m, mm, out_dir);
   write_golden_file(path, g);
   const std::string sha = sha256_file(path);
   fmt::print("wrote {} ({} cases, {} scoring passages, {:.1f} MB, sha256 {})\n", path,
@@ -84,7 +109,10 @@ void add_golden(CLI::App& app, int& exit_code) {
   cmd->callback([o, &exit_code] {
     const Manifest m = load_manifest(o->manifest);
     const std::string revision = source_revision(o->manifest);
-    if (!o->check) require_clean_revision(revision, m, o->allow_dirty);
+    if (!o->check) {
+      require_clean_revision(revision, m, o->allow_dirty);
+      prepare_output(m, o->out);
+    }
     auto lib = BackendLibrary::load(o->backend);
     const RecordOptions ropt;
     bool all_same = true;

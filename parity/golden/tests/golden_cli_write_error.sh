@@ -5,6 +5,7 @@
 #
 # usage: golden_cli_write_error.sh <touchstone> <goldens/manifest.json> <work dir>
 # Records a tiny golden (one 1-token case, 2 steps) with the real model, then
+#   - --out to a missing directory: refused before recording;
 #   - as root, on a full 1 MiB tmpfs: "No space left on device" (ENOSPC);
 #   - always, under `ulimit -f` (SIGXFSZ ignored): "File too large" (EFBIG).
 set -u
@@ -45,7 +46,19 @@ expect_refused_write() {
   if ls -A "$dir" | grep -q '\.tmp'; then fail "temp file left: $(ls -A "$dir")"; fi
 }
 
+# An output directory that cannot be written is refused before recording.
+out=$(record "$work/missing")
+rc=$?
+echo "$out"
+[ "$rc" = 2 ] && grep -q "not an existing directory" <<<"$out" || fail "--out to a missing directory"
+grep -q "recording goldens" <<<"$out" && fail "recorded before checking --out"
+
+# A temp file of a killed writer (a pid that is not running) is removed.
+( exit 0 ) & dead=$!
+wait "$dead"
+touch "$work/out/.tiny.h5.tmp-$dead"
 out=$(record "$work/out") || fail "recording the tiny golden failed: $out"
+[ -e "$work/out/.tiny.h5.tmp-$dead" ] && fail "stale temp file not removed"
 cp "$work/out/tiny.h5" "$work/before.h5"
 
 # EFBIG: a file-size limit below the golden's size; SIGXFSZ ignored so that
