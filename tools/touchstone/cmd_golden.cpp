@@ -84,6 +84,48 @@ void write_and_pin(const Manifest& m, const ManifestModel& mm, const GoldenFile&
   }
 }
 
+// Runs every case and scoring passage of `mm` through the recording backend.
+GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manifest& m,
+                        const ManifestModel& mm, const std::string& revision, int threads) {
+  const std::string model_path = resolve_model(mm);
+  Tokenizer tok = load_tokenizer(model_path);
+  Model model(lib, model_path);
+  Session session(model, SessionOptions{TS_WEIGHTS_FULL_PRECISION, threads, 0, ""});
+  GoldenFile g;
+  g.model_name = mm.name;
+  g.model_sha256 = mm.sha256;
+  g.reference_version = lib->name() + " " + lib->version();
+  g.reference_revision = revision;
+  const RecordOptions ropt;
+  for (const ManifestCase& c : m.cases) {
+    if (c.model != mm.name) continue;
+    g.cases.push_back(record_case(session, tok, c, ropt,
+                                  [&](int d, int t) { progress_line("case " + c.name, d, t); }));
+  }
+  for (const ManifestScoring& s : m.scoring) {
+    if (s.model != mm.name) continue;
+    progress_line("scoring " + s.name, 0, 1);
+    g.scoring.push_back(record_scoring(session, tok, s, ropt));
+    progress_line("scoring " + s.name, 1, 1);
+  }
+  return g;
+}
+
+// --check: the fresh recording `g` against the committed (pinned) golden;
+// prints every difference, true when identical.
+bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool trust_goldens) {
+  const std::string committed = m.resolve(mm.golden);
+  const GoldenFile old = read_pinned_golden(m, mm, trust_goldens);
+  if (old.reference_revision != g.reference_revision)
+    fmt::print(stderr, "note: goldens recorded at revision {}, checking at {}\n",
+               old.reference_revision, g.reference_revision);
+  g.reference_revision = old.reference_revision;  // provenance, not data
+  const std::vector<std::string> diffs = diff_golden(old, g);
+  for (const std::string& d : diffs) fmt::print("DIFF {}: {}\n", committed, d);
+  if (diffs.empty()) fmt::print("{}: reproduced bit for bit\n", committed);
+  return diffs.empty();
+}
+
 }  // namespace
 
 void add_golden(CLI::App& app, int& exit_code) {
@@ -101,7 +143,8 @@ void add_golden(CLI::App& app, int& exit_code) {
   cmd->add_option("--backend", o->backend, "Recording backend (the reference)");
   cmd->add_option("--out", o->out, "Directory to write golden files to (default: the manifest's)");
   cmd->add_option("--threads,-t", o->threads,
-                  "Threads (0 = all cores; results do not depend on it)");
+                  "Threads (0 = all cores; results do not depend on it)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_flag("--trust-goldens", o->trust_goldens,
                 "--check: read the committed goldens without their sha256 pin / header check");
   cmd->add_flag("--allow-dirty", o->allow_dirty,
@@ -114,46 +157,15 @@ void add_golden(CLI::App& app, int& exit_code) {
       prepare_output(m, o->out);
     }
     auto lib = BackendLibrary::load(o->backend);
-    const RecordOptions ropt;
     bool all_same = true;
     for (const ManifestModel& mm : m.models) {
-      const std::string model_path = resolve_model(mm);
-      Tokenizer tok = load_tokenizer(model_path);
-      Model model(lib, model_path);
-      Session session(model, SessionOptions{TS_WEIGHTS_FULL_PRECISION, o->threads, 0, ""});
-      GoldenFile g;
-      g.model_name = mm.name;
-      g.model_sha256 = mm.sha256;
-      g.reference_version = lib->name() + " " + lib->version();
-      g.reference_revision = revision;
       fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording",
                  mm.name, lib->name(), lib->device_name());
-      for (const ManifestCase& c : m.cases) {
-        if (c.model != mm.name) continue;
-        g.cases.push_back(record_case(
-            session, tok, c, ropt, [&](int d, int t) { progress_line("case " + c.name, d, t); }));
-      }
-      for (const ManifestScoring& s : m.scoring) {
-        if (s.model != mm.name) continue;
-        progress_line("scoring " + s.name, 0, 1);
-        g.scoring.push_back(record_scoring(session, tok, s, ropt));
-        progress_line("scoring " + s.name, 1, 1);
-      }
-      const std::string committed = m.resolve(mm.golden);
-      if (o->check) {
-        const GoldenFile old = read_pinned_golden(m, mm, o->trust_goldens);
-        if (old.reference_revision != g.reference_revision) {
-          fmt::print(stderr, "note: goldens recorded at revision {}, checking at {}\n",
-                     old.reference_revision, g.reference_revision);
-        }
-        g.reference_revision = old.reference_revision;  // provenance, not data
-        const std::vector<std::string> diffs = diff_golden(old, g);
-        for (const std::string& d : diffs) fmt::print("DIFF {}: {}\n", committed, d);
-        if (diffs.empty()) fmt::print("{}: reproduced bit for bit\n", committed);
-        all_same = all_same && diffs.empty();
-      } else {
+      GoldenFile g = record_model(lib, m, mm, revision, o->threads);
+      if (o->check)
+        all_same = check_model(m, mm, std::move(g), o->trust_goldens) && all_same;
+      else
         write_and_pin(m, mm, g, o->out);
-      }
     }
     exit_code = all_same ? 0 : kExitFail;
   });
