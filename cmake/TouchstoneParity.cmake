@@ -1,12 +1,30 @@
-# touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...])
+# touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...] [MODELS model...])
 #
-# One CTest test per case and scoring passage of the manifest's "full" suite:
-#   parity.<backend>.<weights>.<case>   labels: parity;<backend>;<tier>;<weights>
+# One CTest test per case and scoring passage of the manifest's "full" suite that
+# belongs to one of MODELS (default: the manifest's first model, SmolLM2):
+#   parity.<backend>.<weights>.<case>   labels: parity;<backend>;<tier>;<weights>;<model>
 # A test exits 77 (SKIP) when the backend reports that no device is available
 # (TS_ERR_DEVICE): it never passes vacuously.
+#
+# touchstone_add_unsupported_test(BACKEND WEIGHTS MODEL)
+#
+# parity.<backend>.<weights>.<model>.unsupported: the backend must refuse MODEL at
+# load with TS_ERR_UNSUPPORTED (parity exit 3, the report says UNSUPPORTED and why);
+# computing it, crashing or any other status fails the test.
 set(TOUCHSTONE_MANIFEST ${PROJECT_SOURCE_DIR}/goldens/manifest.json)
 file(READ ${TOUCHSTONE_MANIFEST} _ts_manifest)
 string(JSON _ts_suite GET "${_ts_manifest}" suites full)
+string(JSON TOUCHSTONE_FIRST_MODEL GET "${_ts_manifest}" models 0 name)
+# _ts_model_of_<case or passage> = its model
+foreach(_kind cases scoring)
+  string(JSON _n LENGTH "${_ts_manifest}" ${_kind})
+  math(EXPR _last "${_n} - 1")
+  foreach(i RANGE ${_last})
+    string(JSON _name GET "${_ts_manifest}" ${_kind} ${i} name)
+    string(JSON _model GET "${_ts_manifest}" ${_kind} ${i} model)
+    set(_ts_model_of_${_name} ${_model})
+  endforeach()
+endforeach()
 set(TOUCHSTONE_DEFAULT_CASES "")
 set(TOUCHSTONE_DEFAULT_SCORING "")
 foreach(_kind cases scoring)
@@ -28,22 +46,53 @@ set(TOUCHSTONE_REPORT_DIR ${CMAKE_BINARY_DIR}/reports)
 file(MAKE_DIRECTORY ${TOUCHSTONE_REPORT_DIR})
 
 function(touchstone_add_parity_tests backend weights tier)
+  cmake_parse_arguments(PARSE_ARGV 3 _a "" "" "MODELS")
+  if(NOT _a_MODELS)
+    set(_a_MODELS ${TOUCHSTONE_FIRST_MODEL})
+  endif()
+  foreach(_kind cases scoring)
+    if(_kind STREQUAL "cases")
+      set(_names ${TOUCHSTONE_DEFAULT_CASES})
+    else()
+      set(_names ${TOUCHSTONE_DEFAULT_SCORING})
+    endif()
+    foreach(c ${_names})
+      set(_model ${_ts_model_of_${c}})
+      if(NOT _model IN_LIST _a_MODELS)
+        continue()
+      endif()
+      if(_kind STREQUAL "cases")
+        set(_t parity.${backend}.${weights}.${c})
+        set(_sel --case ${c})
+      else()
+        set(_t parity.${backend}.${weights}.scoring.${c})
+        set(_sel --scoring ${c})
+      endif()
+      add_test(NAME ${_t}
+        COMMAND touchstone parity --backend ${backend} --weights ${weights} ${_sel}
+                --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
+      set_tests_properties(${_t} PROPERTIES
+        LABELS "parity;${backend};${tier};${weights};${_model};${_a_UNPARSED_ARGUMENTS}"
+        SKIP_RETURN_CODE 77 TIMEOUT 1200)
+    endforeach()
+  endforeach()
+endfunction()
+
+function(touchstone_add_unsupported_test backend weights model)
+  set(_first "")
   foreach(c ${TOUCHSTONE_DEFAULT_CASES})
-    set(_t parity.${backend}.${weights}.${c})
-    add_test(NAME ${_t}
-      COMMAND touchstone parity --backend ${backend} --weights ${weights} --case ${c}
-              --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
-    set_tests_properties(${_t} PROPERTIES
-      LABELS "parity;${backend};${tier};${weights};${ARGN}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
+    if(_first STREQUAL "" AND _ts_model_of_${c} STREQUAL model)
+      set(_first ${c})
+    endif()
   endforeach()
-  foreach(s ${TOUCHSTONE_DEFAULT_SCORING})
-    set(_t parity.${backend}.${weights}.scoring.${s})
-    add_test(NAME ${_t}
-      COMMAND touchstone parity --backend ${backend} --weights ${weights} --scoring ${s}
-              --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
-    set_tests_properties(${_t} PROPERTIES
-      LABELS "parity;${backend};${tier};${weights};${ARGN}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
-  endforeach()
+  set(_t parity.${backend}.${weights}.${model}.unsupported)
+  add_test(NAME ${_t}
+    COMMAND sh -c "\"$0\" parity --backend ${backend} --weights ${weights} --case ${_first} --manifest ${TOUCHSTONE_MANIFEST} --json ${TOUCHSTONE_REPORT_DIR}/${_t}.json; rc=$?; echo \"exit status $rc (3 = UNSUPPORTED expected)\"; test $rc -eq 3"
+            $<TARGET_FILE:touchstone>)
+  set_tests_properties(${_t} PROPERTIES
+    LABELS "parity;${backend};${weights};${model};unsupported"
+    PASS_REGULAR_EXPRESSION "UNSUPPORTED.*exit status 3 "
+    TIMEOUT 300)
 endfunction()
 
 # touchstone_add_contract_tests(BACKEND WEIGHTS)

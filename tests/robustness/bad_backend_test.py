@@ -39,6 +39,8 @@ def killed_run(cmd, env, rj, state):
     deadline = time.time() + 300
     report = None
     while time.time() < deadline:
+        if p.poll() is not None:  # the harness ended on its own: nothing to kill
+            return [f"the harness exited with status {p.returncode} before case 1 finished"]
         try:
             with open(rj, encoding="utf-8") as f:
                 report = json.load(f)

@@ -130,7 +130,7 @@ bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool 
 
 void add_golden(CLI::App& app, int& exit_code) {
   struct Opts {
-    std::string manifest = default_manifest_path(), backend = "reference", out;
+    std::string manifest = default_manifest_path(), backend = "reference", out, model;
     bool check = false, trust_goldens = false, allow_dirty = false;
     int threads = 0;
   };
@@ -141,6 +141,7 @@ void add_golden(CLI::App& app, int& exit_code) {
                 "Recompute and compare bit-for-bit with the committed goldens; write nothing");
   cmd->add_option("--manifest", o->manifest, "goldens/manifest.json");
   cmd->add_option("--backend", o->backend, "Recording backend (the reference)");
+  cmd->add_option("--model", o->model, "Record (or --check) only this manifest model");
   cmd->add_option("--out", o->out, "Directory to write golden files to (default: the manifest's)");
   cmd->add_option("--threads,-t", o->threads,
                   "Threads (0 = all cores; results do not depend on it)")
@@ -158,7 +159,9 @@ void add_golden(CLI::App& app, int& exit_code) {
     }
     auto lib = BackendLibrary::load(o->backend);
     bool all_same = true;
+    if (!o->model.empty()) m.find_model(o->model);  // an unknown name is an error
     for (const ManifestModel& mm : m.models) {
+      if (!o->model.empty() && mm.name != o->model) continue;
       fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording",
                  mm.name, lib->name(), lib->device_name());
       GoldenFile g = record_model(lib, m, mm, revision, o->threads);

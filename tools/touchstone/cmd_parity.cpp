@@ -22,7 +22,7 @@ namespace {
 
 struct Opts {
   std::string manifest = default_manifest_path(), backend = "reference", suite = "quick";
-  std::string weights = "full_precision", profile, fault, json, junit;
+  std::string weights = "full_precision", profile, fault, json, junit, model;
   std::vector<std::string> cases, scoring;
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   int threads = 0;
@@ -41,16 +41,35 @@ Plan plan_run(const Manifest& m, const Opts& o) {
   // Naming cases or passages selects just those; naming neither runs the whole suite.
   if (!o.cases.empty() && o.scoring.empty()) p.scoring.clear();
   if (o.cases.empty() && !o.scoring.empty()) p.cases.clear();
-  std::string model_name;  // all checks of a run use one model
-  for (const auto& n : p.cases) model_name = m.find_case(n).model;
-  for (const auto& n : p.scoring) model_name = m.find_scoring(n).model;
-  if (model_name.empty()) throw Error("nothing to run: the selection has no cases or passages");
-  for (const auto& n : p.cases) {
-    if (m.find_case(n).model != model_name) {
-      throw Error("case '{}' uses model '{}', not '{}'", n, m.find_case(n).model, model_name);
-    }
+  // All checks of a run use one model: --model, else the model of the named cases,
+  // else the manifest's first model. A suite's checks of other models are left out.
+  std::string model_name = o.model;
+  if (model_name.empty()) {
+    for (const auto& n : o.cases) model_name = m.find_case(n).model;
+    for (const auto& n : o.scoring) model_name = m.find_scoring(n).model;
   }
+  if (model_name.empty() && !m.models.empty()) model_name = m.models.front().name;
   p.model = &m.find_model(model_name);
+  auto keep = [&](std::vector<std::string>& names, bool named, auto model_of, const char* what) {
+    std::vector<std::string> kept;
+    for (const auto& n : names) {
+      if (model_of(n) == model_name)
+        kept.push_back(n);
+      else if (named)
+        throw Error("{} '{}' uses model '{}', not '{}'", what, n, model_of(n), model_name);
+    }
+    names = std::move(kept);
+  };
+  keep(
+      p.cases, !o.cases.empty(), [&](const std::string& n) { return m.find_case(n).model; },
+      "case");
+  keep(
+      p.scoring, !o.scoring.empty(), [&](const std::string& n) { return m.find_scoring(n).model; },
+      "scoring passage");
+  if (p.cases.empty() && p.scoring.empty()) {
+    throw Error("nothing to run: suite '{}' has no cases or passages for model '{}'", o.suite,
+                model_name);
+  }
   return p;
 }
 
@@ -268,6 +287,9 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option(
       "--suite", o->suite,
       "Suite from the manifest: quick (default; trimmed) or full (every case, every step)");
+  cmd->add_option("--model", o->model,
+                  "Manifest model whose checks run (default: the model of the named cases, else "
+                  "the manifest's first model)");
   cmd->add_option("--case", o->cases, "Only these cases (repeatable)");
   cmd->add_option("--scoring", o->scoring, "Only these scoring passages (repeatable)");
   cmd->add_flag("--no-scoring", o->no_scoring, "Skip the teacher-forced scoring passages");

@@ -1,5 +1,5 @@
 // touchstone summary REPORT.json... : one matrix of several parity runs
-// (backend x weight path: verdict, checks, worst NMSE / max-abs / KLD, time).
+// (backend x model x weight path: verdict, checks, worst NMSE / max-abs / KLD, time).
 // Reads the JSON reports `touchstone parity --json` writes; a missing or
 // malformed report is a row saying so, never a crash. Exit 0 when every row is
 // PASS, SKIP or UNSUPPORTED, 1 otherwise.
@@ -17,7 +17,7 @@ namespace touchstone::cli {
 namespace {
 
 struct Row {
-  std::string backend, weights, suite, verdict, note;
+  std::string backend, model, weights, suite, verdict, note;
   int checks = 0, passed = 0;
   double nmse = 0, max_abs = 0, kld = 0, seconds = 0;
 };
@@ -45,6 +45,7 @@ Row read_row(const std::string& path) {
     return r;
   }
   r.backend = j.value("/backend/name"_json_pointer, std::string("?"));
+  r.model = j.value("/model/name"_json_pointer, std::string("?"));
   r.weights = j.value("weight_path", std::string("?"));
   r.suite = j.value("suite", std::string("?"));
   r.verdict = j.value("verdict", std::string(j.value("passed", false) ? "PASS" : "FAIL"));
@@ -67,19 +68,21 @@ Row read_row(const std::string& path) {
 void add_summary(CLI::App& app, int& exit_code) {
   auto files = std::make_shared<std::vector<std::string>>();
   CLI::App* cmd = app.add_subcommand(
-      "summary", "One backend x weight-path matrix from several `parity --json` reports");
+      "summary", "One backend x model x weight-path matrix from several `parity --json` reports");
   cmd->add_option("reports", *files, "JSON reports")->required();
   cmd->callback([files, &exit_code] {
     bool ok = true;
-    fmt::print("\n{:<14} {:<15} {:<7} {:<12} {:>7} {:>10} {:>10} {:>10} {:>8}\n", "backend",
-               "weights", "suite", "verdict", "checks", "NMSE max", "max|Δ|", "KLD mean", "time");
+    fmt::print("\n{:<14} {:<28} {:<15} {:<7} {:<12} {:>7} {:>10} {:>10} {:>10} {:>8}\n", "backend",
+               "model", "weights", "suite", "verdict", "checks", "NMSE max", "max|Δ|", "KLD mean",
+               "time");
     for (const std::string& path : *files) {
       const Row r = read_row(path);
       const bool good = r.verdict == "PASS" || r.verdict == "SKIP" || r.verdict == "UNSUPPORTED";
       ok = ok && good;
-      fmt::print("{:<14} {:<15} {:<7} {:<12} {:>3}/{:<3} {:>10.2e} {:>10.2e} {:>10.2e} {:>7.0f}s\n",
-                 r.backend, r.weights, r.suite, r.verdict, r.passed, r.checks, r.nmse, r.max_abs,
-                 r.kld, r.seconds);
+      fmt::print(
+          "{:<14} {:<28} {:<15} {:<7} {:<12} {:>3}/{:<3} {:>10.2e} {:>10.2e} {:>10.2e} {:>7.0f}s\n",
+          r.backend, r.model, r.weights, r.suite, r.verdict, r.passed, r.checks, r.nmse, r.max_abs,
+          r.kld, r.seconds);
       if (!r.note.empty()) fmt::print("  {}\n", r.note.substr(0, 300));
     }
     exit_code = ok ? 0 : kExitFail;

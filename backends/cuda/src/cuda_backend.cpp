@@ -606,6 +606,8 @@ ts_status load_model(const char* path, ts_model** out) {
       m = std::make_unique<ts_model>(ts_model{std::move(file), std::move(cfg), dev, {}});
     } catch (const StatusError&) {
       throw;
+    } catch (const touchstone::UnsupportedModel& e) {  // another family, or a feature it lacks
+      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_IO, e.what());
     }

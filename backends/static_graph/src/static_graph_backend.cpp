@@ -9,6 +9,7 @@
 #include "touchstone/backend_abi.h"
 #include "touchstone/backend_impl.h"
 #include "touchstone/error.h"
+#include "touchstone/llama_config.h"
 
 namespace sg = touchstone::static_graph;
 
@@ -67,6 +68,8 @@ ts_status load_model(const char* path, ts_model** out) {
       m->m = sg::load_model(path);
     } catch (const StatusError&) {
       throw;
+    } catch (const touchstone::UnsupportedModel& e) {  // another family, or a feature it lacks
+      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_IO, e.what());
     }

@@ -267,13 +267,31 @@ class Parser {
   ManifestModel parse_model(const json& v, const std::string& p) const {
     const json& o = object(v, p);
     allow_keys(o, p,
-               {"name", "package", "package_version", "file_in_package", "filename", "sha256",
-                "golden", "golden_sha256"});
+               {"name", "package", "package_version", "file_in_package", "chunks", "filename",
+                "sha256", "golden", "golden_sha256"});
     ManifestModel mm;
     mm.name = name(require(o, p, "name"), child(p, "name"));
-    mm.package = string(require(o, p, "package"), child(p, "package"));
-    mm.package_version = string(require(o, p, "package_version"), child(p, "package_version"));
-    mm.file_in_package = string(require(o, p, "file_in_package"), child(p, "file_in_package"));
+    // Where the GGUF comes from: one PyPI package, or chunk packages concatenated in
+    // order (ci/fetch_models.py); both optional for a model the user puts in the cache.
+    if (find(o, "package") || find(o, "package_version") || find(o, "file_in_package")) {
+      mm.package = string(require(o, p, "package"), child(p, "package"));
+      mm.package_version = string(require(o, p, "package_version"), child(p, "package_version"));
+      mm.file_in_package = string(require(o, p, "file_in_package"), child(p, "file_in_package"));
+    }
+    if (const json* c = find(o, "chunks")) {
+      const std::string cp = child(p, "chunks");
+      if (!c->is_array() || c->empty()) fail(cp, "expected a non-empty array, got " + got(*c));
+      if (!mm.package.empty()) fail(cp, "give either package or chunks, not both");
+      for (size_t i = 0; i < c->size(); ++i) {
+        const std::string ip = child(cp, std::to_string(i));
+        const json& co = object((*c)[i], ip);
+        allow_keys(co, ip, {"package", "package_version", "file_in_package"});
+        mm.chunks.push_back(
+            {string(require(co, ip, "package"), child(ip, "package")),
+             string(require(co, ip, "package_version"), child(ip, "package_version")),
+             string(require(co, ip, "file_in_package"), child(ip, "file_in_package"))});
+      }
+    }
     mm.filename = file_name(require(o, p, "filename"), child(p, "filename"));
     mm.sha256 = hex64(require(o, p, "sha256"), child(p, "sha256"));
     mm.golden = relative_path(require(o, p, "golden"), child(p, "golden"));

@@ -22,7 +22,7 @@ Manifest manifest() {
   Manifest m;
   m.path = "goldens/manifest.json";
   m.dir = "goldens";
-  m.models.push_back({"m", "p", "1", "m.gguf", "m.gguf", kSha, "m.h5", ""});
+  m.models.push_back({"m", "p", "1", "m.gguf", "m.gguf", kSha, "m.h5", "", {}});
   m.cases.push_back(ManifestCase{"plain", "m", "Once upon a time", false, 4, {}});
   m.cases.push_back(ManifestCase{"chat", "m", "Hi!", true, 3, {}});
   m.scoring.push_back({"passage", "m", "passages/p.txt", "The passage.\n"});

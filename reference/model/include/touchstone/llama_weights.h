@@ -1,53 +1,17 @@
-// touchstone/llama_weights.h - every weight of a Llama model, dequantized once to fp32.
-//
-// Matrices are row-major [n_out][n_in] (ggml stores a 2-D tensor with shape
-// {n_in, n_out}: ne[0] = n_in is contiguous), so y[o] = sum_i W[o*n_in + i] x[i].
-//
-// Q/K rows are kept exactly as stored in the GGUF file. llama.cpp's HF->GGUF
-// converter permutes the rows of attn_q / attn_k inside every head so that the
-// NeoX "rotate_half" RoPE of HF LlamaForCausalLM (pairs (i, i + d/2)) becomes
-// the interleaved RoPE of the original Meta code (pairs (2i, 2i+1)). We keep the
-// permuted rows and apply interleaved RoPE (see llama_forward.cpp); q.k is
-// invariant under the same row permutation of q and k, so attention scores are
-// identical to HF's.
+// touchstone/llama_weights.h - fp32 weights of a plain Llama-family model, for the
+// backends that compute only those (see touchstone/llama_config.h).
 #pragma once
 
-#include <cstdint>
-#include <string>
-#include <vector>
-
 #include "touchstone/llama_config.h"
+#include "touchstone/model_weights.h"
 
 namespace touchstone {
-namespace gguf {
-class File;
-}
 
-struct LlamaLayerWeights {
-  std::vector<float> attn_norm;  // [n_embd]                     blk.N.attn_norm.weight
-  std::vector<float> wq;         // [n_head*head_dim][n_embd]     blk.N.attn_q.weight
-  std::vector<float> wk;         // [n_head_kv*head_dim][n_embd]  blk.N.attn_k.weight
-  std::vector<float> wv;         // [n_head_kv*head_dim][n_embd]  blk.N.attn_v.weight
-  std::vector<float> wo;         // [n_embd][n_head*head_dim]     blk.N.attn_output.weight
-  std::vector<float> ffn_norm;   // [n_embd]                     blk.N.ffn_norm.weight
-  std::vector<float> w_gate;     // [n_ff][n_embd]               blk.N.ffn_gate.weight
-  std::vector<float> w_up;       // [n_ff][n_embd]               blk.N.ffn_up.weight
-  std::vector<float> w_down;     // [n_embd][n_ff]               blk.N.ffn_down.weight
-};
+using LlamaLayerWeights = LayerWeights;
+using LlamaWeights = ModelWeights;
 
-struct LlamaWeights {
-  LlamaConfig config;
-  std::vector<float> token_embd;   // [n_vocab][n_embd]  token_embd.weight
-  std::vector<float> output_norm;  // [n_embd]           output_norm.weight
-  std::vector<float> output;       // [n_vocab][n_embd]  output.weight (empty when tied)
-  std::vector<LlamaLayerWeights> layers;
-
-  // LM head matrix: output.weight, or token_embd.weight when the embeddings are tied.
-  const std::vector<float>& lm_head() const { return config.tied_embeddings ? token_embd : output; }
-};
-
-// Loads and dequantizes every tensor. Throws touchstone::Error naming the file
-// and tensor when one is missing, has an unexpected shape, or an unsupported type.
-LlamaWeights load_llama_weights(const gguf::File& file);
+// read_llama_config() (UnsupportedModel for anything but a plain Llama), then
+// load_model_weights().
+ModelWeights load_llama_weights(const gguf::File& file);
 
 }  // namespace touchstone

@@ -1,0 +1,230 @@
+// reference_forward.cpp - the scalar reference forward pass, every family, in one file.
+//
+// The model is data (ModelConfig, touchstone/model_config.h); this one pass follows
+// it. Formulas follow Hugging Face transformers (modeling_llama.py, modeling_qwen2.py,
+// modeling_qwen3.py, modeling_gemma3.py, modeling_phi3.py):
+//   x   = token_embd[token] * embd_scale                        (Gemma: sqrt(n_embd))
+//   for each layer l (LayerConfig: RoPE base/scale, sliding window):
+//     h     = RMSNorm(x) * attn_norm
+//     q,k,v = Wq h + bq, Wk h + bk, Wv h + bv                   (biases: Qwen2)
+//     q_h   = RMSNorm(q_h) * q_norm, k_h likewise, per head     (QK-norm: Qwen3, Gemma 3)
+//     RoPE(q_h), RoPE(k_h) at this position (interleaved or NeoX, first n_rot dims)
+//     append k, v to the KV cache
+//     per query head h (GQA: it reads KV head h / (n_head / n_head_kv)):
+//        s_t = q_h . k_t * attn_scale for t in [max(0, pos - W + 1), pos] (W = 0: from 0)
+//        p = softmax(s);  o_h = sum_t p_t v_t
+//     a   = Wo o;  a = RMSNorm(a) * post_attn_norm              (post-norms: Gemma 3)
+//     x  += a
+//     h   = RMSNorm(x) * ffn_norm
+//     f   = Wdown (act(Wgate h) * (Wup h));  act = SiLU (SwiGLU) or tanh-GELU (GeGLU)
+//     f   = RMSNorm(f) * post_ffn_norm                          (post-norms: Gemma 3)
+//     x  += f
+//   logits = W_lm_head (RMSNorm(x) * output_norm);  cap * tanh(logits / cap) if soft-capped
+//
+// Numerics (the "documented accumulation order", see touchstone/scalar_ops.h):
+//   - Weights and stored activations are fp32 (weights dequantized once at load).
+//   - Every reduction (dot products, RMSNorm mean square, attention scores,
+//     softmax sums, attention weighted sums) accumulates in fp64; dot products in
+//     the four-partial-sum order of ops::dot, other sums in increasing index.
+//     A bias is added to the fp64 dot product before the single rounding to fp32.
+//   - Elementwise maths (rsqrt, exp, sin/cos, SiLU, GELU, tanh) are done in fp64
+//     and the result is rounded once to fp32 when stored.
+//   - Matrix rows are split across the threads of a RowPool but a row is never split, so
+//     results are bitwise identical for any thread count and across runs.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "touchstone/error.h"
+#include "touchstone/reference_forward.h"
+#include "touchstone/scalar_ops.h"
+
+namespace touchstone {
+namespace {
+
+// y[o] = W[o, :] . x (+ bias[o]) for a row-major W of shape [n_out][n_in]; rows split
+// across the pool. bias may be empty.
+void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_out, int64_t n_in,
+            const std::vector<float>& bias = {}) {
+  pool.run(n_out, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const double acc = ops::dot(W + o * n_in, x, n_in);
+      y[o] = static_cast<float>(bias.empty() ? acc : acc + double{bias[size_t(o)]});
+    }
+  });
+}
+
+// x += y elementwise (fp64 sum, one rounding).
+void add_into(std::vector<float>& x, const std::vector<float>& y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    x[size_t(i)] = static_cast<float>(double{x[size_t(i)]} + double{y[size_t(i)]});
+}
+
+// Deterministic +-1 for the logit-noise fault (splitmix64 of the index).
+double noise_sign(uint64_t i) {
+  uint64_t z = i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return ((z ^ (z >> 31)) & 1u) ? 1.0 : -1.0;
+}
+
+}  // namespace
+
+Faults parse_fault(const std::string& name) {
+  Faults f;
+  if (name.empty()) return f;
+  if (name == "rope_base_off_1pct") {
+    f.rope_base_scale = 1.01;
+  } else if (name == "logits_perturb_1e-3") {
+    f.logit_noise = 1e-3;
+  } else if (name == "kv_position_off_by_one") {
+    f.kv_off_by_one = true;
+  } else {
+    throw Error(
+        "unknown fault '{}' (known: rope_base_off_1pct, logits_perturb_1e-3, "
+        "kv_position_off_by_one)",
+        name);
+  }
+  return f;
+}
+
+ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t max_context,
+                                           int n_threads, Faults faults)
+    : w_(weights), faults_(faults), pool_(n_threads) {
+  const ModelConfig& c = w_.config;
+  max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
+  const size_t kv_dim = size_t(c.n_head_kv) * size_t(c.head_dim);
+  k_cache_.assign(size_t(c.n_layer) * size_t(max_ctx_) * kv_dim, 0.0f);
+  v_cache_.assign(k_cache_.size(), 0.0f);
+  x_.resize(size_t(c.n_embd));
+  xn_.resize(size_t(c.n_embd));
+  q_.resize(size_t(c.n_head) * size_t(c.head_dim));
+  k_.resize(kv_dim);
+  v_.resize(kv_dim);
+  att_out_.resize(q_.size());
+  gate_.resize(size_t(c.n_ff));
+  up_.resize(size_t(c.n_ff));
+  scores_.resize(size_t(max_ctx_));
+}
+
+void ReferenceTransformer::rewind(int32_t p) {
+  if (p < 0 || p > pos_) throw Error("rewind to position {} outside [0, {}]", p, pos_);
+  pos_ = p;  // entries >= p are overwritten by later tokens and never read before then
+}
+
+// Attention block of layer l at position pos: reads x_, adds the block's output to x_.
+void ReferenceTransformer::attention(int32_t l, int32_t pos) {
+  const ModelConfig& c = w_.config;
+  const LayerConfig& lc = c.layers[size_t(l)];
+  const LayerWeights& L = w_.layers[size_t(l)];
+  const int64_t d = c.n_embd, hd = c.head_dim;
+  const int64_t q_dim = int64_t{c.n_head} * hd, kv_dim = int64_t{c.n_head_kv} * hd;
+  const int32_t group = c.n_head / c.n_head_kv;  // query heads per KV head (GQA)
+  const double eps = c.rms_norm_eps;
+  float* k_layer = k_cache_.data() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
+  float* v_layer = v_cache_.data() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
+
+  ops::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), d, eps);
+  matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, L.bq);
+  matvec(pool_, L.wk.data(), xn_.data(), k_.data(), kv_dim, d, L.bk);
+  matvec(pool_, L.wv.data(), xn_.data(), v_.data(), kv_dim, d, L.bv);
+  if (c.qk_norm) {
+    for (int32_t h = 0; h < c.n_head; ++h)
+      ops::rms_norm(q_.data() + h * hd, L.q_norm.data(), q_.data() + h * hd, hd, eps);
+    for (int32_t h = 0; h < c.n_head_kv; ++h)
+      ops::rms_norm(k_.data() + h * hd, L.k_norm.data(), k_.data() + h * hd, hd, eps);
+  }
+  const double base = lc.rope_base * faults_.rope_base_scale;
+  const float* ff = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
+  auto rope = c.rope_style == RopeStyle::NeoX ? ops::rope_neox : ops::rope_interleaved;
+  for (int32_t h = 0; h < c.n_head; ++h)
+    rope(q_.data() + h * hd, c.n_rot, pos, base, lc.rope_scale, ff);
+  for (int32_t h = 0; h < c.n_head_kv; ++h)
+    rope(k_.data() + h * hd, c.n_rot, pos, base, lc.rope_scale, ff);
+  std::memcpy(k_layer + size_t(pos) * size_t(kv_dim), k_.data(), size_t(kv_dim) * sizeof(float));
+  std::memcpy(v_layer + size_t(pos) * size_t(kv_dim), v_.data(), size_t(kv_dim) * sizeof(float));
+
+  // Positions attended: [t0, pos] (causal; a sliding window W keeps the last W).
+  // The kv_off_by_one fault drops the newest entry.
+  const int32_t n_kv = (faults_.kv_off_by_one && pos > 0) ? pos : pos + 1;
+  const int32_t t0 = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
+  for (int32_t h = 0; h < c.n_head; ++h) {
+    const float* qh = q_.data() + h * hd;
+    const int64_t kv_off = int64_t{h / group} * hd;
+    double max_s = -INFINITY;
+    for (int32_t t = t0; t < n_kv; ++t) {
+      scores_[size_t(t)] = ops::dot(qh, k_layer + int64_t{t} * kv_dim + kv_off, hd) * c.attn_scale;
+      max_s = std::max(max_s, scores_[size_t(t)]);
+    }
+    double sum = 0.0;
+    for (int32_t t = t0; t < n_kv; ++t) {
+      scores_[size_t(t)] = std::exp(scores_[size_t(t)] - max_s);
+      sum += scores_[size_t(t)];
+    }
+    for (int64_t i = 0; i < hd; ++i) {
+      double acc = 0.0;
+      for (int32_t t = t0; t < n_kv; ++t) {
+        acc += scores_[size_t(t)] * double{v_layer[int64_t{t} * kv_dim + kv_off + i]};
+      }
+      att_out_[size_t(h * hd + i)] = static_cast<float>(acc / sum);
+    }
+  }
+  matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim);
+  if (c.post_norms) ops::rms_norm(xn_.data(), L.post_attn_norm.data(), xn_.data(), d, eps);
+  add_into(x_, xn_, d);
+}
+
+// Gated FFN of layer l (SwiGLU or GeGLU): reads x_, adds the block's output to x_.
+void ReferenceTransformer::feed_forward(int32_t l) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& L = w_.layers[size_t(l)];
+  const int64_t d = c.n_embd, n_ff = c.n_ff;
+  const double eps = c.rms_norm_eps;
+  ops::rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
+  matvec(pool_, L.w_gate.data(), xn_.data(), gate_.data(), n_ff, d);
+  matvec(pool_, L.w_up.data(), xn_.data(), up_.data(), n_ff, d);
+  const bool gelu = c.ffn_activation == FfnActivation::GeluTanh;
+  for (int64_t i = 0; i < n_ff; ++i) {
+    const double g = gate_[size_t(i)];
+    const double act = gelu ? ops::gelu_tanh(g) : ops::silu(g);
+    gate_[size_t(i)] = static_cast<float>(act * double{up_[size_t(i)]});
+  }
+  matvec(pool_, L.w_down.data(), gate_.data(), xn_.data(), d, n_ff);
+  if (c.post_norms) ops::rms_norm(xn_.data(), L.post_ffn_norm.data(), xn_.data(), d, eps);
+  add_into(x_, xn_, d);
+}
+
+void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {
+  const ModelConfig& c = w_.config;
+  if (token < 0 || token >= c.n_vocab) {
+    throw Error("token id {} at position {} outside [0, {})", token, pos_, c.n_vocab);
+  }
+  if (pos_ >= max_ctx_) throw Error("KV cache full: position {} >= max context {}", pos_, max_ctx_);
+  if (logits.size() != size_t(c.n_vocab)) {
+    throw Error("logits buffer holds {} floats, n_vocab is {}", logits.size(), c.n_vocab);
+  }
+  const int64_t d = c.n_embd;
+  const float* e = w_.token_embd.data() + int64_t{token} * d;
+  for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{e[i]} * c.embd_scale);
+
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    attention(l, pos_);
+    feed_forward(l);
+  }
+
+  ops::rms_norm(x_.data(), w_.output_norm.data(), xn_.data(), d, c.rms_norm_eps);
+  matvec(pool_, w_.lm_head().data(), xn_.data(), logits.data(), c.n_vocab, d);
+  if (c.final_logit_softcap != 0.0) {
+    for (float& v : logits) v = static_cast<float>(ops::softcap(v, c.final_logit_softcap));
+  }
+  if (faults_.logit_noise != 0.0) {
+    const uint64_t base = uint64_t(pos_) * uint64_t(c.n_vocab);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      logits[i] = static_cast<float>(double{logits[i]} *
+                                     (1.0 + faults_.logit_noise * noise_sign(base + i)));
+    }
+  }
+  ++pos_;
+}
+
+}  // namespace touchstone

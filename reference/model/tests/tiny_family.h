@@ -1,0 +1,112 @@
+// tiny_family.h - tiny random GGUF models of every supported family, for unit tests.
+//
+// Shapes follow what llama.cpp's converter writes for the family (tensor names,
+// fused Phi-3 projections, Qwen2 biases, QK-norm and post-norms of Qwen3/Gemma 3);
+// values are deterministic pseudo-random fp32. Options add the extra key or tensor
+// that a refusal test needs.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gguf_builder.h"
+
+namespace touchstone::testing {
+
+struct TinyOptions {
+  std::string arch = "llama";
+  int n_layer = 2;
+  uint32_t sliding_window = 0;   // > 0: write {arch}.attention.sliding_window
+  std::string extra_string_key;  // written with the value extra_string_value
+  std::string extra_string_value = "yarn";
+  std::string extra_tensor;  // an extra 1-D F32 tensor of n_embd values
+  uint64_t seed = 1;
+};
+
+inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
+  namespace gg = touchstone::gguf;
+  using gg::TensorType;
+  using gg::ValueType;
+  gg::testing::GgufBuilder g;
+  const std::string a = o.arch;
+  const bool gemma = a == "gemma3", qwen3 = a == "qwen3", qwen2 = a == "qwen2", phi3 = a == "phi3";
+  const uint64_t d = 16, ff = 24, V = 32, n_head = 4, n_kv = 2;
+  const uint64_t hd = (gemma || qwen3) ? 8 : d / n_head;  // key_length != d / n_head there
+  g.key("general.architecture", ValueType::STRING).str(a);
+  g.key("general.name", ValueType::STRING).str("tiny " + a);
+  auto u32 = [&](const std::string& k, uint64_t v) {
+    g.key(a + "." + k, ValueType::UINT32).put<uint32_t>(uint32_t(v));
+  };
+  u32("block_count", uint64_t(o.n_layer));
+  u32("embedding_length", d);
+  u32("feed_forward_length", ff);
+  u32("attention.head_count", n_head);
+  u32("attention.head_count_kv", n_kv);
+  u32("context_length", 256);
+  u32("vocab_size", V);
+  if (gemma || qwen3) {
+    u32("attention.key_length", hd);
+    u32("attention.value_length", hd);
+  }
+  if (o.sliding_window) u32("attention.sliding_window", o.sliding_window);
+  g.key(a + ".attention.layer_norm_rms_epsilon", ValueType::FLOAT32).put<float>(1e-6f);
+  g.key(a + ".rope.freq_base", ValueType::FLOAT32).put<float>(gemma ? 1e6f : 10000.0f);
+  if (!o.extra_string_key.empty())
+    g.key(o.extra_string_key, ValueType::STRING).str(o.extra_string_value);
+
+  uint64_t state = o.seed * 0x9e3779b97f4a7c15ull + 1;
+  auto next = [&] {  // deterministic value in [-0.5, 0.5)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return float((state >> 40) & 0xffffff) / float(1 << 24) - 0.5f;
+  };
+  auto t = [&](const std::string& name, std::vector<uint64_t> shape, float scale, float bias) {
+    uint64_t n = 1;
+    for (uint64_t s : shape) n *= s;
+    std::vector<float> v(n);
+    for (float& x : v) x = bias + scale * next();
+    std::vector<uint8_t> bytes(n * 4);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    g.tensor(name, shape, TensorType::F32, std::move(bytes));
+  };
+  t("token_embd.weight", {d, V}, 1.0f, 0.0f);
+  t("output_norm.weight", {d}, 0.2f, 1.0f);
+  if (a != "gemma3") t("output.weight", {d, V}, 1.0f, 0.0f);
+  const uint64_t q_dim = n_head * hd, kv_dim = n_kv * hd;
+  for (int l = 0; l < o.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    t(b + "attn_norm.weight", {d}, 0.2f, 1.0f);
+    if (phi3) {
+      t(b + "attn_qkv.weight", {d, q_dim + 2 * kv_dim}, 0.6f, 0.0f);
+    } else {
+      t(b + "attn_q.weight", {d, q_dim}, 0.6f, 0.0f);
+      t(b + "attn_k.weight", {d, kv_dim}, 0.6f, 0.0f);
+      t(b + "attn_v.weight", {d, kv_dim}, 0.6f, 0.0f);
+    }
+    if (qwen2) {
+      t(b + "attn_q.bias", {q_dim}, 0.2f, 0.0f);
+      t(b + "attn_k.bias", {kv_dim}, 0.2f, 0.0f);
+      t(b + "attn_v.bias", {kv_dim}, 0.2f, 0.0f);
+    }
+    if (gemma || qwen3) {
+      t(b + "attn_q_norm.weight", {hd}, 0.2f, 1.0f);
+      t(b + "attn_k_norm.weight", {hd}, 0.2f, 1.0f);
+    }
+    t(b + "attn_output.weight", {q_dim, d}, 0.5f, 0.0f);
+    if (gemma) t(b + "post_attention_norm.weight", {d}, 0.2f, 1.0f);
+    t(b + "ffn_norm.weight", {d}, 0.2f, 1.0f);
+    if (phi3) {
+      t(b + "ffn_up.weight", {d, 2 * ff}, 0.5f, 0.0f);
+    } else {
+      t(b + "ffn_gate.weight", {d, ff}, 0.5f, 0.0f);
+      t(b + "ffn_up.weight", {d, ff}, 0.5f, 0.0f);
+    }
+    t(b + "ffn_down.weight", {ff, d}, 0.5f, 0.0f);
+    if (gemma) t(b + "post_ffw_norm.weight", {d}, 0.2f, 1.0f);
+  }
+  if (!o.extra_tensor.empty()) t(o.extra_tensor, {d}, 0.0f, 1.0f);
+  return g.build();
+}
+
+}  // namespace touchstone::testing
