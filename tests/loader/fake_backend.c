@@ -81,16 +81,26 @@ static ts_status prefill_greedy(ts_session* s, const int32_t* t, int32_t n, int3
 #define FAKE_GREEDY NULL
 #endif
 
+/* Version 3 members; a version-2 table (FAKE_API_VERSION=2) carries garbage here
+ * that the loader must not read. */
+#if FAKE_API_VERSION == 2
+#define FAKE_ARCHITECTURES "garbage: a version-2 table ends before this member"
+#define FAKE_FEATURES "garbage"
+#else
+#define FAKE_ARCHITECTURES "llama"
+#define FAKE_FEATURES ""
+#endif
+
 #ifdef FAKE_MISSING_FN
 #define FAKE_POSITION NULL
 #else
 #define FAKE_POSITION position
 #endif
 
-static const ts_backend kFake = {FAKE_API_VERSION, "fake",       "0",           last_error,
-                                 device_name,      capabilities, load_model,    free_model,
-                                 n_vocab,          open_session, free_session,  prefill,
-                                 decode,           rewind_to,    FAKE_POSITION, FAKE_GREEDY};
+static const ts_backend kFake = {
+    FAKE_API_VERSION, "fake",     "0",           last_error,   device_name,        capabilities,
+    load_model,       free_model, n_vocab,       open_session, free_session,       prefill,
+    decode,           rewind_to,  FAKE_POSITION, FAKE_GREEDY,  FAKE_ARCHITECTURES, FAKE_FEATURES};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

@@ -53,6 +53,23 @@ TEST(Loader, AcceptsVersion1WithoutReadingVersion2Members) {
   EXPECT_FALSE(lib->has_device_greedy());
 }
 
+// Version 2 tables load; the version-3 members (architectures, model_features)
+// are not read: nothing is declared, so load_model decides.
+TEST(Loader, AcceptsVersion2WithoutReadingVersion3Members) {
+  auto lib = BackendLibrary::load(fake("v2"));
+  EXPECT_EQ(lib->api_version(), 2u);
+  EXPECT_FALSE(lib->channel().info().declares_models);
+  EXPECT_EQ(lib->channel().info().architectures, "");
+}
+
+TEST(Loader, Version3DeclaresArchitecturesAndFeatures) {
+  auto lib = BackendLibrary::load(fake("ok"));
+  EXPECT_EQ(lib->api_version(), 3u);
+  EXPECT_TRUE(lib->channel().info().declares_models);
+  EXPECT_EQ(lib->channel().info().architectures, "llama");
+  EXPECT_EQ(lib->channel().info().model_features, "");
+}
+
 TEST(Loader, DeviceGreedyNeedsTheCapabilityAndTheEntry) {
   EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_device_greedy());
   EXPECT_TRUE(BackendLibrary::load(fake("greedy"))->has_device_greedy());

@@ -121,6 +121,9 @@ TEST(Protocol, BackendInfoRoundTrip) {
   i.path = "/x/lib.so";
   i.device = "CPU";
   i.device_greedy = true;
+  i.declares_models = true;
+  i.architectures = "llama,gemma3";
+  i.model_features = "neox_rope,qk_norm";
   Writer w;
   encode(w, i);
   Reader r(bytes(w.bytes()), "hello reply");
@@ -129,6 +132,10 @@ TEST(Protocol, BackendInfoRoundTrip) {
   EXPECT_EQ(d.device, "CPU");
   EXPECT_TRUE(d.device_greedy);
   EXPECT_EQ(d.api_version, 2u);
+  EXPECT_TRUE(d.declares_models);
+  EXPECT_EQ(d.architectures, "llama,gemma3");
+  EXPECT_EQ(d.model_features, "neox_rope,qk_norm");
+  r.finish();
 }
 
 }  // namespace

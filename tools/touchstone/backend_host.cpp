@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "cli_common.h"
+#include "model_support.h"
 #include "touchstone/report.h"
 #include "touchstone/tokenizer.h"
 
@@ -37,7 +38,13 @@ Session& BackendHost::session() {
                                      sanitize_utf8(lib.name()), *s));
     }
   }
-  if (!model_) model_ = std::make_unique<Model>(lib_, o_.model_path);
+  if (!model_) {
+    // ABI v3: a model the backend does not declare is UNSUPPORTED without loading it.
+    if (auto why = undeclared_model_support(lib, o_.model_path)) {
+      throw BackendError(TS_ERR_UNSUPPORTED, *why);
+    }
+    model_ = std::make_unique<Model>(lib_, o_.model_path);
+  }
   if (o_.expected_n_vocab > 0 && model_->n_vocab() != o_.expected_n_vocab) {
     const int32_t got = model_->n_vocab();
     model_.reset();

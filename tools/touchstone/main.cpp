@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   touchstone::cli::add_parity(app, exit_code);
   touchstone::cli::add_export(app, exit_code);
   touchstone::cli::add_summary(app, exit_code);
+  touchstone::cli::add_info(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -206,6 +206,8 @@ const ts_backend kBackend = {
     rewind,
     position,
     prefill_greedy,
+    "llama",  // ABI v3: the plain Llama family only (docs/model-families.md)
+    "",
 };
 
 }  // namespace

@@ -29,6 +29,8 @@
  * Structs passed in carry struct_size so fields can be appended later.
  *
  * Version 2 (2026-11-22) appended prefill_greedy (TS_CAP_DEVICE_GREEDY).
+ * Version 3 (2026-11-25) appended architectures and model_features: which model
+ * families and features the backend computes, readable before any load.
  */
 #ifndef TOUCHSTONE_BACKEND_ABI_H
 #define TOUCHSTONE_BACKEND_ABI_H
@@ -40,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 2
+#define TS_BACKEND_API_VERSION 3
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -130,6 +132,19 @@ typedef struct ts_backend {
    * are: no n_vocab-sized buffer crosses to the caller. */
   ts_status (*prefill_greedy)(ts_session* session, const int32_t* tokens, int32_t n_tokens,
                               int32_t* token_out);
+
+  /* ---- api_version >= 3 ---- */
+  /* What the backend computes, declared before any load (docs/model-families.md).
+   * architectures: comma-separated GGUF general.architecture values it loads,
+   * e.g. "llama" or "llama,qwen2,qwen3,gemma3,phi3".
+   * model_features: comma-separated feature names it computes beyond a plain
+   * Llama ("neox_rope,qk_norm,geglu,..."; "" = none; "*" = all).
+   * The harness reads the model's config first and reports a model that needs an
+   * architecture or feature outside these lists as UNSUPPORTED, naming what is
+   * missing, without calling load_model. NULL = not declared: load_model decides
+   * (and must still refuse what it cannot compute with TS_ERR_UNSUPPORTED). */
+  const char* architectures;
+  const char* model_features;
 } ts_backend;
 
 /* The one exported symbol. */

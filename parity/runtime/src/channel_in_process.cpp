@@ -78,6 +78,11 @@ class InProcessChannel final : public BackendChannel {
       }
       info_.device_greedy = claims;
     }
+    if (api->api_version >= 3 && api->architectures) {
+      info_.declares_models = true;
+      info_.architectures = api->architectures;
+      info_.model_features = api->model_features ? api->model_features : "";
+    }
   }
 
   const BackendInfo& info() const override { return info_; }

@@ -151,6 +151,7 @@ void encode(Writer& w, const BackendInfo& info) {
   w.u32(info.protocol_version).u32(info.api_version);
   w.str(info.name).str(info.version).str(info.path).str(info.device);
   w.u32(info.device_greedy ? 1 : 0);
+  w.u32(info.declares_models ? 1 : 0).str(info.architectures).str(info.model_features);
 }
 
 BackendInfo decode_info(Reader& r) {
@@ -162,6 +163,9 @@ BackendInfo decode_info(Reader& r) {
   i.path = r.str("path", 1u << 16);
   i.device = r.str("device", 1u << 16);
   i.device_greedy = r.u32("device_greedy") != 0;
+  i.declares_models = r.u32("declares_models") != 0;
+  i.architectures = r.str("architectures", 4096);
+  i.model_features = r.str("model_features", 4096);
   return i;
 }
 

@@ -150,7 +150,10 @@ const ts_backend kBackend = {
     decode,
     rewind,
     position,
-    nullptr,  // prefill_greedy: no TS_CAP_DEVICE_GREEDY
+    nullptr,                          // prefill_greedy: no TS_CAP_DEVICE_GREEDY,
+    "llama,qwen2,qwen3,gemma3,phi3",  // ABI v3: every family and feature the reference reads
+                                      // (docs/model-families.md)
+    "*",
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "touchstone/gguf.h"
 
@@ -231,31 +232,69 @@ const char* family_name(Family fam) {
   return "?";
 }
 
-std::string ModelConfig::extra_features() const {
-  std::vector<std::string> f;
-  if (family != Family::Llama) f.push_back(fmt::format("architecture '{}'", architecture));
-  if (rope_style != RopeStyle::Interleaved) f.emplace_back("NeoX RoPE");
-  if (n_rot != head_dim) f.emplace_back("partial rotary");
-  if (head_dim * n_head != n_embd) f.emplace_back("head_dim from attention.key_length");
-  if (rope_freq_factors) f.emplace_back("rope_freqs (llama3 RoPE scaling)");
+// Canonical feature names (the ABI's model_features, docs/model-families.md) with the
+// words the error messages use.
+static const std::vector<std::pair<std::string, std::string>>& feature_table() {
+  static const std::vector<std::pair<std::string, std::string>> t = {
+      {"neox_rope", "NeoX RoPE"},
+      {"partial_rotary", "partial rotary"},
+      {"key_length_head_dim", "head_dim from attention.key_length"},
+      {"rope_freqs", "rope_freqs (llama3 RoPE scaling)"},
+      {"linear_rope_scaling", "linear RoPE scaling"},
+      {"sliding_window", "sliding-window attention"},
+      {"per_layer_rope_base", "per-layer RoPE base"},
+      {"qkv_bias", "QKV bias"},
+      {"qk_norm", "QK-norm"},
+      {"post_norms", "post-attention/post-FFN norms"},
+      {"fused_qkv", "fused QKV"},
+      {"fused_gate_up", "fused gate/up"},
+      {"geglu", "GeGLU (tanh GELU)"},
+      {"embedding_scale", "embedding scale"},
+      {"attention_scale", "attention scale"},
+      {"final_logit_softcap", "final logit soft-capping"},
+  };
+  return t;
+}
+
+std::vector<std::string> ModelConfig::feature_names() const {
   bool scaled = false, windowed = false, per_layer_base = false;
   for (const LayerConfig& l : layers) {
     scaled |= l.rope_scale != 1.0;
     windowed |= l.sliding_window != 0;
     per_layer_base |= l.rope_base != double{rope_freq_base};
   }
-  if (scaled) f.emplace_back("linear RoPE scaling");
-  if (windowed) f.emplace_back("sliding-window attention");
-  if (per_layer_base) f.emplace_back("per-layer RoPE base");
-  if (qkv_bias) f.emplace_back("QKV bias");
-  if (qk_norm) f.emplace_back("QK-norm");
-  if (post_norms) f.emplace_back("post-attention/post-FFN norms");
-  if (fused_qkv) f.emplace_back("fused QKV");
-  if (fused_gate_up) f.emplace_back("fused gate/up");
-  if (ffn_activation != FfnActivation::SiLU) f.emplace_back("GeGLU (tanh GELU)");
-  if (embd_scale != 1.0) f.emplace_back("embedding scale");
-  if (attn_scale != 1.0 / std::sqrt(double(head_dim))) f.emplace_back("attention scale");
-  if (final_logit_softcap != 0.0) f.emplace_back("final logit soft-capping");
+  const bool has[] = {rope_style != RopeStyle::Interleaved,
+                      n_rot != head_dim,
+                      head_dim * n_head != n_embd,
+                      rope_freq_factors,
+                      scaled,
+                      windowed,
+                      per_layer_base,
+                      qkv_bias,
+                      qk_norm,
+                      post_norms,
+                      fused_qkv,
+                      fused_gate_up,
+                      ffn_activation != FfnActivation::SiLU,
+                      embd_scale != 1.0,
+                      attn_scale != 1.0 / std::sqrt(double(head_dim)),
+                      final_logit_softcap != 0.0};
+  std::vector<std::string> out;
+  for (size_t i = 0; i < feature_table().size(); ++i)
+    if (has[i]) out.push_back(feature_table()[i].first);
+  return out;
+}
+
+std::string feature_description(const std::string& name) {
+  for (const auto& [n, words] : feature_table())
+    if (n == name) return words;
+  return name;
+}
+
+std::string ModelConfig::extra_features() const {
+  std::vector<std::string> f;
+  if (family != Family::Llama) f.push_back(fmt::format("architecture '{}'", architecture));
+  for (const std::string& n : feature_names()) f.push_back(feature_description(n));
   return fmt::format("{}", fmt::join(f, ", "));
 }
 

@@ -30,7 +30,7 @@
 
 namespace touchstone::protocol {
 
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;         // 2: BackendInfo carries the declared models
 inline constexpr uint32_t kMagic = 0x31505354;  // bytes "TSP1"
 inline constexpr uint32_t kReplyBit = 0x8000;
 inline constexpr size_t kHeaderSize = 16;
@@ -117,6 +117,10 @@ struct BackendInfo {
   uint32_t api_version = 0;
   std::string name, version, path, device;
   bool device_greedy = false;  // version >= 2 table claiming TS_CAP_DEVICE_GREEDY with the entry
+  // api_version >= 3 with non-NULL architectures: what the backend computes
+  // (ts_backend.architectures / model_features, comma-separated).
+  bool declares_models = false;
+  std::string architectures, model_features;
 };
 void encode(Writer& w, const BackendInfo& info);
 BackendInfo decode_info(Reader& r);

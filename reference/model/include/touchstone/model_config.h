@@ -77,9 +77,17 @@ struct ModelConfig {
   // family model with interleaved RoPE, full rotary, SwiGLU, no scaling, no sliding
   // window, no biases or extra norms and the default attention scale.
   bool is_plain_llama() const;
-  // Names the features that make is_plain_llama() false, e.g. "NeoX RoPE, QK-norm".
+  // Canonical names (docs/model-families.md, the ABI's model_features) of the
+  // features this config uses beyond a plain Llama, e.g. {"neox_rope", "qk_norm"}.
+  std::vector<std::string> feature_names() const;
+  // Names the architecture (unless llama) and the features that make
+  // is_plain_llama() false, in words, e.g. "architecture 'qwen3', NeoX RoPE, QK-norm".
   std::string extra_features() const;
 };
+
+// The words for a canonical feature name ("qk_norm" -> "QK-norm"); the name itself
+// when unknown.
+std::string feature_description(const std::string& name);
 
 // The file describes a model this reference does not compute (an unknown key such
 // as llama.rope.scaling.type = "yarn", an extra tensor, an unknown architecture):

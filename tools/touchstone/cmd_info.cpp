@@ -1,0 +1,90 @@
+// touchstone info --backend X [--model M.gguf]: what a backend says about itself
+// (identity, device, capabilities, the model families and features it declares,
+// ABI v3) and, with --model, whether it computes that model and if not, why.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "cli_common.h"
+#include "model_support.h"
+#include "touchstone/backend.h"
+#include "touchstone/gguf.h"
+#include "touchstone/model_config.h"
+#include "touchstone/quant.h"
+
+namespace touchstone::cli {
+namespace {
+
+std::string flag_names(uint32_t f) {
+  std::string s;
+  const std::pair<uint32_t, const char*> names[] = {
+      {TS_CAP_ALL_POSITION_LOGITS, "all_position_logits"},
+      {TS_CAP_DEVICE_GREEDY, "device_greedy"},
+      {TS_CAP_BATCHED_SESSIONS, "batched_sessions"},
+      {TS_CAP_KV_PREFIX_COPY, "kv_prefix_copy"},
+      {TS_CAP_BITWISE_DETERMINISM, "bitwise_determinism"},
+      {TS_CAP_STATIC_SHAPES, "static_shapes"}};
+  for (const auto& [bit, name] : names)
+    if (f & bit) s += std::string(s.empty() ? "" : ",") + name;
+  return s.empty() ? "none" : s;
+}
+
+std::string weight_type_names(uint64_t bits) {
+  std::string s;
+  for (uint32_t t = 0; t < 64; ++t) {
+    if (!(bits & (1ull << t))) continue;
+    s += std::string(s.empty() ? "" : ",") + std::string(gguf::type_name(gguf::TensorType(t)));
+  }
+  return s.empty() ? "none" : s;
+}
+
+void print_info(BackendLibrary& lib, const std::string& model) {
+  const protocol::BackendInfo& info = lib.channel().info();
+  fmt::print("backend        {} {} (api_version {})\n", lib.name(), lib.version(),
+             lib.api_version());
+  fmt::print("library        {}\n", lib.path());
+  fmt::print("device         {}\n", lib.device_name());
+  try {
+    const ts_capabilities c = lib.capabilities();
+    fmt::print("capabilities   {}\n", flag_names(c.flags));
+    fmt::print("weight types   {}\n", weight_type_names(c.weight_types));
+  } catch (const std::exception& e) {
+    fmt::print("capabilities   unavailable: {}\n", e.what());
+  }
+  if (info.declares_models) {
+    fmt::print("architectures  {}\n", info.architectures);
+    fmt::print("features       {}\n",
+               info.model_features.empty() ? "(plain Llama only)" : info.model_features);
+  } else {
+    fmt::print("architectures  not declared (api_version < 3 or NULL): load_model decides\n");
+  }
+  if (model.empty()) return;
+  const ModelConfig c = read_model_config(gguf::File::open(model));
+  fmt::print("model          {}: architecture '{}', features: {}\n", model, c.architecture,
+             c.feature_names().empty() ? "none beyond plain Llama"
+                                       : fmt::format("{}", fmt::join(c.feature_names(), ",")));
+  const auto why = undeclared_model_support(lib, model);
+  fmt::print("computes it    {}\n", why ? "no: " + *why : "yes (as declared)");
+}
+
+}  // namespace
+
+void add_info(CLI::App& app, int& exit_code) {
+  struct Opts {
+    std::string backend = "reference", model;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "info", "What a backend declares: device, capabilities, architectures and features");
+  cmd->add_option("--backend,-b", o->backend, "Backend name or library path");
+  cmd->add_option("--model,-m", o->model, "Also say whether the backend computes this GGUF");
+  cmd->callback([o, &exit_code] {
+    auto lib = BackendLibrary::spawn(o->backend, ChildOptions{60.0, ""});
+    print_info(*lib, o->model);
+    exit_code = 0;
+  });
+}
+
+}  // namespace touchstone::cli
