@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "cli_common.h"
+#include "own_model.h"
 #include "touchstone/error.h"
 #include "touchstone/file_io.h"
 #include "touchstone/golden.h"
@@ -130,7 +131,7 @@ bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool 
 
 void add_golden(CLI::App& app, int& exit_code) {
   struct Opts {
-    std::string manifest = default_manifest_path(), backend = "reference", out, model;
+    std::string manifest = default_manifest_path(), backend = "reference", out, model, cases, name;
     bool check = false, trust_goldens = false, allow_dirty = false;
     int threads = 0;
   };
@@ -141,7 +142,13 @@ void add_golden(CLI::App& app, int& exit_code) {
                 "Recompute and compare bit-for-bit with the committed goldens; write nothing");
   cmd->add_option("--manifest", o->manifest, "goldens/manifest.json");
   cmd->add_option("--backend", o->backend, "Recording backend (the reference)");
-  cmd->add_option("--model", o->model, "Record (or --check) only this manifest model");
+  cmd->add_option("--model", o->model,
+                  "Record (or --check) only this manifest model; with --cases: a GGUF file");
+  cmd->add_option(
+      "--cases", o->cases,
+      "Your own model: cases (and scoring passages) JSON for the GGUF given by --model; "
+      "writes --out DIR/manifest.json and DIR/<name>.h5 (docs/own-model.md)");
+  cmd->add_option("--name", o->name, "With --cases: the model's name (default: the file's stem)");
   cmd->add_option("--out", o->out, "Directory to write golden files to (default: the manifest's)");
   cmd->add_option("--threads,-t", o->threads,
                   "Threads (0 = all cores; results do not depend on it)")
@@ -151,10 +158,17 @@ void add_golden(CLI::App& app, int& exit_code) {
   cmd->add_flag("--allow-dirty", o->allow_dirty,
                 "Record from a checkout with uncommitted changes (the golden says '-dirty')");
   cmd->callback([o, &exit_code] {
+    const bool own = !o->cases.empty();
+    if (own) {  // the user's own model: a manifest of its own under --out, goldens beside it
+      o->manifest = write_own_manifest(o->model, o->cases, o->out, o->name);
+      fmt::print(stderr, "wrote {}\n", o->manifest);
+      o->model.clear();
+      o->out.clear();
+    }
     const Manifest m = load_manifest(o->manifest);
     const std::string revision = source_revision(o->manifest);
     if (!o->check) {
-      require_clean_revision(revision, m, o->allow_dirty);
+      if (!own) require_clean_revision(revision, m, o->allow_dirty);
       prepare_output(m, o->out);
     }
     auto lib = BackendLibrary::load(o->backend);

@@ -22,7 +22,7 @@ namespace {
 
 struct Opts {
   std::string manifest = default_manifest_path(), backend = "reference", suite = "quick";
-  std::string weights = "full_precision", profile, fault, json, junit, model;
+  std::string weights = "full_precision", profile, fault, json, junit, model, goldens;
   std::vector<std::string> cases, scoring;
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   int threads = 0;
@@ -160,7 +160,7 @@ struct Inputs {
 
 std::unique_ptr<Inputs> load_inputs(const Opts& o) {
   auto in = std::make_unique<Inputs>();
-  in->manifest = load_manifest(o.manifest);
+  in->manifest = load_manifest(o.goldens.empty() ? o.manifest : o.goldens + "/manifest.json");
   const Manifest& m = in->manifest;
   in->plan = plan_run(m, o);
   const ManifestModel& mm = *in->plan.model;
@@ -312,6 +312,9 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--json", o->json, "Write the report as JSON here (rewritten after every case)");
   cmd->add_option("--junit", o->junit, "Write the report as JUnit XML here");
   cmd->add_option("--manifest", o->manifest, "goldens/manifest.json");
+  cmd->add_option("--goldens", o->goldens,
+                  "Directory of goldens recorded by `touchstone golden --cases` (its "
+                  "manifest.json); instead of --manifest");
   cmd->add_flag("--trust-goldens", o->trust_goldens,
                 "Read a golden whose sha256 does not match the manifest's pin, or that lacks its "
                 "checksum header, and skip the stale-golden check (debugging only)");

