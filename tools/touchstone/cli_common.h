@@ -36,5 +36,6 @@ void add_parity(CLI::App& app, int& exit_code);
 void add_export(CLI::App& app, int& exit_code);
 void add_summary(CLI::App& app, int& exit_code);
 void add_info(CLI::App& app, int& exit_code);
+void add_tokenize(CLI::App& app, int& exit_code);
 
 }  // namespace touchstone::cli

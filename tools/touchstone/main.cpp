@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   touchstone::cli::add_export(app, exit_code);
   touchstone::cli::add_summary(app, exit_code);
   touchstone::cli::add_info(app, exit_code);
+  touchstone::cli::add_tokenize(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -57,7 +57,8 @@ GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const Manif
   GoldenScoring g;
   g.name = s.name;
   g.text = s.text;
-  g.token_ids = tok.encode(s.text, /*add_bos=*/false, /*parse_special=*/false);
+  // As the model is run: BOS first when its tokenizer adds one (Gemma; not SmolLM2).
+  g.token_ids = tok.encode(s.text, /*add_bos=*/true, /*parse_special=*/false);
   if (g.token_ids.size() < 2) throw Error("scoring '{}': passage has fewer than 2 tokens", s.name);
   g.n_vocab = session.n_vocab();
   g.top_k = std::min(opt.scoring_top_k, g.n_vocab);

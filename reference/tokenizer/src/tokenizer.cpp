@@ -200,6 +200,22 @@ std::optional<std::vector<std::string>> pre_tokenizer_regexes(std::string_view p
     // = HF Sequence[Digits(individual_digits=true), ByteLevel(use_regex=true)]
     return std::vector<std::string>{"\\p{N}", kGpt2Regex};
   }
+  // Llama 3 (HF tokenizer.json Split regex; llama.cpp LLAMA_VOCAB_PRE_TYPE_LLAMA3, which
+  // spells (?i:...) out as [sS] etc. because its engine lacks inline flags; PCRE2 has
+  // them, with Unicode case folding as Oniguruma in HF tokenizers).
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3" ||
+      pre == "pixtral") {
+    return std::vector<std::string>{
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+        "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"};
+  }
+  // Qwen2 / Qwen2.5 / Qwen3 (and StableLM 2): the same with single digits
+  // (llama.cpp LLAMA_VOCAB_PRE_TYPE_QWEN2).
+  if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "stablelm2") {
+    return std::vector<std::string>{
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+        "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"};
+  }
   if (pre == "default" || pre.empty()) {
     return std::vector<std::string>{
         "[\\p{P}\\$\\+<=>\\^~\\|]+",

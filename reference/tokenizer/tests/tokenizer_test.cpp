@@ -119,6 +119,18 @@ TEST(TinyGpt2, DigitsSplitDependsOnPreTokenizer) {
   EXPECT_EQ(smollm.encode("a 12"), (Ids{1, 4, 8, 9}));
 }
 
+TEST(TinyGpt2, Llama3AndQwen2PreTokenizers) {
+  ts::Tokenizer llama3(tiny_gpt2("llama-bpe"));
+  ts::Tokenizer qwen2(tiny_gpt2("qwen2"));
+  EXPECT_EQ(llama3.encode("a12"), (Ids{1, 10}));      // \p{N}{1,3}: "12" together
+  EXPECT_EQ(qwen2.encode("a12"), (Ids{1, 8, 9}));     // \p{N}: one digit per piece
+  EXPECT_EQ(llama3.encode("a 12"), (Ids{1, 4, 10}));  // the space is its own piece
+  EXPECT_EQ(qwen2.encode("a 12"), (Ids{1, 4, 8, 9}));
+  EXPECT_EQ(llama3.encode("!a"), (Ids{11, 1}));          // "!a": [^\r\n\p{L}\p{N}]?\p{L}+ -> "!a"
+  EXPECT_EQ(llama3.encode("ab\n\n"), (Ids{5, 13, 13}));  // \s*[\r\n]+ keeps the newlines
+  EXPECT_THROW(ts::Tokenizer(tiny_gpt2("no-such-pre")), touchstone::Error);
+}
+
 TEST(TinyGpt2, BytesWithoutTokenAreDropped) {
   ts::Tokenizer t(tiny_gpt2());
   EXPECT_EQ(t.encode("a\x01"
