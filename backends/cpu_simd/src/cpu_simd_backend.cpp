@@ -206,8 +206,10 @@ const ts_backend kBackend = {
     rewind,
     position,
     prefill_greedy,
-    "llama",  // ABI v3: the plain Llama family only (docs/model-families.md)
-    "",
+    // ABI v3: the families and features the engine computes (engine.h;
+    // docs/model-families.md).
+    ts_cpu::kArchitectures,
+    ts_cpu::kModelFeatures,
 };
 
 }  // namespace

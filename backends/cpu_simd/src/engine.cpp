@@ -1,12 +1,18 @@
-// engine.cpp - the cpu_simd forward pass. Same formulas as the reference
-// (reference/model/src/llama_forward.cpp: RMSNorm, interleaved RoPE on GGUF's
-// permuted Q/K rows, GQA, SwiGLU), batched over the tokens of a prefill chunk.
+// engine.cpp - the cpu_simd forward pass, every family of ModelConfig
+// (touchstone/model_config.h) in one pass, like the reference
+// (reference/model/src/reference_forward.cpp): RMSNorm, optional Q/K/V biases,
+// optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
+// dimensions (per-layer base / linear scale, rope_freqs divisors), GQA with an
+// optional sliding window and the model's attention scale, optional
+// post-attention / post-FFN norms, SwiGLU or GeGLU, embedding scale, optional
+// final logit soft-capping; batched over the tokens of a prefill chunk.
 //
 // Numerics (see docs/backends/cpu_simd.md):
 //  * matrices: full precision = fp32 weights, fp32 accumulation (OpenBLAS sgemm
 //    for several tokens, the Highway matvec for one); quantized = GGUF blocks x
-//    int8 activations (kernels_quant.cpp).
-//  * RMSNorm sums, RoPE angles and rotation, SiLU: fp64 like the reference,
+//    fp32 activations (or opt-in int8 activations, kernels_quant.cpp).
+//  * RMSNorm sums (also QK-norm and post-norms), RoPE angles and rotation,
+//    SiLU / GELU, embedding scale, soft-capping: fp64 like the reference,
 //    rounded once to fp32.
 //  * attention: fp32 scores (SIMD dot), fp32 softmax (max-subtracted vector
 //    exp, lane-wise sum), fp32 weighted sum of V (kernels.h: attend_f32); KV
@@ -21,10 +27,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "touchstone/backend_impl.h"
 #include "touchstone/error.h"
 #include "touchstone/quant.h"
+#include "touchstone/scalar_ops.h"
 
 namespace ts_cpu {
 
@@ -54,6 +62,16 @@ Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_
     case gg::TensorType::Q8_0:
       L.qtype = QType::Q8_0;
       break;
+    case gg::TensorType::F32: {
+      // Stored fp32: used in place by the fp32 kernels (tiny test models; real
+      // models keep only vectors in F32).
+      const uint8_t* p = f.tensor_data(t).data();
+      if (reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+        L.f = reinterpret_cast<const float*>(p);
+        return L;
+      }
+      [[fallthrough]];
+    }
     default: {
       // Generic block kernel: dequantize each block in the kernel (the
       // reference's bit-exact routine) and multiply with fp32 activations.
@@ -109,6 +127,13 @@ void rms_norm(const float* x, const float* w, float* out, size_t n, double eps) 
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(double{x[i]} * inv * double{w[i]});
 }
 
+// x += b (Qwen2 Q/K/V biases). fp32 sum of the rounded matmul output and the
+// bias; the reference adds the bias to the fp64 dot product before its one
+// rounding, so the two differ by at most one extra rounding.
+void add_bias(float* x, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] += b[i];
+}
+
 double noise_sign(uint64_t i) {  // identical to the reference's fault
   uint64_t z = i + 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -119,35 +144,105 @@ double noise_sign(uint64_t i) {  // identical to the reference's fault
 }  // namespace
 
 // ------------------------------------------------------------------ Model
+namespace {
+
+bool listed(const char* list, const std::string& name) {
+  const std::string l = std::string(",") + list + ",";
+  return l.find("," + name + ",") != std::string::npos;
+}
+
+// Refuses (UnsupportedModel, naming them) an architecture or features this
+// engine does not compute; read_model_config has already refused what no
+// backend of this repository computes.
+void check_supported(const touchstone::ModelConfig& c, const std::string& path) {
+  std::string missing;
+  if (!listed(kArchitectures, c.architecture)) missing = "architecture '" + c.architecture + "'";
+  for (const std::string& f : c.feature_names()) {
+    if (listed(kModelFeatures, f)) continue;
+    missing += (missing.empty() ? "" : ", ") + touchstone::feature_description(f);
+  }
+  if (!missing.empty()) {
+    throw touchstone::UnsupportedModel("{}: not supported by cpu_simd: {}", path, missing);
+  }
+}
+
+// Rows [r0, r0 + n) of a matrix view (GGUF blocks or fp32): a fused tensor's part.
+Linear rows_of(const Linear& m, size_t r0, size_t n) {
+  Linear L = m;
+  L.n_out = n;
+  if (m.q) L.q = m.q + r0 * m.row_bytes;
+  if (m.f) L.f = m.f + r0 * m.n_in;
+  return L;
+}
+
+}  // namespace
+
 Model::Model(const std::string& path) : file_(gg::File::open(path)) {
-  cfg_ = touchstone::read_llama_config(file_);
+  cfg_ = touchstone::read_model_config(file_);
+  check_supported(cfg_, path);
   const size_t d = size_t(cfg_.n_embd), hd = size_t(cfg_.head_dim), ff = size_t(cfg_.n_ff);
   const size_t qd = size_t(cfg_.n_head) * hd, kvd = size_t(cfg_.n_head_kv) * hd;
   embd_ = &file_.tensor("token_embd.weight");
-  auto norm = [&](const std::string& name) {
+  auto vec = [&](const std::string& name, size_t n) {
     const gg::TensorInfo& t = file_.tensor(name);
-    if (t.n_elements != d) throw StatusError(TS_ERR_IO, path + ": " + name + " has the wrong size");
+    if (t.n_elements != n) throw StatusError(TS_ERR_IO, path + ": " + name + " has the wrong size");
     norms_.push_back(gg::dequantize(file_, t));
     return norms_.back().data();
   };
-  norms_.reserve(size_t(cfg_.n_layer) * 2 + 1);
+  auto mat = [&](const std::string& name, size_t n_in, size_t n_out) {
+    return make_quant(file_, name, n_in, n_out, &q_unsupported_);
+  };
+  norms_.reserve(size_t(cfg_.n_layer) * 9 + 1);
   for (int32_t l = 0; l < cfg_.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LayerView L;
-    L.attn_norm = norm(b + "attn_norm.weight");
-    L.ffn_norm = norm(b + "ffn_norm.weight");
-    L.wq = make_quant(file_, b + "attn_q.weight", d, qd, &q_unsupported_);
-    L.wk = make_quant(file_, b + "attn_k.weight", d, kvd, &q_unsupported_);
-    L.wv = make_quant(file_, b + "attn_v.weight", d, kvd, &q_unsupported_);
-    L.wo = make_quant(file_, b + "attn_output.weight", qd, d, &q_unsupported_);
-    L.gate = make_quant(file_, b + "ffn_gate.weight", d, ff, &q_unsupported_);
-    L.up = make_quant(file_, b + "ffn_up.weight", d, ff, &q_unsupported_);
-    L.down = make_quant(file_, b + "ffn_down.weight", ff, d, &q_unsupported_);
+    L.attn_norm = vec(b + "attn_norm.weight", d);
+    L.ffn_norm = vec(b + "ffn_norm.weight", d);
+    if (cfg_.fused_qkv) {
+      const Linear qkv = mat(b + "attn_qkv.weight", d, qd + 2 * kvd);
+      L.wq = rows_of(qkv, 0, qd);
+      L.wk = rows_of(qkv, qd, kvd);
+      L.wv = rows_of(qkv, qd + kvd, kvd);
+    } else {
+      L.wq = mat(b + "attn_q.weight", d, qd);
+      L.wk = mat(b + "attn_k.weight", d, kvd);
+      L.wv = mat(b + "attn_v.weight", d, kvd);
+    }
+    if (cfg_.qkv_bias) {
+      L.bq = vec(b + "attn_q.bias", qd);
+      L.bk = vec(b + "attn_k.bias", kvd);
+      L.bv = vec(b + "attn_v.bias", kvd);
+    }
+    if (cfg_.qk_norm) {
+      L.q_norm = vec(b + "attn_q_norm.weight", hd);
+      L.k_norm = vec(b + "attn_k_norm.weight", hd);
+    }
+    L.wo = mat(b + "attn_output.weight", qd, d);
+    if (cfg_.fused_gate_up) {
+      const Linear gu = mat(b + "ffn_up.weight", d, 2 * ff);
+      L.gate = rows_of(gu, 0, ff);
+      L.up = rows_of(gu, ff, ff);
+    } else {
+      L.gate = mat(b + "ffn_gate.weight", d, ff);
+      L.up = mat(b + "ffn_up.weight", d, ff);
+    }
+    L.down = mat(b + "ffn_down.weight", ff, d);
+    if (cfg_.post_norms) {
+      L.post_attn_norm = vec(b + "post_attention_norm.weight", d);
+      L.post_ffn_norm = vec(b + "post_ffw_norm.weight", d);
+    }
     q_.layers.push_back(L);
   }
-  q_.output_norm = norm("output_norm.weight");
-  q_.lm_head = make_quant(file_, cfg_.tied_embeddings ? "token_embd.weight" : "output.weight", d,
-                          size_t(cfg_.n_vocab), &q_unsupported_);
+  q_.output_norm = vec("output_norm.weight", d);
+  q_.lm_head =
+      mat(cfg_.tied_embeddings ? "token_embd.weight" : "output.weight", d, size_t(cfg_.n_vocab));
+  if (cfg_.rope_freq_factors) {
+    const gg::TensorInfo& t = file_.tensor("rope_freqs.weight");
+    if (t.n_elements != size_t(cfg_.n_rot / 2)) {
+      throw StatusError(TS_ERR_IO, path + ": rope_freqs.weight has the wrong size");
+    }
+    rope_freqs_ = gg::dequantize(file_, t);
+  }
   if (!gg::can_dequantize(embd_->type)) {
     throw StatusError(TS_ERR_UNSUPPORTED, "token_embd.weight type cannot be dequantized");
   }
@@ -168,9 +263,11 @@ void Model::relocate_quantized() {
   constexpr size_t kAlign = size_t{2} << 20;
   std::vector<Linear*> all;
   for (LayerView& L : q_.layers) {
-    for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) all.push_back(w);
+    for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
+      if (w->q) all.push_back(w);  // (F32 matrices are used in place)
+    }
   }
-  all.push_back(&q_.lm_head);
+  if (q_.lm_head.q) all.push_back(&q_.lm_head);
   size_t total = 0;
   for (const Linear* w : all) total += (w->row_bytes * w->n_out + 63) & ~size_t{63};
   total = (total + kAlign - 1) & ~(kAlign - 1);
@@ -197,13 +294,23 @@ const WeightSet& Model::quantized() const {
 
 const WeightSet& Model::full_precision() {
   std::call_once(fp_once_, [&] {
-    fp_ = std::make_unique<touchstone::LlamaWeights>(touchstone::load_llama_weights(file_));
+    // The reference's loader: every tensor dequantized to fp32, fused Phi-3
+    // matrices split, optional vectors empty when unused.
+    fp_ = std::make_unique<touchstone::ModelWeights>(touchstone::load_model_weights(file_));
     const size_t d = size_t(cfg_.n_embd), hd = size_t(cfg_.head_dim), ff = size_t(cfg_.n_ff);
     const size_t qd = size_t(cfg_.n_head) * hd, kvd = size_t(cfg_.n_head_kv) * hd;
+    auto opt = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
     for (const auto& l : fp_->layers) {
       LayerView L;
       L.attn_norm = l.attn_norm.data();
       L.ffn_norm = l.ffn_norm.data();
+      L.bq = opt(l.bq);
+      L.bk = opt(l.bk);
+      L.bv = opt(l.bv);
+      L.q_norm = opt(l.q_norm);
+      L.k_norm = opt(l.k_norm);
+      L.post_attn_norm = opt(l.post_attn_norm);
+      L.post_ffn_norm = opt(l.post_ffn_norm);
       L.wq = make_fp(l.wq, d, qd);
       L.wk = make_fp(l.wk, d, kvd);
       L.wv = make_fp(l.wv, d, kvd);
@@ -269,7 +376,14 @@ Session::Session(Model& model, const SessionOptions& opt)
   gate_.resize(B * ff);
   up_.resize(B * ff);
   scores_.resize(size_t(pool_.size()) * size_t(max_ctx_));
-  rope_cs_.resize(B * hd);
+  // One cos/sin table per distinct (RoPE base, linear scale) of the layers.
+  for (const touchstone::LayerConfig& lc : c_.layers) {
+    const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
+    auto it = std::find(rope_params_.begin(), rope_params_.end(), key);
+    layer_rope_.push_back(int(it - rope_params_.begin()));
+    if (it == rope_params_.end()) rope_params_.push_back(key);
+  }
+  rope_cs_.resize(rope_params_.size() * B * size_t(c_.n_rot));
   const size_t max_in = std::max({d, qd, ff});
   act_qs_.resize(B * max_in);
   act_d_.resize(B * max_in / 32);
@@ -278,10 +392,6 @@ Session::Session(Model& model, const SessionOptions& opt)
   for (size_t i = 0; i < B; ++i) {
     act_[i] = ActRow{act_qs_.data() + i * max_in, act_d_.data() + i * max_in / 32,
                      act_s_.data() + i * max_in / 32};
-  }
-  const double base = double{c_.rope_freq_base} * faults_.rope_base_scale;
-  for (size_t i = 0; i < hd / 2; ++i) {
-    inv_freq_.push_back(std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd)));
   }
 }
 
@@ -320,20 +430,22 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
     const Job& job = jobs[j];
     const Linear& W = *job.w;
     const size_t r0 = (task - first[j]) * chunk, r1 = std::min(W.n_out, r0 + chunk);
-    if (W.generic) {
+    if (W.f) {
+      if (n_tok == 1) {
+        matvec_f32(W.f + r0 * W.n_in, W.n_in, x, job.y + r0, r1 - r0, W.n_in);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), int(r1 - r0), int(W.n_in),
+                    1.0f, x, int(ldx), W.f + r0 * W.n_in, int(W.n_in), 0.0f, job.y + r0,
+                    int(job.ldy));
+      }
+    } else if (W.generic) {
       // (also in int8 mode: these types have no int8 kernel; fp32 activations)
       gemm_blocks_f32(W.gtype, W.q, W.row_bytes, W.block_elems, W.block_bytes, r0, r1, x, ldx,
                       n_tok, job.y, job.ldy);
     } else if (int8_) {
       gemm_q(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, act_.data(), n_tok, job.y, job.ldy);
-    } else if (quant_) {
-      gemm_q_f32(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, x, ldx, n_tok, job.y, job.ldy);
-    } else if (n_tok == 1) {
-      matvec_f32(W.f + r0 * W.n_in, W.n_in, x, job.y + r0, r1 - r0, W.n_in);
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), int(r1 - r0), int(W.n_in),
-                  1.0f, x, int(ldx), W.f + r0 * W.n_in, int(W.n_in), 0.0f, job.y + r0,
-                  int(job.ldy));
+      gemm_q_f32(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, x, ldx, n_tok, job.y, job.ldy);
     }
   });
 }
@@ -342,35 +454,53 @@ void Session::attention(int32_t layer, int32_t n) {
   const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
                qd = size_t(c_.n_head) * hd;
   const int32_t group = c_.n_head / c_.n_head_kv;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const int32_t window = c_.layers[size_t(layer)].sliding_window;
+  const float scale = static_cast<float>(c_.attn_scale);
   const float* K = k_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
   const float* V = v_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
   pool_.run(size_t(n) * size_t(c_.n_head), [&](size_t task, int thread) {
     const size_t i = task / size_t(c_.n_head), h = task % size_t(c_.n_head);
     const int32_t p = pos_ + int32_t(i);
     const int32_t n_kv = (faults_.kv_off_by_one && p > 0) ? p : p + 1;
+    // Positions attended: [t0, n_kv) (a sliding window W keeps the last W: HF's
+    // mask, i - W < j <= i).
+    const int32_t t0 = window > 0 ? std::max(0, p - window + 1) : 0;
     const float* qh = q_.data() + i * qd + h * hd;
-    const size_t off = size_t(int32_t(h) / group) * hd;
+    float* out = att_.data() + i * qd + h * hd;
+    if (n_kv <= t0) {  // nothing to attend (only with the kv fault and W = 1): 0/0 as the reference
+      std::fill(out, out + hd, std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
+    const size_t off = size_t(t0) * kvd + size_t(int32_t(h) / group) * hd;
     float* s = scores_.data() + size_t(thread) * size_t(max_ctx_);
-    attend_f32(qh, K + off, V + off, kvd, hd, size_t(n_kv), scale, s,
-               att_.data() + i * qd + h * hd);
+    attend_f32(qh, K + off, V + off, kvd, hd, size_t(n_kv - t0), scale, s, out);
   });
 }
 
 void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   const size_t d = size_t(c_.n_embd), hd = size_t(c_.head_dim), ff = size_t(c_.n_ff);
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
-  const size_t N = size_t(n);
+  const size_t N = size_t(n), B = kMaxBatch;
+  const size_t half = size_t(c_.n_rot) / 2;
   const double eps = c_.rms_norm_eps;
+  const bool neox = c_.rope_style == touchstone::RopeStyle::NeoX;
+  const float* freq_factors = model_.rope_freqs();
 
   for (size_t i = 0; i < N; ++i) model_.embed(tokens[i], !quant_, x_.data() + i * d);
-  // RoPE angles depend on the position only: cos/sin once per chunk, not per
-  // layer and head (same fp64 formulas, same values).
-  pool_.run(N, [&](size_t i, int) {
-    const double pos = static_cast<double>(pos_ + int32_t(i));
-    double* cs_sn = rope_cs_.data() + i * hd;
-    for (size_t j = 0; j < hd / 2; ++j) {
-      const double theta = pos * inv_freq_[j];
+  if (c_.embd_scale != 1.0) {  // Gemma: x * fp32(sqrt(n_embd)), fp64 product rounded once
+    for (size_t i = 0; i < N * d; ++i) x_[i] = static_cast<float>(double{x_[i]} * c_.embd_scale);
+  }
+  // RoPE angles depend on the position and the layer's (base, scale) only:
+  // cos/sin once per chunk and table, not per layer and head (the reference's
+  // fp64 formula, ops::rope_theta, same values).
+  pool_.run(rope_params_.size() * N, [&](size_t task, int) {
+    const size_t k = task / N, i = task % N;
+    const auto [base, scale] = rope_params_[k];
+    const int32_t pos = pos_ + int32_t(i);
+    double* cs_sn = rope_cs_.data() + (k * B + i) * 2 * half;
+    for (size_t j = 0; j < half; ++j) {
+      const double fj = freq_factors ? double{freq_factors[j]} : 1.0;
+      const double theta = touchstone::ops::rope_theta(pos, int64_t(j), c_.n_rot, base, scale, fj);
       cs_sn[2 * j] = std::cos(theta);
       cs_sn[2 * j + 1] = std::sin(theta);
     }
@@ -380,52 +510,80 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
     const LayerView& L = w_->layers[size_t(l)];
     float* Kl = k_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
     float* Vl = v_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
+    const double* rope_table = rope_cs_.data() + size_t(layer_rope_[size_t(l)]) * B * 2 * half;
 
     for (size_t i = 0; i < N; ++i)
       rms_norm(x_.data() + i * d, L.attn_norm, xn_.data() + i * d, d, eps);
     const Job qkv[3] = {{&L.wq, q_.data(), qd}, {&L.wk, k_.data(), kvd}, {&L.wv, v_.data(), kvd}};
     linears(qkv, 3, xn_.data(), d, N);
-    // RoPE (interleaved pairs, fp64 rotation) and KV append.
+    // Per token: biases, QK-norm, RoPE (fp64 rotation of the first n_rot
+    // dimensions, interleaved or NeoX pairs), KV append.
     pool_.run(N, [&](size_t i, int) {
-      auto rope = [&](float* v) {
-        const double* cs_sn = rope_cs_.data() + i * hd;
-        for (size_t j = 0; j < hd / 2; ++j) {
+      float* q = q_.data() + i * qd;
+      float* k = k_.data() + i * kvd;
+      float* v = v_.data() + i * kvd;
+      if (L.bq) {
+        add_bias(q, L.bq, qd);
+        add_bias(k, L.bk, kvd);
+        add_bias(v, L.bv, kvd);
+      }
+      if (L.q_norm) {
+        for (int32_t h = 0; h < c_.n_head; ++h) rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, eps);
+        for (int32_t h = 0; h < c_.n_head_kv; ++h)
+          rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, eps);
+      }
+      const double* cs_sn = rope_table + i * 2 * half;
+      auto rope = [&](float* x) {
+        // pairs (2j, 2j+1) (interleaved) or (j, j + n_rot/2) (NeoX)
+        const size_t stride = neox ? 1 : 2, other = neox ? half : 1;
+        for (size_t j = 0; j < half; ++j) {
           const double cs = cs_sn[2 * j], sn = cs_sn[2 * j + 1];
-          const double x0 = v[2 * j], x1 = v[2 * j + 1];
-          v[2 * j] = static_cast<float>(x0 * cs - x1 * sn);
-          v[2 * j + 1] = static_cast<float>(x0 * sn + x1 * cs);
+          float* a = x + j * stride;
+          const double x0 = a[0], x1 = a[other];
+          a[0] = static_cast<float>(x0 * cs - x1 * sn);
+          a[other] = static_cast<float>(x0 * sn + x1 * cs);
         }
       };
-      for (int32_t h = 0; h < c_.n_head; ++h) rope(q_.data() + i * qd + size_t(h) * hd);
-      for (int32_t h = 0; h < c_.n_head_kv; ++h) rope(k_.data() + i * kvd + size_t(h) * hd);
+      for (int32_t h = 0; h < c_.n_head; ++h) rope(q + size_t(h) * hd);
+      for (int32_t h = 0; h < c_.n_head_kv; ++h) rope(k + size_t(h) * hd);
       const size_t p = size_t(pos_) + i;
-      std::memcpy(Kl + p * kvd, k_.data() + i * kvd, kvd * sizeof(float));
-      std::memcpy(Vl + p * kvd, v_.data() + i * kvd, kvd * sizeof(float));
+      std::memcpy(Kl + p * kvd, k, kvd * sizeof(float));
+      std::memcpy(Vl + p * kvd, v, kvd * sizeof(float));
     });
     attention(l, n);
     const Job o[1] = {{&L.wo, tmp_.data(), d}};
     linears(o, 1, att_.data(), qd, N);
+    if (L.post_attn_norm) {
+      for (size_t i = 0; i < N; ++i)
+        rms_norm(tmp_.data() + i * d, L.post_attn_norm, tmp_.data() + i * d, d, eps);
+    }
     for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
 
     for (size_t i = 0; i < N; ++i)
       rms_norm(x_.data() + i * d, L.ffn_norm, xn_.data() + i * d, d, eps);
     const Job gu[2] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
     linears(gu, 2, xn_.data(), d, N);
-    // Elementwise, split into fixed slices of kSiluSlice so decode (one token)
-    // uses every thread too.
-    constexpr size_t kSiluSlice = 256;
-    const size_t n_slices = ceil_div(ff, kSiluSlice);
+    // act(gate) * up in fp64, rounded once (act = SiLU or tanh-GELU); split
+    // into fixed slices of kActSlice so decode (one token) uses every thread too.
+    const bool gelu = c_.ffn_activation == touchstone::FfnActivation::GeluTanh;
+    constexpr size_t kActSlice = 256;
+    const size_t n_slices = ceil_div(ff, kActSlice);
     pool_.run(N * n_slices, [&](size_t task, int) {
-      const size_t i = task / n_slices, j0 = (task % n_slices) * kSiluSlice;
+      const size_t i = task / n_slices, j0 = (task % n_slices) * kActSlice;
       float* g = gate_.data() + i * ff;
       const float* u = up_.data() + i * ff;
-      for (size_t j = j0; j < std::min(ff, j0 + kSiluSlice); ++j) {
+      for (size_t j = j0; j < std::min(ff, j0 + kActSlice); ++j) {
         const double gj = g[j];
-        g[j] = static_cast<float>(gj / (1.0 + std::exp(-gj)) * double{u[j]});
+        const double act = gelu ? touchstone::ops::gelu_tanh(gj) : gj / (1.0 + std::exp(-gj));
+        g[j] = static_cast<float>(act * double{u[j]});
       }
     });
     const Job dn[1] = {{&L.down, tmp_.data(), d}};
     linears(dn, 1, gate_.data(), ff, N);
+    if (L.post_ffn_norm) {
+      for (size_t i = 0; i < N; ++i)
+        rms_norm(tmp_.data() + i * d, L.post_ffn_norm, tmp_.data() + i * d, d, eps);
+    }
     for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
   }
 
@@ -437,6 +595,14 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
     }
     const Job head[1] = {{&w_->lm_head, logits, V}};
     linears(head, 1, xn_.data(), d, rows);
+    if (c_.final_logit_softcap != 0.0) {
+      const double cap = c_.final_logit_softcap;
+      pool_.run(rows, [&](size_t r, int) {
+        float* row = logits + r * V;
+        for (size_t i = 0; i < V; ++i)
+          row[i] = static_cast<float>(touchstone::ops::softcap(row[i], cap));
+      });
+    }
     if (faults_.logit_noise != 0.0) {
       for (size_t r = 0; r < rows; ++r) {
         const uint64_t base = uint64_t(pos_ + int32_t(first + r)) * uint64_t(V);

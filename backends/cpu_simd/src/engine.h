@@ -11,9 +11,9 @@
 #include "kernels.h"
 #include "thread_pool.h"
 #include "touchstone/gguf.h"
-#include "touchstone/llama_config.h"
-#include "touchstone/llama_forward.h"
-#include "touchstone/llama_weights.h"
+#include "touchstone/model_config.h"
+#include "touchstone/model_weights.h"
+#include "touchstone/reference_forward.h"
 
 namespace ts_cpu {
 
@@ -32,9 +32,15 @@ struct Linear {
   size_t n_out = 0, n_in = 0;
 };
 
+// One layer's weights. Optional vectors are nullptr when the config does not use
+// them (bq/bk/bv: qkv_bias; q_norm/k_norm: qk_norm; post_*: post_norms). Fused
+// Phi-3 matrices are row ranges of the fused tensor (same blocks, no copy).
 struct LayerView {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr;
+  const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
   Linear wq, wk, wv, wo, gate, up, down;
 };
 
@@ -44,10 +50,22 @@ struct WeightSet {
   const float* output_norm = nullptr;
 };
 
+// The architectures (GGUF general.architecture) and the model features
+// (ModelConfig::feature_names(), docs/model-families.md) this engine computes,
+// comma-separated as the ABI v3 table declares them. Model() refuses anything
+// else with touchstone::UnsupportedModel naming it.
+inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3";
+inline constexpr const char* kModelFeatures =
+    "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
+    "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
+    "geglu,embedding_scale,attention_scale,final_logit_softcap";
+
 class Model {
  public:
   explicit Model(const std::string& path);
-  const touchstone::LlamaConfig& config() const { return cfg_; }
+  const touchstone::ModelConfig& config() const { return cfg_; }
+  // rope_freqs.weight (n_rot/2 divisors) or nullptr.
+  const float* rope_freqs() const { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
   // Throws StatusError(TS_ERR_UNSUPPORTED) when a matrix type has no quantized kernel.
   const WeightSet& quantized() const;
   const WeightSet& full_precision();  // dequantizes on first use (thread-safe)
@@ -57,8 +75,9 @@ class Model {
 
  private:
   touchstone::gguf::File file_;
-  touchstone::LlamaConfig cfg_;
-  std::vector<std::vector<float>> norms_;  // fp32 norm vectors (quantized path)
+  touchstone::ModelConfig cfg_;
+  std::vector<std::vector<float>> norms_;  // fp32 norms/biases (quantized path)
+  std::vector<float> rope_freqs_;
   WeightSet q_;
   // The quantized matrices' GGUF blocks, byte for byte, copied into one
   // anonymous 2 MiB-aligned arena (transparent huge pages requested).
@@ -70,7 +89,7 @@ class Model {
   std::string q_unsupported_;  // non-empty: why the quantized path is unavailable
   const touchstone::gguf::TensorInfo* embd_ = nullptr;
   std::once_flag fp_once_;
-  std::unique_ptr<touchstone::LlamaWeights> fp_;
+  std::unique_ptr<touchstone::ModelWeights> fp_;
   WeightSet f_;
 };
 
@@ -115,7 +134,7 @@ class Session {
   void attention(int32_t layer, int32_t n);
 
   Model& model_;
-  const touchstone::LlamaConfig& c_;
+  const touchstone::ModelConfig& c_;
   const WeightSet* w_;
   bool quant_;
   bool int8_;
@@ -132,8 +151,11 @@ class Session {
   std::vector<float> act_d_, act_s_;
   std::vector<ActRow> act_;
   std::vector<float> greedy_logits_;
-  std::vector<double> inv_freq_;
-  std::vector<double> rope_cs_;  // [token][head_dim/2][cos, sin] of the current chunk
+  // RoPE: layers share a table when their (base, scale) are equal (Gemma 3: one
+  // for the local layers, one for the global ones).
+  std::vector<int> layer_rope_;                         // [layer] -> table index
+  std::vector<std::pair<double, double>> rope_params_;  // [table] (base, scale)
+  std::vector<double> rope_cs_;  // [table][token][n_rot/2][cos, sin] of the current chunk
 };
 
 }  // namespace ts_cpu

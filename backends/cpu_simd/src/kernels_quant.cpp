@@ -236,10 +236,12 @@ void tile_vnni(const uint8_t* const* rows, size_t nb, const ActRow* X, float* ou
     }
     for (int t = 0; t < NT; ++t) {
       const __m512i a = _mm512_loadu_si512(X[t].qs + p * 64);
-      // [d_a0 s_a0 d_a1 s_a1]
+      // [d_a0 s_a0 d_a1 s_a1]. Two floats each, only 4-byte aligned: _mm_loadl_epi64
+      // is an unaligned 64-bit load (_mm_load_sd through a double* was UB that UBSan
+      // reports on the VNNI path; same bits).
       const __m128 ads = _mm_unpacklo_ps(
-          _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].d + 2 * p))),
-          _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(X[t].s + 2 * p))));
+          _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(X[t].d + 2 * p))),
+          _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(X[t].s + 2 * p))));
       __m512i a_signed = a;
       for (int r = 0; r < NR; ++r) {
         __m512i isum;
