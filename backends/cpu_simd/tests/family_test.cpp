@@ -1,0 +1,298 @@
+// family_test.cpp - cpu_simd computes every family of ModelConfig like the reference.
+//
+// Tiny random GGUF models (reference/model/tests/tiny_family.h: llama, qwen2, qwen3,
+// gemma3, phi3; plus variants written here for the optional features tiny_family.h
+// does not write: rope_freqs, linear RoPE scaling, partial rotary, soft-capping,
+// rope.freq_base_swa) run through cpu_simd on both weight paths (F32 matrices are
+// used in place on the quantized path) and through the reference
+// (ReferenceTransformer); logits of every position must agree to fp32 accumulation
+// noise for a prefill and for token-by-token decode, and results must be bitwise
+// identical for 1 and 3 threads. Sliding windows are shorter than the
+// sequence, so they matter.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu_simd_backend.h"
+#include "engine.h"
+#include "tiny_family.h"
+#include "touchstone/backend_abi.h"
+#include "touchstone/gguf.h"
+#include "touchstone/model_config.h"
+#include "touchstone/model_weights.h"
+#include "touchstone/reference_forward.h"
+
+namespace {
+
+namespace gg = touchstone::gguf;
+using gg::TensorType;
+using gg::ValueType;
+
+// Optional features beyond tiny_family.h (same shapes and naming otherwise).
+struct Variant {
+  std::string arch = "llama";
+  int n_layer = 2;
+  uint32_t sliding_window = 0;
+  uint32_t n_rot = 0;          // > 0: rope.dimension_count (partial rotary)
+  bool rope_freqs = false;     // rope_freqs.weight (llama)
+  float linear_scale = 0.0f;   // > 0: rope.scaling.type = linear, factor
+  float softcap = 0.0f;        // > 0: final_logit_softcapping (gemma3)
+  float freq_base_swa = 0.0f;  // > 0: rope.freq_base_swa (gemma3)
+};
+
+std::vector<uint8_t> tiny_variant(const Variant& o) {
+  gg::testing::GgufBuilder g;
+  const std::string a = o.arch;
+  const bool gemma = a == "gemma3", qwen3 = a == "qwen3", qwen2 = a == "qwen2", phi3 = a == "phi3";
+  const uint64_t d = 16, ff = 24, V = 32, n_head = 4, n_kv = 2;
+  const uint64_t hd = (gemma || qwen3) ? 8 : d / n_head;
+  g.key("general.architecture", ValueType::STRING).str(a);
+  auto u32 = [&](const std::string& k, uint64_t v) {
+    g.key(a + "." + k, ValueType::UINT32).put<uint32_t>(uint32_t(v));
+  };
+  auto f32 = [&](const std::string& k, float v) {
+    g.key(a + "." + k, ValueType::FLOAT32).put<float>(v);
+  };
+  u32("block_count", uint64_t(o.n_layer));
+  u32("embedding_length", d);
+  u32("feed_forward_length", ff);
+  u32("attention.head_count", n_head);
+  u32("attention.head_count_kv", n_kv);
+  u32("context_length", 256);
+  u32("vocab_size", V);
+  if (gemma || qwen3) {
+    u32("attention.key_length", hd);
+    u32("attention.value_length", hd);
+  }
+  if (o.sliding_window) u32("attention.sliding_window", o.sliding_window);
+  if (o.n_rot) u32("rope.dimension_count", o.n_rot);
+  f32("attention.layer_norm_rms_epsilon", 1e-6f);
+  f32("rope.freq_base", gemma ? 1e6f : 10000.0f);
+  if (o.linear_scale > 0.0f) {
+    g.key(a + ".rope.scaling.type", ValueType::STRING).str("linear");
+    f32("rope.scaling.factor", o.linear_scale);
+  }
+  if (o.softcap > 0.0f) f32("final_logit_softcapping", o.softcap);
+  if (o.freq_base_swa > 0.0f) f32("rope.freq_base_swa", o.freq_base_swa);
+
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return float((state >> 40) & 0xffffff) / float(1 << 24) - 0.5f;
+  };
+  auto t = [&](const std::string& name, std::vector<uint64_t> shape, float scale, float bias) {
+    uint64_t n = 1;
+    for (uint64_t s : shape) n *= s;
+    std::vector<float> v(n);
+    for (float& x : v) x = bias + scale * next();
+    std::vector<uint8_t> bytes(n * 4);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    g.tensor(name, shape, TensorType::F32, std::move(bytes));
+  };
+  t("token_embd.weight", {d, V}, 1.0f, 0.0f);
+  t("output_norm.weight", {d}, 0.2f, 1.0f);
+  if (!gemma) t("output.weight", {d, V}, 1.0f, 0.0f);
+  if (o.rope_freqs) t("rope_freqs.weight", {(o.n_rot ? o.n_rot : hd) / 2}, 2.0f, 2.0f);
+  const uint64_t q_dim = n_head * hd, kv_dim = n_kv * hd;
+  for (int l = 0; l < o.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    t(b + "attn_norm.weight", {d}, 0.2f, 1.0f);
+    if (phi3) {
+      t(b + "attn_qkv.weight", {d, q_dim + 2 * kv_dim}, 0.6f, 0.0f);
+    } else {
+      t(b + "attn_q.weight", {d, q_dim}, 0.6f, 0.0f);
+      t(b + "attn_k.weight", {d, kv_dim}, 0.6f, 0.0f);
+      t(b + "attn_v.weight", {d, kv_dim}, 0.6f, 0.0f);
+    }
+    if (qwen2) {
+      t(b + "attn_q.bias", {q_dim}, 0.2f, 0.0f);
+      t(b + "attn_k.bias", {kv_dim}, 0.2f, 0.0f);
+      t(b + "attn_v.bias", {kv_dim}, 0.2f, 0.0f);
+    }
+    if (gemma || qwen3) {
+      t(b + "attn_q_norm.weight", {hd}, 0.2f, 1.0f);
+      t(b + "attn_k_norm.weight", {hd}, 0.2f, 1.0f);
+    }
+    t(b + "attn_output.weight", {q_dim, d}, 0.5f, 0.0f);
+    if (gemma) t(b + "post_attention_norm.weight", {d}, 0.2f, 1.0f);
+    t(b + "ffn_norm.weight", {d}, 0.2f, 1.0f);
+    if (phi3) {
+      t(b + "ffn_up.weight", {d, 2 * ff}, 0.5f, 0.0f);
+    } else {
+      t(b + "ffn_gate.weight", {d, ff}, 0.5f, 0.0f);
+      t(b + "ffn_up.weight", {d, ff}, 0.5f, 0.0f);
+    }
+    t(b + "ffn_down.weight", {ff, d}, 0.5f, 0.0f);
+    if (gemma) t(b + "post_ffw_norm.weight", {d}, 0.2f, 1.0f);
+  }
+  return g.build();
+}
+
+struct Case {
+  std::string name;
+  std::vector<uint8_t> gguf;
+  std::vector<std::string> features;  // must be among the model's feature_names()
+};
+
+std::vector<Case> cases() {
+  using touchstone::testing::tiny_model;
+  using touchstone::testing::TinyOptions;
+  std::vector<Case> out;
+  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma3", "phi3"}) {
+    TinyOptions o;
+    o.arch = arch;
+    if (o.arch == "gemma3") {
+      o.n_layer = 7;  // layers 0-4 and 6 local, layer 5 global
+      o.sliding_window = 3;
+    }
+    if (o.arch == "phi3") o.sliding_window = 4;
+    out.push_back({std::string("tiny_") + arch, tiny_model(o), {}});
+  }
+  Variant v;
+  v.arch = "llama";
+  v.rope_freqs = true;
+  v.linear_scale = 2.0f;
+  v.sliding_window = 3;
+  out.push_back({"llama_ropefreqs_linear_window",
+                 tiny_variant(v),
+                 {"rope_freqs", "linear_rope_scaling", "sliding_window"}});
+  v = Variant{};
+  v.arch = "phi3";
+  v.n_rot = 2;
+  v.sliding_window = 5;
+  out.push_back({"phi3_partial_rotary", tiny_variant(v), {"partial_rotary", "fused_qkv"}});
+  v = Variant{};
+  v.arch = "gemma3";
+  v.n_layer = 6;
+  v.sliding_window = 2;
+  v.softcap = 3.0f;
+  v.freq_base_swa = 500.0f;
+  v.linear_scale = 4.0f;
+  out.push_back({"gemma3_softcap_swa_base_scaled",
+                 tiny_variant(v),
+                 {"final_logit_softcap", "linear_rope_scaling", "per_layer_rope_base"}});
+  return out;
+}
+
+// Reference logits of every position (one forward call per token).
+std::vector<float> reference_logits(const std::string& path, const std::vector<int32_t>& tokens) {
+  const gg::File file = gg::File::open(path);
+  const touchstone::ModelWeights w = touchstone::load_model_weights(file);
+  touchstone::ReferenceTransformer ref(w, 64, 1);
+  const size_t V = size_t(w.config.n_vocab);
+  std::vector<float> out(tokens.size() * V);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    ref.forward(tokens[i], std::span<float>(out.data() + i * V, V));
+  return out;
+}
+
+// cpu_simd logits of every position: one prefill (all positions), or decode steps.
+std::vector<float> cpu_simd_logits(ts_model* model, ts_weight_path weight_path, int threads,
+                                   const std::vector<int32_t>& tokens, bool prefill, size_t V) {
+  const ts_backend* api = ts_cpu::backend_table();
+  ts_session_options o{};
+  o.struct_size = sizeof(o);
+  o.weight_path = weight_path;
+  o.n_threads = threads;
+  o.max_context = 64;
+  ts_session* s = nullptr;
+  EXPECT_EQ(api->open_session(model, &o, &s), TS_OK) << api->last_error();
+  std::vector<float> out(tokens.size() * V);
+  if (!s) return out;
+  if (prefill) {
+    EXPECT_EQ(api->prefill(s, tokens.data(), int32_t(tokens.size()), 1, out.data()), TS_OK)
+        << api->last_error();
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i)
+      EXPECT_EQ(api->decode(s, tokens[i], out.data() + i * V), TS_OK) << api->last_error();
+  }
+  api->free_session(s);
+  return out;
+}
+
+TEST(Families, EveryFamilyMatchesTheReferenceOnBothPaths) {
+  const ts_backend* api = ts_cpu::backend_table();
+  const std::vector<int32_t> tokens = {1, 7, 3, 31, 0, 12, 12, 5, 20, 9, 2, 17};
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    gg::testing::TempFile f(c.gguf, c.name);
+    const touchstone::ModelConfig cfg = touchstone::read_model_config(gg::File::open(f.path()));
+    const std::vector<std::string> names = cfg.feature_names();
+    for (const std::string& want : c.features)
+      EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+    const size_t V = size_t(cfg.n_vocab);
+    const std::vector<float> ref = reference_logits(f.path(), tokens);
+
+    ts_model* model = nullptr;
+    ASSERT_EQ(api->load_model(f.path().c_str(), &model), TS_OK) << api->last_error();
+    for (ts_weight_path path : {TS_WEIGHTS_FULL_PRECISION, TS_WEIGHTS_QUANTIZED}) {
+      SCOPED_TRACE(path == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision");
+      // One prefill (OpenBLAS sgemm for F32 matrices) and token-by-token decode
+      // (Highway matvec): different fp32 summation orders, each within fp32
+      // accumulation noise of the reference.
+      const std::vector<float> got = cpu_simd_logits(model, path, 1, tokens, true, V);
+      const std::vector<float> dec = cpu_simd_logits(model, path, 1, tokens, false, V);
+      for (const std::vector<float>* x : {&got, &dec}) {
+        double num = 0, den = 0, max_abs = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ASSERT_TRUE(std::isfinite((*x)[i])) << i;
+          const double e = double{(*x)[i]} - double{ref[i]};
+          num += e * e;
+          den += double{ref[i]} * double{ref[i]};
+          max_abs = std::max(max_abs, std::fabs(e));
+        }
+        EXPECT_GT(den, 0.0);
+        EXPECT_LT(num / den, 1e-11) << (x == &got ? "prefill" : "decode") << ": NMSE vs reference";
+        EXPECT_LT(max_abs, 1e-4) << (x == &got ? "prefill" : "decode") << ": max |difference|";
+      }
+      // 3 threads == 1 thread, bitwise
+      EXPECT_EQ(cpu_simd_logits(model, path, 3, tokens, true, V), got);
+      EXPECT_EQ(cpu_simd_logits(model, path, 3, tokens, false, V), dec);
+    }
+    api->free_model(model);
+  }
+}
+
+// A sliding window changes the result only once the sequence is longer than the
+// window (guards against a window that is silently ignored).
+TEST(Families, SlidingWindowForgetsOldTokens) {
+  const ts_backend* api = ts_cpu::backend_table();
+  Variant v;
+  v.arch = "llama";
+  v.n_layer = 1;  // one layer: the receptive field is exactly the window
+  v.sliding_window = 3;
+  gg::testing::TempFile f(tiny_variant(v), "window");
+  ts_model* model = nullptr;
+  ASSERT_EQ(api->load_model(f.path().c_str(), &model), TS_OK) << api->last_error();
+  const size_t V = 32;
+  const std::vector<float> a =
+      cpu_simd_logits(model, TS_WEIGHTS_QUANTIZED, 1, {1, 2, 3, 4, 5, 6}, true, V);
+  const std::vector<float> b =
+      cpu_simd_logits(model, TS_WEIGHTS_QUANTIZED, 1, {9, 8, 3, 4, 5, 6}, true, V);
+  api->free_model(model);
+  // position 1 still sees the changed tokens; position 5 attends to 3..5 only
+  EXPECT_NE(std::vector<float>(a.begin() + V, a.begin() + 2 * V),
+            std::vector<float>(b.begin() + V, b.begin() + 2 * V));
+  EXPECT_EQ(std::vector<float>(a.begin() + 5 * V, a.end()),
+            std::vector<float>(b.begin() + 5 * V, b.end()));
+}
+
+// The ABI v3 table declares exactly the engine's lists, and every declared feature
+// is a canonical ModelConfig feature name.
+TEST(Families, DeclaredFeaturesAreCanonicalNames) {
+  const ts_backend* api = ts_cpu::backend_table();
+  EXPECT_STREQ(api->architectures, ts_cpu::kArchitectures);
+  EXPECT_STREQ(api->model_features, ts_cpu::kModelFeatures);
+  std::string list = std::string(ts_cpu::kModelFeatures) + ",";
+  size_t n = 0;
+  for (size_t p = 0, q; (q = list.find(',', p)) != std::string::npos; p = q + 1, ++n) {
+    const std::string name = list.substr(p, q - p);
+    EXPECT_NE(touchstone::feature_description(name), name) << name << " is not a feature name";
+  }
+  EXPECT_EQ(n, 16u);
+}
+
+}  // namespace
