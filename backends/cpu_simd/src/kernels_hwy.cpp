@@ -10,6 +10,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <vector>
+
 #include "kernels.h"
 #include "touchstone/quant.h"
 
@@ -142,6 +144,7 @@ HWY_ATTR void AttendF32(const float* HWY_RESTRICT q, const float* HWY_RESTRICT K
 // qs[i - 16]; Q8_0: qs[i]. The weight is formed exactly as ggml's
 // dequantize_row_* (and touchstone::gguf::dequantize_row) does, in fp32:
 //   Q4_0: float(q - 8) * d    Q4_1: float(q) * d + m (no FMA)    Q8_0: float(q) * d
+//   Q5_0 (T = 6, reached through gemm_blocks_f32): float((nibble | qh bit << 4) - 16) * d
 // so this computes the same products as the full-precision path; only the
 // fp32 summation order differs.
 HWY_INLINE float H2F(const uint8_t* p) {
@@ -175,8 +178,9 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> du8;
   const hn::Rebind<int8_t, decltype(df)> di8;
-  constexpr size_t bb = T == 2 ? 18 : T == 3 ? 20 : 34;
-  constexpr size_t off = T == 3 ? 4 : 2;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  constexpr size_t bb = T == 2 ? 18 : T == 3 ? 20 : T == 6 ? 22 : 34;
+  constexpr size_t off = T == 3 ? 4 : T == 6 ? 6 : 2;
   const size_t N = hn::Lanes(df);
   hn::Vec<decltype(df)> acc[NR][NT];
   for (int r = 0; r < NR; ++r)
@@ -185,6 +189,7 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
   for (size_t b = 0; b < nb; ++b) {
     hn::Vec<decltype(df)> d[NR], m[NR];
     const uint8_t* qs[NR];
+    uint32_t qh[NR] = {};  // Q5_0: the 32 high bits
     for (int r = 0; r < NR; ++r) {
       const uint8_t* blk = row + size_t(r) * row_bytes + b * bb;
       // Decode streams the weights from DRAM once: prefetch ahead (NR row
@@ -193,9 +198,10 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       d[r] = hn::Set(df, H2F(blk));
       m[r] = hn::Set(df, T == 3 ? H2F(blk + 2) : 0.0f);
       qs[r] = blk + off;
+      if constexpr (T == 6) memcpy(&qh[r], blk + 2, 4);
     }
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
-    if constexpr (T != 8) {
+    if constexpr (T == 2 || T == 3) {
       // 16 lanes: the block's 16 possible weights in one register,
       // table[k] = float(k) * d + m (Q4_1) / float(k - 8) * d (Q4_0), formed
       // exactly as below, then one vpermps per 16 weights picks them by nibble.
@@ -247,9 +253,15 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
                   df,
                   hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs[r]) + j))),
               d[r]);
+        } else if constexpr (T == 6) {
+          // ggml dequantize_row_q5_0: q = nibble | bit i of qh << 4; float(q - 16) * d
+          const auto nib = hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15)));
+          const auto lo = j < 16 ? hn::And(nib, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(nib);
+          const auto hi = hn::And(hn::Set(du, qh[r]) >> hn::Iota(du, uint32_t(j)), hn::Set(du, 1));
+          const auto q = hn::BitCast(di, hn::Or(lo, hn::ShiftLeft<4>(hi)));
+          w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 16))), d[r]);
         } else {
-          const auto raw = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<decltype(df)>(),
-                                                         hn::LoadU(du8, qs[r] + (j & 15))));
+          const auto raw = hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15))));
           const auto q = j < 16 ? hn::And(raw, mask) : hn::ShiftRight<4>(raw);
           if constexpr (T == 2) {
             w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 8))), d[r]);
@@ -293,29 +305,40 @@ HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
   }
 }
 
-// Generic GGUF block types: dequantize one block (reference routine), then
-// FMA it into each token's accumulator; tiles of 1 row x up to 4 tokens.
+// Generic GGUF block types: dequantize one row block by block (reference
+// routine) once per call, then FMA it into each token's accumulator, tiles of
+// 1 row x up to 4 tokens (per output: blocks in order, N-lane chunks in order,
+// as before). Q5_0 forms its weights in registers instead (QTile<6>).
 HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t block_elems,
                             size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
                             size_t n_tok, float* Y, size_t ldy) {
+  if (type == 6 && block_elems == 32 && block_bytes == 22) {
+    // Q5_0: weights formed in registers (QTile), same per-output sequence.
+    return GemmQF32T<6>(W, row_bytes, row_bytes / block_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
+  }
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
-  const size_t nb = row_bytes / block_bytes;
+  const size_t nb = row_bytes / block_bytes, n_in = nb * block_elems;
   constexpr size_t kT = 4;
-  alignas(64) float buf[256];
+  // One dequantized row, reused by every token of the call (prefill); grown
+  // once per thread.
+  thread_local std::vector<float> buf_storage;
+  if (buf_storage.size() < n_in + 16) buf_storage.resize(n_in + 16);
+  float* buf = buf_storage.data();
+  buf += (16 - (reinterpret_cast<uintptr_t>(buf) / sizeof(float)) % 16) % 16;  // 64-byte aligned
   for (size_t r = r0; r < r1; ++r) {
     const uint8_t* row = W + r * row_bytes;
+    for (size_t b = 0; b < nb; ++b) {
+      touchstone::gguf::dequantize_row(touchstone::gguf::TensorType(type), row + b * block_bytes,
+                                       buf + b * block_elems, int64_t(block_elems));
+    }
     for (size_t t0 = 0; t0 < n_tok; t0 += kT) {
       const size_t nt = n_tok - t0 < kT ? n_tok - t0 : kT;
       hn::Vec<decltype(df)> acc[kT] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
-      for (size_t b = 0; b < nb; ++b) {
-        touchstone::gguf::dequantize_row(touchstone::gguf::TensorType(type), row + b * block_bytes,
-                                         buf, int64_t(block_elems));
-        for (size_t t = 0; t < nt; ++t) {
-          const float* xb = X + (t0 + t) * ldx + b * block_elems;
-          for (size_t j = 0; j < block_elems; j += N)
-            acc[t] = hn::MulAdd(hn::Load(df, buf + j), hn::LoadU(df, xb + j), acc[t]);
-        }
+      for (size_t j = 0; j < n_in; j += N) {
+        const auto w = hn::Load(df, buf + j);
+        for (size_t t = 0; t < nt; ++t)
+          acc[t] = hn::MulAdd(w, hn::LoadU(df, X + (t0 + t) * ldx + j), acc[t]);
       }
       for (size_t t = 0; t < nt; ++t)
         Y[(t0 + t) * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[t]));

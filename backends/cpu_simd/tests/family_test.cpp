@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "touchstone/model_config.h"
 #include "touchstone/model_weights.h"
 #include "touchstone/reference_forward.h"
+#include "touchstone/test_model.h"
 
 namespace {
 
@@ -293,6 +295,50 @@ TEST(Families, DeclaredFeaturesAreCanonicalNames) {
     EXPECT_NE(touchstone::feature_description(name), name) << name << " is not a feature name";
   }
   EXPECT_EQ(n, 16u);
+}
+
+// Gemma 3 270M Q4_K_M (skipped when absent): 521 tokens cross the 512-token
+// sliding window of the local layers and the 128-token prefill chunks. Quantized:
+// a 521-token prefill (1 thread) equals a 520-token prefill plus one decode step
+// (2 threads) and a 3-thread prefill, bitwise. Full precision: 1 and 3 threads
+// give the same bits.
+TEST(Families, Gemma3RealModelPrefillDecodeAndThreads) {
+  const std::string path =
+      std::filesystem::path(touchstone::test::real_model_path()).parent_path() /
+      "gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "model not found: " << path;
+  const ts_backend* api = ts_cpu::backend_table();
+  ts_model* model = nullptr;
+  ASSERT_EQ(api->load_model(path.c_str(), &model), TS_OK) << api->last_error();
+  const size_t V = size_t(api->n_vocab(model)), N = 521;
+  std::vector<int32_t> tok(N);
+  for (size_t i = 0; i < N; ++i) tok[i] = int32_t((i * 7919 + 17) % 262144);
+  auto run = [&](ts_weight_path w, int threads, bool split) {
+    ts_session_options o{};
+    o.struct_size = sizeof(o);
+    o.weight_path = w;
+    o.n_threads = threads;
+    o.max_context = 600;
+    ts_session* s = nullptr;
+    EXPECT_EQ(api->open_session(model, &o, &s), TS_OK) << api->last_error();
+    std::vector<float> l(V);
+    if (!s) return l;
+    if (split) {
+      EXPECT_EQ(api->prefill(s, tok.data(), int32_t(N - 1), 0, l.data()), TS_OK);
+      EXPECT_EQ(api->decode(s, tok[N - 1], l.data()), TS_OK);
+    } else {
+      EXPECT_EQ(api->prefill(s, tok.data(), int32_t(N), 0, l.data()), TS_OK);
+    }
+    api->free_session(s);
+    return l;
+  };
+  const std::vector<float> q1 = run(TS_WEIGHTS_QUANTIZED, 1, false);
+  for (float x : q1) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(run(TS_WEIGHTS_QUANTIZED, 2, true), q1) << "prefill + decode, 2 threads";
+  EXPECT_EQ(run(TS_WEIGHTS_QUANTIZED, 3, false), q1) << "3 threads";
+  const std::vector<float> f1 = run(TS_WEIGHTS_FULL_PRECISION, 1, false);
+  EXPECT_EQ(run(TS_WEIGHTS_FULL_PRECISION, 3, false), f1) << "full precision, 3 threads";
+  api->free_model(model);
 }
 
 }  // namespace

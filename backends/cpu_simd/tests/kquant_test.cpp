@@ -88,26 +88,33 @@ TEST_P(GenericBlocks, MatchDequantizedReferenceAndAreTilingIndependent) {
   std::vector<float> Wf(rows * n_in);
   gg::dequantize_row(t, W.data(), Wf.data(), int64_t(rows * n_in));
   const auto X = random_vec(n_tok * n_in, 5);
-  std::vector<float> Y(n_tok * rows, NAN);
-  ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 0, rows, X.data(), n_in, n_tok,
-                          Y.data(), rows);
-  for (size_t k = 0; k < n_tok; ++k) {
-    for (size_t r = 0; r < rows; ++r) {
-      double ref = 0, mag = 0;
-      for (size_t i = 0; i < n_in; ++i) {
-        ref += double{Wf[r * n_in + i]} * X[k * n_in + i];
-        mag += std::fabs(double{Wf[r * n_in + i]} * X[k * n_in + i]);
+  // Every Highway target compiled in and supported (Q5_0 forms its weights in
+  // registers with target-specific lane counts).
+  for (const auto& [bit, name] : ts_cpu::hwy_targets()) {
+    SCOPED_TRACE(name);
+    ts_cpu::force_hwy_target(bit);
+    std::vector<float> Y(n_tok * rows, NAN);
+    ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 0, rows, X.data(), n_in, n_tok,
+                            Y.data(), rows);
+    for (size_t k = 0; k < n_tok; ++k) {
+      for (size_t r = 0; r < rows; ++r) {
+        double ref = 0, mag = 0;
+        for (size_t i = 0; i < n_in; ++i) {
+          ref += double{Wf[r * n_in + i]} * X[k * n_in + i];
+          mag += std::fabs(double{Wf[r * n_in + i]} * X[k * n_in + i]);
+        }
+        EXPECT_NEAR(Y[k * rows + r], ref, 2e-6 * mag + 1e-7) << "row " << r << " tok " << k;
       }
-      EXPECT_NEAR(Y[k * rows + r], ref, 2e-6 * mag + 1e-7) << "row " << r << " tok " << k;
+    }
+    // One token, a row subset: bitwise the same numbers.
+    for (size_t k = 0; k < n_tok; ++k) {
+      std::vector<float> y1(rows, NAN);
+      ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 2, 6, X.data() + k * n_in,
+                              n_in, 1, y1.data(), rows);
+      for (size_t r = 2; r < 6; ++r) EXPECT_EQ(y1[r], Y[k * rows + r]);
     }
   }
-  // One token, a row subset: bitwise the same numbers.
-  for (size_t k = 0; k < n_tok; ++k) {
-    std::vector<float> y1(rows, NAN);
-    ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 2, 6, X.data() + k * n_in,
-                            n_in, 1, y1.data(), rows);
-    for (size_t r = 2; r < 6; ++r) EXPECT_EQ(y1[r], Y[k * rows + r]);
-  }
+  ts_cpu::force_hwy_target(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GenericBlocks,
