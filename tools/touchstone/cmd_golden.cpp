@@ -13,6 +13,7 @@
 #include "own_model.h"
 #include "touchstone/error.h"
 #include "touchstone/file_io.h"
+#include "touchstone/gguf.h"
 #include "touchstone/golden.h"
 #include "touchstone/model_store.h"
 #include "touchstone/recorder.h"
@@ -90,6 +91,7 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
                         const ManifestModel& mm, const std::string& revision, int threads) {
   const std::string model_path = resolve_model(mm);
   Tokenizer tok = load_tokenizer(model_path);
+  const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(model_path));
   Model model(lib, model_path);
   Session session(model, SessionOptions{TS_WEIGHTS_FULL_PRECISION, threads, 0, ""});
   GoldenFile g;
@@ -100,7 +102,7 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   const RecordOptions ropt;
   for (const ManifestCase& c : m.cases) {
     if (c.model != mm.name) continue;
-    g.cases.push_back(record_case(session, tok, c, ropt,
+    g.cases.push_back(record_case(session, tok, chat, c, ropt,
                                   [&](int d, int t) { progress_line("case " + c.name, d, t); }));
   }
   for (const ManifestScoring& s : m.scoring) {

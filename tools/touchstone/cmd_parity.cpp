@@ -11,6 +11,7 @@
 #include "backend_host.h"
 #include "cli_common.h"
 #include "touchstone/error.h"
+#include "touchstone/gguf.h"
 #include "touchstone/golden.h"
 #include "touchstone/model_store.h"
 #include "touchstone/parity.h"
@@ -172,7 +173,10 @@ std::unique_ptr<Inputs> load_inputs(const Opts& o) {
   // The golden's own sha256 is checked against the manifest's pin before
   // libhdf5 reads a byte; then it must answer what the manifest asks now.
   in->golden = read_pinned_golden(m, mm, o.trust_goldens);
-  if (!o.trust_goldens) require_fresh_golden(m, mm, in->golden);
+  if (!o.trust_goldens) {
+    require_fresh_golden(m, mm, in->golden,
+                         chat_template_from_gguf(gguf::File::open(in->model_path)));
+  }
   in->tok = std::make_unique<Tokenizer>(load_tokenizer(in->model_path));
   for (const auto& n : in->plan.cases)
     if (!in->golden.find_case(n))

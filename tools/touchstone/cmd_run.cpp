@@ -20,6 +20,19 @@
 namespace touchstone::cli {
 namespace {
 
+// The model's end-of-turn token: tokenizer.ggml.eot_token_id, else the first of the
+// usual end-of-turn texts the vocabulary has (as llama.cpp's llama_vocab::load).
+std::optional<int32_t> end_of_turn_token(const std::string& model, const Tokenizer& tok) {
+  const gguf::File f = gguf::File::open(model);
+  if (auto id = f.find_uint("tokenizer.ggml.eot_token_id"); id && *id < uint64_t(tok.n_vocab()))
+    return int32_t(*id);
+  for (const char* t :
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>"}) {
+    if (auto id = tok.find_token(t)) return *id;
+  }
+  return std::nullopt;
+}
+
 // Top-k (id, logit) of one logits row, descending by logit, ties -> lower id.
 nlohmann::ordered_json top_k_json(const std::vector<float>& logits, int k, const Tokenizer& tok) {
   std::vector<int32_t> ids(logits.size());
@@ -62,7 +75,9 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")
       ->check(CLI::Range(1, 1 << 20).description("an integer in [1, 1048576]"));
-  cmd->add_flag("--chat", o->chat, "Wrap the prompt in the model's ChatML template");
+  cmd->add_flag("--chat", o->chat,
+                "Render the prompt as one user turn with the model's tokenizer.chat_template; "
+                "stop at the model's end-of-turn token");
   cmd->add_option("--backend,-b", o->backend, "Backend name or library path");
   cmd->add_option("--weights", o->weights, "full_precision | quantized");
   cmd->add_option("--threads,-t", o->threads, "Threads (0 = all cores)")
@@ -80,14 +95,8 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->callback([o, &exit_code] {
     Tokenizer tok = load_tokenizer(o->model);
     std::string text = o->prompt;
-    if (o->chat) {
-      const gguf::File f = gguf::File::open(o->model);
-      const auto tmpl = f.find_string("tokenizer.chat_template");
-      if (!tmpl || !is_chatml_template(*tmpl)) {
-        throw Error("{}: --chat needs a ChatML tokenizer.chat_template", o->model);
-      }
-      text = chatml_prompt(o->prompt);
-    }
+    const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(o->model));
+    if (o->chat) text = render_chat(chat, o->prompt);  // the model's own template
     const std::vector<int32_t> ids = tok.encode(text, true, true);
     if (ids.empty()) throw Error("the prompt encodes to zero tokens");
     // The backend's n_vocab must be the model's vocabulary size: the logits
@@ -104,7 +113,7 @@ void add_run(CLI::App& app, int& exit_code) {
     std::vector<int32_t> generated;
     std::string out_bytes;
     std::vector<float> logits = session.prefill(ids);
-    const auto end_turn = tok.find_token("<|im_end|>");
+    const auto end_turn = end_of_turn_token(o->model, tok);
     for (int i = 0; i < o->n_predict; ++i) {
       const int32_t next = metrics::argmax(logits);
       const bool stop = o->stop_at_eos && (next == tok.eos() || (end_turn && next == *end_turn));

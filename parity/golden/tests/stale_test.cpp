@@ -18,11 +18,14 @@ namespace {
 
 const std::string kSha(64, 'a');
 
+// SmolLM2's template: chat prompts are rendered by the C++ ChatML fast path.
+const touchstone::ChatTemplate kChat{touchstone::kSmolLM2Template, "<|im_start|>", "<|im_end|>"};
+
 Manifest manifest() {
   Manifest m;
   m.path = "goldens/manifest.json";
   m.dir = "goldens";
-  m.models.push_back({"m", "p", "1", "m.gguf", "m.gguf", kSha, "m.h5", "", {}});
+  m.models.push_back({"m", "p", "1", "m.gguf", "m.gguf", kSha, "m.h5", "", {}, ""});
   m.cases.push_back(ManifestCase{"plain", "m", "Once upon a time", false, 4, {}});
   m.cases.push_back(ManifestCase{"chat", "m", "Hi!", true, 3, {}});
   m.scoring.push_back({"passage", "m", "passages/p.txt", "The passage.\n"});
@@ -38,7 +41,7 @@ GoldenFile recorded(const Manifest& m) {
     GoldenCase gc;
     gc.name = c.name;
     gc.chat = c.chat;
-    gc.prompt_text = touchstone::case_prompt_text(c);
+    gc.prompt_text = touchstone::case_prompt_text(c, kChat);
     gc.greedy_ids.assign(static_cast<size_t>(c.n_predict), 0);
     g.cases.push_back(gc);
   }
@@ -60,8 +63,8 @@ std::string joined(const std::vector<std::string>& v) {
 TEST(StaleGolden, FreshGoldenHasNoReasons) {
   const Manifest m = manifest();
   const GoldenFile g = recorded(m);
-  EXPECT_TRUE(touchstone::stale_golden_reasons(m, m.models[0], g).empty());
-  EXPECT_NO_THROW(touchstone::require_fresh_golden(m, m.models[0], g));
+  EXPECT_TRUE(touchstone::stale_golden_reasons(m, m.models[0], g, kChat).empty());
+  EXPECT_NO_THROW(touchstone::require_fresh_golden(m, m.models[0], g, kChat));
   // The chat case's recorded prompt is the ChatML rendering, not the raw prompt.
   EXPECT_EQ(g.cases[1].prompt_text, touchstone::chatml_prompt("Hi!"));
 }
@@ -70,13 +73,13 @@ TEST(StaleGolden, EditedPromptIsStale) {
   Manifest m = manifest();
   const GoldenFile g = recorded(m);
   m.cases[0].prompt = "Once upon a tide";
-  const auto reasons = touchstone::stale_golden_reasons(m, m.models[0], g);
+  const auto reasons = touchstone::stale_golden_reasons(m, m.models[0], g, kChat);
   ASSERT_EQ(reasons.size(), 1u) << joined(reasons);
   EXPECT_NE(reasons[0].find("stale golden: case 'plain': prompt differs"), std::string::npos)
       << reasons[0];
   EXPECT_NE(reasons[0].find("byte 14"), std::string::npos) << reasons[0];
   try {
-    touchstone::require_fresh_golden(m, m.models[0], g);
+    touchstone::require_fresh_golden(m, m.models[0], g, kChat);
     ADD_FAILURE() << "no error";
   } catch (const touchstone::Error& e) {
     const std::string msg = e.what();
@@ -86,7 +89,7 @@ TEST(StaleGolden, EditedPromptIsStale) {
   // An edited chat prompt is stale too (compared after templating).
   m = manifest();
   m.cases[1].prompt = "Hello!";
-  EXPECT_EQ(touchstone::stale_golden_reasons(m, m.models[0], g).size(), 1u);
+  EXPECT_EQ(touchstone::stale_golden_reasons(m, m.models[0], g, kChat).size(), 1u);
 }
 
 TEST(StaleGolden, ChatFlagStepsModelAndPassageAreCompared) {
@@ -97,7 +100,7 @@ TEST(StaleGolden, ChatFlagStepsModelAndPassageAreCompared) {
   m.models[0].sha256 = std::string(64, 'b');
   m.scoring[0].text = "Another passage.\n";
   m.cases.push_back(ManifestCase{"new", "m", "x", false, 1, {}});
-  const std::string all = joined(touchstone::stale_golden_reasons(m, m.models[0], g));
+  const std::string all = joined(touchstone::stale_golden_reasons(m, m.models[0], g, kChat));
   for (const char* part :
        {"case 'plain': chat is true in the manifest, false in the golden",
         "case 'plain': prompt differs",
@@ -108,5 +111,5 @@ TEST(StaleGolden, ChatFlagStepsModelAndPassageAreCompared) {
   // Upper-case hex in the manifest is the same hash.
   m = manifest();
   m.models[0].sha256 = std::string(64, 'A');
-  EXPECT_TRUE(touchstone::stale_golden_reasons(m, m.models[0], g).empty());
+  EXPECT_TRUE(touchstone::stale_golden_reasons(m, m.models[0], g, kChat).empty());
 }

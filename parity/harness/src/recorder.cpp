@@ -18,16 +18,22 @@ void append_row_summary(std::span<const float> row, int32_t k, std::vector<int32
 
 }  // namespace
 
-std::string case_prompt_text(const ManifestCase& c) {
-  return c.chat ? chatml_prompt(c.prompt) : c.prompt;
+std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat) {
+  if (!c.chat) return c.prompt;
+  try {
+    return render_chat(chat, c.prompt);
+  } catch (const Error& e) {
+    throw Error("case '{}': {}", c.name, e.what());
+  }
 }
 
-GoldenCase record_case(Session& session, const Tokenizer& tok, const ManifestCase& c,
-                       const RecordOptions& opt, const std::function<void(int, int)>& progress) {
+GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplate& chat,
+                       const ManifestCase& c, const RecordOptions& opt,
+                       const std::function<void(int, int)>& progress) {
   GoldenCase g;
   g.name = c.name;
   g.chat = c.chat;
-  g.prompt_text = case_prompt_text(c);
+  g.prompt_text = case_prompt_text(c, chat);
   g.prompt_ids = tok.encode(g.prompt_text, /*add_bos=*/true, /*parse_special=*/true);
   if (g.prompt_ids.empty()) throw Error("case '{}': the prompt encodes to zero tokens", c.name);
   g.n_vocab = session.n_vocab();

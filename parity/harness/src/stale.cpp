@@ -50,7 +50,8 @@ bool iequals(const std::string& a, const std::string& b) {
          });
 }
 
-void check_case(const ManifestCase& c, const GoldenFile& g, std::vector<std::string>& out) {
+void check_case(const ManifestCase& c, const GoldenFile& g, const ChatTemplate& chat,
+                std::vector<std::string>& out) {
   const GoldenCase* gc = g.find_case(c.name);
   if (gc == nullptr) {
     out.push_back(
@@ -61,7 +62,7 @@ void check_case(const ManifestCase& c, const GoldenFile& g, std::vector<std::str
     out.push_back(
         fmt::format("stale golden: case '{}': chat is {} in the manifest, {} in the golden", c.name,
                     c.chat, gc->chat));
-  const std::string prompt = case_prompt_text(c);
+  const std::string prompt = case_prompt_text(c, chat);
   if (gc->prompt_text != prompt)
     out.push_back(fmt::format("stale golden: case '{}': prompt differs from the manifest ({})",
                               c.name, text_diff(gc->prompt_text, prompt)));
@@ -74,7 +75,7 @@ void check_case(const ManifestCase& c, const GoldenFile& g, std::vector<std::str
 }  // namespace
 
 std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const ManifestModel& model,
-                                              const GoldenFile& g) {
+                                              const GoldenFile& g, const ChatTemplate& chat) {
   std::vector<std::string> out;
   if (g.model_name != model.name)
     out.push_back(fmt::format("stale golden: recorded for model '{}', the manifest model is '{}'",
@@ -84,7 +85,7 @@ std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const Ma
         "stale golden: recorded from a model with sha256 {}, the manifest pins {} for '{}'",
         g.model_sha256, model.sha256, model.name));
   for (const ManifestCase& c : manifest.cases)
-    if (c.model == model.name) check_case(c, g, out);
+    if (c.model == model.name) check_case(c, g, chat, out);
   for (const ManifestScoring& s : manifest.scoring) {
     if (s.model != model.name) continue;
     const GoldenScoring* gs = g.find_scoring(s.name);
@@ -98,9 +99,9 @@ std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const Ma
   return out;
 }
 
-void require_fresh_golden(const Manifest& manifest, const ManifestModel& model,
-                          const GoldenFile& g) {
-  const std::vector<std::string> reasons = stale_golden_reasons(manifest, model, g);
+void require_fresh_golden(const Manifest& manifest, const ManifestModel& model, const GoldenFile& g,
+                          const ChatTemplate& chat) {
+  const std::vector<std::string> reasons = stale_golden_reasons(manifest, model, g, chat);
   if (reasons.empty()) return;
   std::string list;
   for (const std::string& r : reasons) list += "\n  " + r;

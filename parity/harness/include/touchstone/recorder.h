@@ -1,6 +1,8 @@
 // touchstone/recorder.h - records goldens by running a backend (normally the reference).
 #pragma once
 
+#include "touchstone/chat.h"
+
 #include <functional>
 #include <string>
 
@@ -17,17 +19,18 @@ struct RecordOptions {
   int32_t scoring_top_k = 256;  // K stored per scored position
 };
 
-// Prompt text handed to the tokenizer: the manifest prompt, ChatML-wrapped when case.chat.
-std::string case_prompt_text(const ManifestCase& c);
+// Prompt text handed to the tokenizer: the manifest prompt, rendered with the
+// model's chat template (touchstone/chat.h) when case.chat.
+std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat);
 
 // Greedy decoding of c.n_predict tokens from the prompt (never stops early at
 // EOS: every case has exactly n_predict steps). Step s stores the logits that
 // predicted greedy_ids[s]. `progress(step, total)` is called after every step.
-GoldenCase record_case(Session& session, const Tokenizer& tok, const ManifestCase& c,
-                       const RecordOptions& opt,
+GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplate& chat,
+                       const ManifestCase& c, const RecordOptions& opt,
                        const std::function<void(int, int)>& progress = {});
 
-// Teacher-forced pass over the passage (encoded without BOS).
+// Teacher-forced pass over the passage (BOS first when the tokenizer adds one).
 GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const ManifestScoring& s,
                              const RecordOptions& opt);
 

@@ -6,6 +6,8 @@
 // to a different question; parity refuses that as a stale golden.
 #pragma once
 
+#include "touchstone/chat.h"
+
 #include <string>
 #include <vector>
 
@@ -22,12 +24,13 @@ namespace touchstone {
 // Compared: model name and sha256, every manifest case of the model (present,
 // prompt text as the recorder builds it, chat flag, n_predict = number of
 // greedy steps), every scoring passage of the model (present, text).
+// `chat` is the model's template (chat cases' prompt text is rendered with it).
 std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const ManifestModel& model,
-                                              const GoldenFile& g);
+                                              const GoldenFile& g, const ChatTemplate& chat);
 
 // Throws Error "<golden path>: stale golden ... re-record with `touchstone
 // golden --manifest <manifest>`" listing every reason; no-op when fresh.
-void require_fresh_golden(const Manifest& manifest, const ManifestModel& model,
-                          const GoldenFile& g);
+void require_fresh_golden(const Manifest& manifest, const ManifestModel& model, const GoldenFile& g,
+                          const ChatTemplate& chat);
 
 }  // namespace touchstone

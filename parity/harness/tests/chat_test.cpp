@@ -1,0 +1,71 @@
+// Chat prompts come from the model's own template: the C++ fast path for SmolLM2
+// equals Jinja2's rendering of its real template, other templates go through
+// Jinja2 with HF's environment, and a missing or failing template is an error
+// that says why.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "touchstone/chat.h"
+#include "touchstone/error.h"
+
+namespace touchstone {
+namespace {
+
+bool jinja_available() {
+  try {
+    render_chat_jinja(ChatTemplate{"ok", "", ""}, "x");
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+TEST(Chat, SmolLM2FastPathEqualsJinja2) {
+  if (!jinja_available())
+    GTEST_SKIP() << "python3-jinja2 missing (ci/packages/core.txt installs it)";
+  const ChatTemplate t{kSmolLM2Template, "<|im_start|>", "<|im_end|>"};
+  for (const char* user : {"Hi!", "Explain why the sky is blue.", "emoji 🎉 and Zoë", ""}) {
+    EXPECT_EQ(render_chat(t, user), render_chat_jinja(t, user)) << user;
+  }
+  EXPECT_EQ(render_chat(t, "Hi!"), chatml_prompt("Hi!"));
+}
+
+TEST(Chat, OtherTemplatesRenderWithJinja2LikeHF) {
+  if (!jinja_available())
+    GTEST_SKIP() << "python3-jinja2 missing (ci/packages/core.txt installs it)";
+  // Gemma's template shape: bos_token, role mapping, trim filter, generation prompt.
+  const ChatTemplate gemma{
+      "{{ bos_token }}{% for message in messages %}"
+      "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+      "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+      "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}",
+      "<bos>", "<eos>"};
+  EXPECT_EQ(render_chat(gemma, "  Hi  "),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+  // trim_blocks / lstrip_blocks as in transformers' environment.
+  // (without them: "\n  [a]\n").
+  const ChatTemplate blocks{
+      "{% for m in messages %}\n  {% if true %}[{{ m['content'] }}]{% endif %}\n{% endfor %}", "",
+      ""};
+  EXPECT_EQ(render_chat(blocks, "a"), "[a]");
+}
+
+TEST(Chat, MissingOrFailingTemplateIsAnErrorThatSaysWhy) {
+  try {
+    render_chat(ChatTemplate{}, "Hi");
+    ADD_FAILURE() << "no error for a model without a template";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chat_template"), std::string::npos) << e.what();
+  }
+  if (!jinja_available()) GTEST_SKIP() << "python3-jinja2 missing";
+  try {
+    render_chat(ChatTemplate{"{{ raise_exception('only system roles here') }}", "", ""}, "Hi");
+    ADD_FAILURE() << "no error for a raising template";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("only system roles here"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace touchstone
