@@ -91,6 +91,13 @@ void gemm_blocks_f32(int ggml_type, const uint8_t* W, size_t row_bytes, size_t b
                      size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
                      size_t n_tok, float* Y, size_t ldy);
 
+// n_blocks GGUF blocks of `ggml_type` (block_elems values, block_bytes bytes
+// each) dequantized to fp32, bit for bit as touchstone::gguf::dequantize_row
+// (Q4_K and Q6_K with vectors, other types through that routine). Used by
+// gemm_blocks_f32.
+void dequantize_blocks(int ggml_type, const uint8_t* src, float* dst, size_t n_blocks,
+                       size_t block_elems, size_t block_bytes);
+
 enum class QLevel : int { Scalar = 0, AVX2 = 1, AVX512VNNI = 2 };
 QLevel qlevel_best();             // best the CPU supports
 QLevel qlevel();                  // currently used

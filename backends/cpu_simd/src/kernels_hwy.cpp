@@ -305,6 +305,80 @@ HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
   }
 }
 
+// Q4_K / Q6_K blocks (256 elements) dequantized with vectors, each value
+// formed exactly as ggml's dequantize_row_q4_K / _q6_K (and
+// touchstone::gguf::dequantize_row) does, same fp32 operations in the same
+// order (no FMA: this file is built with -ffp-contract=off):
+//   Q4_K: (d * sc) * float(q) - (dmin * m)      Q6_K: (d * sc) * float(q - 32)
+// Other types: the reference routine. Returns false for no vector form.
+HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const size_t N = hn::Lanes(df);
+  if (N > 16) return false;  // chunks must not straddle a 16-element scale group
+  if (type == 12) {          // Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes
+    for (size_t i = 0; i < nb; ++i, src += 144) {
+      const float d = H2F(src), dmin = H2F(src + 2);
+      const uint8_t* scales = src + 4;
+      const uint8_t* q = src + 16;
+      for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+        for (int h = 0; h < 2; ++h) {
+          const int k = is + h;
+          const uint8_t sc = k < 4 ? uint8_t(scales[k] & 63)
+                                   : uint8_t((scales[k + 4] & 0xF) | ((scales[k - 4] >> 6) << 4));
+          const uint8_t m = k < 4 ? uint8_t(scales[k + 4] & 63)
+                                  : uint8_t((scales[k + 4] >> 4) | ((scales[k] >> 6) << 4));
+          const auto d1 = hn::Set(df, d * float(sc)), m1 = hn::Set(df, dmin * float(m));
+          for (size_t l = 0; l < 32; l += N) {
+            const auto raw = hn::PromoteTo(du, hn::LoadU(du8, q + l));
+            const auto v = h == 0 ? hn::And(raw, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(raw);
+            hn::StoreU(hn::Sub(hn::Mul(d1, hn::ConvertTo(df, hn::BitCast(di, v))), m1), df,
+                       y + size_t(h) * 32 + l);
+          }
+        }
+        y += 64;
+      }
+    }
+    return true;
+  }
+  if (type == 14) {  // Q6_K: {ql[128], qh[64], scales[16] (int8), d} = 210 bytes
+    for (size_t i = 0; i < nb; ++i, src += 210) {
+      const float d = H2F(src + 208);
+      for (int n = 0; n < 2; ++n) {
+        const uint8_t* ql = src + n * 64;
+        const uint8_t* qh = src + 128 + n * 32;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192) + n * 8;
+        for (int g = 0; g < 4; ++g) {
+          for (size_t l = 0; l < 32; l += N) {
+            const float ds = d * float(sc[l / 16 + size_t(2 * g)]);
+            const auto qlv = hn::PromoteTo(du, hn::LoadU(du8, ql + l + size_t(g & 1) * 32));
+            const auto lo = g < 2 ? hn::And(qlv, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(qlv);
+            const auto qhv = hn::PromoteTo(du, hn::LoadU(du8, qh + l));
+            const auto hi = hn::And(qhv >> hn::Set(du, uint32_t(2 * g)), hn::Set(du, 3));
+            const auto q =
+                hn::Sub(hn::BitCast(di, hn::Or(lo, hn::ShiftLeft<4>(hi))), hn::Set(di, 32));
+            hn::StoreU(hn::Mul(hn::Set(df, ds), hn::ConvertTo(df, q)), df, y + size_t(g) * 32 + l);
+          }
+        }
+        y += 128;
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+HWY_ATTR void DequantBlocks(int type, const uint8_t* src, float* y, size_t nb, size_t block_elems,
+                            size_t block_bytes) {
+  if (DequantBlocksVec(type, src, y, nb)) return;
+  for (size_t b = 0; b < nb; ++b) {
+    touchstone::gguf::dequantize_row(touchstone::gguf::TensorType(type), src + b * block_bytes,
+                                     y + b * block_elems, int64_t(block_elems));
+  }
+}
+
 // Generic GGUF block types: dequantize one row block by block (reference
 // routine) once per call, then FMA it into each token's accumulator, tiles of
 // 1 row x up to 4 tokens (per output: blocks in order, N-lane chunks in order,
@@ -328,10 +402,7 @@ HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t
   buf += (16 - (reinterpret_cast<uintptr_t>(buf) / sizeof(float)) % 16) % 16;  // 64-byte aligned
   for (size_t r = r0; r < r1; ++r) {
     const uint8_t* row = W + r * row_bytes;
-    for (size_t b = 0; b < nb; ++b) {
-      touchstone::gguf::dequantize_row(touchstone::gguf::TensorType(type), row + b * block_bytes,
-                                       buf + b * block_elems, int64_t(block_elems));
-    }
+    DequantBlocks(type, row, buf, nb, block_elems, block_bytes);
     for (size_t t0 = 0; t0 < n_tok; t0 += kT) {
       const size_t nt = n_tok - t0 < kT ? n_tok - t0 : kT;
       hn::Vec<decltype(df)> acc[kT] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
@@ -371,6 +442,12 @@ HWY_EXPORT(ScaleF32);
 HWY_EXPORT(AttendF32);
 HWY_EXPORT(GemmQF32);
 HWY_EXPORT(GemmBlocksF32);
+HWY_EXPORT(DequantBlocks);
+
+void dequantize_blocks(int ggml_type, const uint8_t* src, float* dst, size_t n_blocks,
+                       size_t block_elems, size_t block_bytes) {
+  HWY_DYNAMIC_DISPATCH(DequantBlocks)(ggml_type, src, dst, n_blocks, block_elems, block_bytes);
+}
 
 void gemm_blocks_f32(int ggml_type, const uint8_t* W, size_t row_bytes, size_t block_elems,
                      size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,

@@ -93,6 +93,10 @@ TEST_P(GenericBlocks, MatchDequantizedReferenceAndAreTilingIndependent) {
   for (const auto& [bit, name] : ts_cpu::hwy_targets()) {
     SCOPED_TRACE(name);
     ts_cpu::force_hwy_target(bit);
+    // the kernel's dequantization (vectors for Q4_K / Q6_K) is the reference's, bitwise
+    std::vector<float> D(rows * n_in, NAN);
+    ts_cpu::dequantize_blocks(int(t), W.data(), D.data(), rows * n_in / be, be, bbytes);
+    EXPECT_EQ(std::memcmp(D.data(), Wf.data(), D.size() * sizeof(float)), 0);
     std::vector<float> Y(n_tok * rows, NAN);
     ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 0, rows, X.data(), n_in, n_tok,
                             Y.data(), rows);
