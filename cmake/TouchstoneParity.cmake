@@ -3,6 +3,7 @@
 # One CTest test per case and scoring passage of the manifest's "full" suite that
 # belongs to one of MODELS (default: the manifest's first model, SmolLM2):
 #   parity.<backend>.<weights>.<case>   labels: parity;<backend>;<tier>;<weights>;<model>
+# plus parity.<backend>.<weights>.consistency (the golden-free checks).
 # A test exits 77 (SKIP) when the backend reports that no device is available
 # (TS_ERR_DEVICE): it never passes vacuously.
 #
@@ -76,6 +77,17 @@ function(touchstone_add_parity_tests backend weights tier)
         SKIP_RETURN_CODE 77 TIMEOUT 1200)
     endforeach()
   endforeach()
+  # The golden-free consistency checks (touchstone/consistency.h) on the first
+  # model's first case, 48 tokens: prefill vs decode, chunked prefill, rewind +
+  # replay, 1/2/3 threads, run to run.
+  set(_t parity.${backend}.${weights}.consistency)
+  add_test(NAME ${_t}
+    COMMAND touchstone parity --backend ${backend} --weights ${weights} --consistency-only
+            --consistency-tokens 48 --manifest ${TOUCHSTONE_MANIFEST}
+            --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
+  set_tests_properties(${_t} PROPERTIES
+    LABELS "parity;consistency;${backend};${tier};${weights};${_a_UNPARSED_ARGUMENTS}"
+    SKIP_RETURN_CODE 77 TIMEOUT 1200)
 endfunction()
 
 function(touchstone_add_unsupported_test backend weights model)

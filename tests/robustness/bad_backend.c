@@ -7,6 +7,12 @@
  *   nan      every logit NaN from decode   error    TS_ERR_INTERNAL from decode
  *   overflow decode writes 1000 floats past n_vocab
  *   n_vocab  n_vocab() reports 10          names    name and device are not UTF-8
+ * Consistency faults (always on; each breaks one golden-free check):
+ *   rewind_noop      rewind returns TS_OK without truncating the KV cache
+ *   prefill_all_skew all-position prefill rows but the last scaled by 1 + 1e-3
+ *   chunk_skew       last-position prefill of more than one token scaled by 1 + 1e-3
+ *   thread_skew      sessions opened with 2 threads scale decode logits by 1 + 1e-3
+ *   nondeterministic decode adds a random 1e-4 to logit 0
  * The decode modes strike only in the first decode after the prefill number
  * TOUCHSTONE_BAD_AT (default 2, counted across processes in the file
  * TOUCHSTONE_BAD_STATE), so with cases run in order the first passes, the
@@ -50,14 +56,47 @@ static int count_prefill(void) {
   return n;
 }
 
+static void scale(float* v, int64_t n, float f) {
+  for (int64_t i = 0; i < n; ++i) v[i] *= f;
+}
+
+/* Sessions opened with 2 threads (thread_skew), by handle. */
+static ts_session* g_two_threads[256];
+static int g_n_two;
+
+static int is_two_threads(const ts_session* s) {
+  for (int i = 0; i < g_n_two; ++i)
+    if (g_two_threads[i] == s) return 1;
+  return 0;
+}
+
+static ts_status bad_open_session(ts_model* m, const ts_session_options* o, ts_session** out) {
+  const ts_status st = g_ref->open_session(m, o, out);
+  if (st == TS_OK && o && o->n_threads == 2 && g_n_two < 256) g_two_threads[g_n_two++] = *out;
+  return st;
+}
+
+static ts_status bad_rewind(ts_session* s, int32_t position) {
+  if (!strcmp(mode(), "rewind_noop")) return TS_OK;
+  return g_ref->rewind(s, position);
+}
+
 static ts_status bad_prefill(ts_session* s, const int32_t* t, int32_t n, int32_t all, float* out) {
   const char* at = getenv("TOUCHSTONE_BAD_AT");
   g_armed = count_prefill() == (at ? atoi(at) : 2);
-  return g_ref->prefill(s, t, n, all, out);
+  const ts_status st = g_ref->prefill(s, t, n, all, out);
+  if (st != TS_OK) return st;
+  if (all && n > 1 && !strcmp(mode(), "prefill_all_skew"))
+    scale(out, (int64_t)(n - 1) * g_n_vocab, 1.001f);
+  if (!all && n > 1 && !strcmp(mode(), "chunk_skew")) scale(out, g_n_vocab, 1.001f);
+  return st;
 }
 
 static ts_status bad_decode(ts_session* s, int32_t token, float* out) {
   const ts_status st = g_ref->decode(s, token, out);
+  if (st == TS_OK && !strcmp(mode(), "thread_skew") && is_two_threads(s))
+    scale(out, g_n_vocab, 1.001f);
+  if (st == TS_OK && !strcmp(mode(), "nondeterministic")) out[0] += 1e-4f * (float)(rand() % 7 + 1);
   if (!g_armed) return st;
   g_armed = 0;
   const char* m = mode();
@@ -100,6 +139,8 @@ __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entr
   g_table.last_error = bad_last_error;
   g_table.prefill = bad_prefill;
   g_table.decode = bad_decode;
+  g_table.open_session = bad_open_session;
+  g_table.rewind = bad_rewind;
   g_table.n_vocab = bad_n_vocab;
   return &g_table;
 }

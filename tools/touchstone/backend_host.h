@@ -27,6 +27,11 @@ class BackendHost {
   // Loads the library (once; again after a crash), the model and a session.
   // Throws BackendError/BackendCrash from the backend, Error for load errors.
   Session& session();
+  // The loaded model (loads it, and opens the session, when needed).
+  Model& model() {
+    session();
+    return *model_;
+  }
   BackendLibrary& library();
   // After a failed call: drops the session and model; a dead child is
   // restarted on the next session().

@@ -10,6 +10,7 @@
 
 #include "backend_host.h"
 #include "cli_common.h"
+#include "touchstone/consistency.h"
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
 #include "touchstone/golden.h"
@@ -26,6 +27,8 @@ struct Opts {
   std::string weights = "full_precision", profile, fault, json, junit, model, goldens;
   std::vector<std::string> cases, scoring;
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
+  bool consistency = false, consistency_only = false, no_consistency = false;
+  int consistency_tokens = 96;
   int threads = 0;
   double timeout = 300.0;
 };
@@ -231,6 +234,39 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   }
 }
 
+// The golden-free checks (touchstone/consistency.h) on the first case's prompt and
+// golden continuation (at most --consistency-tokens, default 96), as five more result rows.
+void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
+  const std::string& first =
+      in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
+  const GoldenCase& g = *in.golden.find_case(first);
+  std::vector<int32_t> tokens = g.prompt_ids;
+  tokens.insert(tokens.end(), g.greedy_ids.begin(), g.greedy_ids.end());
+  tokens.resize(std::min<size_t>(tokens.size(), size_t(o.consistency_tokens)));
+  fmt::print(stderr, "  consistency checks on case '{}' ({} tokens)\n", first, tokens.size());
+  try {
+    const ts_capabilities caps = host.library().capabilities();
+    ConsistencyOptions co{SessionOptions{in.weights, o.threads, 0, o.fault},
+                          (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0,
+                          (caps.flags & TS_CAP_ALL_POSITION_LOGITS) != 0,
+                          {}};
+    for (int32_t i = 0; i < std::clamp(caps.n_shape_buckets, 0, 16); ++i)
+      co.buckets.push_back(caps.shape_buckets[i]);
+    for (CaseResult& r : check_consistency(host.model(), tokens, *in.profile, co))
+      report.cases.push_back(std::move(r));
+  } catch (const BackendError& e) {
+    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
+    host.discard();
+    report.cases.push_back(setup_failure<CaseResult>("consistency", e));
+  }
+  write_reports(o, report);
+}
+
+bool wants_consistency(const Opts& o) {
+  if (o.no_consistency) return false;
+  return o.consistency || o.consistency_only || (o.cases.empty() && o.scoring.empty());
+}
+
 // Identity of the backend for the report; a backend that cannot even start
 // is named by its path and each check fails at setup.
 void describe_backend(BackendHost& host, RunInfo& info) {
@@ -249,7 +285,8 @@ int run_parity(const Opts& o) {
   const std::unique_ptr<Inputs> in = load_inputs(o);
   const ManifestModel& mm = *in->plan.model;
   Report report;
-  report.n_planned = int(in->plan.cases.size() + in->plan.scoring.size());
+  report.n_planned = o.consistency_only ? 0 : int(in->plan.cases.size() + in->plan.scoring.size());
+  if (wants_consistency(o)) report.n_planned += 5;
   report.info = RunInfo{o.backend,         o.backend, "",      weight_path_name(in->weights),
                         in->profile->name, o.suite,   mm.name, mm.sha256,
                         o.threads,         ""};
@@ -262,7 +299,8 @@ int run_parity(const Opts& o) {
   int skip_code = 0;
   try {
     describe_backend(host, report.info);
-    run_checks(o, *in, host, report);
+    if (!o.consistency_only) run_checks(o, *in, host, report);
+    if (wants_consistency(o)) run_consistency(o, *in, host, report);
   } catch (const BackendError& e) {  // no device here, or this model/path refused
     (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
     skip_code = e.status() == TS_ERR_DEVICE ? kExitSkip : kExitUnsupported;
@@ -297,6 +335,14 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--case", o->cases, "Only these cases (repeatable)");
   cmd->add_option("--scoring", o->scoring, "Only these scoring passages (repeatable)");
   cmd->add_flag("--no-scoring", o->no_scoring, "Skip the teacher-forced scoring passages");
+  cmd->add_flag("--consistency", o->consistency,
+                "Also run the golden-free consistency checks (prefill vs decode, chunked prefill, "
+                "rewind + replay, thread counts, run to run; default when no --case/--scoring)");
+  cmd->add_flag("--consistency-only", o->consistency_only, "Run only the consistency checks");
+  cmd->add_flag("--no-consistency", o->no_consistency, "Leave the consistency checks out");
+  cmd->add_option("--consistency-tokens", o->consistency_tokens,
+                  "Tokens of the consistency checks' sequence (prompt + golden continuation)")
+      ->check(CLI::Range(2, 4096));
   cmd->add_option("--weights", o->weights, "full_precision | quantized");
   cmd->add_option("--profile", o->profile,
                   "Tolerance profile (default: exact for full_precision, quantized otherwise)");
