@@ -158,6 +158,8 @@ MUTATIONS = {
               ("RoPE base 1e4 instead of 1e6", _cfg(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))],
     "gemma3": [("no sliding window", _cfg(sliding_window=100000)),
                ("every layer global", lambda cfg, model: setattr(cfg, "layer_types", ["full_attention"] * cfg.num_hidden_layers)),
+               ("no linear RoPE scaling on the global layer",
+                lambda cfg, model: cfg.rope_parameters.update(full_attention={"rope_type": "default", "rope_theta": 1000000.0})),
                ("post-norm weights 0 (x1)", _params(r"post_(attention|feedforward)_layernorm\.weight$", 0.0))],
     "phi3": [("no sliding window", _cfg(sliding_window=100000)),
              ("full rotary", lambda cfg, model: (cfg.rope_parameters.update(partial_rotary_factor=1.0),
@@ -194,7 +196,9 @@ NOTES = [
     "- For llama3 RoPE scaling it reads `original_max_position_embeddings` at the top level of the config "
     "(default 8192) where transformers reads the one inside `rope_scaling`. Real Llama 3.1 has 8192 in "
     "`rope_scaling` only, so the default hides it; the test model (64) sets both. `rope_freqs.weight` is "
-    "checked against transformers' llama3 `inv_freq` ratio.",
+    "checked against transformers' llama3 `inv_freq` ratio (with the key only in `rope_scaling` the converter "
+    "writes [1, 1, 1, 1, 1, 1, 4.68, 8] where transformers uses [1, 1.29, 7.67, 8, 8, 8, 8, 8]: the check "
+    "refuses it, and the reference on such a GGUF disagrees with transformers at NMSE ~0.8, as it should).",
     "- `convert_hf_to_gguf.py` imports `mistral_common` unconditionally; the test tokenizers' pre-tokenizer "
     "hash is not in its table, so `tokenizer.ggml.pre = qwen2` is passed by patching `get_vocab_base_pre` "
     "(SentencePiece vocabularies need no name: `llama` / `default`).",

@@ -79,7 +79,8 @@ SPECS = {
                     query_pre_attn_scalar=32, sliding_window=8, max_position_embeddings=256,
                     rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
                     pad_token_id=0, final_logit_softcapping=None, attn_logit_softcapping=None,
-                    rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1000000.0),
+                    # Linear RoPE scaling on the global layers, as Gemma 3 4B/12B/27B (factor 8).
+                    rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
                                      "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
     "phi3": dict(
         cls="Phi3ForCausalLM", cfg="Phi3Config", tokenizer="spm", seed=1005, init=0.12,
@@ -157,6 +158,8 @@ def legacy_config_keys(cfg: dict) -> dict:
     if "full_attention" in rp:                      # Gemma 3: per layer type
         cfg["rope_theta"] = rp["full_attention"]["rope_theta"]
         cfg["rope_local_base_freq"] = rp["sliding_attention"]["rope_theta"]
+        if rp["full_attention"].get("rope_type", "default") != "default":
+            cfg["rope_scaling"] = {k: v for k, v in rp["full_attention"].items() if k != "rope_theta"}
     elif rp:
         cfg["rope_theta"] = rp["rope_theta"]
         if rp.get("rope_type", "default") != "default":
@@ -279,6 +282,8 @@ def check_gguf(family: str, path: Path) -> None:
         want["attention.key_length"] = cfg["head_dim"]
     if family in ("gemma3", "phi3"):
         want["attention.sliding_window"] = cfg["sliding_window"]
+    if family == "gemma3" and rp["full_attention"].get("rope_type") == "linear":
+        want["rope.scaling.factor"] = rp["full_attention"]["factor"]
     if family == "phi3":
         want["rope.dimension_count"] = int(cfg["hidden_size"] * cfg["partial_rotary_factor"]) // cfg["num_attention_heads"]
     for k, v in want.items():
