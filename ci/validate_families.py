@@ -69,7 +69,14 @@ PASSAGE = ("Alice was beginning to get very tired of sitting by her sister on th
 
 
 def run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    for attempt in range(30):   # the binary may be mid-relink by a concurrent build
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+            break
+        except (PermissionError, OSError) as e:
+            if attempt == 29 or getattr(e, "errno", None) not in (13, 26):   # EACCES, ETXTBSY
+                raise
+            time.sleep(2)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     return r.stdout
