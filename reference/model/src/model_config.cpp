@@ -42,6 +42,10 @@ std::set<std::string> known_keys(Family fam) {
       "rope.freq_base",      "rope.dimension_count", "attention.layer_norm_rms_epsilon",
       "vocab_size",          "attention.key_length", "attention.value_length",
       "rope.scaling.type",   "rope.scaling.factor"};
+  // Only selects LongRoPE factors (rope_factors_* tensors, refused as unknown) or
+  // feeds YaRN (refused by type), so harmless without them; llama.cpp's converter
+  // writes it for every Phi-3 (original_max_position_embeddings).
+  k.insert("rope.scaling.original_context_length");
   if (fam == Family::Llama || fam == Family::Phi3 || fam == Family::Gemma3) {
     k.insert("attention.sliding_window");
   }

@@ -105,6 +105,10 @@ TEST(ModelFamily, UnknownArchitectureKeyIsRefusedByName) {
   TinyOptions o = opts("llama");  // harmless general.* metadata is allowed
   o.extra_string_key = "general.description";
   EXPECT_EQ(refusal(o), "");
+  // Written by llama.cpp's converter for every Phi-3; harmless without LongRoPE/YaRN.
+  o = opts("phi3");
+  o.extra_string_key = "phi3.rope.scaling.original_context_length";
+  EXPECT_EQ(refusal(o), "");
 }
 
 TEST(ModelFamily, UnknownArchitectureIsRefusedByName) {
