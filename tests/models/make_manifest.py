@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Writes tests/models/manifest.json: one manifest model per converted test model
+(tests/models/*.gguf, pinned by SHA256SUMS, found by a manifest-relative "path"),
+two cases and a short scoring passage each. Goldens: `touchstone golden --manifest
+tests/models/manifest.json` (tests/models/goldens/<name>.h5). The profiles are the
+project's (goldens/manifest.json)."""
+import json, os
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.dirname(os.path.dirname(here))
+sums = {}
+with open(os.path.join(here, "SHA256SUMS")) as f:
+    for line in f:
+        sha, name = line.split()
+        if name.endswith(".gguf") and "/" not in name:
+            sums[name] = sha
+with open(os.path.join(root, "goldens", "manifest.json")) as f:
+    profiles = json.load(f)["profiles"]
+models, cases, scoring = [], [], []
+for name in sorted(sums):
+    m = name[:-len(".gguf")]
+    models.append({"name": m, "path": name, "filename": name, "sha256": sums[name],
+                   "golden": f"goldens/{m}.h5"})
+    cases.append({"name": f"{m}.story", "model": m, "prompt": "Once upon a time, in a small village",
+                  "n_predict": 16})
+    cases.append({"name": f"{m}.one_token", "model": m, "prompt": "The", "n_predict": 16})
+    scoring.append({"name": f"{m}.passage", "model": m, "text_file": "passages/short.txt"})
+manifest = {"format_version": 1, "models": models, "profiles": profiles, "cases": cases,
+            "scoring": scoring}
+with open(os.path.join(here, "manifest.json"), "w") as f:
+    json.dump(manifest, f, indent=1)
+    f.write("\n")
+print(f"wrote {len(models)} models")
