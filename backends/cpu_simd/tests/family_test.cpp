@@ -1,10 +1,9 @@
 // family_test.cpp - cpu_simd computes every family of ModelConfig like the reference.
 //
 // Tiny random GGUF models (reference/model/tests/tiny_family.h: llama, qwen2, qwen3,
-// gemma3, phi3; plus variants written here for the optional features tiny_family.h
-// does not write: rope_freqs, linear RoPE scaling, partial rotary, soft-capping,
-// rope.freq_base_swa) run through cpu_simd on both weight paths (F32 matrices are
-// used in place on the quantized path) and through the reference
+// gemma3, phi3, and variants with its optional features: rope_freqs, linear RoPE
+// scaling, partial rotary, soft-capping, rope.freq_base_swa) run through cpu_simd on both weight
+// paths (F32 matrices are used in place on the quantized path) and through the reference
 // (ReferenceTransformer); logits of every position must agree to fp32 accumulation
 // noise for a prefill and for token-by-token decode, and results must be bitwise
 // identical for 1 and 3 threads. Sliding windows are shorter than the
@@ -33,105 +32,9 @@ namespace gg = touchstone::gguf;
 using gg::TensorType;
 using gg::ValueType;
 
-// Optional features beyond tiny_family.h (same shapes and naming otherwise).
-struct Variant {
-  std::string arch = "llama";
-  int n_layer = 2;
-  uint32_t sliding_window = 0;
-  uint32_t n_rot = 0;          // > 0: rope.dimension_count (partial rotary)
-  bool rope_freqs = false;     // rope_freqs.weight (llama)
-  float linear_scale = 0.0f;   // > 0: rope.scaling.type = linear, factor
-  float softcap = 0.0f;        // > 0: final_logit_softcapping (gemma3)
-  float freq_base_swa = 0.0f;  // > 0: rope.freq_base_swa (gemma3)
-};
-
-std::vector<uint8_t> tiny_variant(const Variant& o) {
-  gg::testing::GgufBuilder g;
-  const std::string a = o.arch;
-  const bool gemma = a == "gemma3", qwen3 = a == "qwen3", qwen2 = a == "qwen2", phi3 = a == "phi3";
-  const uint64_t d = 16, ff = 24, V = 32, n_head = 4, n_kv = 2;
-  const uint64_t hd = (gemma || qwen3) ? 8 : d / n_head;
-  g.key("general.architecture", ValueType::STRING).str(a);
-  auto u32 = [&](const std::string& k, uint64_t v) {
-    g.key(a + "." + k, ValueType::UINT32).put<uint32_t>(uint32_t(v));
-  };
-  auto f32 = [&](const std::string& k, float v) {
-    g.key(a + "." + k, ValueType::FLOAT32).put<float>(v);
-  };
-  u32("block_count", uint64_t(o.n_layer));
-  u32("embedding_length", d);
-  u32("feed_forward_length", ff);
-  u32("attention.head_count", n_head);
-  u32("attention.head_count_kv", n_kv);
-  u32("context_length", 256);
-  u32("vocab_size", V);
-  if (gemma || qwen3) {
-    u32("attention.key_length", hd);
-    u32("attention.value_length", hd);
-  }
-  if (o.sliding_window) u32("attention.sliding_window", o.sliding_window);
-  if (o.n_rot) u32("rope.dimension_count", o.n_rot);
-  f32("attention.layer_norm_rms_epsilon", 1e-6f);
-  f32("rope.freq_base", gemma ? 1e6f : 10000.0f);
-  if (o.linear_scale > 0.0f) {
-    g.key(a + ".rope.scaling.type", ValueType::STRING).str("linear");
-    f32("rope.scaling.factor", o.linear_scale);
-  }
-  if (o.softcap > 0.0f) f32("final_logit_softcapping", o.softcap);
-  if (o.freq_base_swa > 0.0f) f32("rope.freq_base_swa", o.freq_base_swa);
-
-  uint64_t state = 12345;
-  auto next = [&] {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return float((state >> 40) & 0xffffff) / float(1 << 24) - 0.5f;
-  };
-  auto t = [&](const std::string& name, std::vector<uint64_t> shape, float scale, float bias) {
-    uint64_t n = 1;
-    for (uint64_t s : shape) n *= s;
-    std::vector<float> v(n);
-    for (float& x : v) x = bias + scale * next();
-    std::vector<uint8_t> bytes(n * 4);
-    std::memcpy(bytes.data(), v.data(), bytes.size());
-    g.tensor(name, shape, TensorType::F32, std::move(bytes));
-  };
-  t("token_embd.weight", {d, V}, 1.0f, 0.0f);
-  t("output_norm.weight", {d}, 0.2f, 1.0f);
-  if (!gemma) t("output.weight", {d, V}, 1.0f, 0.0f);
-  if (o.rope_freqs) t("rope_freqs.weight", {(o.n_rot ? o.n_rot : hd) / 2}, 2.0f, 2.0f);
-  const uint64_t q_dim = n_head * hd, kv_dim = n_kv * hd;
-  for (int l = 0; l < o.n_layer; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    t(b + "attn_norm.weight", {d}, 0.2f, 1.0f);
-    if (phi3) {
-      t(b + "attn_qkv.weight", {d, q_dim + 2 * kv_dim}, 0.6f, 0.0f);
-    } else {
-      t(b + "attn_q.weight", {d, q_dim}, 0.6f, 0.0f);
-      t(b + "attn_k.weight", {d, kv_dim}, 0.6f, 0.0f);
-      t(b + "attn_v.weight", {d, kv_dim}, 0.6f, 0.0f);
-    }
-    if (qwen2) {
-      t(b + "attn_q.bias", {q_dim}, 0.2f, 0.0f);
-      t(b + "attn_k.bias", {kv_dim}, 0.2f, 0.0f);
-      t(b + "attn_v.bias", {kv_dim}, 0.2f, 0.0f);
-    }
-    if (gemma || qwen3) {
-      t(b + "attn_q_norm.weight", {hd}, 0.2f, 1.0f);
-      t(b + "attn_k_norm.weight", {hd}, 0.2f, 1.0f);
-    }
-    t(b + "attn_output.weight", {q_dim, d}, 0.5f, 0.0f);
-    if (gemma) t(b + "post_attention_norm.weight", {d}, 0.2f, 1.0f);
-    t(b + "ffn_norm.weight", {d}, 0.2f, 1.0f);
-    if (phi3) {
-      t(b + "ffn_up.weight", {d, 2 * ff}, 0.5f, 0.0f);
-    } else {
-      t(b + "ffn_gate.weight", {d, ff}, 0.5f, 0.0f);
-      t(b + "ffn_up.weight", {d, ff}, 0.5f, 0.0f);
-    }
-    t(b + "ffn_down.weight", {ff, d}, 0.5f, 0.0f);
-    if (gemma) t(b + "post_ffw_norm.weight", {d}, 0.2f, 1.0f);
-  }
-  return g.build();
-}
+// The optional features are TinyOptions fields of tiny_family.h.
+using Variant = touchstone::testing::TinyOptions;
+std::vector<uint8_t> tiny_variant(const Variant& o) { return touchstone::testing::tiny_model(o); }
 
 struct Case {
   std::string name;

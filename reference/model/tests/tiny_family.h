@@ -23,6 +23,12 @@ struct TinyOptions {
   std::string extra_string_value = "yarn";
   std::string extra_tensor;  // an extra 1-D F32 tensor of n_embd values
   uint64_t seed = 1;
+  // Optional features (0 / false: not written).
+  uint32_t n_rot = 0;          // rope.dimension_count (partial rotary)
+  bool rope_freqs = false;     // rope_freqs.weight (llama3 scaling), values in [1, 3)
+  float linear_scale = 0.0f;   // rope.scaling.type = linear with this factor
+  float softcap = 0.0f;        // final_logit_softcapping (gemma3)
+  float freq_base_swa = 0.0f;  // rope.freq_base_swa (gemma3)
 };
 
 inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
@@ -51,8 +57,18 @@ inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
     u32("attention.value_length", hd);
   }
   if (o.sliding_window) u32("attention.sliding_window", o.sliding_window);
-  g.key(a + ".attention.layer_norm_rms_epsilon", ValueType::FLOAT32).put<float>(1e-6f);
-  g.key(a + ".rope.freq_base", ValueType::FLOAT32).put<float>(gemma ? 1e6f : 10000.0f);
+  auto f32 = [&](const std::string& k, float v) {
+    g.key(a + "." + k, ValueType::FLOAT32).put<float>(v);
+  };
+  if (o.n_rot) u32("rope.dimension_count", o.n_rot);
+  f32("attention.layer_norm_rms_epsilon", 1e-6f);
+  f32("rope.freq_base", gemma ? 1e6f : 10000.0f);
+  if (o.linear_scale > 0.0f) {
+    g.key(a + ".rope.scaling.type", ValueType::STRING).str("linear");
+    f32("rope.scaling.factor", o.linear_scale);
+  }
+  if (o.softcap > 0.0f) f32("final_logit_softcapping", o.softcap);
+  if (o.freq_base_swa > 0.0f) f32("rope.freq_base_swa", o.freq_base_swa);
   if (!o.extra_string_key.empty())
     g.key(o.extra_string_key, ValueType::STRING).str(o.extra_string_value);
 
@@ -73,6 +89,7 @@ inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
   t("token_embd.weight", {d, V}, 1.0f, 0.0f);
   t("output_norm.weight", {d}, 0.2f, 1.0f);
   if (a != "gemma3") t("output.weight", {d, V}, 1.0f, 0.0f);
+  if (o.rope_freqs) t("rope_freqs.weight", {(o.n_rot ? o.n_rot : hd) / 2}, 2.0f, 2.0f);
   const uint64_t q_dim = n_head * hd, kv_dim = n_kv * hd;
   for (int l = 0; l < o.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
