@@ -212,6 +212,30 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
   return r;
 }
 
+// The first scored position out of the profile (per-position top-K NMSE or
+// max |diff|, non-finite logits, or a top-1 flip that is not a near-tie), so a
+// failing passage names where it breaks.
+void note_first_failing(ScoringResult& r, const Profile& p, int pos, std::span<const int32_t> ids,
+                        std::span<const float> vals, std::span<const float> row, double e2,
+                        double r2, double pos_max) {
+  const double nmse = r2 > 0 ? e2 / r2 : 0.0;
+  std::string why;
+  if (!std::isfinite(e2) || !metrics::all_finite(row)) {
+    why = "non-finite logits";
+  } else if (p.logits_nmse_max && nmse > *p.logits_nmse_max) {
+    why = fmt::format("top-K NMSE {:.3e} > {:.1e}", nmse, *p.logits_nmse_max);
+  } else if (p.logits_max_abs_max && pos_max > *p.logits_max_abs_max) {
+    why = fmt::format("top-K max-abs {:.3e} > {:.1e}", pos_max, *p.logits_max_abs_max);
+  } else if (!ids.empty() && metrics::argmax(row) != ids[0] &&
+             (vals.size() < 2 || double(vals[0]) - double(vals[1]) >= p.near_tie_margin)) {
+    why = fmt::format("top-1 {} instead of {}", metrics::argmax(row), ids[0]);
+  } else {
+    return;
+  }
+  r.first_failing_position = pos;
+  r.first_failing = why;
+}
+
 ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Profile& p,
                             bool all_position_logits, int max_positions) {
   const auto t0 = Clock::now();
@@ -251,12 +275,18 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
       const std::span<const int32_t> ids(g.topk_ids.data() + i * K, K);
       const std::span<const float> vals(g.topk_logits.data() + i * K, K);
       acc.add(ids, vals, g.lse[i], g.target_logits[i], g.token_ids[i + 1], row);
+      double e2 = 0.0, r2 = 0.0, pos_max = 0.0;
       for (size_t j = 0; j < K; ++j) {
         const double d = double(row[size_t(ids[j])]) - double(vals[j]);
-        err2 += d * d;
-        ref2 += double(vals[j]) * double(vals[j]);
-        r.topk_max_abs = std::max(r.topk_max_abs, std::isfinite(d) ? std::abs(d) : INFINITY);
+        e2 += d * d;
+        r2 += double(vals[j]) * double(vals[j]);
+        pos_max = std::max(pos_max, std::isfinite(d) ? std::abs(d) : INFINITY);
       }
+      err2 += e2;
+      ref2 += r2;
+      r.topk_max_abs = std::max(r.topk_max_abs, pos_max);
+      if (r.first_failing_position < 0)
+        note_first_failing(r, p, int(i), ids, vals, row, e2, r2, pos_max);
     }
   } catch (const std::exception& e) {
     r.backend_error = fmt::format("{}: {}", where(at, "position"), e.what());
@@ -291,6 +321,10 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
   if (p.logits_max_abs_max && !(r.topk_max_abs <= *p.logits_max_abs_max)) {
     fail(
         fmt::format("top-K logits max-abs {:.3e} > {:.1e}", r.topk_max_abs, *p.logits_max_abs_max));
+  }
+  if (!r.failures.empty() && r.first_failing_position >= 0) {
+    fail(fmt::format("first position out of tolerance: {} ({})", r.first_failing_position,
+                     r.first_failing));
   }
   r.passed = r.failures.empty();
   r.seconds = seconds_since(t0);

@@ -16,17 +16,20 @@ std::string printable(const std::string& bytes) {
   return out;
 }
 
+// The first step whose logits break the profile and, separately, the first greedy
+// flip: "logits@0; flip@7: 12'a'→9'b'".
 std::string divergence_cell(const CaseResult& c) {
   if (!c.backend_error.empty()) return "backend failed (see why)";
-  if (!c.first_divergence) {
-    return c.first_logit_violation_step >= 0
-               ? fmt::format("logits@{}", c.first_logit_violation_step)
-               : "-";
+  std::string cell;
+  if (c.first_logit_violation_step >= 0)
+    cell = fmt::format("logits@{}", c.first_logit_violation_step);
+  if (c.first_divergence) {
+    const GreedyDivergence& d = *c.first_divergence;
+    cell += fmt::format("{}flip@{}: {}{}→{}{}{}", cell.empty() ? "" : "; ", d.step, d.ref_id,
+                        printable(d.ref_text), d.test_id, printable(d.test_text),
+                        d.accepted ? " (near-tie)" : "");
   }
-  const GreedyDivergence& d = *c.first_divergence;
-  return fmt::format("step {}: {}{}→{}{}", d.step, d.ref_id, printable(d.ref_text), d.test_id,
-                     printable(d.test_text)) +
-         (d.accepted ? " (near-tie)" : "");
+  return cell.empty() ? "-" : cell;
 }
 
 double finite_or(double v, double fallback) { return std::isfinite(v) ? v : fallback; }
@@ -213,6 +216,8 @@ std::string to_json(const Report& r) {
                             {"ppl_ratio", finite_or(st.ppl_ratio, -1)},
                             {"topk_nmse", finite_or(s.topk_nmse, -1)},
                             {"topk_max_abs", finite_or(s.topk_max_abs, -1)},
+                            {"first_failing_position", s.first_failing_position},
+                            {"first_failing", s.first_failing},
                             {"backend_error", s.backend_error},
                             {"seconds", s.seconds}});
   }

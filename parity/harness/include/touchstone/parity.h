@@ -60,6 +60,10 @@ struct ScoringResult {
   metrics::ScoringStats stats{};
   double topk_nmse = 0.0;     // NMSE over all stored top-K logits
   double topk_max_abs = 0.0;  // max |diff| over all stored top-K logits
+  // First position whose row is out of the profile (top-K NMSE / max-abs,
+  // non-finite, or a top-1 flip beyond the near-tie margin); -1 = none.
+  int first_failing_position = -1;
+  std::string first_failing;
   std::string backend_error;  // as in CaseResult
   double seconds = 0.0;
 };
