@@ -43,7 +43,7 @@
 
 #include "touchstone/backend.h"
 #include "touchstone/gguf.h"
-#include "touchstone/llama_config.h"
+#include "touchstone/model_config.h"
 
 namespace {
 
@@ -124,7 +124,10 @@ struct ModelBytes {
 };
 ModelBytes model_bytes(const std::string& path) {
   const auto f = touchstone::gguf::File::open(path);
-  const auto c = touchstone::read_llama_config(f);
+  // read_model_config, not read_llama_config: every family the reference reads
+  // (Gemma 3, Qwen, ...) can be benchmarked; a backend that does not compute the
+  // family refuses it at load (TS_ERR_UNSUPPORTED), reported per benchmark.
+  const auto c = touchstone::read_model_config(f);
   ModelBytes b;
   for (const auto& t : f.tensors()) {
     if (t.name == "token_embd.weight" && !c.tied_embeddings) continue;
