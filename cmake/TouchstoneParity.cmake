@@ -78,12 +78,12 @@ function(touchstone_add_parity_tests backend weights tier)
     endforeach()
   endforeach()
   # The golden-free consistency checks (touchstone/consistency.h) on the first
-  # model's first case, 48 tokens: prefill vs decode, chunked prefill, rewind +
+  # model's first case, 24 tokens: prefill vs decode, chunked prefill, rewind +
   # replay, 1/2/3 threads, run to run.
   set(_t parity.${backend}.${weights}.consistency)
   add_test(NAME ${_t}
     COMMAND touchstone parity --backend ${backend} --weights ${weights} --consistency-only
-            --consistency-tokens 48 --manifest ${TOUCHSTONE_MANIFEST}
+            --consistency-tokens 24 --manifest ${TOUCHSTONE_MANIFEST}
             --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
   set_tests_properties(${_t} PROPERTIES
     LABELS "parity;consistency;${backend};${tier};${weights};${_a_UNPARSED_ARGUMENTS}"
