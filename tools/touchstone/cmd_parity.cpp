@@ -25,11 +25,12 @@ namespace {
 struct Opts {
   std::string manifest = default_manifest_path(), backend = "reference", suite = "quick";
   std::string weights = "full_precision", profile, fault, json, junit, model, goldens;
+  std::string expect_step;  // --expect-step: N, CHECK or CHECK@N
   std::vector<std::string> cases, scoring;
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   bool consistency = false, consistency_only = false, no_consistency = false;
   int consistency_tokens = 96;
-  int threads = 0;
+  int threads = 0, max_steps = 0;
   double timeout = 300.0;
 };
 
@@ -122,6 +123,37 @@ bool expect_fail_caught(const Report& report) {
   return caught;
 }
 
+// --expect-step N | CHECK | CHECK@N: every failing result is the named check
+// (if named) and first fails at step / position N (if given): a case's first
+// logit violation (else its first unaccepted divergence), a scoring passage's
+// first failing position, a consistency check's first failing position.
+bool expect_step_met(const Report& report, const std::string& spec) {
+  const size_t at = spec.find('@');
+  const bool digits_only = spec.find_first_not_of("0123456789") == std::string::npos;
+  const std::string check = digits_only ? "" : spec.substr(0, at);
+  const std::string step_text = digits_only               ? spec
+                                : at == std::string::npos ? ""
+                                                          : spec.substr(at + 1);
+  const int want = step_text.empty() ? -1 : std::stoi(step_text);
+  bool any = false, ok = true;
+  auto match = [&](const std::string& name, int step) {
+    any = true;
+    const bool m = (check.empty() || name == check) && (want < 0 || step == want);
+    fmt::print("expect-step: {} fails first at step {}{}\n", name, step,
+               m ? "" : " (not expected)");
+    ok = ok && m;
+  };
+  for (const CaseResult& c : report.cases) {
+    if (c.passed) continue;
+    const int div =
+        c.first_divergence && !c.first_divergence->accepted ? c.first_divergence->step : -1;
+    match(c.name, c.first_logit_violation_step >= 0 ? c.first_logit_violation_step : div);
+  }
+  for (const ScoringResult& sr : report.scoring)
+    if (!sr.passed) match(sr.name, sr.first_failing_position);
+  return any && ok;
+}
+
 // Progress on stderr with an estimate of the time left, by the number of
 // steps/positions still to check at the rate seen so far.
 class Progress {
@@ -193,7 +225,7 @@ std::unique_ptr<Inputs> load_inputs(const Opts& o) {
 // Every check of the plan, in order; reports rewritten after each.
 void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
   const Suite& suite = in.manifest.find_suite(o.suite);
-  const int max_steps = o.cases.empty() ? suite.max_steps : 0;
+  const int max_steps = o.max_steps > 0 ? o.max_steps : o.cases.empty() ? suite.max_steps : 0;
   const int max_positions = o.scoring.empty() ? suite.max_positions : 0;
   double units = 0;
   for (const auto& n : in.plan.cases) {  // prompt tokens + steps: prefill costs per token too
@@ -316,6 +348,10 @@ int run_parity(const Opts& o) {
   const bool caught = expect_fail_caught(report);
   fmt::print("expect-fail: fault {} {}\n", o.fault.empty() ? "(none)" : o.fault,
              caught ? "was caught, first divergent steps named" : "was NOT caught");
+  if (caught && !o.expect_step.empty() && !expect_step_met(report, o.expect_step)) {
+    fmt::print("expect-step: expected {}: NOT met\n", o.expect_step);
+    return kExitFail;
+  }
   return caught ? 0 : kExitFail;
 }
 
@@ -334,6 +370,10 @@ void add_parity(CLI::App& app, int& exit_code) {
                   "the manifest's first model)");
   cmd->add_option("--case", o->cases, "Only these cases (repeatable)");
   cmd->add_option("--scoring", o->scoring, "Only these scoring passages (repeatable)");
+  cmd->add_option("--max-steps", o->max_steps,
+                  "Compare only the first N greedy steps of each case (default: the suite's trim "
+                  "when no --case is named, else every step)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--no-scoring", o->no_scoring, "Skip the teacher-forced scoring passages");
   cmd->add_flag("--consistency", o->consistency,
                 "Also run the golden-free consistency checks (prefill vs decode, chunked prefill, "
@@ -356,9 +396,24 @@ void add_parity(CLI::App& app, int& exit_code) {
                 "Load the backend into the harness process (debugging): no time limit, and a "
                 "crash takes the run down");
   cmd->add_option("--fault", o->fault, "Test only: inject a named fault into the backend");
-  cmd->add_flag("--expect-fail", o->expect_fail,
-                "Test only: succeed iff the verdict is FAIL and every failing case names its first "
-                "divergent step");
+  CLI::Option* expect_fail = cmd->add_flag(
+      "--expect-fail", o->expect_fail,
+      "Test only: succeed iff the verdict is FAIL and every failing case names its first "
+      "divergent step");
+  cmd->add_option("--expect-step", o->expect_step,
+                  "Test only, with --expect-fail: every failing check must fail first at this "
+                  "step / position N, or be the named check (CHECK, e.g. consistency.threads), "
+                  "or both (CHECK@N)")
+      ->check([](const std::string& v) {
+        const size_t at = v.find('@');
+        const std::string n = v.find_first_not_of("0123456789") == std::string::npos ? v
+                              : at == std::string::npos                              ? "0"
+                                                        : v.substr(at + 1);
+        return !n.empty() && n.size() < 9 && n.find_first_not_of("0123456789") == std::string::npos
+                   ? std::string()
+                   : std::string("N, CHECK or CHECK@N (N a step number)");
+      })
+      ->needs(expect_fail);
   cmd->add_option("--json", o->json, "Write the report as JSON here (rewritten after every case)");
   cmd->add_option("--junit", o->junit, "Write the report as JUnit XML here");
   cmd->add_option("--manifest", o->manifest, "goldens/manifest.json");

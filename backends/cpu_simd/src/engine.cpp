@@ -384,6 +384,8 @@ Session::Session(Model& model, const SessionOptions& opt)
     if (it == rope_params_.end()) rope_params_.push_back(key);
   }
   rope_cs_.resize(rope_params_.size() * B * size_t(c_.n_rot));
+  if (faults_.thread_order_reduction) partial_.resize(size_t(pool_.size()) * B * 128);
+  if (faults_.quantized_only() && quant_) corrupt_quantized_copy(*w_);
   const size_t max_in = std::max({d, qd, ff});
   act_qs_.resize(B * max_in);
   act_d_.resize(B * max_in / 32);
@@ -398,6 +400,110 @@ Session::Session(Model& model, const SessionOptions& opt)
 Session::~Session() {
   std::free(k_cache_);
   std::free(v_cache_);
+}
+
+// quant_scale_min_swap / nibble_order: this session computes with a copy of the
+// quantized matrices whose blocks are corrupted the way a kernel with that bug
+// would read them (the scale d and the min m swapped; each byte's low and high
+// 4-bit quants swapped). The model's blocks, the embedding rows (gathered with
+// the reference dequantizer) and the full-precision path stay correct.
+void Session::corrupt_quantized_copy(const WeightSet& src) {
+  namespace gg = touchstone::gguf;
+  faulty_w_ = src;
+  std::vector<Linear*> all;
+  for (LayerView& L : faulty_w_.layers)
+    for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) all.push_back(w);
+  all.push_back(&faulty_w_.lm_head);
+  size_t n_corrupted = 0;
+  for (Linear* w : all) {
+    if (!w->q) continue;
+    const auto type = gg::TensorType(w->generic ? w->gtype : int(w->qtype));
+    // Block layout (ggml-common.h): fp16 d, fp16 m / dmin (has_min), then the
+    // 4-bit quants from byte qs (to the block's end).
+    bool has_min = false;
+    size_t qs = 0;
+    switch (type) {
+      case gg::TensorType::Q4_0:
+        qs = 2;
+        break;
+      case gg::TensorType::Q4_1:
+        has_min = true, qs = 4;
+        break;
+      case gg::TensorType::Q5_0:
+        qs = 6;
+        break;
+      case gg::TensorType::Q5_1:
+        has_min = true, qs = 8;
+        break;
+      case gg::TensorType::Q4_K:
+        has_min = true, qs = 16;
+        break;
+      case gg::TensorType::Q5_K:
+        has_min = true, qs = 48;
+        break;
+      default:
+        continue;  // Q8_0, Q6_K, F16...: no 4-bit quants, no min
+    }
+    if (faults_.quant_scale_min_swap && !has_min) continue;
+    const size_t bytes = w->row_bytes * w->n_out, bb = w->block_bytes;
+    faulty_q_.emplace_back(w->q, w->q + bytes);
+    uint8_t* q = faulty_q_.back().data();
+    for (size_t b = 0; b + bb <= bytes; b += bb) {
+      uint8_t* blk = q + b;
+      if (faults_.quant_scale_min_swap) {
+        std::swap(blk[0], blk[2]);
+        std::swap(blk[1], blk[3]);
+      } else {
+        for (size_t i = qs; i < bb; ++i) blk[i] = uint8_t((blk[i] >> 4) | (blk[i] << 4));
+      }
+    }
+    w->q = q;
+    ++n_corrupted;
+  }
+  if (n_corrupted == 0) {
+    throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + faults_.name +
+                                              "': this model has no quantized matrix it applies "
+                                              "to (Q4_0/Q4_1/Q5_x/Q4_K/Q5_K)");
+  }
+  w_ = &faulty_w_;
+}
+
+// thread_order_reduction: rows [r0, r1) of W x with the input columns split into
+// one slice per thread of the pool (whole 32-blocks), each slice's partial sums
+// rounded to fp32 and added in thread order: the result depends on the thread
+// count (one thread: the ordinary kernel's value).
+void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const float* x, size_t ldx,
+                                size_t n_tok, float* y, size_t ldy, int thread) {
+  const size_t T = size_t(pool_.size());
+  const size_t be = W.f ? 1 : W.generic ? W.block_elems : 32;  // slice granularity
+  const size_t nb = W.n_in / be, rows = r1 - r0;
+  float* part = partial_.data() + size_t(thread) * kMaxBatch * 128;
+  for (size_t k = 0; k < T; ++k) {
+    const size_t b0 = nb * k / T, b1 = nb * (k + 1) / T, c0 = b0 * be, nc = (b1 - b0) * be;
+    if (nc == 0) continue;
+    float* out = k == 0 ? y + r0 : part;
+    const size_t ld = k == 0 ? ldy : rows;
+    if (W.f) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), int(rows), int(nc), 1.0f,
+                  x + c0, int(ldx), W.f + r0 * W.n_in + c0, int(W.n_in), 0.0f, out, int(ld));
+    } else {
+      const uint8_t* q = W.q + r0 * W.row_bytes + b0 * W.block_bytes;
+      if (W.generic) {
+        gemm_blocks_f32(W.gtype, q, W.row_bytes, W.block_elems, W.block_bytes, 0, rows, x + c0, ldx,
+                        n_tok, out, ld);
+      } else if (int8_) {
+        std::vector<ActRow> act(n_tok);
+        for (size_t t = 0; t < n_tok; ++t)
+          act[t] = ActRow{act_[t].qs + c0, act_[t].d + b0, act_[t].s + b0};
+        gemm_q(W.qtype, q, W.row_bytes, b1 - b0, 0, rows, act.data(), n_tok, out, ld);
+      } else {
+        gemm_q_f32(W.qtype, q, W.row_bytes, b1 - b0, 0, rows, x + c0, ldx, n_tok, out, ld);
+      }
+    }
+    if (k == 0) continue;
+    for (size_t t = 0; t < n_tok; ++t)
+      for (size_t r = 0; r < rows; ++r) y[t * ldy + r0 + r] += part[t * rows + r];
+  }
 }
 
 void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
@@ -424,13 +530,15 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
       quant_ || n_tok == 1 ? 32 : 128;  // fixed: results never depend on thread count
   size_t first[4] = {0, 0, 0, 0};
   for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + ceil_div(jobs[j].w->n_out, chunk);
-  pool_.run(first[n_jobs], [&](size_t task, int) {
+  pool_.run(first[n_jobs], [&](size_t task, int thread) {
     int j = 0;
     while (task >= first[j + 1]) ++j;
     const Job& job = jobs[j];
     const Linear& W = *job.w;
     const size_t r0 = (task - first[j]) * chunk, r1 = std::min(W.n_out, r0 + chunk);
-    if (W.f) {
+    if (faults_.thread_order_reduction) {
+      linear_per_thread(W, r0, r1, x, ldx, n_tok, job.y, job.ldy, thread);
+    } else if (W.f) {
       if (n_tok == 1) {
         matvec_f32(W.f + r0 * W.n_in, W.n_in, x, job.y + r0, r1 - r0, W.n_in);
       } else {
@@ -447,6 +555,13 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
     } else {
       gemm_q_f32(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, x, ldx, n_tok, job.y, job.ldy);
     }
+    if (faults_.fp16_accumulation) {  // the fault: outputs rounded through fp16
+      for (size_t t = 0; t < n_tok; ++t)
+        for (size_t r = r0; r < r1; ++r) {
+          float& v = job.y[t * job.ldy + r];
+          v = touchstone::gguf::fp16_to_fp32(touchstone::gguf::fp32_to_fp16(v));
+        }
+    }
   });
 }
 
@@ -455,13 +570,18 @@ void Session::attention(int32_t layer, int32_t n) {
                qd = size_t(c_.n_head) * hd;
   const int32_t group = c_.n_head / c_.n_head_kv;
   const int32_t window = c_.layers[size_t(layer)].sliding_window;
-  const float scale = static_cast<float>(c_.attn_scale);
+  const float scale =
+      static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
   const float* K = k_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
   const float* V = v_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
   pool_.run(size_t(n) * size_t(c_.n_head), [&](size_t task, int thread) {
     const size_t i = task / size_t(c_.n_head), h = task % size_t(c_.n_head);
     const int32_t p = pos_ + int32_t(i);
-    const int32_t n_kv = (faults_.kv_off_by_one && p > 0) ? p : p + 1;
+    // Faults: kv_off_by_one drops the newest entry; rewind_noop also reads the
+    // stale entries up to kv_len_; causal_mask reads up to the chunk's end.
+    int32_t n_kv = (faults_.kv_off_by_one && p > 0) ? p : p + 1;
+    if (faults_.rewind_noop) n_kv = std::max(n_kv, kv_len_);
+    if (faults_.causal_mask) n_kv = pos_ + n;
     // Positions attended: [t0, n_kv) (a sliding window W keeps the last W: HF's
     // mask, i - W < j <= i).
     const int32_t t0 = window > 0 ? std::max(0, p - window + 1) : 0;
@@ -471,8 +591,20 @@ void Session::attention(int32_t layer, int32_t n) {
       std::fill(out, out + hd, std::numeric_limits<float>::quiet_NaN());
       return;
     }
-    const size_t off = size_t(t0) * kvd + size_t(int32_t(h) / group) * hd;
+    const int32_t kv_head = faults_.gqa_mapping ? int32_t(h) % c_.n_head_kv : int32_t(h) / group;
+    const size_t off = size_t(t0) * kvd + size_t(kv_head) * hd;
     float* s = scores_.data() + size_t(thread) * size_t(max_ctx_);
+    if (faults_.softmax_no_max) {  // the fault: fp32 exp(s) without the max subtraction
+      const size_t m = size_t(n_kv - t0);
+      float sum = 0.0f;
+      for (size_t t = 0; t < m; ++t) {
+        s[t] = std::exp(dot_f32(qh, K + off + t * kvd, hd) * scale);
+        sum += s[t];
+      }
+      std::fill(out, out + hd, 0.0f);
+      for (size_t t = 0; t < m; ++t) axpy_f32(s[t] / sum, V + off + t * kvd, out, hd);
+      return;
+    }
     attend_f32(qh, K + off, V + off, kvd, hd, size_t(n_kv - t0), scale, s, out);
   });
 }
@@ -482,8 +614,8 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
   const size_t N = size_t(n), B = kMaxBatch;
   const size_t half = size_t(c_.n_rot) / 2;
-  const double eps = c_.rms_norm_eps;
-  const bool neox = c_.rope_style == touchstone::RopeStyle::NeoX;
+  const double eps = c_.rms_norm_eps * faults_.rms_eps_scale;
+  const bool neox = (c_.rope_style == touchstone::RopeStyle::NeoX) != faults_.rope_layout;
   const float* freq_factors = model_.rope_freqs();
 
   for (size_t i = 0; i < N; ++i) model_.embed(tokens[i], !quant_, x_.data() + i * d);
@@ -506,7 +638,8 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
     }
   });
 
-  for (int32_t l = 0; l < c_.n_layer; ++l) {
+  const int32_t n_layer = faults_.last_layer_skipped ? c_.n_layer - 1 : c_.n_layer;
+  for (int32_t l = 0; l < n_layer; ++l) {
     const LayerView& L = w_->layers[size_t(l)];
     float* Kl = k_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
     float* Vl = v_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
@@ -546,9 +679,11 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
       };
       for (int32_t h = 0; h < c_.n_head; ++h) rope(q + size_t(h) * hd);
       for (int32_t h = 0; h < c_.n_head_kv; ++h) rope(k + size_t(h) * hd);
-      const size_t p = size_t(pos_) + i;
-      std::memcpy(Kl + p * kvd, k, kvd * sizeof(float));
-      std::memcpy(Vl + p * kvd, v, kvd * sizeof(float));
+      const size_t p = size_t(pos_) + i + (faults_.kv_write_next ? 1 : 0);  // the fault: p + 1
+      if (p < size_t(max_ctx_)) {
+        std::memcpy(Kl + p * kvd, k, kvd * sizeof(float));
+        std::memcpy(Vl + p * kvd, v, kvd * sizeof(float));
+      }
     });
     attention(l, n);
     const Job o[1] = {{&L.wo, tmp_.data(), d}};
@@ -615,6 +750,7 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
     }
   }
   pos_ += n;
+  kv_len_ = std::max(kv_len_, pos_);
 }
 
 }  // namespace ts_cpu

@@ -118,7 +118,10 @@ class Session {
     return greedy_logits_.data();
   }
   int32_t max_context() const { return max_ctx_; }
-  void rewind(int32_t p) { pos_ = p; }
+  void rewind(int32_t p) {
+    pos_ = p;
+    if (!faults_.rewind_noop) kv_len_ = p;  // the fault keeps stale entries attended
+  }
   int n_threads() const { return pool_.size(); }
 
   static constexpr int32_t kMaxBatch = 128;  // prefill is processed in chunks of this many tokens
@@ -132,6 +135,12 @@ class Session {
   void forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok);
   void attention(int32_t layer, int32_t n);
+  // Fault-only paths (never taken without the fault): a corrupted copy of the
+  // quantized blocks (quant_scale_min_swap, nibble_order) and the
+  // thread_order_reduction matmul (columns split per thread, summed in order).
+  void corrupt_quantized_copy(const WeightSet& src);
+  void linear_per_thread(const Linear& W, size_t r0, size_t r1, const float* x, size_t ldx,
+                         size_t n_tok, float* y, size_t ldy, int thread);
 
   Model& model_;
   const touchstone::ModelConfig& c_;
@@ -141,7 +150,11 @@ class Session {
   touchstone::Faults faults_;
   int32_t max_ctx_;
   int32_t pos_ = 0;
+  int32_t kv_len_ = 0;  // KV entries written so far (rewind_noop fault: never truncated)
   ThreadPool pool_;
+  WeightSet faulty_w_;                          // quantized-only faults: w_ points here
+  std::vector<std::vector<uint8_t>> faulty_q_;  // its corrupted GGUF blocks
+  std::vector<float> partial_;                  // thread_order_reduction scratch
   // KV cache [layer][pos][n_head_kv * head_dim] fp32 (calloc: untouched pages cost no RSS).
   float* k_cache_ = nullptr;
   float* v_cache_ = nullptr;

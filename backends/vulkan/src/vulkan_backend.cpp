@@ -118,6 +118,11 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
+    if (!faults.name.empty() && faults.name != "rope_base_off_1pct" &&
+        faults.name != "logits_perturb_1e-3" && faults.name != "kv_position_off_by_one") {
+      throw StatusError(TS_ERR_UNSUPPORTED,
+                        "vulkan does not implement fault '" + faults.name + "'");
+    }
     const size_t path = opt->weight_path == TS_WEIGHTS_QUANTIZED ? 1 : 0;
     {
       std::lock_guard<std::mutex> lock(m->upload_mutex);

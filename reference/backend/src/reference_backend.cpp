@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "touchstone/backend_abi.h"
 #include "touchstone/backend_impl.h"
@@ -18,6 +19,7 @@ struct ts_model {
 
 struct ts_session {
   std::unique_ptr<touchstone::ReferenceTransformer> ref;
+  bool causal_mask_fault = false;
 };
 
 namespace {
@@ -88,9 +90,16 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
+    if (faults.quantized_only()) {
+      throw StatusError(TS_ERR_UNSUPPORTED,
+                        "fault '" + faults.name +
+                            "' corrupts quantized weight blocks; the reference has no quantized "
+                            "path (it dequantizes every tensor with the reference dequantizer)");
+    }
     const int threads = opt->n_threads > 0 ? opt->n_threads
                                            : int(std::max(1u, std::thread::hardware_concurrency()));
     auto s = std::make_unique<ts_session>();
+    s->causal_mask_fault = faults.causal_mask;
     s->ref = std::make_unique<touchstone::ReferenceTransformer>(m->weights, opt->max_context,
                                                                 threads, faults);
     *out = s.release();
@@ -108,10 +117,21 @@ ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_p
     touchstone::abi::check_tokens(tokens, n, s->ref->n_vocab());
     touchstone::abi::check_room(s->ref->position(), n, s->ref->max_context());
     const size_t v = size_t(s->ref->n_vocab());
+    if (s->causal_mask_fault && n > 1) {
+      // The causal_mask fault: one token at a time, the reference has no chunk to
+      // mask. A first, causal pass fills the chunk's KV entries; the second pass
+      // then lets every position also attend to the chunk's later entries.
+      const int32_t p0 = s->ref->position();
+      std::vector<float> scratch(v);
+      for (int32_t i = 0; i < n; ++i) s->ref->forward(tokens[i], scratch);
+      s->ref->rewind(p0);
+      s->ref->set_chunk_end(p0 + n);
+    }
     for (int32_t i = 0; i < n; ++i) {
       float* row = all_positions ? logits + size_t(i) * v : logits;
       s->ref->forward(tokens[i], std::span<float>(row, v));
     }
+    s->ref->set_chunk_end(0);
   });
 }
 

@@ -36,20 +36,37 @@
 #include <cstring>
 
 #include "touchstone/error.h"
+#include "touchstone/quant.h"
 #include "touchstone/reference_forward.h"
 #include "touchstone/scalar_ops.h"
 
 namespace touchstone {
 namespace {
 
+// The dot product of the thread_order_reduction fault: n split into one slice per
+// thread of the pool, each slice's sum rounded to fp32 and the slices added in
+// thread order, so the result depends on the thread count.
+double dot_per_thread(const float* a, const float* b, int64_t n, int n_threads) {
+  float acc = 0.0f;
+  for (int k = 0; k < n_threads; ++k) {
+    const int64_t i0 = n * k / n_threads, i1 = n * (k + 1) / n_threads;
+    acc += static_cast<float>(ops::dot(a + i0, b + i0, i1 - i0));
+  }
+  return acc;
+}
+
 // y[o] = W[o, :] . x (+ bias[o]) for a row-major W of shape [n_out][n_in]; rows split
-// across the pool. bias may be empty.
+// across the pool. bias may be empty. Faults: fp16_accumulation (y rounded to fp16),
+// thread_order_reduction (dot_per_thread).
 void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_out, int64_t n_in,
-            const std::vector<float>& bias = {}) {
+            const Faults& f, const std::vector<float>& bias = {}) {
   pool.run(n_out, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
-      const double acc = ops::dot(W + o * n_in, x, n_in);
+      const double acc = f.thread_order_reduction
+                             ? dot_per_thread(W + o * n_in, x, n_in, pool.size())
+                             : ops::dot(W + o * n_in, x, n_in);
       y[o] = static_cast<float>(bias.empty() ? acc : acc + double{bias[size_t(o)]});
+      if (f.fp16_accumulation) y[o] = gguf::fp16_to_fp32(gguf::fp32_to_fp16(y[o]));
     }
   });
 }
@@ -70,21 +87,58 @@ double noise_sign(uint64_t i) {
 
 }  // namespace
 
+const std::vector<std::string>& fault_names() {
+  static const std::vector<std::string> names = {"rope_base_off_1pct",
+                                                 "rope_layout",
+                                                 "kv_position_off_by_one",
+                                                 "kv_write_next",
+                                                 "gqa_mapping",
+                                                 "attention_scale",
+                                                 "softmax_no_max",
+                                                 "rms_eps_10x",
+                                                 "quant_scale_min_swap",
+                                                 "nibble_order",
+                                                 "fp16_accumulation",
+                                                 "rewind_noop",
+                                                 "causal_mask",
+                                                 "thread_order_reduction",
+                                                 "last_layer_skipped",
+                                                 "logits_perturb_1e-3"};
+  return names;
+}
+
 Faults parse_fault(const std::string& name) {
   Faults f;
+  f.name = name;
   if (name.empty()) return f;
-  if (name == "rope_base_off_1pct") {
-    f.rope_base_scale = 1.01;
-  } else if (name == "logits_perturb_1e-3") {
-    f.logit_noise = 1e-3;
-  } else if (name == "kv_position_off_by_one") {
-    f.kv_off_by_one = true;
-  } else {
-    throw Error(
-        "unknown fault '{}' (known: rope_base_off_1pct, logits_perturb_1e-3, "
-        "kv_position_off_by_one)",
-        name);
+  const std::vector<std::string>& n = fault_names();
+  const auto it = std::find(n.begin(), n.end(), name);
+  if (it == n.end()) {
+    std::string known;
+    for (const auto& k : n) known += (known.empty() ? "" : ", ") + k;
+    throw Error("unknown fault '{}' (known: {})", name, known);
   }
+  bool* flags[] = {nullptr,
+                   &f.rope_layout,
+                   &f.kv_off_by_one,
+                   &f.kv_write_next,
+                   &f.gqa_mapping,
+                   &f.attention_scale,
+                   &f.softmax_no_max,
+                   nullptr,
+                   &f.quant_scale_min_swap,
+                   &f.nibble_order,
+                   &f.fp16_accumulation,
+                   &f.rewind_noop,
+                   &f.causal_mask,
+                   &f.thread_order_reduction,
+                   &f.last_layer_skipped,
+                   nullptr};
+  static_assert(sizeof(flags) / sizeof(flags[0]) == 16);
+  if (bool* b = flags[it - n.begin()]) *b = true;
+  if (name == "rope_base_off_1pct") f.rope_base_scale = 1.01;
+  if (name == "logits_perturb_1e-3") f.logit_noise = 1e-3;
+  if (name == "rms_eps_10x") f.rms_eps_scale = 10.0;
   return f;
 }
 
@@ -110,6 +164,9 @@ ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t 
 void ReferenceTransformer::rewind(int32_t p) {
   if (p < 0 || p > pos_) throw Error("rewind to position {} outside [0, {}]", p, pos_);
   pos_ = p;  // entries >= p are overwritten by later tokens and never read before then
+  // rewind_noop fault: the attended length is not truncated (kv_len_ keeps its
+  // high-water mark), so the stale entries in [p, kv_len_) are read again.
+  if (!faults_.rewind_noop) kv_len_ = p;
 }
 
 // Attention block of layer l at position pos: reads x_, adds the block's output to x_.
@@ -120,14 +177,14 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const int64_t d = c.n_embd, hd = c.head_dim;
   const int64_t q_dim = int64_t{c.n_head} * hd, kv_dim = int64_t{c.n_head_kv} * hd;
   const int32_t group = c.n_head / c.n_head_kv;  // query heads per KV head (GQA)
-  const double eps = c.rms_norm_eps;
+  const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
   float* k_layer = k_cache_.data() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
   float* v_layer = v_cache_.data() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
 
   ops::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), d, eps);
-  matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, L.bq);
-  matvec(pool_, L.wk.data(), xn_.data(), k_.data(), kv_dim, d, L.bk);
-  matvec(pool_, L.wv.data(), xn_.data(), v_.data(), kv_dim, d, L.bv);
+  matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, faults_, L.bq);
+  matvec(pool_, L.wk.data(), xn_.data(), k_.data(), kv_dim, d, faults_, L.bk);
+  matvec(pool_, L.wv.data(), xn_.data(), v_.data(), kv_dim, d, faults_, L.bv);
   if (c.qk_norm) {
     for (int32_t h = 0; h < c.n_head; ++h)
       ops::rms_norm(q_.data() + h * hd, L.q_norm.data(), q_.data() + h * hd, hd, eps);
@@ -136,29 +193,43 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   }
   const double base = lc.rope_base * faults_.rope_base_scale;
   const float* ff = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
-  auto rope = c.rope_style == RopeStyle::NeoX ? ops::rope_neox : ops::rope_interleaved;
+  const bool neox = (c.rope_style == RopeStyle::NeoX) != faults_.rope_layout;
+  auto rope = neox ? ops::rope_neox : ops::rope_interleaved;
   for (int32_t h = 0; h < c.n_head; ++h)
     rope(q_.data() + h * hd, c.n_rot, pos, base, lc.rope_scale, ff);
   for (int32_t h = 0; h < c.n_head_kv; ++h)
     rope(k_.data() + h * hd, c.n_rot, pos, base, lc.rope_scale, ff);
-  std::memcpy(k_layer + size_t(pos) * size_t(kv_dim), k_.data(), size_t(kv_dim) * sizeof(float));
-  std::memcpy(v_layer + size_t(pos) * size_t(kv_dim), v_.data(), size_t(kv_dim) * sizeof(float));
+  // kv_write_next fault: the entry goes to pos + 1 (dropped at the cache's end).
+  const int32_t at = faults_.kv_write_next ? pos + 1 : pos;
+  if (at < max_ctx_) {
+    std::memcpy(k_layer + size_t(at) * size_t(kv_dim), k_.data(), size_t(kv_dim) * sizeof(float));
+    std::memcpy(v_layer + size_t(at) * size_t(kv_dim), v_.data(), size_t(kv_dim) * sizeof(float));
+  }
 
   // Positions attended: [t0, pos] (causal; a sliding window W keeps the last W).
-  // The kv_off_by_one fault drops the newest entry.
-  const int32_t n_kv = (faults_.kv_off_by_one && pos > 0) ? pos : pos + 1;
+  // Faults: kv_off_by_one drops the newest entry; rewind_noop also reads stale
+  // entries up to kv_len_; causal_mask reads up to the prefill chunk's end.
+  int32_t n_kv = (faults_.kv_off_by_one && pos > 0) ? pos : pos + 1;
+  if (faults_.rewind_noop) n_kv = std::max(n_kv, kv_len_);
+  if (faults_.causal_mask) n_kv = std::max(n_kv, std::min(chunk_end_, max_ctx_));
   const int32_t t0 = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
+  const double scale = faults_.attention_scale ? 1.0 / double(hd) : c.attn_scale;
   for (int32_t h = 0; h < c.n_head; ++h) {
     const float* qh = q_.data() + h * hd;
-    const int64_t kv_off = int64_t{h / group} * hd;
+    const int64_t kv_off = int64_t{faults_.gqa_mapping ? h % c.n_head_kv : h / group} * hd;
     double max_s = -INFINITY;
     for (int32_t t = t0; t < n_kv; ++t) {
-      scores_[size_t(t)] = ops::dot(qh, k_layer + int64_t{t} * kv_dim + kv_off, hd) * c.attn_scale;
+      scores_[size_t(t)] = ops::dot(qh, k_layer + int64_t{t} * kv_dim + kv_off, hd) * scale;
       max_s = std::max(max_s, scores_[size_t(t)]);
     }
+    // softmax_no_max fault: exp(s) in fp32 without subtracting the max (inf
+    // once a score exceeds ~88.7, then inf/inf = NaN).
+    if (faults_.softmax_no_max) max_s = 0.0;
     double sum = 0.0;
     for (int32_t t = t0; t < n_kv; ++t) {
-      scores_[size_t(t)] = std::exp(scores_[size_t(t)] - max_s);
+      scores_[size_t(t)] = faults_.softmax_no_max
+                               ? double{std::exp(static_cast<float>(scores_[size_t(t)]))}
+                               : std::exp(scores_[size_t(t)] - max_s);
       sum += scores_[size_t(t)];
     }
     for (int64_t i = 0; i < hd; ++i) {
@@ -169,7 +240,7 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
       att_out_[size_t(h * hd + i)] = static_cast<float>(acc / sum);
     }
   }
-  matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim);
+  matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim, faults_);
   if (c.post_norms) ops::rms_norm(xn_.data(), L.post_attn_norm.data(), xn_.data(), d, eps);
   add_into(x_, xn_, d);
 }
@@ -179,17 +250,17 @@ void ReferenceTransformer::feed_forward(int32_t l) {
   const ModelConfig& c = w_.config;
   const LayerWeights& L = w_.layers[size_t(l)];
   const int64_t d = c.n_embd, n_ff = c.n_ff;
-  const double eps = c.rms_norm_eps;
+  const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
   ops::rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
-  matvec(pool_, L.w_gate.data(), xn_.data(), gate_.data(), n_ff, d);
-  matvec(pool_, L.w_up.data(), xn_.data(), up_.data(), n_ff, d);
+  matvec(pool_, L.w_gate.data(), xn_.data(), gate_.data(), n_ff, d, faults_);
+  matvec(pool_, L.w_up.data(), xn_.data(), up_.data(), n_ff, d, faults_);
   const bool gelu = c.ffn_activation == FfnActivation::GeluTanh;
   for (int64_t i = 0; i < n_ff; ++i) {
     const double g = gate_[size_t(i)];
     const double act = gelu ? ops::gelu_tanh(g) : ops::silu(g);
     gate_[size_t(i)] = static_cast<float>(act * double{up_[size_t(i)]});
   }
-  matvec(pool_, L.w_down.data(), gate_.data(), xn_.data(), d, n_ff);
+  matvec(pool_, L.w_down.data(), gate_.data(), xn_.data(), d, n_ff, faults_);
   if (c.post_norms) ops::rms_norm(xn_.data(), L.post_ffn_norm.data(), xn_.data(), d, eps);
   add_into(x_, xn_, d);
 }
@@ -207,13 +278,15 @@ void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {
   const float* e = w_.token_embd.data() + int64_t{token} * d;
   for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{e[i]} * c.embd_scale);
 
-  for (int32_t l = 0; l < c.n_layer; ++l) {
+  const int32_t n_layer = faults_.last_layer_skipped ? c.n_layer - 1 : c.n_layer;
+  for (int32_t l = 0; l < n_layer; ++l) {
     attention(l, pos_);
     feed_forward(l);
   }
 
-  ops::rms_norm(x_.data(), w_.output_norm.data(), xn_.data(), d, c.rms_norm_eps);
-  matvec(pool_, w_.lm_head().data(), xn_.data(), logits.data(), c.n_vocab, d);
+  ops::rms_norm(x_.data(), w_.output_norm.data(), xn_.data(), d,
+                c.rms_norm_eps * faults_.rms_eps_scale);
+  matvec(pool_, w_.lm_head().data(), xn_.data(), logits.data(), c.n_vocab, d, faults_);
   if (c.final_logit_softcap != 0.0) {
     for (float& v : logits) v = static_cast<float>(ops::softcap(v, c.final_logit_softcap));
   }
@@ -225,6 +298,7 @@ void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {
     }
   }
   ++pos_;
+  kv_len_ = std::max(kv_len_, pos_);
 }
 
 }  // namespace touchstone

@@ -17,12 +17,34 @@
 namespace touchstone {
 
 // Deliberate faults, used only by the tests that prove the parity harness can
-// fail. A default-constructed Faults is the correct model.
+// fail (the catalog: docs/metrics.md#fault-catalog-and-margins). A
+// default-constructed Faults is the correct model. Each names one realistic
+// implementation bug; backends implement the ones they can and refuse the rest.
 struct Faults {
+  std::string name;              // as given to parse_fault ("" = none)
   double rope_base_scale = 1.0;  // "rope_base_off_1pct": freq_base * 1.01
   double logit_noise = 0.0;      // "logits_perturb_1e-3": logit *= 1 +/- 1e-3 (deterministic signs)
   bool kv_off_by_one = false;    // "kv_position_off_by_one": attention skips the newest KV entry
+  bool rope_layout = false;      // "rope_layout": NeoX pairs for an interleaved model and back
+  bool kv_write_next = false;    // "kv_write_next": K/V of position p written at p + 1
+  bool gqa_mapping = false;      // "gqa_mapping": query head h reads KV head h % n_head_kv
+  bool attention_scale = false;  // "attention_scale": scores * 1/head_dim (not 1/sqrt)
+  bool softmax_no_max = false;   // "softmax_no_max": fp32 exp(s) without max subtraction
+  double rms_eps_scale = 1.0;    // "rms_eps_10x": every RMSNorm epsilon * 10
+  bool quant_scale_min_swap = false;  // "quant_scale_min_swap": Q4_1/Q5_1/Q4_K/Q5_K d <-> m
+  bool nibble_order = false;          // "nibble_order": low/high nibbles swapped (4/5-bit blocks)
+  bool fp16_accumulation = false;     // "fp16_accumulation": matmul outputs rounded to fp16
+  bool rewind_noop = false;           // "rewind_noop": rewind keeps the stale KV entries attended
+  bool causal_mask = false;           // "causal_mask": prefill attends to the chunk's future tokens
+  bool thread_order_reduction = false;  // "thread_order_reduction": dot products split per thread
+  bool last_layer_skipped = false;      // "last_layer_skipped": the last layer is not run
+
+  // The faults that corrupt only the quantized weight path (GGUF blocks).
+  bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
 };
+
+// Every fault name parse_fault knows, in catalog order.
+const std::vector<std::string>& fault_names();
 
 // Parses a fault name ("" = none). Throws touchstone::Error listing the known names.
 Faults parse_fault(const std::string& name);
@@ -46,6 +68,9 @@ class ReferenceTransformer {
   int32_t n_vocab() const { return w_.config.n_vocab; }
   // Drops KV entries at positions >= p. Throws if p > position() or p < 0.
   void rewind(int32_t p);
+  // The causal_mask fault only: attention at any position also reads the KV
+  // entries up to `end` (exclusive), the end of the prefill chunk being run.
+  void set_chunk_end(int32_t end) { chunk_end_ = end; }
 
  private:
   void attention(int32_t l, int32_t pos);
@@ -55,6 +80,8 @@ class ReferenceTransformer {
   Faults faults_;
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
+  int32_t kv_len_ = 0;     // rewind_noop fault: entries [0, kv_len_) are attended
+  int32_t chunk_end_ = 0;  // causal_mask fault: see set_chunk_end
   RowPool pool_;
   std::vector<float> k_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim], RoPE already applied
   std::vector<float> v_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim]
