@@ -139,3 +139,31 @@ endforeach()
 ")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_script})
 endfunction()
+
+# The fault catalog (docs/metrics.md#fault-catalog-and-margins): one test
+# fault.<backend>.<weights>.<fault> per "fault=EXPECT" argument, on one short
+# case (narrative, 4 greedy steps) so each costs about a second. EXPECT is the
+# --expect-step value: the step where the goldens must catch the fault, or the
+# consistency check (CHECK@position) that must catch a consistency-only fault
+# (then only the consistency checks run, on 8 tokens). EXPECT "pass": the run
+# must PASS with the fault set (a quantized-only fault on full_precision).
+function(touchstone_add_fault_tests backend weights)
+  foreach(entry ${ARGN})
+    string(REPLACE "=" ";" _kv "${entry}")
+    list(GET _kv 0 _fault)
+    list(GET _kv 1 _expect)
+    set(_t fault.${backend}.${weights}.${_fault})
+    if(_expect STREQUAL "pass")
+      set(_mode --no-scoring --no-consistency --max-steps 4)
+    elseif(_expect MATCHES "^consistency")
+      set(_mode --consistency-only --consistency-tokens 8 --expect-fail --expect-step ${_expect})
+    else()
+      set(_mode --no-scoring --no-consistency --max-steps 4 --expect-fail --expect-step ${_expect})
+    endif()
+    add_test(NAME ${_t}
+      COMMAND touchstone parity --backend ${backend} --weights ${weights} --fault ${_fault}
+              --case narrative ${_mode} --manifest ${TOUCHSTONE_MANIFEST})
+    set_tests_properties(${_t} PROPERTIES LABELS "fault;${backend};${weights}"
+      SKIP_RETURN_CODE 77 TIMEOUT 300)
+  endforeach()
+endfunction()
