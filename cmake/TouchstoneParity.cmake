@@ -147,18 +147,27 @@ endfunction()
 # consistency check (CHECK@position) that must catch a consistency-only fault
 # (then only the consistency checks run, on 8 tokens). EXPECT "pass": the run
 # must PASS with the fault set (a quantized-only fault on full_precision).
+# EXPECT "STEP/L:POINT" (POINT attn | ffn | resid) or "STEP/after" also requires
+# the first divergent layer tap (--expect-layer; golden layer taps, ABI v4).
 function(touchstone_add_fault_tests backend weights)
   foreach(entry ${ARGN})
     string(REPLACE "=" ";" _kv "${entry}")
     list(GET _kv 0 _fault)
     list(GET _kv 1 _expect)
+    # STEP/LAYER:POINT also names the first divergent layer tap (--expect-layer).
+    set(_layer "")
+    if(_expect MATCHES "^([^/]+)/(.+)$")
+      set(_expect ${CMAKE_MATCH_1})
+      set(_layer --expect-layer ${CMAKE_MATCH_2})
+    endif()
     set(_t fault.${backend}.${weights}.${_fault})
     if(_expect STREQUAL "pass")
       set(_mode --no-scoring --no-consistency --max-steps 4)
     elseif(_expect MATCHES "^consistency")
       set(_mode --consistency-only --consistency-tokens 8 --expect-fail --expect-step ${_expect})
     else()
-      set(_mode --no-scoring --no-consistency --max-steps 4 --expect-fail --expect-step ${_expect})
+      set(_mode --no-scoring --no-consistency --max-steps 4 --expect-fail --expect-step ${_expect}
+                ${_layer})
     endif()
     add_test(NAME ${_t}
       COMMAND touchstone parity --backend ${backend} --weights ${weights} --fault ${_fault}

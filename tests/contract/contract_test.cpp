@@ -17,7 +17,9 @@
 #include <memory>
 
 #include "touchstone/backend.h"
+#include "touchstone/gguf.h"
 #include "touchstone/metrics.h"
+#include "touchstone/model_config.h"
 
 namespace touchstone {
 namespace {
@@ -133,6 +135,53 @@ TEST_F(Contract, RewindThenReplayReproducesLogits) {
   }
   s.rewind(0);
   EXPECT_EQ(s.position(), 0);
+}
+
+// ABI v4 layer taps: the record has n_layer x 3 x n_embd floats, describes the
+// last position of the call (prefill(12) records what prefill(11) + decode
+// records), leaves the logits unchanged, and a read before any record, of the
+// wrong size or after set_taps(0) is an error, not a crash.
+TEST_F(Contract, LayerTapsRecordTheLastPositionAndLeaveLogitsAlone) {
+  if (!lib_->has_taps()) GTEST_SKIP() << "no layer taps (ABI v4 set_taps/read_taps)";
+  const ModelConfig c = read_model_config(gguf::File::open(env("TOUCHSTONE_MODEL_PATH")));
+  const size_t n = size_t(c.n_layer) * TS_TAP_POINTS * size_t(c.n_embd);
+  Session plain(*model_, options());
+  const std::vector<float> want = plain.prefill(kTokens);
+
+  Session s(*model_, options());
+  s.set_taps(true);
+  EXPECT_THROW(s.read_taps(n), BackendError) << "read before any call";
+  const std::vector<float> got = s.prefill(kTokens);
+  if (deterministic()) {
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << "recording taps changed the logits";
+  } else {
+    expect_close(want, got, "logits with taps on");
+  }
+  const std::vector<float> taps = s.read_taps(n);
+  EXPECT_THROW(s.read_taps(n - 1), BackendError) << "wrong size";
+  for (float v : taps) ASSERT_TRUE(std::isfinite(v));
+
+  Session d(*model_, options());
+  d.set_taps(true);
+  d.prefill(std::span<const int32_t>(kTokens.data(), kTokens.size() - 1));
+  std::vector<float> logits(size_t(d.n_vocab()));
+  d.decode(kTokens.back(), logits);
+  const std::vector<float> step = d.read_taps(n);
+  EXPECT_LE(metrics::nmse(taps, step), 1e-8) << "prefill's record is not the last position's";
+  // Each layer's residual is the previous residual plus both block outputs.
+  const size_t D = size_t(c.n_embd);
+  for (int32_t l = 1; l < c.n_layer; ++l) {
+    const float* prev = taps.data() + (size_t(l - 1) * 3 + TS_TAP_RESIDUAL) * D;
+    const float* at = taps.data() + (size_t(l) * 3 + TS_TAP_ATTN_OUT) * D;
+    const float* ffn = taps.data() + (size_t(l) * 3 + TS_TAP_FFN_OUT) * D;
+    const float* res = taps.data() + (size_t(l) * 3 + TS_TAP_RESIDUAL) * D;
+    std::vector<float> sum(D), out(res, res + D);
+    for (size_t i = 0; i < D; ++i) sum[i] = prev[i] + at[i] + ffn[i];
+    ASSERT_LE(metrics::nmse(out, sum), 1e-10) << "layer " << l << ": residual != prev + attn + ffn";
+  }
+  s.set_taps(false);
+  EXPECT_THROW(s.read_taps(n), BackendError) << "read after set_taps(0)";
 }
 
 // TS_CAP_DEVICE_GREEDY: prefill_greedy appends like prefill and returns the

@@ -3,6 +3,7 @@
  * FAKE_GREEDY_FN to exercise every refusal path of BackendLibrary::load and
  * the version-1 compatibility rule. Every session call fails loudly. */
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "touchstone/backend_abi.h"
 
@@ -91,6 +92,30 @@ static ts_status prefill_greedy(ts_session* s, const int32_t* t, int32_t n, int3
 #define FAKE_FEATURES ""
 #endif
 
+/* Version 4 members; an older table carries entries here that a loader must
+ * neither read nor call (they abort). */
+static ts_status set_taps_trap(ts_session* s, int32_t enable) {
+  (void)s;
+  (void)enable;
+  abort();
+}
+static ts_status read_taps_trap(ts_session* s, float* out, int64_t n) {
+  (void)s;
+  (void)out;
+  (void)n;
+  abort();
+}
+#if FAKE_API_VERSION < 4
+#define FAKE_SET_TAPS set_taps_trap
+#define FAKE_READ_TAPS read_taps_trap
+#elif defined(FAKE_TAPS_HALF)
+#define FAKE_SET_TAPS set_taps_trap
+#define FAKE_READ_TAPS NULL
+#else
+#define FAKE_SET_TAPS NULL
+#define FAKE_READ_TAPS NULL
+#endif
+
 #ifdef FAKE_MISSING_FN
 #define FAKE_POSITION NULL
 #else
@@ -98,9 +123,10 @@ static ts_status prefill_greedy(ts_session* s, const int32_t* t, int32_t n, int3
 #endif
 
 static const ts_backend kFake = {
-    FAKE_API_VERSION, "fake",     "0",           last_error,   device_name,        capabilities,
-    load_model,       free_model, n_vocab,       open_session, free_session,       prefill,
-    decode,           rewind_to,  FAKE_POSITION, FAKE_GREEDY,  FAKE_ARCHITECTURES, FAKE_FEATURES};
+    FAKE_API_VERSION, "fake",        "0",           last_error,   device_name,        capabilities,
+    load_model,       free_model,    n_vocab,       open_session, free_session,       prefill,
+    decode,           rewind_to,     FAKE_POSITION, FAKE_GREEDY,  FAKE_ARCHITECTURES, FAKE_FEATURES,
+    FAKE_SET_TAPS,    FAKE_READ_TAPS};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

@@ -62,9 +62,24 @@ TEST(Loader, AcceptsVersion2WithoutReadingVersion3Members) {
   EXPECT_EQ(lib->channel().info().architectures, "");
 }
 
-TEST(Loader, Version3DeclaresArchitecturesAndFeatures) {
-  auto lib = BackendLibrary::load(fake("ok"));
+// Version 3 tables load; the version-4 members (set_taps, read_taps: traps
+// that abort here) are neither read nor called.
+TEST(Loader, AcceptsVersion3WithoutReadingVersion4Members) {
+  auto lib = BackendLibrary::load(fake("v3"));
   EXPECT_EQ(lib->api_version(), 3u);
+  EXPECT_TRUE(lib->channel().info().declares_models);
+  EXPECT_FALSE(lib->has_taps());
+}
+
+TEST(Loader, LayerTapsNeedBothEntries) {
+  EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_taps());
+  const std::string msg = load_error(fake("taps_half"));
+  EXPECT_NE(msg.find("read_taps"), std::string::npos) << msg;
+}
+
+TEST(Loader, Version4DeclaresArchitecturesAndFeatures) {
+  auto lib = BackendLibrary::load(fake("ok"));
+  EXPECT_EQ(lib->api_version(), uint32_t{TS_BACKEND_API_VERSION});
   EXPECT_TRUE(lib->channel().info().declares_models);
   EXPECT_EQ(lib->channel().info().architectures, "llama");
   EXPECT_EQ(lib->channel().info().model_features, "");

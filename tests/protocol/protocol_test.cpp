@@ -124,6 +124,7 @@ TEST(Protocol, BackendInfoRoundTrip) {
   i.declares_models = true;
   i.architectures = "llama,gemma3";
   i.model_features = "neox_rope,qk_norm";
+  i.taps = true;
   Writer w;
   encode(w, i);
   Reader r(bytes(w.bytes()), "hello reply");
@@ -135,6 +136,7 @@ TEST(Protocol, BackendInfoRoundTrip) {
   EXPECT_TRUE(d.declares_models);
   EXPECT_EQ(d.architectures, "llama,gemma3");
   EXPECT_EQ(d.model_features, "neox_rope,qk_norm");
+  EXPECT_TRUE(d.taps);
   r.finish();
 }
 

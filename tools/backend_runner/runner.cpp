@@ -214,6 +214,24 @@ std::string Runner::handle(Op op, Reader& r) {
       w.i32(ch_->position(s));
       return w.bytes();
     }
+    case Op::kSetTaps: {
+      const Handle s = session(r);
+      const bool enable = r.i32("enable") != 0;
+      r.finish();
+      ch_->set_taps(s, enable);
+      return w.bytes();
+    }
+    case Op::kReadTaps: {
+      const Handle s = session(r);
+      const uint64_t n = r.u64("n_floats");
+      r.finish();
+      if (n == 0 || n > (uint64_t{1} << 28)) {
+        throw Error("runner: read_taps: n_floats {} outside [1, 2^28]", n);
+      }
+      ch_->read_taps(s, std::span<float>(guarded(size_t(n)).data(), size_t(n)));
+      check_guard(size_t(n), "read_taps");
+      return floats_reply(size_t(n));
+    }
     case Op::kHello:
       break;
   }

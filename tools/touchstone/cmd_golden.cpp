@@ -15,6 +15,7 @@
 #include "touchstone/file_io.h"
 #include "touchstone/gguf.h"
 #include "touchstone/golden.h"
+#include "touchstone/model_config.h"
 #include "touchstone/model_store.h"
 #include "touchstone/recorder.h"
 
@@ -99,7 +100,12 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   g.model_sha256 = mm.sha256;
   g.reference_version = lib->name() + " " + lib->version();
   g.reference_revision = revision;
-  const RecordOptions ropt;
+  RecordOptions ropt;
+  {
+    const ModelConfig cfg = read_model_config(gguf::File::open(model_path));
+    ropt.tap_layers = cfg.n_layer;
+    ropt.tap_dim = cfg.n_embd;
+  }
   for (const ManifestCase& c : m.cases) {
     if (c.model != mm.name) continue;
     g.cases.push_back(record_case(session, tok, chat, c, ropt,

@@ -10,6 +10,7 @@
 
 #include "backend_host.h"
 #include "cli_common.h"
+#include "expect.h"
 #include "touchstone/consistency.h"
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
@@ -25,7 +26,8 @@ namespace {
 struct Opts {
   std::string manifest = default_manifest_path(), backend = "reference", suite = "quick";
   std::string weights = "full_precision", profile, fault, json, junit, model, goldens;
-  std::string expect_step;  // --expect-step: N, CHECK or CHECK@N
+  std::string expect_step;   // --expect-step: N, CHECK or CHECK@N
+  std::string expect_layer;  // --expect-layer: L:attn|ffn|resid, or after
   std::vector<std::string> cases, scoring;
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   bool consistency = false, consistency_only = false, no_consistency = false;
@@ -111,47 +113,6 @@ Result guarded(BackendHost& host, const std::string& name, Fn&& check) {
   Result r = check(*session);
   if (!r.backend_error.empty()) host.discard();
   return r;
-}
-
-bool expect_fail_caught(const Report& report) {
-  bool caught = !report.passed();
-  for (const CaseResult& c : report.cases) {
-    const bool named =
-        (c.first_divergence && !c.first_divergence->accepted) || c.first_logit_violation_step >= 0;
-    if (!c.passed && !named) caught = false;
-  }
-  return caught;
-}
-
-// --expect-step N | CHECK | CHECK@N: every failing result is the named check
-// (if named) and first fails at step / position N (if given): a case's first
-// logit violation (else its first unaccepted divergence), a scoring passage's
-// first failing position, a consistency check's first failing position.
-bool expect_step_met(const Report& report, const std::string& spec) {
-  const size_t at = spec.find('@');
-  const bool digits_only = spec.find_first_not_of("0123456789") == std::string::npos;
-  const std::string check = digits_only ? "" : spec.substr(0, at);
-  const std::string step_text = digits_only               ? spec
-                                : at == std::string::npos ? ""
-                                                          : spec.substr(at + 1);
-  const int want = step_text.empty() ? -1 : std::stoi(step_text);
-  bool any = false, ok = true;
-  auto match = [&](const std::string& name, int step) {
-    any = true;
-    const bool m = (check.empty() || name == check) && (want < 0 || step == want);
-    fmt::print("expect-step: {} fails first at step {}{}\n", name, step,
-               m ? "" : " (not expected)");
-    ok = ok && m;
-  };
-  for (const CaseResult& c : report.cases) {
-    if (c.passed) continue;
-    const int div =
-        c.first_divergence && !c.first_divergence->accepted ? c.first_divergence->step : -1;
-    match(c.name, c.first_logit_violation_step >= 0 ? c.first_logit_violation_step : div);
-  }
-  for (const ScoringResult& sr : report.scoring)
-    if (!sr.passed) match(sr.name, sr.first_failing_position);
-  return any && ok;
 }
 
 // Progress on stderr with an estimate of the time left, by the number of
@@ -352,6 +313,10 @@ int run_parity(const Opts& o) {
     fmt::print("expect-step: expected {}: NOT met\n", o.expect_step);
     return kExitFail;
   }
+  if (caught && !o.expect_layer.empty() && !expect_layer_met(report, o.expect_layer)) {
+    fmt::print("expect-layer: expected {}: NOT met\n", o.expect_layer);
+    return kExitFail;
+  }
   return caught ? 0 : kExitFail;
 }
 
@@ -413,6 +378,12 @@ void add_parity(CLI::App& app, int& exit_code) {
                    ? std::string()
                    : std::string("N, CHECK or CHECK@N (N a step number)");
       })
+      ->needs(expect_fail);
+  cmd->add_option("--expect-layer", o->expect_layer,
+                  "Test only, with --expect-fail: every failing case's first divergent layer tap "
+                  "is L:attn, L:ffn or L:resid, or 'after' (every tap matches: the fault is past "
+                  "the last layer)")
+      ->check([](const std::string& v) { return expect_layer_spec_error(v); })
       ->needs(expect_fail);
   cmd->add_option("--json", o->json, "Write the report as JSON here (rewritten after every case)");
   cmd->add_option("--junit", o->junit, "Write the report as JUnit XML here");

@@ -174,6 +174,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 
 int32_t position(const ts_session* s) { return s ? s->s->position() : 0; }
 
+ts_status set_taps(ts_session* s, int32_t enable) {
+  return touchstone::abi::guard([&] {
+    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "set_taps: null session");
+    s->s->set_taps(enable != 0);
+  });
+}
+
+ts_status read_taps(ts_session* s, float* out, int64_t n) {
+  return touchstone::abi::guard([&] {
+    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "read_taps: null session");
+    const std::vector<float>& t = s->s->taps();
+    touchstone::abi::copy_taps(t.data(), t.size(), out, n);
+  });
+}
+
 // The "device" is the CPU: the logits land in the session's own buffer and only
 // the token id is returned.
 ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n, int32_t* token_out) {
@@ -210,6 +225,8 @@ const ts_backend kBackend = {
     // docs/model-families.md).
     ts_cpu::kArchitectures,
     ts_cpu::kModelFeatures,
+    set_taps,  // ABI v4: layer taps
+    read_taps,
 };
 
 }  // namespace

@@ -609,6 +609,12 @@ void Session::attention(int32_t layer, int32_t n) {
   });
 }
 
+void Session::tap(int32_t layer, int point, const float* row) {
+  const size_t d = size_t(c_.n_embd);
+  if (taps_.empty()) taps_.resize(size_t(c_.n_layer) * 3 * d);
+  std::copy(row, row + d, taps_.data() + (size_t(layer) * 3 + size_t(point)) * d);
+}
+
 void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   const size_t d = size_t(c_.n_embd), hd = size_t(c_.head_dim), ff = size_t(c_.n_ff);
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
@@ -693,6 +699,7 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
         rms_norm(tmp_.data() + i * d, L.post_attn_norm, tmp_.data() + i * d, d, eps);
     }
     for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
+    if (taps_on_) tap(l, TS_TAP_ATTN_OUT, tmp_.data() + (N - 1) * d);
 
     for (size_t i = 0; i < N; ++i)
       rms_norm(x_.data() + i * d, L.ffn_norm, xn_.data() + i * d, d, eps);
@@ -720,6 +727,18 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
         rms_norm(tmp_.data() + i * d, L.post_ffn_norm, tmp_.data() + i * d, d, eps);
     }
     for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
+    if (taps_on_) {
+      tap(l, TS_TAP_FFN_OUT, tmp_.data() + (N - 1) * d);
+      tap(l, TS_TAP_RESIDUAL, x_.data() + (N - 1) * d);
+    }
+  }
+  if (taps_on_) {  // a skipped layer (fault) adds nothing: zero outputs, residual unchanged
+    const std::vector<float> zero(d, 0.0f);
+    for (int32_t l = n_layer; l < c_.n_layer; ++l) {
+      tap(l, TS_TAP_ATTN_OUT, zero.data());
+      tap(l, TS_TAP_FFN_OUT, zero.data());
+      tap(l, TS_TAP_RESIDUAL, x_.data() + (N - 1) * d);
+    }
   }
 
   if (logits) {

@@ -123,6 +123,13 @@ class Session {
     if (!faults_.rewind_noop) kv_len_ = p;  // the fault keeps stale entries attended
   }
   int n_threads() const { return pool_.size(); }
+  // Layer taps (ABI v4): while on, forward() records the last row of each chunk,
+  // [n_layer][3][n_embd] (attention output, FFN output, residual after the layer).
+  void set_taps(bool on) {
+    taps_on_ = on;
+    taps_.clear();
+  }
+  const std::vector<float>& taps() const { return taps_; }
 
   static constexpr int32_t kMaxBatch = 128;  // prefill is processed in chunks of this many tokens
 
@@ -164,6 +171,9 @@ class Session {
   std::vector<float> act_d_, act_s_;
   std::vector<ActRow> act_;
   std::vector<float> greedy_logits_;
+  bool taps_on_ = false;
+  std::vector<float> taps_;
+  void tap(int32_t layer, int point, const float* row);
   // RoPE: layers share a table when their (base, scale) are equal (Gemma 3: one
   // for the local layers, one for the global ones).
   std::vector<int> layer_rope_;                         // [layer] -> table index

@@ -168,6 +168,8 @@ const ts_backend kBackend = {
     prefill_greedy,
     "llama",  // ABI v3: the plain Llama family only (docs/model-families.md)
     "",
+    nullptr,  // ABI v4: no layer taps (set_taps)
+    nullptr,  // read_taps
 };
 
 }  // namespace

@@ -31,6 +31,8 @@
  * Version 2 (2026-11-22) appended prefill_greedy (TS_CAP_DEVICE_GREEDY).
  * Version 3 (2026-11-25) appended architectures and model_features: which model
  * families and features the backend computes, readable before any load.
+ * Version 4 (2026-11-25) appended set_taps and read_taps: per-layer activations
+ * of the last position, so the harness can name the first divergent layer.
  */
 #ifndef TOUCHSTONE_BACKEND_ABI_H
 #define TOUCHSTONE_BACKEND_ABI_H
@@ -42,7 +44,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 3
+#define TS_BACKEND_API_VERSION 4
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -93,6 +95,15 @@ typedef struct ts_session_options {
                           a backend that does not know it returns
                           TS_ERR_UNSUPPORTED */
 } ts_session_options;
+
+/* Layer taps (api_version >= 4): per layer, TS_TAP_POINTS vectors of n_embd
+ * float32, in this order. The attention and FFN outputs are the values added to
+ * the residual stream (after the output projection and any post-norm, before
+ * the add); the residual is the stream after the layer's last add. */
+#define TS_TAP_ATTN_OUT 0
+#define TS_TAP_FFN_OUT 1
+#define TS_TAP_RESIDUAL 2
+#define TS_TAP_POINTS 3
 
 typedef struct ts_model ts_model;     /* opaque, backend-defined */
 typedef struct ts_session ts_session; /* opaque, backend-defined */
@@ -145,6 +156,19 @@ typedef struct ts_backend {
    * (and must still refuse what it cannot compute with TS_ERR_UNSUPPORTED). */
   const char* architectures;
   const char* model_features;
+
+  /* ---- api_version >= 4 ---- */
+  /* Layer taps (optional: both NULL when not implemented). After
+   * set_taps(session, 1), every prefill / decode / prefill_greedy call records
+   * the activations of the LAST position it processed; read_taps copies the
+   * latest record into out: n_layer * TS_TAP_POINTS * n_embd float32,
+   * out[(layer * TS_TAP_POINTS + point) * n_embd + i] (n_layer = GGUF
+   * <arch>.block_count, n_embd = <arch>.embedding_length). n_floats must equal
+   * that size (TS_ERR_INVALID_ARGUMENT otherwise, naming both); read_taps before
+   * any recorded call, or with taps off, is TS_ERR_INVALID_ARGUMENT.
+   * set_taps(session, 0) stops recording. Recording must not change logits. */
+  ts_status (*set_taps)(ts_session* session, int32_t enable);
+  ts_status (*read_taps)(ts_session* session, float* out, int64_t n_floats);
 } ts_backend;
 
 /* The one exported symbol. */

@@ -4,6 +4,7 @@
 // message for last_error(): exceptions never cross the ABI.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <new>
@@ -71,6 +72,22 @@ inline int32_t greedy_argmax(const float* logits, int64_t n) {
   }
   if (best < 0) throw StatusError(TS_ERR_INTERNAL, "greedy: every logit is NaN");
   return static_cast<int32_t>(best);
+}
+
+// read_taps (ABI v4) for a backend that keeps its last record in host memory:
+// TS_ERR_INVALID_ARGUMENT when nothing was recorded or n differs from its size.
+inline void copy_taps(const float* taps, size_t size, float* out, int64_t n) {
+  if (!out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "read_taps: null buffer");
+  if (size == 0) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "read_taps: nothing recorded (set_taps(1) first, then a call)");
+  }
+  if (n < 0 || uint64_t(n) != size) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      fmt::format("read_taps: n_floats {} != n_layer x {} x n_embd = {}", n,
+                                  TS_TAP_POINTS, size));
+  }
+  std::copy(taps, taps + size, out);
 }
 
 template <typename F>

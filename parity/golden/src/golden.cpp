@@ -66,12 +66,35 @@ void check_vocab_k(const std::string& where, const std::string& obj, int32_t n_v
 
 uint64_t mul(uint64_t a, uint64_t b) { return a * b; }  // operands < 2^32 each: no overflow
 
+void validate_taps(const std::string& where, const std::string& obj, const GoldenCase& c,
+                   int format_version) {
+  if (c.tap_steps.empty()) {
+    if (!c.taps.empty()) throw Error("{}: {}/taps: present without tap_steps", where, obj);
+    return;
+  }
+  if (format_version < 2)
+    throw Error("{}: {}: layer taps need format_version 2, the file says {}", where, obj,
+                format_version);
+  if (c.tap_layers < 1 || c.tap_dim < 1)
+    throw Error("{}: {}/taps: tap_layers = {} and tap_dim = {} must be >= 1", where, obj,
+                c.tap_layers, c.tap_dim);
+  for (size_t i = 0; i < c.tap_steps.size(); ++i) {
+    const int32_t s = c.tap_steps[i];
+    if (s < 0 || size_t(s) >= c.greedy_ids.size() || (i > 0 && s <= c.tap_steps[i - 1]))
+      throw Error("{}: {}/tap_steps[{}] = {}: must be ascending and in [0, G = {})", where, obj, i,
+                  s, c.greedy_ids.size());
+  }
+  check_size(where, obj + "/taps", c.taps.size(), mul(c.tap_steps.size(), c.tap_record_size()),
+             fmt::format("T * layers * {} * dim = {} * {} * {} * {}", kTapPoints,
+                         c.tap_steps.size(), c.tap_layers, kTapPoints, c.tap_dim));
+}
+
 }  // namespace
 
 void validate_golden(const GoldenFile& g, const std::string& where) {
-  if (g.format_version != kGoldenFormatVersion)
-    throw Error("{}: format_version {} is not supported (expected {})", where, g.format_version,
-                kGoldenFormatVersion);
+  if (g.format_version < kGoldenOldestFormatVersion || g.format_version > kGoldenFormatVersion)
+    throw Error("{}: format_version {} is not supported (expected {}..{})", where, g.format_version,
+                kGoldenOldestFormatVersion, kGoldenFormatVersion);
   check_attr_string(where, "model_name", g.model_name);
   check_attr_string(where, "model_sha256", g.model_sha256);
   check_attr_string(where, "reference_version", g.reference_version);
@@ -100,6 +123,7 @@ void validate_golden(const GoldenFile& g, const std::string& where) {
     check_ids(where, obj + "/prompt_ids", c.prompt_ids, c.n_vocab);
     check_ids(where, obj + "/greedy_ids", c.greedy_ids, c.n_vocab);
     check_ids(where, obj + "/topk_ids", c.topk_ids, c.n_vocab);
+    validate_taps(where, obj, c, g.format_version);
   }
 
   seen.clear();

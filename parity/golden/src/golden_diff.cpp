@@ -100,6 +100,10 @@ void diff_case(std::vector<std::string>& out, const GoldenCase& a, const GoldenC
   diff_vec(out, who, "topk_ids", a.topk_ids, b.topk_ids, k);
   diff_vec(out, who, "topk_logits", a.topk_logits, b.topk_logits, k);
   diff_vec(out, who, "lse", a.lse, b.lse);
+  diff_vec(out, who, "tap_steps", a.tap_steps, b.tap_steps);
+  diff_scalar(out, who, "tap_layers", a.tap_layers, b.tap_layers);
+  diff_scalar(out, who, "tap_dim", a.tap_dim, b.tap_dim);
+  diff_vec(out, who, "taps", a.taps, b.taps, a.tap_dim == b.tap_dim ? size_t(a.tap_dim) : 0);
 }
 
 void diff_scoring(std::vector<std::string>& out, const GoldenScoring& a, const GoldenScoring& b) {

@@ -285,7 +285,22 @@ class Reader {
     return names;
   }
 
-  GoldenCase read_case(hid_t cases, const std::string& name) const {
+  // Layer taps [T, layers, kTapPoints, dim] and tap_steps [T] (format 2).
+  void read_taps(hid_t g, const std::string& obj, GoldenCase& c) const {
+    c.tap_steps = read<int32_t>(g, "tap_steps", obj, Kind::i32, {kAny});
+    const auto T = static_cast<int64_t>(c.tap_steps.size());
+    Opened o = open_dataset(g, "taps", obj, Kind::f32, {T, kAny, kTapPoints, kAny});
+    if (o.dims[1] < 1 || o.dims[1] > 4096 || o.dims[3] < 1 || o.dims[3] > (1u << 20))
+      fail(obj + "/taps", fmt::format("implausible shape {}", shape_str(o.dims)));
+    c.tap_layers = static_cast<int32_t>(o.dims[1]);
+    c.tap_dim = static_cast<int32_t>(o.dims[3]);
+    c.taps.resize(static_cast<size_t>(o.total));
+    if (o.total > 0 &&
+        H5Dread(o.dset, mem_type(Kind::f32), H5S_ALL, H5S_ALL, H5P_DEFAULT, c.taps.data()) < 0)
+      fail(obj + "/taps", "cannot read dataset");
+  }
+
+  GoldenCase read_case(hid_t cases, const std::string& name, int version) const {
     const std::string obj = "/cases/" + name;
     Id g = open_group(cases, name, obj);
     GoldenCase c;
@@ -308,6 +323,7 @@ class Reader {
     c.topk_ids = read<int32_t>(g, "topk_ids", obj, Kind::i32, {G, c.top_k});
     c.topk_logits = read<float>(g, "topk_logits", obj, Kind::f32, {G, c.top_k});
     c.lse = read<double>(g, "lse", obj, Kind::f64, {G});
+    if (version >= 2 && exists(g, "taps")) read_taps(g, obj, c);
     return c;
   }
 
@@ -335,15 +351,17 @@ class Reader {
     GoldenFile g;
     g.format_version =
         static_cast<int>(attr_int(file, "format_version", "/", INT32_MIN, INT32_MAX));
-    if (g.format_version != kGoldenFormatVersion)
-      fail("/@format_version", fmt::format("unsupported format_version {} (this build reads {})",
-                                           g.format_version, kGoldenFormatVersion));
+    if (g.format_version < kGoldenOldestFormatVersion || g.format_version > kGoldenFormatVersion)
+      fail("/@format_version",
+           fmt::format("unsupported format_version {} (this build reads {}..{})", g.format_version,
+                       kGoldenOldestFormatVersion, kGoldenFormatVersion));
     g.model_name = attr_string(file, "model_name", "/");
     g.model_sha256 = attr_string(file, "model_sha256", "/");
     g.reference_version = attr_string(file, "reference_version", "/");
     g.reference_revision = attr_string(file, "reference_revision", "/");
     Id cases = open_group(file, "cases", "/cases");
-    for (const auto& n : members(cases, "/cases")) g.cases.push_back(read_case(cases, n));
+    for (const auto& n : members(cases, "/cases"))
+      g.cases.push_back(read_case(cases, n, g.format_version));
     Id scoring = open_group(file, "scoring", "/scoring");
     for (const auto& n : members(scoring, "/scoring"))
       g.scoring.push_back(read_scoring(scoring, n));

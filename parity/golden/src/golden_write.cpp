@@ -145,6 +145,12 @@ class Writer {
       ints(grp, "topk_ids", c.topk_ids, {G, K}, obj);
       floats(grp, "topk_logits", c.topk_logits, {G, K}, obj);
       doubles(grp, "lse", c.lse, obj);
+      if (!c.tap_steps.empty()) {
+        const hsize_t T = c.tap_steps.size();
+        ints(grp, "tap_steps", c.tap_steps, {T}, obj);
+        floats(grp, "taps", c.taps,
+               {T, hsize_t(c.tap_layers), hsize_t(kTapPoints), hsize_t(c.tap_dim)}, obj, true);
+      }
     }
 
     Id scoring = group(file, "scoring", "/scoring", true);

@@ -319,7 +319,7 @@ class Parser {
     allow_keys(o, p,
                {"description", "greedy", "near_tie_margin", "near_tie_top_k", "logits_nmse_max",
                 "logits_max_abs_max", "kld_mean_max", "kld_p99_max", "top1_agreement_min",
-                "ppl_ratio_max"});
+                "ppl_ratio_max", "layer_nmse_max"});
     Profile pr;
     pr.name = pname;
     if (const json* d = find(o, "description"))
@@ -340,6 +340,7 @@ class Parser {
     opt("kld_p99_max", pr.kld_p99_max);
     opt("top1_agreement_min", pr.top1_agreement_min);
     opt("ppl_ratio_max", pr.ppl_ratio_max);
+    opt("layer_nmse_max", pr.layer_nmse_max);
     if (pr.top1_agreement_min && *pr.top1_agreement_min > 1.0)
       fail(child(p, "top1_agreement_min"),
            "expected a fraction in [0, 1], got " + got(o["top1_agreement_min"]));

@@ -92,6 +92,52 @@ TEST_F(GoldenTest, RoundTripIsBitExactAndKeepsOrder) {
   EXPECT_TRUE(leftovers().empty());
 }
 
+// Format 2: layer taps round-trip bit for bit, are validated and diffed;
+// a version-1 file (no taps) is still read.
+TEST_F(GoldenTest, LayerTapsRoundTripValidateAndDiff) {
+  GoldenFile g = make_golden();
+  GoldenCase& c = g.cases[0];
+  ASSERT_GE(c.greedy_ids.size(), 2u);
+  c.tap_steps = {0, 1};
+  c.tap_layers = 3;
+  c.tap_dim = 5;
+  for (size_t i = 0; i < 2 * c.tap_record_size(); ++i) c.taps.push_back(0.25f * float(i) - 3.0f);
+  touchstone::write_golden_file(path("t.h5"), g);
+  const GoldenFile r = touchstone::read_golden_file(path("t.h5"));
+  EXPECT_TRUE(touchstone::diff_golden(g, r).empty());
+  EXPECT_EQ(r.cases[0].tap_steps, c.tap_steps);
+  EXPECT_EQ(r.cases[0].tap_layers, 3);
+  EXPECT_EQ(r.cases[0].tap_dim, 5);
+  EXPECT_TRUE(same_bytes(r.cases[0].taps, c.taps));
+  EXPECT_TRUE(r.cases[1].taps.empty());
+
+  GoldenFile flipped = g;
+  flipped.cases[0].taps[7] = -flipped.cases[0].taps[7];
+  const auto d = touchstone::diff_golden(g, flipped);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].find("taps"), std::string::npos) << d[0];
+
+  GoldenFile bad = g;
+  bad.cases[0].taps.pop_back();
+  EXPECT_THROW(touchstone::write_golden_file(path("bad.h5"), bad), Error);
+  bad = g;
+  bad.cases[0].tap_steps = {1, 1};
+  EXPECT_THROW(touchstone::write_golden_file(path("bad.h5"), bad), Error);
+  bad = g;
+  bad.cases[0].tap_steps = {0, int32_t(c.greedy_ids.size())};
+  EXPECT_THROW(touchstone::write_golden_file(path("bad.h5"), bad), Error);
+
+  GoldenFile v1 = make_golden();
+  v1.format_version = 1;
+  touchstone::write_golden_file(path("v1.h5"), v1);
+  EXPECT_EQ(touchstone::read_golden_file(path("v1.h5")).format_version, 1);
+  v1.cases[0].tap_steps = {0};
+  v1.cases[0].tap_layers = v1.cases[0].tap_dim = 1;
+  v1.cases[0].taps = {0.f, 0.f, 0.f};
+  EXPECT_THROW(touchstone::write_golden_file(path("v1t.h5"), v1), Error)
+      << "taps need format_version 2";
+}
+
 TEST_F(GoldenTest, SameContentGivesSameBytes) {
   touchstone::write_golden_file(path("a.h5"), make_golden());
   touchstone::write_golden_file(path("b.h5"), make_golden());
@@ -369,8 +415,8 @@ TEST_F(GoldenTest, ReadRejectsMissingObjectsAndWrongTypes) {
                            }),
                     {"/cases/zeta/greedy_ids", "wrong dtype: expected int32, got int64"});
   expect_read_error(
-      broken("version.h5", [](hid_t f) { set_attr_i32(f, "/", "format_version", 2); }),
-      {"format_version", "unsupported format_version 2"});
+      broken("version.h5", [](hid_t f) { set_attr_i32(f, "/", "format_version", 99); }),
+      {"format_version", "unsupported format_version 99"});
   expect_read_error(broken("range.h5",
                            [](hid_t f) {
                              H5Ldelete(f, "/cases/alpha/topk_ids", H5P_DEFAULT);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -22,6 +23,28 @@ std::vector<float> gather(std::span<const float> row, std::span<const int32_t> i
   out.reserve(ids.size());
   for (int32_t id : ids) out.push_back(row[size_t(id)]);
   return out;
+}
+
+const char* const kPointNames[kTapPoints] = {"attention output", "FFN output", "residual"};
+
+// Compares one step's backend taps with the golden's record; notes the first
+// point over the tolerance (layers in order, points in order within a layer).
+void compare_taps(const GoldenCase& g, size_t t, std::span<const float> test, double tol,
+                  CaseResult& r) {
+  ++r.tap_steps_compared;
+  if (r.first_layer_divergence) return;
+  const size_t D = size_t(g.tap_dim);
+  const float* ref = g.taps.data() + t * g.tap_record_size();
+  for (int l = 0; l < g.tap_layers; ++l) {
+    for (int p = 0; p < kTapPoints; ++p) {
+      const size_t off = (size_t(l) * kTapPoints + size_t(p)) * D;
+      const double e = metrics::nmse(std::span<const float>(ref + off, D), test.subspan(off, D));
+      if (!(e <= tol)) {
+        r.first_layer_divergence = LayerDivergence{g.tap_steps[t], l, p, e, tol};
+        return;
+      }
+    }
+  }
 }
 
 // Records the first logit-criterion violation (step + description) once.
@@ -79,12 +102,23 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
   if (session.n_vocab() != g.n_vocab) {
     throw Error("backend n_vocab {} != golden n_vocab {}", session.n_vocab(), g.n_vocab);
   }
+  // Layer taps: when both sides have them and the profile gives a tolerance.
+  const std::optional<double> tol = p.layer_tolerance();
+  const bool taps = !g.tap_steps.empty() && session.has_taps() && tol.has_value();
+  at = {"set_taps", -1};
+  if (taps) session.set_taps(true);
   at = {"rewind", -1};
   session.rewind(0);
   at = {"prefill", 0};
   std::vector<float> logits = session.prefill(g.prompt_ids);
   bool stop = false;
+  size_t next_tap = 0;
   for (int s = 0; s < r.n_total && !stop; ++s) {
+    if (taps && next_tap < g.tap_steps.size() && g.tap_steps[next_tap] == s) {
+      at = {"read_taps", s};
+      compare_taps(g, next_tap, session.read_taps(g.tap_record_size()), *tol, r);
+      ++next_tap;
+    }
     const std::span<const float> row(logits);
     const std::span<const int32_t> ref_ids(g.topk_ids.data() + size_t(s) * K, K);
     const std::span<const float> ref_vals(g.topk_logits.data() + size_t(s) * K, K);
@@ -160,9 +194,20 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
       session.decode(ref_tok, logits);  // teacher-forced
     }
   }
+  at = {"set_taps", -1};
+  if (taps) session.set_taps(false);
 }
 
 }  // namespace
+
+std::string LayerDivergence::point_name() const {
+  return point >= 0 && point < kTapPoints ? kPointNames[point] : "?";
+}
+
+std::string LayerDivergence::describe() const {
+  return fmt::format("layer {}, {}: NMSE {:.3e} > {:.1e} (step {})", layer, point_name(), nmse,
+                     tolerance, step);
+}
 
 CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
                       int max_steps) {
@@ -206,6 +251,21 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
   if (r.first_logit_violation_step >= 0) {
     r.failures.push_back(fmt::format("logits diverge at step {}: {}", r.first_logit_violation_step,
                                      r.first_logit_violation));
+  }
+  if (!r.failures.empty() && r.first_layer_divergence) {
+    r.failures.push_back("first divergent layer: " + r.first_layer_divergence->describe());
+  } else if (!r.failures.empty() && r.first_logit_violation_step >= 0) {
+    // Every tap matched; when the logits broke at a step whose taps were
+    // compared, the fault is past the last layer.
+    const auto compared = std::span<const int32_t>(g.tap_steps)
+                              .first(std::min(g.tap_steps.size(), size_t(r.tap_steps_compared)));
+    if (std::find(compared.begin(), compared.end(), r.first_logit_violation_step) !=
+        compared.end()) {
+      r.failures.push_back(fmt::format(
+          "every layer tap matches the reference at step {}: the divergence is after the last "
+          "layer (output norm, LM head, logit softcap)",
+          r.first_logit_violation_step));
+    }
   }
   r.passed = r.failures.empty();
   r.seconds = seconds_since(t0);

@@ -1,5 +1,7 @@
 #include "touchstone/recorder.h"
 
+#include <algorithm>
+
 #include "touchstone/chat.h"
 #include "touchstone/error.h"
 #include "touchstone/metrics.h"
@@ -40,9 +42,21 @@ GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplat
   g.top_k = std::min(opt.case_top_k, g.n_vocab);
   g.n_full_steps = std::min(opt.n_full_steps, c.n_predict);
 
+  const bool taps = session.has_taps() && opt.tap_layers > 0 && opt.tap_dim > 0;
+  if (taps) {
+    for (int32_t s : opt.tap_steps)
+      if (s >= 0 && s < c.n_predict) g.tap_steps.push_back(s);
+    g.tap_layers = opt.tap_layers;
+    g.tap_dim = opt.tap_dim;
+    session.set_taps(!g.tap_steps.empty());
+  }
   session.rewind(0);
   std::vector<float> logits = session.prefill(g.prompt_ids);
   for (int s = 0; s < c.n_predict; ++s) {
+    if (taps && std::find(g.tap_steps.begin(), g.tap_steps.end(), s) != g.tap_steps.end()) {
+      const std::vector<float> t = session.read_taps(g.tap_record_size());
+      g.taps.insert(g.taps.end(), t.begin(), t.end());
+    }
     if (!metrics::all_finite(logits)) {
       throw Error("case '{}': step {}: the recording backend produced non-finite logits", c.name,
                   s);
@@ -55,6 +69,7 @@ GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplat
     if (s + 1 < c.n_predict) session.decode(next, logits);
   }
   g.greedy_text = tok.decode(g.greedy_ids);
+  if (taps) session.set_taps(false);
   return g;
 }
 

@@ -29,6 +29,11 @@ std::string divergence_cell(const CaseResult& c) {
                         printable(d.ref_text), d.test_id, printable(d.test_text),
                         d.accepted ? " (near-tie)" : "");
   }
+  if (!c.passed && c.first_layer_divergence) {
+    const LayerDivergence& l = *c.first_layer_divergence;
+    cell += fmt::format("{}L{} {}@{}", cell.empty() ? "" : "; ", l.layer,
+                        l.point == 0 ? "attn" : (l.point == 1 ? "ffn" : "resid"), l.step);
+  }
   return cell.empty() ? "-" : cell;
 }
 
@@ -191,6 +196,17 @@ std::string to_json(const Report& r) {
     cj["first_divergence"] = c.first_divergence ? div(*c.first_divergence) : json(nullptr);
     cj["near_ties"] = json::array();
     for (const auto& d : c.near_ties) cj["near_ties"].push_back(div(d));
+    cj["tap_steps_compared"] = c.tap_steps_compared;
+    if (c.first_layer_divergence) {
+      const LayerDivergence& l = *c.first_layer_divergence;
+      cj["first_layer_divergence"] = {{"step", l.step},
+                                      {"layer", l.layer},
+                                      {"point", l.point_name()},
+                                      {"nmse", finite_or(l.nmse, -1)},
+                                      {"tolerance", l.tolerance}};
+    } else {
+      cj["first_layer_divergence"] = nullptr;
+    }
     j["cases"].push_back(cj);
   }
   j["scoring"] = json::array();

@@ -92,6 +92,14 @@ int32_t Session::prefill_greedy(std::span<const int32_t> tokens) {
 
 void Session::rewind(int32_t position) { lib_->channel().rewind(session_, position); }
 
+void Session::set_taps(bool enable) { lib_->channel().set_taps(session_, enable); }
+
+std::vector<float> Session::read_taps(size_t n_floats) {
+  std::vector<float> out(n_floats);
+  lib_->channel().read_taps(session_, out);
+  return out;
+}
+
 int32_t Session::position() const { return lib_->channel().position(session_); }
 
 }  // namespace touchstone

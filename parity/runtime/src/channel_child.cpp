@@ -128,6 +128,21 @@ class ChildChannel final : public BackendChannel {
     w.u64(s);
     return i32_call(Op::kPosition, w, "position", "position");
   }
+  void set_taps(Handle s, bool enable) override {
+    if (!info_.taps) throw Error("{}: backend has no layer taps (ABI v4)", info_.name);
+    Writer w;
+    w.u64(s).i32(enable ? 1 : 0);
+    auto reply = call(Op::kSetTaps, w, kMaxErrorReply);
+    Reader r(reply, "set_taps reply");
+    ok_or_throw(r, "set_taps");
+    r.finish();
+  }
+  void read_taps(Handle s, std::span<float> out) override {
+    if (!info_.taps) throw Error("{}: backend has no layer taps (ABI v4)", info_.name);
+    Writer w;
+    w.u64(s).u64(out.size());
+    floats_call(Op::kReadTaps, w, "read_taps", out);
+  }
 
  private:
   void start();

@@ -83,6 +83,14 @@ class InProcessChannel final : public BackendChannel {
       info_.architectures = api->architectures;
       info_.model_features = api->model_features ? api->model_features : "";
     }
+    if (api->api_version >= 4 && (api->set_taps || api->read_taps)) {
+      if (!api->set_taps || !api->read_taps) {
+        throw Error(
+            "backend '{}' sets only one of set_taps and read_taps (ABI v4: both or neither)",
+            info_.path);
+      }
+      info_.taps = true;
+    }
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -123,8 +131,19 @@ class InProcessChannel final : public BackendChannel {
   }
   void rewind(Handle s, int32_t p) override { check(api_->rewind(session(s), p), "rewind"); }
   int32_t position(Handle s) override { return api_->position(session(s)); }
+  void set_taps(Handle s, bool enable) override {
+    need_taps();
+    check(api_->set_taps(session(s), enable ? 1 : 0), "set_taps");
+  }
+  void read_taps(Handle s, std::span<float> out) override {
+    need_taps();
+    check(api_->read_taps(session(s), out.data(), int64_t(out.size())), "read_taps");
+  }
 
  private:
+  void need_taps() const {
+    if (!info_.taps) throw Error("{}: backend has no layer taps (ABI v4)", info_.name);
+  }
   static ts_model* model(Handle h) { return reinterpret_cast<ts_model*>(h); }
   static ts_session* session(Handle h) { return reinterpret_cast<ts_session*>(h); }
   // Throws BackendError "backend '<name>': <what>: <status>: <last_error>".

@@ -42,6 +42,10 @@ const char* op_name(uint32_t op) {
       return "position";
     case Op::kPrefillGreedy:
       return "prefill_greedy";
+    case Op::kSetTaps:
+      return "set_taps";
+    case Op::kReadTaps:
+      return "read_taps";
   }
   return "unknown op";
 }
@@ -152,6 +156,7 @@ void encode(Writer& w, const BackendInfo& info) {
   w.str(info.name).str(info.version).str(info.path).str(info.device);
   w.u32(info.device_greedy ? 1 : 0);
   w.u32(info.declares_models ? 1 : 0).str(info.architectures).str(info.model_features);
+  w.u32(info.taps ? 1 : 0);
 }
 
 BackendInfo decode_info(Reader& r) {
@@ -166,6 +171,7 @@ BackendInfo decode_info(Reader& r) {
   i.declares_models = r.u32("declares_models") != 0;
   i.architectures = r.str("architectures", 4096);
   i.model_features = r.str("model_features", 4096);
+  i.taps = r.u32("taps") != 0;
   return i;
 }
 

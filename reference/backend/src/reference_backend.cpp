@@ -154,6 +154,21 @@ ts_status rewind(ts_session* s, int32_t position) {
 
 int32_t position(const ts_session* s) { return s ? s->ref->position() : 0; }
 
+ts_status set_taps(ts_session* s, int32_t enable) {
+  return touchstone::abi::guard([&] {
+    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "set_taps: null session");
+    s->ref->set_taps(enable != 0);
+  });
+}
+
+ts_status read_taps(ts_session* s, float* out, int64_t n) {
+  return touchstone::abi::guard([&] {
+    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "read_taps: null session");
+    const std::vector<float>& t = s->ref->taps();
+    touchstone::abi::copy_taps(t.data(), t.size(), out, n);
+  });
+}
+
 const ts_backend kBackend = {
     TS_BACKEND_API_VERSION,
     "reference",
@@ -174,6 +189,8 @@ const ts_backend kBackend = {
     "llama,qwen2,qwen3,gemma3,phi3",  // ABI v3: every family and feature the reference reads
                                       // (docs/model-families.md)
     "*",
+    set_taps,  // ABI v4: layer taps
+    read_taps,
 };
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "touchstone/error.h"
 #include "touchstone/quant.h"
@@ -148,8 +149,10 @@ ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t 
   const ModelConfig& c = w_.config;
   max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
   const size_t kv_dim = size_t(c.n_head_kv) * size_t(c.head_dim);
-  k_cache_.assign(size_t(c.n_layer) * size_t(max_ctx_) * kv_dim, 0.0f);
-  v_cache_.assign(k_cache_.size(), 0.0f);
+  const size_t kv_floats = size_t(c.n_layer) * size_t(max_ctx_) * kv_dim;
+  k_cache_.reset(static_cast<float*>(std::calloc(kv_floats, sizeof(float))));
+  v_cache_.reset(static_cast<float*>(std::calloc(kv_floats, sizeof(float))));
+  if (!k_cache_ || !v_cache_) throw std::bad_alloc();
   x_.resize(size_t(c.n_embd));
   xn_.resize(size_t(c.n_embd));
   q_.resize(size_t(c.n_head) * size_t(c.head_dim));
@@ -159,6 +162,11 @@ ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t 
   gate_.resize(size_t(c.n_ff));
   up_.resize(size_t(c.n_ff));
   scores_.resize(size_t(max_ctx_));
+}
+
+void ReferenceTransformer::set_taps(bool enable) {
+  taps_on_ = enable;
+  taps_.clear();
 }
 
 void ReferenceTransformer::rewind(int32_t p) {
@@ -178,8 +186,8 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const int64_t q_dim = int64_t{c.n_head} * hd, kv_dim = int64_t{c.n_head_kv} * hd;
   const int32_t group = c.n_head / c.n_head_kv;  // query heads per KV head (GQA)
   const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
-  float* k_layer = k_cache_.data() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
-  float* v_layer = v_cache_.data() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
+  float* k_layer = k_cache_.get() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
+  float* v_layer = v_cache_.get() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
 
   ops::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), d, eps);
   matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, faults_, L.bq);
@@ -278,10 +286,25 @@ void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {
   const float* e = w_.token_embd.data() + int64_t{token} * d;
   for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{e[i]} * c.embd_scale);
 
+  std::vector<float> taps;
+  if (taps_on_) taps.resize(size_t(c.n_layer) * kTapPoints * size_t(d));
   const int32_t n_layer = faults_.last_layer_skipped ? c.n_layer - 1 : c.n_layer;
   for (int32_t l = 0; l < n_layer; ++l) {
-    attention(l, pos_);
+    float* tap = taps_on_ ? taps.data() + size_t(l) * kTapPoints * size_t(d) : nullptr;
+    attention(l, pos_);  // leaves the block output in xn_
+    if (tap) std::copy(xn_.begin(), xn_.begin() + d, tap);
     feed_forward(l);
+    if (tap) {
+      std::copy(xn_.begin(), xn_.begin() + d, tap + d);
+      std::copy(x_.begin(), x_.begin() + d, tap + 2 * d);
+    }
+  }
+  if (taps_on_) {
+    // A skipped layer (fault) adds nothing: zero block outputs, residual unchanged.
+    for (int32_t l = n_layer; l < c.n_layer; ++l)
+      std::copy(x_.begin(), x_.begin() + d,
+                taps.begin() + (size_t(l) * kTapPoints + 2) * size_t(d));
+    taps_ = std::move(taps);
   }
 
   ops::rms_norm(x_.data(), w_.output_norm.data(), xn_.data(), d,

@@ -16,7 +16,10 @@
 
 namespace touchstone {
 
-inline constexpr int kGoldenFormatVersion = 1;
+// 2: cases may carry layer taps (tap_steps, taps). Version-1 files are still read.
+inline constexpr int kGoldenFormatVersion = 2;
+inline constexpr int kGoldenOldestFormatVersion = 1;
+inline constexpr int kTapPoints = 3;  // attention output, FFN output, residual (TS_TAP_*)
 
 struct GoldenCase {
   std::string name;
@@ -32,6 +35,15 @@ struct GoldenCase {
   std::vector<int32_t> topk_ids;   // [G, K] per step, descending by logit, ties -> lower id
   std::vector<float> topk_logits;  // [G, K]
   std::vector<double> lse;         // [G] natural-log log-sum-exp of the full logits row
+  // Layer taps (format 2, optional; empty = none): for each step s in tap_steps,
+  // the reference's activations at the position whose logits are step s's
+  // (the last prompt token for s = 0, else the position of greedy_ids[s-1]):
+  // [T, tap_layers, kTapPoints, tap_dim] float32, point order TS_TAP_*.
+  std::vector<int32_t> tap_steps;  // [T] strictly ascending, each < G
+  int32_t tap_layers = 0, tap_dim = 0;
+  std::vector<float> taps;
+  // Floats of one step's record, tap_layers * kTapPoints * tap_dim.
+  size_t tap_record_size() const { return size_t(tap_layers) * kTapPoints * size_t(tap_dim); }
 };
 
 struct GoldenScoring {  // teacher-forced passage

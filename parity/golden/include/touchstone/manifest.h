@@ -45,8 +45,14 @@ struct Profile {
   std::optional<double> kld_p99_max;
   std::optional<double> top1_agreement_min;
   std::optional<double> ppl_ratio_max;
+  // Layer localisation (golden layer taps): a tap point "diverges" when its NMSE
+  // against the reference exceeds this; absent -> logits_nmse_max.
+  std::optional<double> layer_nmse_max;
 
   bool greedy_identical() const { return greedy == "identical"; }
+  std::optional<double> layer_tolerance() const {
+    return layer_nmse_max ? layer_nmse_max : logits_nmse_max;
+  }
 };
 
 struct ManifestCase {

@@ -31,6 +31,17 @@ struct GreedyDivergence {
   bool test_in_ref_topk = false, ref_in_test_topk = false;
 };
 
+// The first layer tap (golden format 2, backend with ABI v4 taps) whose NMSE
+// against the reference exceeds the profile's layer tolerance: the earliest
+// tap step, then the lowest layer, then attention output < FFN output <
+// residual. Points: "attention output", "FFN output", "residual".
+struct LayerDivergence {
+  int step = 0, layer = 0, point = 0;
+  double nmse = 0.0, tolerance = 0.0;
+  std::string point_name() const;
+  std::string describe() const;  // "layer 3, attention output: NMSE 3.1e-02 > 1.0e-09 (step 0)"
+};
+
 struct CaseResult {
   std::string name;
   bool passed = false;
@@ -42,8 +53,10 @@ struct CaseResult {
   std::vector<GreedyDivergence> near_ties;           // accepted divergences
   int first_logit_violation_step = -1;               // first step whose logits break the profile
   std::string first_logit_violation;                 // what broke there
-  double nmse_max = 0.0;                             // over compared steps
-  double max_abs = 0.0;                              // over compared steps
+  int tap_steps_compared = 0;                        // golden tap steps compared (0 = no taps)
+  std::optional<LayerDivergence> first_layer_divergence;
+  double nmse_max = 0.0;  // over compared steps
+  double max_abs = 0.0;   // over compared steps
   double kld_mean = 0.0, kld_max = 0.0;
   size_t nonfinite = 0;         // NaN/Inf logits seen
   int device_greedy_steps = 0;  // steps re-run through prefill_greedy (TS_CAP_DEVICE_GREEDY)

@@ -17,6 +17,13 @@ struct RecordOptions {
   int32_t case_top_k = 64;   // K stored per greedy step
   int32_t n_full_steps = 2;  // steps whose full-vocabulary logits are stored (keeps goldens < 5 MB)
   int32_t scoring_top_k = 256;  // K stored per scored position
+  // Layer taps (golden format 2), recorded when the backend has them and
+  // tap_layers/tap_dim are set (the model's block_count / embedding_length).
+  // Steps: the last prompt position (prefill), the first decode step (KV cache
+  // written by prefill, read by decode) and one deeper decode step; ~200 KB per
+  // step for SmolLM2 (30 layers x 3 x 576 floats).
+  std::vector<int32_t> tap_steps = {0, 1, 8};
+  int32_t tap_layers = 0, tap_dim = 0;
 };
 
 // Prompt text handed to the tokenizer: the manifest prompt, rendered with the

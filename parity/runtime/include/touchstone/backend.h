@@ -41,6 +41,8 @@ class BackendLibrary {
   // A version >= 2 table whose capabilities claim TS_CAP_DEVICE_GREEDY with a
   // non-NULL prefill_greedy (never read past a version-1 table).
   bool has_device_greedy() const { return info().device_greedy; }
+  // A version >= 4 table with set_taps and read_taps (layer taps).
+  bool has_taps() const { return info().taps; }
   const std::string& name() const { return info().name; }
   const std::string& version() const { return info().version; }
   const std::string& path() const { return info().path; }
@@ -100,6 +102,12 @@ class Session {
   int32_t prefill_greedy(std::span<const int32_t> tokens);
   void rewind(int32_t position);
   int32_t position() const;
+  // Layer taps (ABI v4): has_taps(), then set_taps(true) before the calls to
+  // record; read_taps(n) returns the last recorded position's activations,
+  // n = n_layer * TS_TAP_POINTS * n_embd floats. Throw Error without taps.
+  bool has_taps() const { return lib_->has_taps(); }
+  void set_taps(bool enable);
+  std::vector<float> read_taps(size_t n_floats);
   int32_t n_vocab() const { return n_vocab_; }
 
  private:

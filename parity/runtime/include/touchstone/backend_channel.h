@@ -65,6 +65,12 @@ class BackendChannel {
   virtual int32_t prefill_greedy(Handle session, std::span<const int32_t> tokens) = 0;
   virtual void rewind(Handle session, int32_t position) = 0;
   virtual int32_t position(Handle session) = 0;
+  // Layer taps (ABI v4; info().taps): set_taps turns recording on/off;
+  // read_taps fills out (n_layer * TS_TAP_POINTS * n_embd floats, the size the
+  // backend expects) with the last recorded position. Both throw Error when
+  // !info().taps.
+  virtual void set_taps(Handle session, bool enable) = 0;
+  virtual void read_taps(Handle session, std::span<float> out) = 0;
   // Child process only: false once the process died or was killed; restart()
   // starts a fresh one (every handle of the old one is gone).
   virtual bool alive() const { return true; }

@@ -30,7 +30,8 @@
 
 namespace touchstone::protocol {
 
-inline constexpr uint32_t kVersion = 2;         // 2: BackendInfo carries the declared models
+// 2: BackendInfo carries the declared models; 3: layer taps (kSetTaps, kReadTaps).
+inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kMagic = 0x31505354;  // bytes "TSP1"
 inline constexpr uint32_t kReplyBit = 0x8000;
 inline constexpr size_t kHeaderSize = 16;
@@ -39,19 +40,21 @@ inline constexpr size_t kHeaderSize = 16;
 inline constexpr uint64_t kMaxRequestPayload = 64ull << 20;
 
 enum class Op : uint32_t {
-  kHello = 1,          // -> u32 protocol version; reply: BackendInfo
-  kCapabilities = 2,   // -> ; reply: ts_capabilities fields
-  kLoadModel = 3,      // -> str path; reply: u64 model, i32 n_vocab
-  kFreeModel = 4,      // -> u64 model; reply: status only
-  kOpenSession = 5,    // -> u64 model, i32 weight_path, i32 n_threads, i32 max_context, str fault
-                       //    (empty = none); reply: u64 session
-  kFreeSession = 6,    // -> u64 session; reply: status only
-  kPrefill = 7,        // -> u64 session, i32 all_positions, i32 n, i32 tokens[n];
-                       //    reply: f32 logits[n_vocab or n * n_vocab]
-  kDecode = 8,         // -> u64 session, i32 token; reply: f32 logits[n_vocab]
-  kRewind = 9,         // -> u64 session, i32 position; reply: status only
-  kPosition = 10,      // -> u64 session; reply: i32 position
-  kPrefillGreedy = 11  // -> u64 session, i32 n, i32 tokens[n]; reply: i32 token
+  kHello = 1,           // -> u32 protocol version; reply: BackendInfo
+  kCapabilities = 2,    // -> ; reply: ts_capabilities fields
+  kLoadModel = 3,       // -> str path; reply: u64 model, i32 n_vocab
+  kFreeModel = 4,       // -> u64 model; reply: status only
+  kOpenSession = 5,     // -> u64 model, i32 weight_path, i32 n_threads, i32 max_context, str fault
+                        //    (empty = none); reply: u64 session
+  kFreeSession = 6,     // -> u64 session; reply: status only
+  kPrefill = 7,         // -> u64 session, i32 all_positions, i32 n, i32 tokens[n];
+                        //    reply: f32 logits[n_vocab or n * n_vocab]
+  kDecode = 8,          // -> u64 session, i32 token; reply: f32 logits[n_vocab]
+  kRewind = 9,          // -> u64 session, i32 position; reply: status only
+  kPosition = 10,       // -> u64 session; reply: i32 position
+  kPrefillGreedy = 11,  // -> u64 session, i32 n, i32 tokens[n]; reply: i32 token
+  kSetTaps = 12,        // -> u64 session, i32 enable; reply: status only
+  kReadTaps = 13        // -> u64 session, u64 n_floats; reply: f32 taps[n_floats]
 };
 const char* op_name(uint32_t op);
 
@@ -121,6 +124,8 @@ struct BackendInfo {
   // (ts_backend.architectures / model_features, comma-separated).
   bool declares_models = false;
   std::string architectures, model_features;
+  // api_version >= 4 with both set_taps and read_taps: layer taps.
+  bool taps = false;
 };
 void encode(Writer& w, const BackendInfo& info);
 BackendInfo decode_info(Reader& r);

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -72,6 +74,15 @@ class ReferenceTransformer {
   // entries up to `end` (exclusive), the end of the prefill chunk being run.
   void set_chunk_end(int32_t end) { chunk_end_ = end; }
 
+  // Layer taps (backend_abi.h, ABI v4). While enabled, forward() records for the
+  // token it runs, per layer: the attention output and the FFN output (what is
+  // added to the residual stream) and the residual stream after the layer,
+  // [n_layer][kTapPoints][n_embd] float32. taps() is empty until a token ran
+  // with taps enabled; disabling clears it.
+  static constexpr int kTapPoints = 3;
+  void set_taps(bool enable);
+  const std::vector<float>& taps() const { return taps_; }
+
  private:
   void attention(int32_t l, int32_t pos);
   void feed_forward(int32_t l);
@@ -83,8 +94,17 @@ class ReferenceTransformer {
   int32_t kv_len_ = 0;     // rewind_noop fault: entries [0, kv_len_) are attended
   int32_t chunk_end_ = 0;  // causal_mask fault: see set_chunk_end
   RowPool pool_;
-  std::vector<float> k_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim], RoPE already applied
-  std::vector<float> v_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim]
+  bool taps_on_ = false;
+  std::vector<float> taps_;
+  // KV cache, zero-initialised by calloc: pages no position reached cost no
+  // memory and no time (a session sized for 8192 positions used to zero-fill
+  // ~380 MB for SmolLM2 at open).
+  struct FreeDeleter {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], FreeDeleter>
+      k_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim], RoPE applied
+  std::unique_ptr<float[], FreeDeleter> v_cache_;  // [n_layer][max_ctx][n_head_kv*head_dim]
   // Scratch activations, allocated once: x (residual), xn (normed), q, k, v, att_out, gate, up.
   std::vector<float> x_, xn_, q_, k_, v_, att_out_, gate_, up_;
   std::vector<double> scores_;  // [max_ctx] attention scores of one head

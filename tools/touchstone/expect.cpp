@@ -1,0 +1,86 @@
+// The test-only --expect-* checks of `touchstone parity` (expect.h).
+#include "expect.h"
+
+#include <fmt/format.h>
+
+namespace touchstone::cli {
+
+bool expect_fail_caught(const Report& report) {
+  bool caught = !report.passed();
+  for (const CaseResult& c : report.cases) {
+    const bool named =
+        (c.first_divergence && !c.first_divergence->accepted) || c.first_logit_violation_step >= 0;
+    if (!c.passed && !named) caught = false;
+  }
+  return caught;
+}
+
+// --expect-step N | CHECK | CHECK@N: every failing result is the named check
+// (if named) and first fails at step / position N (if given): a case's first
+// logit violation (else its first unaccepted divergence), a scoring passage's
+// first failing position, a consistency check's first failing position.
+bool expect_step_met(const Report& report, const std::string& spec) {
+  const size_t at = spec.find('@');
+  const bool digits_only = spec.find_first_not_of("0123456789") == std::string::npos;
+  const std::string check = digits_only ? "" : spec.substr(0, at);
+  const std::string step_text = digits_only               ? spec
+                                : at == std::string::npos ? ""
+                                                          : spec.substr(at + 1);
+  const int want = step_text.empty() ? -1 : std::stoi(step_text);
+  bool any = false, ok = true;
+  auto match = [&](const std::string& name, int step) {
+    any = true;
+    const bool m = (check.empty() || name == check) && (want < 0 || step == want);
+    fmt::print("expect-step: {} fails first at step {}{}\n", name, step,
+               m ? "" : " (not expected)");
+    ok = ok && m;
+  };
+  for (const CaseResult& c : report.cases) {
+    if (c.passed) continue;
+    const int div =
+        c.first_divergence && !c.first_divergence->accepted ? c.first_divergence->step : -1;
+    match(c.name, c.first_logit_violation_step >= 0 ? c.first_logit_violation_step : div);
+  }
+  for (const ScoringResult& sr : report.scoring)
+    if (!sr.passed) match(sr.name, sr.first_failing_position);
+  return any && ok;
+}
+
+namespace {
+
+const char* const kPointShort[] = {"attn", "ffn", "resid"};
+
+}  // namespace
+
+std::string expect_layer_spec_error(const std::string& v) {
+  if (v == "after") return "";
+  const size_t colon = v.find(':');
+  const std::string layer = v.substr(0, colon);
+  const std::string point = colon == std::string::npos ? "" : v.substr(colon + 1);
+  const bool ok = !layer.empty() && layer.size() < 6 &&
+                  layer.find_first_not_of("0123456789") == std::string::npos &&
+                  (point == "attn" || point == "ffn" || point == "resid");
+  return ok ? "" : "L:attn, L:ffn, L:resid (L a layer number) or after";
+}
+
+bool expect_layer_met(const Report& report, const std::string& spec) {
+  bool any = false, ok = true;
+  for (const CaseResult& c : report.cases) {
+    if (c.passed) continue;
+    any = true;
+    std::string got = "no layer taps compared";
+    if (c.first_layer_divergence) {
+      const LayerDivergence& l = *c.first_layer_divergence;
+      got = fmt::format("{}:{}", l.layer, kPointShort[l.point]);
+    } else if (c.tap_steps_compared > 0) {
+      got = "after";
+    }
+    const bool m = got == spec;
+    fmt::print("expect-layer: {}: first divergent layer tap {}{}\n", c.name, got,
+               m ? "" : " (not expected)");
+    ok = ok && m;
+  }
+  return any && ok;
+}
+
+}  // namespace touchstone::cli
