@@ -40,13 +40,25 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// TOUCHSTONE_CPU_SIMD_TARGET (kernels.h: select_isa_from_env): a target this
+// build lacks or this CPU cannot run refuses the model and the session.
+void require_isa() {
+  const ts_cpu::IsaSelection& sel = ts_cpu::select_isa_from_env();
+  if (sel.status != ts_cpu::IsaSelection::Ok) throw StatusError(TS_ERR_UNSUPPORTED, sel.message);
+}
+
 const char* device_name() {
   thread_local std::string name;
   const char* act = std::getenv("TOUCHSTONE_CPU_SIMD_ACTIVATIONS");
   const bool int8 = act && std::string(act) == "int8";
+  const ts_cpu::IsaSelection& isa = ts_cpu::select_isa_from_env();
+  const std::string target = isa.status != ts_cpu::IsaSelection::Ok ? "none, " + isa.message
+                             : isa.forced.empty()                   ? ts_cpu::hwy_current_target()
+                                                                    : ts_cpu::hwy_current_target() +
+                                                        " (forced by TOUCHSTONE_CPU_SIMD_TARGET)";
   name =
       "CPU: " + cpu_model() + " (" + std::to_string(std::thread::hardware_concurrency()) +
-      " hardware threads; fp32 kernels: Highway " + ts_cpu::hwy_current_target() +
+      " hardware threads; fp32 kernels: Highway " + target +
       (int8 ? std::string("; quantized path: int8 activations, ") +
                   ts_cpu::qlevel_name(ts_cpu::qlevel())
             : std::string("; quantized path: fp32 activations, blocks dequantized in registers")) +
@@ -82,6 +94,7 @@ ts_status load_model(const char* path, ts_model** out) {
   return touchstone::abi::guard([&] {
     if (!path || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "load_model: null argument");
     *out = nullptr;
+    require_isa();
     auto m = std::make_unique<ts_model>();
     try {
       m->model = std::make_unique<ts_cpu::Model>(path);
@@ -114,6 +127,7 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     if (opt->n_threads < 0 || opt->max_context < 0) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: negative n_threads or max_context");
     }
+    require_isa();
     ts_cpu::SessionOptions so;
     so.quantized = opt->weight_path == TS_WEIGHTS_QUANTIZED;
     if (const char* act = std::getenv("TOUCHSTONE_CPU_SIMD_ACTIVATIONS")) {

@@ -46,10 +46,40 @@ void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_
                 float scale, float* scores, float* out);
 
 // Highway targets compiled into this library and supported by this CPU
-// (bit, name), best first; force_hwy_target(0) restores the default.
+// (bit, name), best first; force_hwy_target(0) restores the default (the
+// TOUCHSTONE_CPU_SIMD_TARGET one when set, see select_isa_from_env).
 std::vector<std::pair<int64_t, std::string>> hwy_targets();
 void force_hwy_target(int64_t target);
 std::string hwy_current_target();
+
+// ---------------- ISA selection (TOUCHSTONE_CPU_SIMD_TARGET) ----------------
+// Every Highway target compiled into this library, best first, and whether
+// this CPU can run it (what the CPU reports, whatever is forced).
+struct IsaTarget {
+  int64_t bit;
+  std::string name;  // hwy::TargetName: AVX3, AVX2, SSE4, SSSE3, EMU128, ...
+  bool runnable;
+};
+std::vector<IsaTarget> compiled_hwy_targets();
+
+enum class QLevel : int;
+// The int8 kernel level a Highway target guarantees: AVX3_DL -> AVX512VNNI
+// (VNNI is part of it); AVX3 (AVX-512 F/BW/DQ/VL, no VNNI) and AVX2 -> AVX2;
+// SSE4, SSSE3, EMU128 -> Scalar.
+QLevel qlevel_cap(int64_t hwy_target);
+
+// TOUCHSTONE_CPU_SIMD_TARGET=<name> (case-insensitive hwy::TargetName),
+// applied once per process (later calls return the first result): Highway
+// dispatch is restricted to that target and the int8 level capped at
+// qlevel_cap(target). Unset or empty: every target, the best one dispatched.
+// A name not compiled in, or one this CPU cannot run, changes nothing and is
+// reported (message names it and lists the compiled / runnable targets).
+struct IsaSelection {
+  enum Status { Ok, NotCompiled, NotRunnable } status = Ok;
+  std::string forced;   // the target name when one was forced, else empty
+  std::string message;  // the error when status != Ok
+};
+const IsaSelection& select_isa_from_env();
 
 // ---------------- int8 activations ----------------
 // A row of n (multiple of 32) activations quantized per 32-block, symmetric:
@@ -99,9 +129,10 @@ void dequantize_blocks(int ggml_type, const uint8_t* src, float* dst, size_t n_b
                        size_t block_elems, size_t block_bytes);
 
 enum class QLevel : int { Scalar = 0, AVX2 = 1, AVX512VNNI = 2 };
-QLevel qlevel_best();             // best the CPU supports
+QLevel qlevel_best();             // best the CPU supports, capped by cap_qlevel
 QLevel qlevel();                  // currently used
 void force_qlevel(QLevel level);  // tests; must be <= qlevel_best()
+void cap_qlevel(QLevel cap);      // select_isa_from_env; also sets qlevel()
 const char* qlevel_name(QLevel level);
 
 }  // namespace ts_cpu

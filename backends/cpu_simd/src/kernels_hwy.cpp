@@ -9,7 +9,10 @@
 
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels.h"
@@ -476,13 +479,91 @@ void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_
   HWY_DYNAMIC_DISPATCH(AttendF32)(q, K, V, ld, hd, n_kv, scale, scores, out);
 }
 
+namespace {
+
+// What this CPU runs, read before anything is forced: in Highway 1.0.3 the mask
+// of SetSupportedTargetsForTest replaces hwy::SupportedTargets() (it is not
+// intersected with the CPU's). Every forcing below calls this first.
+int64_t cpu_targets() {
+  static const int64_t t = hwy::SupportedTargets();
+  return t;
+}
+
+// The target force_hwy_target(0) restores: 0 (all), or TOUCHSTONE_CPU_SIMD_TARGET's.
+std::atomic<int64_t> g_default_target{0};
+
+std::string names(const std::vector<IsaTarget>& ts, bool runnable_only) {
+  std::string out;
+  for (const IsaTarget& t : ts) {
+    if (runnable_only && !t.runnable) continue;
+    out += (out.empty() ? "" : " ") + t.name;
+  }
+  return out.empty() ? "none" : out;
+}
+
+bool same_name(const std::string& a, const char* b) { return strcasecmp(a.c_str(), b) == 0; }
+
+}  // namespace
+
 std::vector<std::pair<int64_t, std::string>> hwy_targets() {
   std::vector<std::pair<int64_t, std::string>> out;
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) out.emplace_back(t, hwy::TargetName(t));
   return out;
 }
 
-void force_hwy_target(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+void force_hwy_target(int64_t target) {
+  cpu_targets();
+  hwy::SetSupportedTargetsForTest(target ? target : g_default_target.load());
+}
+
+std::vector<IsaTarget> compiled_hwy_targets() {
+  std::vector<IsaTarget> out;
+  // HWY_TARGETS: the targets foreach_target compiled this file for; lower bit = better.
+  for (int64_t rest = HWY_TARGETS; rest != 0; rest &= rest - 1) {
+    const int64_t bit = rest & -rest;
+    out.push_back({bit, hwy::TargetName(bit), (cpu_targets() & bit) != 0});
+  }
+  return out;
+}
+
+QLevel qlevel_cap(int64_t hwy_target) {
+#if HWY_ARCH_X86
+  if (hwy_target == HWY_AVX3_DL) return QLevel::AVX512VNNI;
+  if (hwy_target == HWY_AVX3 || hwy_target == HWY_AVX2) return QLevel::AVX2;
+#endif
+  (void)hwy_target;
+  return QLevel::Scalar;
+}
+
+const IsaSelection& select_isa_from_env() {
+  static const IsaSelection sel = [] {
+    IsaSelection s;
+    const char* env = std::getenv("TOUCHSTONE_CPU_SIMD_TARGET");
+    if (!env || !*env) return s;
+    const std::vector<IsaTarget> ts = compiled_hwy_targets();
+    const std::string lists = " (compiled into cpu_simd: " + names(ts, false) +
+                              "; this CPU runs: " + names(ts, true) + ")";
+    for (const IsaTarget& t : ts) {
+      if (!same_name(t.name, env)) continue;
+      if (!t.runnable) {
+        s.status = IsaSelection::NotRunnable;
+        s.message = "TOUCHSTONE_CPU_SIMD_TARGET=" + std::string(env) +
+                    ": this CPU cannot run the Highway target " + t.name + lists;
+        return s;
+      }
+      s.forced = t.name;
+      g_default_target.store(t.bit);
+      force_hwy_target(t.bit);
+      cap_qlevel(qlevel_cap(t.bit));
+      return s;
+    }
+    s.status = IsaSelection::NotCompiled;
+    s.message = "TOUCHSTONE_CPU_SIMD_TARGET=" + std::string(env) +
+                ": not a Highway target compiled into cpu_simd" + lists;
+    return s;
+  }();
+  return sel;
+}
 
 std::string hwy_current_target() {
   // The best target among those supported (and not masked by a test).

@@ -345,6 +345,12 @@ std::atomic<int>& level_storage() {
   return level;
 }
 
+// cap_qlevel (TOUCHSTONE_CPU_SIMD_TARGET): the most qlevel_best() reports.
+std::atomic<int>& level_cap() {
+  static std::atomic<int> cap{int(QLevel::AVX512VNNI)};
+  return cap;
+}
+
 }  // namespace
 
 size_t qtype_block_bytes(QType t) { return kBlockBytes[tix(t)]; }
@@ -422,8 +428,12 @@ void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
 }
 
 QLevel qlevel_best() {
-  static const QLevel best = detect();
-  return best;
+  static const QLevel detected = detect();
+  return std::min(detected, QLevel(level_cap().load(std::memory_order_relaxed)));
+}
+void cap_qlevel(QLevel cap) {
+  level_cap().store(int(cap), std::memory_order_relaxed);
+  force_qlevel(qlevel_best());
 }
 QLevel qlevel() { return QLevel(level_storage().load(std::memory_order_relaxed)); }
 void force_qlevel(QLevel level) {

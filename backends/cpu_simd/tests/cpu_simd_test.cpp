@@ -8,6 +8,7 @@
 #include "touchstone/test_model.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +38,16 @@ double dot_ref(const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) s += double{a[i]} * double{b[i]};
   return s;
 }
+
+// TOUCHSTONE_CPU_SIMD_TARGET (the cpu_simd.unit.<T> CTests) is applied before
+// main, so the suites below enumerate hwy_targets() / qlevel_best() under it.
+// A target this build lacks fails the run; one this CPU lacks skips it (77).
+[[maybe_unused]] const bool kIsaSelected = [] {
+  const IsaSelection& sel = select_isa_from_env();
+  if (sel.status == IsaSelection::Ok) return true;
+  std::fprintf(stderr, "%s\n", sel.message.c_str());
+  std::exit(sel.status == IsaSelection::NotRunnable ? 77 : 1);
+}();
 
 // ---------------------------------------------------------------- fp32 (Highway)
 class HwyTargets : public ::testing::TestWithParam<std::pair<int64_t, std::string>> {
