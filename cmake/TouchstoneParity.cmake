@@ -46,6 +46,15 @@ set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEP
 set(TOUCHSTONE_REPORT_DIR ${CMAKE_BINARY_DIR}/reports)
 file(MAKE_DIRECTORY ${TOUCHSTONE_REPORT_DIR})
 
+# CTest runs two tests at a time on a 2-core machine: a test that also runs
+# 2 backend threads oversubscribes the cores, and fork-join pools (cpu_simd's
+# ~210 joins per token, OpenMP, lavapipe) then wait a scheduler slice per join:
+# a 4 s case took 40 s in CI. So the per-case, fault and test-model parity
+# tests run the backend on one thread (--threads 1, LP_NUM_THREADS=1 for
+# lavapipe): cpu_simd claims bitwise determinism across thread counts and the
+# consistency tests (1, 2 and 3 threads, PROCESSORS 2) check that claim.
+set(TOUCHSTONE_ONE_THREAD_ENV "LP_NUM_THREADS=1;OMP_NUM_THREADS=1")
+
 function(touchstone_add_parity_tests backend weights tier)
   cmake_parse_arguments(PARSE_ARGV 3 _a "" "" "MODELS")
   if(NOT _a_MODELS)
@@ -70,11 +79,11 @@ function(touchstone_add_parity_tests backend weights tier)
         set(_sel --scoring ${c})
       endif()
       add_test(NAME ${_t}
-        COMMAND touchstone parity --backend ${backend} --weights ${weights} ${_sel}
+        COMMAND touchstone parity --backend ${backend} --weights ${weights} ${_sel} --threads 1
                 --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
       set_tests_properties(${_t} PROPERTIES
         LABELS "parity;${backend};${tier};${weights};${_model};${_a_UNPARSED_ARGUMENTS}"
-        SKIP_RETURN_CODE 77 TIMEOUT 1200)
+        ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
     endforeach()
   endforeach()
   # The golden-free consistency checks (touchstone/consistency.h) on the first
@@ -87,7 +96,7 @@ function(touchstone_add_parity_tests backend weights tier)
             --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
   set_tests_properties(${_t} PROPERTIES
     LABELS "parity;consistency;${backend};${tier};${weights};${_a_UNPARSED_ARGUMENTS}"
-    SKIP_RETURN_CODE 77 TIMEOUT 1200)
+    PROCESSORS 2 SKIP_RETURN_CODE 77 TIMEOUT 1200)
 endfunction()
 
 function(touchstone_add_unsupported_test backend weights model)
@@ -161,18 +170,21 @@ function(touchstone_add_fault_tests backend weights)
       set(_layer --expect-layer ${CMAKE_MATCH_2})
     endif()
     set(_t fault.${backend}.${weights}.${_fault})
+    set(_procs 1)
     if(_expect STREQUAL "pass")
-      set(_mode --no-scoring --no-consistency --max-steps 4)
+      set(_mode --no-scoring --no-consistency --max-steps 4 --threads 1)
     elseif(_expect MATCHES "^consistency")
       set(_mode --consistency-only --consistency-tokens 8 --expect-fail --expect-step ${_expect})
+      set(_procs 2)
     else()
-      set(_mode --no-scoring --no-consistency --max-steps 4 --expect-fail --expect-step ${_expect}
-                ${_layer})
+      set(_mode --no-scoring --no-consistency --max-steps 4 --threads 1 --expect-fail
+                --expect-step ${_expect} ${_layer})
     endif()
     add_test(NAME ${_t}
       COMMAND touchstone parity --backend ${backend} --weights ${weights} --fault ${_fault}
               --case narrative ${_mode} --manifest ${TOUCHSTONE_MANIFEST})
     set_tests_properties(${_t} PROPERTIES LABELS "fault;${backend};${weights}"
-      SKIP_RETURN_CODE 77 TIMEOUT 300)
+      ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" PROCESSORS ${_procs} SKIP_RETURN_CODE 77
+      TIMEOUT 300)
   endforeach()
 endfunction()
