@@ -1,4 +1,5 @@
-# touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...] [MODELS model...])
+# touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...] [MODELS model...]
+#                             [SLOW_TAGS tag...])
 #
 # One CTest test per case and scoring passage of the manifest's "full" suite that
 # belongs to one of MODELS (default: the manifest's first model, SmolLM2):
@@ -24,6 +25,19 @@ foreach(_kind cases scoring)
     string(JSON _name GET "${_ts_manifest}" ${_kind} ${i} name)
     string(JSON _model GET "${_ts_manifest}" ${_kind} ${i} model)
     set(_ts_model_of_${_name} ${_model})
+    # _ts_tags_of_<case or passage> = its tags (absent: none)
+    set(_ts_tags_of_${_name} "")
+    string(JSON _tags ERROR_VARIABLE _no_tags GET "${_ts_manifest}" ${_kind} ${i} tags)
+    if(NOT _no_tags)
+      string(JSON _nt LENGTH "${_tags}")
+      if(_nt GREATER 0)
+        math(EXPR _lt "${_nt} - 1")
+        foreach(j RANGE ${_lt})
+          string(JSON _tag GET "${_tags}" ${j})
+          list(APPEND _ts_tags_of_${_name} ${_tag})
+        endforeach()
+      endif()
+    endif()
   endforeach()
 endforeach()
 set(TOUCHSTONE_DEFAULT_CASES "")
@@ -56,7 +70,7 @@ file(MAKE_DIRECTORY ${TOUCHSTONE_REPORT_DIR})
 set(TOUCHSTONE_ONE_THREAD_ENV "LP_NUM_THREADS=1;OMP_NUM_THREADS=1")
 
 function(touchstone_add_parity_tests backend weights tier)
-  cmake_parse_arguments(PARSE_ARGV 3 _a "" "" "MODELS")
+  cmake_parse_arguments(PARSE_ARGV 3 _a "" "" "MODELS;SLOW_TAGS")
   if(NOT _a_MODELS)
     set(_a_MODELS ${TOUCHSTONE_FIRST_MODEL})
   endif()
@@ -78,11 +92,23 @@ function(touchstone_add_parity_tests backend weights tier)
         set(_t parity.${backend}.${weights}.scoring.${c})
         set(_sel --scoring ${c})
       endif()
+      # long_context items (4,096+ tokens) are labelled so; those with a tag in
+      # SLOW_TAGS also "slow" (left out of ci/test, run with `ctest -L slow`).
+      set(_extra "")
+      if("long_context" IN_LIST _ts_tags_of_${c})
+        list(APPEND _extra long_context)
+      endif()
+      foreach(_tag ${_a_SLOW_TAGS})
+        if(_tag IN_LIST _ts_tags_of_${c})
+          list(APPEND _extra slow)
+          break()
+        endif()
+      endforeach()
       add_test(NAME ${_t}
         COMMAND touchstone parity --backend ${backend} --weights ${weights} ${_sel} --threads 1
                 --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
       set_tests_properties(${_t} PROPERTIES
-        LABELS "parity;${backend};${tier};${weights};${_model};${_a_UNPARSED_ARGUMENTS}"
+        LABELS "parity;${backend};${tier};${weights};${_model};${_a_UNPARSED_ARGUMENTS};${_extra}"
         ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
     endforeach()
   endforeach()

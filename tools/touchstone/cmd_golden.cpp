@@ -4,10 +4,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "cli_common.h"
 #include "own_model.h"
@@ -87,9 +90,18 @@ void write_and_pin(const Manifest& m, const ManifestModel& mm, const GoldenFile&
   }
 }
 
-// Runs every case and scoring passage of `mm` through the recording backend.
+// True when `tags` holds one of `skip`.
+bool skipped(const std::vector<std::string>& tags, const std::vector<std::string>& skip) {
+  for (const std::string& t : tags)
+    if (std::find(skip.begin(), skip.end(), t) != skip.end()) return true;
+  return false;
+}
+
+// Runs every case and scoring passage of `mm` through the recording backend,
+// but those with a tag in `skip` (--check --skip-tag), whose names go to *left_out.
 GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manifest& m,
-                        const ManifestModel& mm, const std::string& revision, int threads) {
+                        const ManifestModel& mm, const std::string& revision, int threads,
+                        const std::vector<std::string>& skip, std::vector<std::string>* left_out) {
   const std::string model_path = resolve_model(mm);
   Tokenizer tok = load_tokenizer(model_path);
   const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(model_path));
@@ -108,11 +120,19 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   }
   for (const ManifestCase& c : m.cases) {
     if (c.model != mm.name) continue;
+    if (skipped(c.tags, skip)) {
+      left_out->push_back(c.name);
+      continue;
+    }
     g.cases.push_back(record_case(session, tok, chat, c, ropt,
                                   [&](int d, int t) { progress_line("case " + c.name, d, t); }));
   }
   for (const ManifestScoring& s : m.scoring) {
     if (s.model != mm.name) continue;
+    if (skipped(s.tags, skip)) {
+      left_out->push_back(s.name);
+      continue;
+    }
     progress_line("scoring " + s.name, 0, 1);
     g.scoring.push_back(record_scoring(session, tok, s, ropt));
     progress_line("scoring " + s.name, 1, 1);
@@ -122,9 +142,17 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
 
 // --check: the fresh recording `g` against the committed (pinned) golden;
 // prints every difference, true when identical.
-bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool trust_goldens) {
+bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool trust_goldens,
+                 const std::vector<std::string>& left_out) {
   const std::string committed = m.resolve(mm.golden);
-  const GoldenFile old = read_pinned_golden(m, mm, trust_goldens);
+  GoldenFile old = read_pinned_golden(m, mm, trust_goldens);
+  auto left = [&](const auto& item) {
+    return std::find(left_out.begin(), left_out.end(), item.name) != left_out.end();
+  };
+  std::erase_if(old.cases, left);
+  std::erase_if(old.scoring, left);
+  for (const std::string& n : left_out)
+    fmt::print("{}: '{}' not checked (--skip-tag)\n", committed, n);
   if (old.reference_revision != g.reference_revision)
     fmt::print(stderr, "note: goldens recorded at revision {}, checking at {}\n",
                old.reference_revision, g.reference_revision);
@@ -142,6 +170,7 @@ void add_golden(CLI::App& app, int& exit_code) {
     std::string manifest = default_manifest_path(), backend = "reference", out, model, cases, name;
     bool check = false, trust_goldens = false, allow_dirty = false;
     int threads = 0;
+    std::vector<std::string> skip_tags;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -163,6 +192,10 @@ void add_golden(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 4096));
   cmd->add_flag("--trust-goldens", o->trust_goldens,
                 "--check: read the committed goldens without their sha256 pin / header check");
+  cmd->add_option("--skip-tag", o->skip_tags,
+                  "--check: leave out the cases and passages with this tag (repeatable; e.g. "
+                  "long_context: ~10-25 min each on the reference)")
+      ->needs(cmd->get_option("--check"));
   cmd->add_flag("--allow-dirty", o->allow_dirty,
                 "Record from a checkout with uncommitted changes (the golden says '-dirty')");
   cmd->callback([o, &exit_code] {
@@ -186,9 +219,10 @@ void add_golden(CLI::App& app, int& exit_code) {
       if (!o->model.empty() && mm.name != o->model) continue;
       fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording",
                  mm.name, lib->name(), lib->device_name());
-      GoldenFile g = record_model(lib, m, mm, revision, o->threads);
+      std::vector<std::string> left_out;
+      GoldenFile g = record_model(lib, m, mm, revision, o->threads, o->skip_tags, &left_out);
       if (o->check)
-        all_same = check_model(m, mm, std::move(g), o->trust_goldens) && all_same;
+        all_same = check_model(m, mm, std::move(g), o->trust_goldens, left_out) && all_same;
       else
         write_and_pin(m, mm, g, o->out);
     }

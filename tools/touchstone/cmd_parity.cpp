@@ -183,11 +183,48 @@ std::unique_ptr<Inputs> load_inputs(const Opts& o) {
   return in;
 }
 
+// The suite's trims apply unless cases / passages were named (--max-steps wins).
+int effective_max_steps(const Opts& o, const Suite& suite) {
+  return o.max_steps > 0 ? o.max_steps : o.cases.empty() ? suite.max_steps : 0;
+}
+int effective_max_positions(const Opts& o, const Suite& suite) {
+  return o.scoring.empty() ? suite.max_positions : 0;
+}
+
+bool wants_consistency(const Opts& o);
+
+// KV capacity (max_context) every session of the run is opened with: the most
+// positions any planned check uses, rounded up to a multiple of 1024. A
+// backend's own default (max_context = 0) may be smaller than the 4,096-token
+// long-context items need (static_graph's is 2048).
+int32_t planned_context(const Opts& o, const Inputs& in) {
+  const Suite& suite = in.manifest.find_suite(o.suite);
+  const int max_steps = effective_max_steps(o, suite);
+  const int max_positions = effective_max_positions(o, suite);
+  size_t need = 0;
+  if (!o.consistency_only) {
+    for (const auto& n : in.plan.cases) {
+      const GoldenCase& g = *in.golden.find_case(n);
+      size_t steps = g.greedy_ids.size();
+      if (max_steps > 0) steps = std::min(steps, size_t(max_steps));
+      need = std::max(need, g.prompt_ids.size() + steps);
+    }
+    for (const auto& n : in.plan.scoring) {
+      size_t pos = in.golden.find_scoring(n)->token_ids.size();
+      if (max_positions > 0) pos = std::min(pos, size_t(max_positions) + 1);
+      need = std::max(need, pos);
+    }
+  }
+  if (wants_consistency(o)) need = std::max(need, size_t(o.consistency_tokens));
+  constexpr size_t kRound = 1024;
+  return int32_t((need + kRound - 1) / kRound * kRound);
+}
+
 // Every check of the plan, in order; reports rewritten after each.
 void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
   const Suite& suite = in.manifest.find_suite(o.suite);
-  const int max_steps = o.max_steps > 0 ? o.max_steps : o.cases.empty() ? suite.max_steps : 0;
-  const int max_positions = o.scoring.empty() ? suite.max_positions : 0;
+  const int max_steps = effective_max_steps(o, suite);
+  const int max_positions = effective_max_positions(o, suite);
   double units = 0;
   for (const auto& n : in.plan.cases) {  // prompt tokens + steps: prefill costs per token too
     const GoldenCase& g = *in.golden.find_case(n);
@@ -239,7 +276,7 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
   fmt::print(stderr, "  consistency checks on case '{}' ({} tokens)\n", first, tokens.size());
   try {
     const ts_capabilities caps = host.library().capabilities();
-    ConsistencyOptions co{SessionOptions{in.weights, o.threads, 0, o.fault},
+    ConsistencyOptions co{SessionOptions{in.weights, o.threads, planned_context(o, in), o.fault},
                           (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0,
                           (caps.flags & TS_CAP_ALL_POSITION_LOGITS) != 0,
                           {}};
@@ -283,9 +320,10 @@ int run_parity(const Opts& o) {
   report.info = RunInfo{o.backend,         o.backend, "",      weight_path_name(in->weights),
                         in->profile->name, o.suite,   mm.name, mm.sha256,
                         o.threads,         ""};
-  BackendHost host(HostOptions{o.backend, o.in_process, o.timeout, in->model_path,
-                               SessionOptions{in->weights, o.threads, 0, o.fault},
-                               golden_n_vocab(in->golden)});
+  BackendHost host(
+      HostOptions{o.backend, o.in_process, o.timeout, in->model_path,
+                  SessionOptions{in->weights, o.threads, planned_context(o, *in), o.fault},
+                  golden_n_vocab(in->golden)});
   report.info.execution = host.execution();
   write_reports(o, report);  // output paths are checked before any backend call
   if (o.in_process) arm_exit_guard(o.backend);
@@ -368,15 +406,19 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--expect-step", o->expect_step,
                   "Test only, with --expect-fail: every failing check must fail first at this "
                   "step / position N, or be the named check (CHECK, e.g. consistency.threads), "
-                  "or both (CHECK@N)")
-      ->check([](const std::string& v) {
+                  "or both (CHECK@N); a trailing '+' (CHECK@N+): CHECK must fail so, other "
+                  "checks may fail too")
+      ->check([](const std::string& spec) {
+        const std::string v =
+            spec.size() > 1 && spec.ends_with('+') ? spec.substr(0, spec.size() - 1) : spec;
         const size_t at = v.find('@');
         const std::string n = v.find_first_not_of("0123456789") == std::string::npos ? v
                               : at == std::string::npos                              ? "0"
                                                         : v.substr(at + 1);
         return !n.empty() && n.size() < 9 && n.find_first_not_of("0123456789") == std::string::npos
                    ? std::string()
-                   : std::string("N, CHECK or CHECK@N (N a step number)");
+                   : std::string(
+                         "N, CHECK or CHECK@N, optionally with a trailing '+' (N a step number)");
       })
       ->needs(expect_fail);
   cmd->add_option("--expect-layer", o->expect_layer,

@@ -16,6 +16,7 @@ bool expect_fail_caught(const Report& report);
 // (if named) and first fails at step / position N (if given): a case's first
 // logit violation (else its first unaccepted divergence), a scoring passage's
 // first failing position, a consistency check's first failing position.
+// CHECK@N+ : CHECK must fail first at N, other results may fail as well.
 bool expect_step_met(const Report& report, const std::string& spec);
 
 // --expect-layer L:attn | L:ffn | L:resid | after: every failing case's first

@@ -79,7 +79,15 @@ std::string write_own_manifest(const std::string& gguf_path, const std::string& 
       throw Error("{}: /{}: unknown key (allowed: cases, scoring, suites)", cases_path, key);
   }
   for (auto& c : in["cases"]) {
-    if (c.is_object() && !c.contains("model")) c["model"] = name;
+    if (!c.is_object()) continue;
+    if (!c.contains("model")) c["model"] = name;
+    // prompt_file is relative to the cases file: inline it (load_manifest then
+    // checks the case as written, prompt and prompt_file both given included).
+    if (c.contains("prompt_file") && c["prompt_file"].is_string() && !c.contains("prompt")) {
+      const fs::path f = fs::path(fileio::dir_of(cases_path)) / c["prompt_file"].get<std::string>();
+      c["prompt"] = read_text(f.string());
+      c.erase("prompt_file");
+    }
   }
   const fs::path out = fs::absolute(out_dir);
   fs::create_directories(out);

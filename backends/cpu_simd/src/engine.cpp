@@ -24,6 +24,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -384,7 +385,14 @@ Session::Session(Model& model, const SessionOptions& opt)
     if (it == rope_params_.end()) rope_params_.push_back(key);
   }
   rope_cs_.resize(rope_params_.size() * B * size_t(c_.n_rot));
-  if (faults_.thread_order_reduction) partial_.resize(size_t(pool_.size()) * B * 128);
+  if (faults_.session_order_reduction) {
+    // The fault: the split depends on how many sessions this process opened
+    // (a stand-in for a scheduling-dependent reduction order).
+    static std::atomic<int> sessions{0};
+    faults_.session_slices = 2 + sessions.fetch_add(1) % 16;
+  }
+  if (faults_.thread_order_reduction || faults_.session_order_reduction)
+    partial_.resize(size_t(pool_.size()) * B * 128);
   if (faults_.quantized_only() && quant_) corrupt_quantized_copy(*w_);
   const size_t max_in = std::max({d, qd, ff});
   act_qs_.resize(B * max_in);
@@ -474,7 +482,8 @@ void Session::corrupt_quantized_copy(const WeightSet& src) {
 // count (one thread: the ordinary kernel's value).
 void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const float* x, size_t ldx,
                                 size_t n_tok, float* y, size_t ldy, int thread) {
-  const size_t T = size_t(pool_.size());
+  const size_t T =
+      faults_.session_order_reduction ? size_t(faults_.session_slices) : size_t(pool_.size());
   const size_t be = W.f ? 1 : W.generic ? W.block_elems : 32;  // slice granularity
   const size_t nb = W.n_in / be, rows = r1 - r0;
   float* part = partial_.data() + size_t(thread) * kMaxBatch * 128;
@@ -508,6 +517,9 @@ void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const flo
 
 void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   const size_t V = size_t(c_.n_vocab);
+  // prefill_position_reset fault: a prefill continuing a sequence rotates its
+  // tokens as positions 0, 1, ... (K/V still written at the right slots).
+  rope_origin_ = faults_.prefill_position_reset && n > 1 ? pos_ : 0;
   for (int32_t i = 0; i < n; i += kMaxBatch) {
     const int32_t m = std::min(kMaxBatch, n - i);
     const bool last = i + m == n;
@@ -517,6 +529,9 @@ void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, floa
       forward_chunk(tokens + i, m, all_positions, all_positions ? logits + size_t(i) * V : logits);
     }
   }
+  rope_origin_ = 0;
+  if (faults_.logits_row_shift && all_positions && n > 1)  // the fault: row i holds row i-1
+    std::memmove(logits + V, logits, size_t(n - 1) * V * sizeof(float));
 }
 
 // y_j[t][:] = W_j x[t] for every job j, all row chunks of all jobs in one pool run.
@@ -536,7 +551,7 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
     const Job& job = jobs[j];
     const Linear& W = *job.w;
     const size_t r0 = (task - first[j]) * chunk, r1 = std::min(W.n_out, r0 + chunk);
-    if (faults_.thread_order_reduction) {
+    if (faults_.thread_order_reduction || faults_.session_order_reduction) {
       linear_per_thread(W, r0, r1, x, ldx, n_tok, job.y, job.ldy, thread);
     } else if (W.f) {
       if (n_tok == 1) {
@@ -634,7 +649,7 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
   pool_.run(rope_params_.size() * N, [&](size_t task, int) {
     const size_t k = task / N, i = task % N;
     const auto [base, scale] = rope_params_[k];
-    const int32_t pos = pos_ + int32_t(i);
+    const int32_t pos = pos_ - rope_origin_ + int32_t(i);
     double* cs_sn = rope_cs_.data() + (k * B + i) * 2 * half;
     for (size_t j = 0; j < half; ++j) {
       const double fj = freq_factors ? double{freq_factors[j]} : 1.0;

@@ -157,7 +157,8 @@ class Session {
   touchstone::Faults faults_;
   int32_t max_ctx_;
   int32_t pos_ = 0;
-  int32_t kv_len_ = 0;  // KV entries written so far (rewind_noop fault: never truncated)
+  int32_t kv_len_ = 0;       // KV entries written so far (rewind_noop fault: never truncated)
+  int32_t rope_origin_ = 0;  // prefill_position_reset fault: RoPE position = pos - origin
   ThreadPool pool_;
   WeightSet faulty_w_;                          // quantized-only faults: w_ points here
   std::vector<std::vector<uint8_t>> faulty_q_;  // its corrupted GGUF blocks

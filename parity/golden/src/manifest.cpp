@@ -349,12 +349,22 @@ class Parser {
 
   ManifestCase parse_case(const json& v, const std::string& p, const Manifest& m) const {
     const json& o = object(v, p);
-    allow_keys(o, p, {"name", "model", "prompt", "chat", "n_predict", "tags"});
+    allow_keys(o, p, {"name", "model", "prompt", "prompt_file", "chat", "n_predict", "tags"});
     ManifestCase c;
     c.name = name(require(o, p, "name"), child(p, "name"));
     c.model = string(require(o, p, "model"), child(p, "model"));
     check_ref(m.models, c.model, child(p, "model"), "model");
-    c.prompt = string(require(o, p, "prompt"), child(p, "prompt"));
+    if (const json* f = find(o, "prompt_file")) {
+      // A long prompt (deep-context cases) lives in a file beside the manifest.
+      if (find(o, "prompt")) fail(p, "give either \"prompt\" or \"prompt_file\", not both");
+      c.prompt_file = relative_path(*f, child(p, "prompt_file"));
+      std::string err;
+      const std::string full = m.resolve(c.prompt_file);
+      c.prompt = read_text(full, &err);
+      if (!err.empty()) fail(child(p, "prompt_file"), fmt::format("cannot read {}: {}", full, err));
+    } else {
+      c.prompt = string(require(o, p, "prompt"), child(p, "prompt"));
+    }
     if (const json* b = find(o, "chat")) c.chat = boolean(*b, child(p, "chat"));
     c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"), kMaxSteps);
     if (const json* t = find(o, "tags")) c.tags = strings(*t, child(p, "tags"));
@@ -363,7 +373,7 @@ class Parser {
 
   ManifestScoring parse_scoring(const json& v, const std::string& p, const Manifest& m) const {
     const json& o = object(v, p);
-    allow_keys(o, p, {"name", "model", "text_file"});
+    allow_keys(o, p, {"name", "model", "text_file", "top_k", "tags"});
     ManifestScoring s;
     s.name = name(require(o, p, "name"), child(p, "name"));
     s.model = string(require(o, p, "model"), child(p, "model"));
@@ -374,6 +384,8 @@ class Parser {
     const std::string full = m.resolve(s.text_file);
     s.text = read_text(full, &err);
     if (!err.empty()) fail(child(p, "text_file"), fmt::format("cannot read {}: {}", full, err));
+    if (const json* k = find(o, "top_k")) s.top_k = positive_int(*k, child(p, "top_k"), kMaxTopK);
+    if (const json* t = find(o, "tags")) s.tags = strings(*t, child(p, "tags"));
     return s;
   }
 

@@ -439,3 +439,35 @@ TEST(DefaultProfiles, MatchTheProjectManifest) {
   const ordered_json project = ordered_json::parse(f);
   EXPECT_EQ(ordered_json::parse(touchstone::default_profiles_json()), project["profiles"]);
 }
+
+// Long-context items: a case's prompt from a file beside the manifest, a
+// scoring passage with its own top-K and tags.
+TEST_F(ManifestTest, PromptFileAndScoringTopK) {
+  std::ofstream(dir_ / "passages" / "long.txt", std::ios::binary) << "A long prompt.\n";
+  ordered_json j = valid_manifest();
+  j["cases"][1].erase("prompt");
+  j["cases"][1]["prompt_file"] = "passages/long.txt";
+  j["scoring"][0]["top_k"] = 32;
+  j["scoring"][0]["tags"] = {"long_context"};
+  const auto m = touchstone::load_manifest(write(j.dump(2)));
+  EXPECT_EQ(m.find_case("chat-hello").prompt, "A long prompt.\n");
+  EXPECT_EQ(m.find_case("chat-hello").prompt_file, "passages/long.txt");
+  EXPECT_EQ(m.find_case("narrative").prompt_file, "");
+  EXPECT_EQ(m.scoring[0].top_k, 32);
+  EXPECT_EQ(m.scoring[0].tags, std::vector<std::string>{"long_context"});
+
+  ordered_json both = valid_manifest();
+  both["cases"][0]["prompt_file"] = "passages/long.txt";
+  expect_json_error(both, {"/cases/0", "either \"prompt\" or \"prompt_file\""});
+  ordered_json missing = valid_manifest();
+  missing["cases"][0].erase("prompt");
+  missing["cases"][0]["prompt_file"] = "passages/none.txt";
+  expect_json_error(missing, {"/cases/0/prompt_file: cannot read", "none.txt"});
+  ordered_json outside = valid_manifest();
+  outside["cases"][0].erase("prompt");
+  outside["cases"][0]["prompt_file"] = "../x.txt";
+  expect_json_error(outside, {"/cases/0/prompt_file"});
+  ordered_json bad_k = valid_manifest();
+  bad_k["scoring"][0]["top_k"] = 0;
+  expect_json_error(bad_k, {"/scoring/0/top_k"});
+}

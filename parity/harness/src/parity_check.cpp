@@ -315,23 +315,8 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
     }
     at = {"rewind", -1};
     session.rewind(0);
-    std::vector<float> all;
-    std::vector<float> row_buf(V);
-    at = {all_position_logits ? "prefill(all positions)" : "prefill", 0};
-    if (all_position_logits) all = session.prefill_all(tokens);
-    for (size_t i = 0; i + 1 < N; ++i) {
-      std::span<const float> row;
-      if (all_position_logits) {
-        row = std::span<const float>(all.data() + i * V, V);
-      } else {
-        if (i == 0) {
-          row_buf = session.prefill(std::span<const int32_t>(g.token_ids.data(), 1));
-        } else {
-          at = {"decode", int(i)};
-          session.decode(g.token_ids[i], row_buf);
-        }
-        row = row_buf;
-      }
+    auto score = [&](size_t i, std::span<const float> row) {
+      if (i + 1 >= N) return;  // the last position predicts nothing
       const std::span<const int32_t> ids(g.topk_ids.data() + i * K, K);
       const std::span<const float> vals(g.topk_logits.data() + i * K, K);
       acc.add(ids, vals, g.lse[i], g.target_logits[i], g.token_ids[i + 1], row);
@@ -347,6 +332,24 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
       r.topk_max_abs = std::max(r.topk_max_abs, pos_max);
       if (r.first_failing_position < 0)
         note_first_failing(r, p, int(i), ids, vals, row, e2, r2, pos_max);
+    };
+    if (all_position_logits) {
+      // Chunks of at most session.max_rows() positions (memory stays bounded
+      // on a 4,096-token passage with a 262,144-entry vocabulary).
+      at = {"prefill(all positions)", 0};
+      session.prefill_all_rows(tokens, score);
+    } else {
+      std::vector<float> row_buf(V);
+      for (size_t i = 0; i + 1 < N; ++i) {
+        if (i == 0) {
+          at = {"prefill", 0};
+          row_buf = session.prefill(std::span<const int32_t>(g.token_ids.data(), 1));
+        } else {
+          at = {"decode", int(i)};
+          session.decode(g.token_ids[i], row_buf);
+        }
+        score(i, row_buf);
+      }
     }
   } catch (const std::exception& e) {
     r.backend_error = fmt::format("{}: {}", where(at, "position"), e.what());

@@ -82,15 +82,14 @@ GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const Manif
   g.token_ids = tok.encode(s.text, /*add_bos=*/true, /*parse_special=*/false);
   if (g.token_ids.size() < 2) throw Error("scoring '{}': passage has fewer than 2 tokens", s.name);
   g.n_vocab = session.n_vocab();
-  g.top_k = std::min(opt.scoring_top_k, g.n_vocab);
+  g.top_k = std::min(s.top_k > 0 ? s.top_k : opt.scoring_top_k, g.n_vocab);
   session.rewind(0);
-  const std::vector<float> all = session.prefill_all(g.token_ids);
-  const size_t V = size_t(g.n_vocab);
-  for (size_t i = 0; i + 1 < g.token_ids.size(); ++i) {
-    const std::span<const float> row(all.data() + i * V, V);
+  const size_t R = g.token_ids.size() - 1;  // the last position predicts nothing
+  session.prefill_all_rows(g.token_ids, [&](size_t i, std::span<const float> row) {
+    if (i >= R) return;
     append_row_summary(row, g.top_k, g.topk_ids, g.topk_logits, g.lse);
     g.target_logits.push_back(row[size_t(g.token_ids[i + 1])]);
-  }
+  });
   return g;
 }
 

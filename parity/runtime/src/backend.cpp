@@ -1,5 +1,7 @@
 #include "touchstone/backend.h"
 
+#include <algorithm>
+
 #include "touchstone/error.h"
 
 namespace touchstone {
@@ -72,6 +74,23 @@ std::vector<float> Session::prefill_all(std::span<const int32_t> tokens) {
   std::vector<float> logits(tokens.size() * size_t(n_vocab_));
   lib_->channel().prefill(session_, tokens, true, logits);
   return logits;
+}
+
+size_t Session::max_rows() const {
+  constexpr size_t kMaxLogitsBytes = size_t{512} << 20;
+  return std::max<size_t>(1, kMaxLogitsBytes / (size_t(n_vocab_) * sizeof(float)));
+}
+
+void Session::prefill_all_rows(std::span<const int32_t> tokens,
+                               const std::function<void(size_t, std::span<const float>)>& row) {
+  const size_t V = size_t(n_vocab_), chunk = max_rows();
+  std::vector<float> logits;
+  for (size_t start = 0; start < tokens.size(); start += chunk) {
+    const size_t n = std::min(chunk, tokens.size() - start);
+    logits.resize(n * V);
+    lib_->channel().prefill(session_, tokens.subspan(start, n), true, logits);
+    for (size_t i = 0; i < n; ++i) row(start + i, std::span<const float>(logits.data() + i * V, V));
+  }
 }
 
 void Session::decode(int32_t token, std::span<float> logits) {

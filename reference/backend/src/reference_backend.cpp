@@ -1,6 +1,7 @@
 // reference_backend.cpp - the scalar reference transformer behind the session
 // contract (touchstone/backend_abi.h). Built as libtouchstone_backend_reference.so.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,6 +21,8 @@ struct ts_model {
 struct ts_session {
   std::unique_ptr<touchstone::ReferenceTransformer> ref;
   bool causal_mask_fault = false;
+  bool row_shift_fault = false;       // logits_row_shift
+  bool position_reset_fault = false;  // prefill_position_reset
 };
 
 namespace {
@@ -100,6 +103,8 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
                                            : int(std::max(1u, std::thread::hardware_concurrency()));
     auto s = std::make_unique<ts_session>();
     s->causal_mask_fault = faults.causal_mask;
+    s->row_shift_fault = faults.logits_row_shift;
+    s->position_reset_fault = faults.prefill_position_reset;
     s->ref = std::make_unique<touchstone::ReferenceTransformer>(m->weights, opt->max_context,
                                                                 threads, faults);
     *out = s.release();
@@ -127,11 +132,17 @@ ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_p
       s->ref->rewind(p0);
       s->ref->set_chunk_end(p0 + n);
     }
+    // prefill_position_reset fault: a prefill continuing a sequence rotates its
+    // tokens as positions 0, 1, ... (their K/V still go to the right slots).
+    if (s->position_reset_fault && n > 1) s->ref->set_rope_origin(s->ref->position());
     for (int32_t i = 0; i < n; ++i) {
       float* row = all_positions ? logits + size_t(i) * v : logits;
       s->ref->forward(tokens[i], std::span<float>(row, v));
     }
     s->ref->set_chunk_end(0);
+    s->ref->set_rope_origin(0);
+    if (s->row_shift_fault && all_positions && n > 1)  // the fault: row i holds row i-1
+      std::memmove(logits + v, logits, size_t(n - 1) * v * sizeof(float));
   });
 }
 

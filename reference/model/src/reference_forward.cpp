@@ -32,6 +32,7 @@
 //   - Matrix rows are split across the threads of a RowPool but a row is never split, so
 //     results are bitwise identical for any thread count and across runs.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -63,9 +64,10 @@ void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_o
             const Faults& f, const std::vector<float>& bias = {}) {
   pool.run(n_out, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
-      const double acc = f.thread_order_reduction
-                             ? dot_per_thread(W + o * n_in, x, n_in, pool.size())
-                             : ops::dot(W + o * n_in, x, n_in);
+      const double acc =
+          f.thread_order_reduction    ? dot_per_thread(W + o * n_in, x, n_in, pool.size())
+          : f.session_order_reduction ? dot_per_thread(W + o * n_in, x, n_in, f.session_slices)
+                                      : ops::dot(W + o * n_in, x, n_in);
       y[o] = static_cast<float>(bias.empty() ? acc : acc + double{bias[size_t(o)]});
       if (f.fp16_accumulation) y[o] = gguf::fp16_to_fp32(gguf::fp32_to_fp16(y[o]));
     }
@@ -104,7 +106,10 @@ const std::vector<std::string>& fault_names() {
                                                  "causal_mask",
                                                  "thread_order_reduction",
                                                  "last_layer_skipped",
-                                                 "logits_perturb_1e-3"};
+                                                 "logits_perturb_1e-3",
+                                                 "logits_row_shift",
+                                                 "prefill_position_reset",
+                                                 "session_order_reduction"};
   return names;
 }
 
@@ -134,8 +139,11 @@ Faults parse_fault(const std::string& name) {
                    &f.causal_mask,
                    &f.thread_order_reduction,
                    &f.last_layer_skipped,
-                   nullptr};
-  static_assert(sizeof(flags) / sizeof(flags[0]) == 16);
+                   nullptr,
+                   &f.logits_row_shift,
+                   &f.prefill_position_reset,
+                   &f.session_order_reduction};
+  static_assert(sizeof(flags) / sizeof(flags[0]) == 19);
   if (bool* b = flags[it - n.begin()]) *b = true;
   if (name == "rope_base_off_1pct") f.rope_base_scale = 1.01;
   if (name == "logits_perturb_1e-3") f.logit_noise = 1e-3;
@@ -148,6 +156,12 @@ ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t 
     : w_(weights), faults_(faults), pool_(n_threads) {
   const ModelConfig& c = w_.config;
   max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
+  if (faults_.session_order_reduction) {
+    // The fault: the split depends on how many sessions this process opened
+    // (a stand-in for a scheduling-dependent reduction order).
+    static std::atomic<int> sessions{0};
+    faults_.session_slices = 2 + sessions.fetch_add(1) % 16;
+  }
   const size_t kv_dim = size_t(c.n_head_kv) * size_t(c.head_dim);
   const size_t kv_floats = size_t(c.n_layer) * size_t(max_ctx_) * kv_dim;
   k_cache_.reset(static_cast<float*>(std::calloc(kv_floats, sizeof(float))));
@@ -203,10 +217,11 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const float* ff = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
   const bool neox = (c.rope_style == RopeStyle::NeoX) != faults_.rope_layout;
   auto rope = neox ? ops::rope_neox : ops::rope_interleaved;
+  const int32_t rope_pos = pos - rope_origin_;  // prefill_position_reset fault: origin > 0
   for (int32_t h = 0; h < c.n_head; ++h)
-    rope(q_.data() + h * hd, c.n_rot, pos, base, lc.rope_scale, ff);
+    rope(q_.data() + h * hd, c.n_rot, rope_pos, base, lc.rope_scale, ff);
   for (int32_t h = 0; h < c.n_head_kv; ++h)
-    rope(k_.data() + h * hd, c.n_rot, pos, base, lc.rope_scale, ff);
+    rope(k_.data() + h * hd, c.n_rot, rope_pos, base, lc.rope_scale, ff);
   // kv_write_next fault: the entry goes to pos + 1 (dropped at the cache's end).
   const int32_t at = faults_.kv_write_next ? pos + 1 : pos;
   if (at < max_ctx_) {

@@ -57,11 +57,12 @@ struct Profile {
 
 struct ManifestCase {
   std::string name;
-  std::string model;  // refers to ManifestModel::name
-  std::string prompt;
+  std::string model;              // refers to ManifestModel::name
+  std::string prompt;             // "prompt", or the content of prompt_file
   bool chat = false;              // optional, default false
   int n_predict = 0;              // required, > 0
   std::vector<std::string> tags;  // optional
+  std::string prompt_file;        // optional, as written (manifest-relative); "" = inline prompt
 };
 
 struct ManifestScoring {
@@ -69,6 +70,10 @@ struct ManifestScoring {
   std::string model;
   std::string text_file;  // as written (relative to the manifest's directory unless absolute)
   std::string text;       // loaded content of text_file
+  // Optional: K stored per scored position (0 = the recorder's default, 256).
+  // Long passages store fewer (the 4,096-token ones: 32) to keep goldens small.
+  int top_k = 0;
+  std::vector<std::string> tags;  // optional ("long_context": left out of quick checks)
 };
 
 struct Suite {

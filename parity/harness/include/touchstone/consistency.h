@@ -5,7 +5,7 @@
 // (a case's prompt + its golden greedy continuation):
 //   consistency.prefill_vs_decode  all-position prefill (TS_CAP_ALL_POSITION_LOGITS;
 //                                  else the last position only) vs token-by-token decode
-//   consistency.chunked_prefill    prefill in chunks of 1, 7 and 64 tokens (and the
+//   consistency.chunked_prefill    prefill in chunks of 1, 3, 7 and 64 tokens (and the
 //                                  backend's static shape buckets): logits at every
 //                                  chunk end vs decode
 //   consistency.rewind_replay      a dirty session (unrelated tokens, rewind(0)) and a

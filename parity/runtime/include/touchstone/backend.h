@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -94,6 +95,15 @@ class Session {
   std::vector<float> prefill(std::span<const int32_t> tokens);
   // Logits of every position, [n_tokens * n_vocab] row-major.
   std::vector<float> prefill_all(std::span<const int32_t> tokens);
+  // The same rows, bounded in memory: `tokens` is prefilled in consecutive
+  // all-position calls of at most max_rows() tokens each, and row(i, logits)
+  // is called for every position i in order (logits: [n_vocab], valid during
+  // the call). A 4,096-token passage of Gemma 3 (262,144-entry vocabulary)
+  // would need 4.3 GB in one call.
+  void prefill_all_rows(std::span<const int32_t> tokens,
+                        const std::function<void(size_t, std::span<const float>)>& row);
+  // Tokens per prefill_all_rows call: as many logits rows as fit in 512 MiB (>= 1).
+  size_t max_rows() const;
   void decode(int32_t token, std::span<float> logits);
   // True when the backend computes the greedy token itself (TS_CAP_DEVICE_GREEDY).
   bool has_device_greedy() const { return lib_->has_device_greedy(); }

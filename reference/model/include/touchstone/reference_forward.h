@@ -40,6 +40,14 @@ struct Faults {
   bool causal_mask = false;           // "causal_mask": prefill attends to the chunk's future tokens
   bool thread_order_reduction = false;  // "thread_order_reduction": dot products split per thread
   bool last_layer_skipped = false;      // "last_layer_skipped": the last layer is not run
+  // Faults built for one golden-free consistency check each (docs/metrics.md):
+  bool logits_row_shift =
+      false;  // "logits_row_shift": all-position prefill returns row i-1 as row i
+  bool prefill_position_reset = false;   // "prefill_position_reset": a prefill continuing a
+                                         // sequence numbers its RoPE positions from 0
+  bool session_order_reduction = false;  // "session_order_reduction": dot products split at a
+                                         // point that changes with every session opened
+  int session_slices = 0;  // session_order_reduction: this session's slice count (set at open)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
@@ -73,6 +81,8 @@ class ReferenceTransformer {
   // The causal_mask fault only: attention at any position also reads the KV
   // entries up to `end` (exclusive), the end of the prefill chunk being run.
   void set_chunk_end(int32_t end) { chunk_end_ = end; }
+  // The prefill_position_reset fault only: RoPE rotates position p as p - origin.
+  void set_rope_origin(int32_t origin) { rope_origin_ = origin; }
 
   // Layer taps (backend_abi.h, ABI v4). While enabled, forward() records for the
   // token it runs, per layer: the attention output and the FFN output (what is
@@ -91,8 +101,9 @@ class ReferenceTransformer {
   Faults faults_;
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
-  int32_t kv_len_ = 0;     // rewind_noop fault: entries [0, kv_len_) are attended
-  int32_t chunk_end_ = 0;  // causal_mask fault: see set_chunk_end
+  int32_t kv_len_ = 0;       // rewind_noop fault: entries [0, kv_len_) are attended
+  int32_t chunk_end_ = 0;    // causal_mask fault: see set_chunk_end
+  int32_t rope_origin_ = 0;  // prefill_position_reset fault: see set_rope_origin
   RowPool pool_;
   bool taps_on_ = false;
   std::vector<float> taps_;
