@@ -2,7 +2,13 @@
 // attention.comp - causal softmax attention over the KV cache with GQA: query
 // head h reads KV head h / (n_head / n_head_kv). One workgroup per (head x,
 // token y). Scores go to a scratch row, then softmax, then the weighted sum of V.
+// Token t attends entries [0, n_kv): n_kv = kv_len - (n_tok - 1 - t), the causal
+// limit counted back from the host's filled length (= pos + 1 while the host
+// keeps kv_len right; the rewind_noop fault leaves it stale). Faults
+// (faults.glsl): FAULT_CAUSAL_MASK (n_kv = kv_len), FAULT_GQA_MAPPING,
+// FAULT_SOFTMAX_NO_MAX; push constant drop_newest (kv_position_off_by_one).
 #include "common.glsl"
+#include "faults.glsl"
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer KC { float kc[]; };
@@ -15,14 +21,17 @@ layout(push_constant) uniform PC {
   uint max_ctx;        // scratch row stride
   uint drop_newest;    // fault kv_position_off_by_one: skip the newest entry (pos > 0)
   float scale;         // 1 / sqrt(hd)
+  uint kv_len;         // cache entries filled, this chunk included (pos0 + n_tok)
 } pc;
 
 void main() {
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint pos = pc.pos0 + t;
-  const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? pos : pos + 1u;
+  const uint n_causal = FAULT_CAUSAL_MASK ? pc.kv_len : pc.kv_len - (pc.n_tok - 1u - t);
+  const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? n_causal - 1u : n_causal;
   const uint q_dim = pc.n_head * pc.hd, kv_dim = pc.n_head_kv * pc.hd;
-  const uint kv_off = (h / (pc.n_head / pc.n_head_kv)) * pc.hd;
+  const uint kv_head = FAULT_GQA_MAPPING ? h % pc.n_head_kv : h / (pc.n_head / pc.n_head_kv);
+  const uint kv_off = kv_head * pc.hd;
   const uint qb = t * q_dim + h * pc.hd;
   const uint sb = (t * pc.n_head + h) * pc.max_ctx;
 
@@ -36,6 +45,7 @@ void main() {
     m = max(m, s);
   }
   m = wg_max(m);
+  if (FAULT_SOFTMAX_NO_MAX) m = 0.0;  // exp(s) overflows to inf above ~88.7
   float sum = 0.0;
   for (uint j = tid; j < n_kv; j += WG) {
     const float e = exp(sc[sb + j] - m);

@@ -8,11 +8,14 @@
 // its own keys and the partial sums are added across the subgroup (fp32, an
 // order that depends only on the number of keys). The host uses it when
 // head_dim == HD and subgroups are 8 wide
-// (the CPU matmul strategy, which also needs shaderInt64).
+// (the CPU matmul strategy, which also needs shaderInt64). Attended entries
+// and faults: as attention.comp.
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_ARB_gpu_shader_int64 : require
+#extension GL_GOOGLE_include_directive : require
+#include "faults.glsl"
 
 #define LANES 8
 #ifndef HD
@@ -34,6 +37,7 @@ layout(push_constant) uniform PC {
   uint max_ctx;      // scratch row stride
   uint drop_newest;  // fault kv_position_off_by_one: skip the newest entry (pos > 0)
   float scale;       // 1 / sqrt(hd)
+  uint kv_len;       // cache entries filled, this chunk included (pos0 + n_tok)
 }
 pc;
 
@@ -44,9 +48,11 @@ vec4 floats4(u64vec2 v) {
 void main() {
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, lane = gl_SubgroupInvocationID;
   const uint pos = pc.pos0 + t;
-  const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? pos : pos + 1u;
+  const uint n_causal = FAULT_CAUSAL_MASK ? pc.kv_len : pc.kv_len - (pc.n_tok - 1u - t);
+  const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? n_causal - 1u : n_causal;
   const uint q_dim4 = pc.n_head * HD / 4u, kv_dim4 = pc.n_head_kv * HD / 4u;
-  const uint kv_off4 = (h / (pc.n_head / pc.n_head_kv)) * HD / 4u;
+  const uint kv_head = FAULT_GQA_MAPPING ? h % pc.n_head_kv : h / (pc.n_head / pc.n_head_kv);
+  const uint kv_off4 = kv_head * HD / 4u;
   const uint qb4 = t * q_dim4 + h * HD / 4u;
   const uint sb = (t * pc.n_head + h) * pc.max_ctx;
 
@@ -62,6 +68,7 @@ void main() {
     m = max(m, s);
   }
   m = subgroupMax(m);
+  if (FAULT_SOFTMAX_NO_MAX) m = 0.0;  // exp(s) overflows to inf above ~88.7
   float sum = 0.0;
   for (uint j = lane; j < n_kv; j += LANES) {
     const float e = exp(sc[sb + j] - m);

@@ -16,12 +16,15 @@
 // every TILE. Rows past n_out compute row n_out - 1 and store nothing; tokens
 // past n_tok compute token n_tok - 1. Needs subgroup size 8 and shaderInt64
 // (the context checks), n_in % 32 == 0, x_off and x_stride multiples of 4 (the
-// host checks; else matmul.comp runs).
+// host checks; else matmul.comp runs). Faults (faults.glsl, specialization
+// constants): FAULT_FP16_OUT rounds each output through fp16, FAULT_SPLIT_K > 1
+// sums each row in slices (add_blocks_split_k).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_ARB_gpu_shader_int64 : require
+#include "faults.glsl"
 
 #ifndef TILE
 #define TILE 8
@@ -67,27 +70,17 @@ void fma_quad(const vec4 w[ROWS], uint j) {
   }
 }
 
-void main() {
-  const uint lane = gl_SubgroupInvocationID;
-  const uint group = gl_WorkGroupID.x + gl_WorkGroupID.z * 32768u;
-  const uint o0 = group * (LANES * ROWS) + lane;
-  const uint t0 = gl_WorkGroupID.y * TILE;
-  const uint n_tile = min(uint(TILE), pc.n_tok - t0);
-  const uint nb = pc.n_in / 32u;  // blocks of 32 elements per row
-  uint row[ROWS];
-  [[unroll]] for (int r = 0; r < ROWS; ++r) {
-    row[r] = min(o0 + uint(r) * LANES, pc.n_out - 1u);
-    [[unroll]] for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0;
-  }
-#if !defined(WTYPE_F32)
-  const uint scale0 = pc.n_out * nb * QW;  // first scale word
-#endif
-  uint xq[TILE];  // quad index of this lane's X quad in block 0, per token
-  [[unroll]] for (uint t = 0; t < TILE; ++t)
-    xq[t] = (pc.x_off + (t0 + min(t, n_tile - 1u)) * pc.x_stride) / 4u + lane;
+// Per invocation: its rows (clamped to n_out - 1), the quad index of its X quad
+// in block 0 per token (tokens past n_tok read token n_tok - 1), first scale word.
+uint row[ROWS];
+uint xq[TILE];
+uint scale0;
 
+// acc[r][t] += the dot products of blocks [b0, b1) of the rows with X[t].
+void add_blocks(uint b0, uint b1) {
+  const uint nb = pc.n_in / 32u;
   vec4 w[ROWS];
-  for (uint b = 0; b < nb; ++b) {
+  for (uint b = b0; b < b1; ++b) {
     [[unroll]] for (uint t = 0; t < TILE; ++t) xl[t] = floats4(x16[xq[t] + 8u * b]);
 #if defined(WTYPE_F32)
     [[unroll]] for (uint jj = 0; jj < 4u; ++jj) {
@@ -132,12 +125,57 @@ void main() {
     }
 #endif
   }
+}
+
+// The thread_order_reduction fault (faults.glsl): FAULT_SPLIT_K slices of
+// whole blocks, each slice's partial sum rounded through fp16 as if staged in a
+// half-precision split-K scratch buffer, the slices added in order.
+void add_blocks_split_k(uint nb) {
+  float total[ROWS][TILE];
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    [[unroll]] for (int t = 0; t < TILE; ++t) total[r][t] = 0.0;
+  }
+  for (uint s = 0; s < FAULT_SPLIT_K; ++s) {
+    [[unroll]] for (int r = 0; r < ROWS; ++r) {
+      [[unroll]] for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0;
+    }
+    add_blocks(nb * s / FAULT_SPLIT_K, nb * (s + 1u) / FAULT_SPLIT_K);
+    [[unroll]] for (int r = 0; r < ROWS; ++r) {
+      [[unroll]] for (int t = 0; t < TILE; ++t) total[r][t] += fault_round_fp16(acc[r][t]);
+    }
+  }
+  acc = total;
+}
+
+void main() {
+  const uint lane = gl_SubgroupInvocationID;
+  const uint group = gl_WorkGroupID.x + gl_WorkGroupID.z * 32768u;
+  const uint o0 = group * (LANES * ROWS) + lane;
+  const uint t0 = gl_WorkGroupID.y * TILE;
+  const uint n_tile = min(uint(TILE), pc.n_tok - t0);
+  const uint nb = pc.n_in / 32u;  // blocks of 32 elements per row
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    row[r] = min(o0 + uint(r) * LANES, pc.n_out - 1u);
+    [[unroll]] for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0;
+  }
+#if !defined(WTYPE_F32)
+  scale0 = pc.n_out * nb * QW;  // first scale word
+#endif
+  [[unroll]] for (uint t = 0; t < TILE; ++t)
+    xq[t] = (pc.x_off + (t0 + min(t, n_tile - 1u)) * pc.x_stride) / 4u + lane;
+
+  if (FAULT_SPLIT_K > 1u) {
+    add_blocks_split_k(nb);
+  } else {
+    add_blocks(0u, nb);
+  }
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     const uint o = o0 + uint(r) * LANES;
     [[unroll]] for (uint t = 0; t < TILE; ++t) {
       if (o < pc.n_out && t < n_tile) {
         const uint yi = pc.y_off + (t0 + t) * pc.y_stride + o;
-        y[yi] = pc.accumulate != 0u ? y[yi] + acc[r][t] : acc[r][t];
+        const float v = FAULT_FP16_OUT ? fault_round_fp16(acc[r][t]) : acc[r][t];
+        y[yi] = pc.accumulate != 0u ? y[yi] + v : v;
       }
     }
   }

@@ -5,7 +5,10 @@
 // block k at words [k * QW, k * QW + QW) (16-byte aligned), then one scale
 // word per block (Q4_1: d | m << 16, Q4_0/Q8_0: d), block k = row * nb + b.
 // dequant4(row, q, n_in, n_rows) returns elements 4q..4q+3 of a row.
-// Formulas: ggml dequantize_row_*.
+// Formulas: ggml dequantize_row_*. Faults (faults.glsl): FAULT_NIBBLE_ORDER
+// swaps the low and high nibble of each quant byte, FAULT_SCALE_MIN_SWAP reads
+// a Q4_1 block's d as m and m as d.
+#include "faults.glsl"
 #if defined(WTYPE_F32)
 #elif defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1)
 #define QW 4u
@@ -29,15 +32,17 @@ vec4 bytes_i8(uint w) {
               float(bitfieldExtract(v, 16, 8)), float(bitfieldExtract(v, 24, 8)));
 }
 
-// Quad j (0..7) of a block from its scale word and the quant word(s).
+// Quad j (0..7) of a block from its scale word and the quant word(s): quads
+// 0..3 are the low nibbles of the 16 quant bytes, quads 4..7 the high ones.
+uint nibble_shift(uint j) { return (j >= 4u) != FAULT_NIBBLE_ORDER ? 4u : 0u; }
 #if defined(WTYPE_Q4_0)
 vec4 quad_q4_0(uint scale, uint qw, uint j) {
-  return (nibbles(qw, j >= 4u ? 4u : 0u) - 8.0) * unpackHalf2x16(scale).x;
+  return (nibbles(qw, nibble_shift(j)) - 8.0) * unpackHalf2x16(scale).x;
 }
 #elif defined(WTYPE_Q4_1)
 vec4 quad_q4_1(uint scale, uint qw, uint j) {
-  const vec2 dm = unpackHalf2x16(scale);
-  return nibbles(qw, j >= 4u ? 4u : 0u) * dm.x + dm.y;
+  const vec2 dm = FAULT_SCALE_MIN_SWAP ? unpackHalf2x16(scale).yx : unpackHalf2x16(scale);
+  return nibbles(qw, nibble_shift(j)) * dm.x + dm.y;
 }
 #endif
 

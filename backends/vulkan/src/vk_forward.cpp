@@ -25,16 +25,46 @@ double noise_sign(uint64_t i) {
 
 size_t f32(size_t n) { return n * sizeof(float); }
 
+// The faults that live in the shaders (shaders/faults.glsl). The GPU form of
+// thread_order_reduction: a split-K over the session's n_threads slices with
+// fp16 partials (docs/backends/vulkan.md#fault-catalog).
+ShaderFaults shader_faults(const Faults& f, int32_t n_threads) {
+  ShaderFaults s;
+  s.rope_layout = f.rope_layout;
+  s.kv_write_next = f.kv_write_next;
+  s.gqa_mapping = f.gqa_mapping;
+  s.softmax_no_max = f.softmax_no_max;
+  s.causal_mask = f.causal_mask;
+  s.fp16_out = f.fp16_accumulation;
+  s.split_k = f.thread_order_reduction ? uint32_t(std::max(1, n_threads)) : 1u;
+  s.nibble_order = f.nibble_order;
+  s.scale_min_swap = f.quant_scale_min_swap;
+  return s;
+}
+
+std::unique_ptr<Kernels> fault_kernels(Context& ctx, const Faults& f, int32_t n_threads) {
+  const ShaderFaults s = shader_faults(f, n_threads);
+  return s.any() ? std::make_unique<Kernels>(ctx, s) : nullptr;
+}
+
 }  // namespace
 
 Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights,
-                 int32_t max_context, Faults faults)
-    : ctx_(ctx), k_(kernels), w_(weights), faults_(faults), sets_(ctx) {
+                 int32_t max_context, Faults faults, int32_t n_threads)
+    : ctx_(ctx),
+      fault_kernels_(fault_kernels(ctx, faults, n_threads)),
+      k_(fault_kernels_ ? *fault_kernels_ : kernels),
+      w_(weights),
+      faults_(faults),
+      sets_(ctx) {
   const LlamaConfig& c = w_.config;
   max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
   const size_t T = kChunk, d = size_t(c.n_embd), hd = size_t(c.head_dim);
   const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
                ctx_n = size_t(max_ctx_);
+  // kv_write_next stores position p in row p + 1: one spare row, and zeroed
+  // caches (row 0 is read but never written).
+  const size_t kv_rows = ctx_n + (faults_.kv_write_next ? 1 : 0);
   using K = Buffer::Kind;
   x_ = Buffer(ctx, f32(T * d), K::Device);
   xn_ = Buffer(ctx, f32(T * d), K::Device);
@@ -49,8 +79,12 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
   logits_ = Buffer(ctx, f32(T * size_t(c.n_vocab)), K::Host);
   argmax_ = Buffer(ctx, sizeof(int32_t), K::Host);
   for (int32_t l = 0; l < c.n_layer; ++l) {
-    kc_.emplace_back(ctx, f32(ctx_n * kv_dim), K::Device);
-    vc_.emplace_back(ctx, f32(ctx_n * kv_dim), K::Device);
+    kc_.emplace_back(ctx, f32(kv_rows * kv_dim), K::Device);
+    vc_.emplace_back(ctx, f32(kv_rows * kv_dim), K::Device);
+    if (faults_.kv_write_next) {
+      kc_.back().zero();
+      vc_.back().zero();
+    }
   }
   // RoPE table in fp64, rounded once: (cos, sin) of pos * base^(-2i/hd).
   const double base = double{c.rope_freq_base} * faults_.rope_base_scale;
@@ -129,6 +163,7 @@ void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, f
   if (prof_) prof_->collect();
   const int32_t pos0 = pos_;
   pos_ += int32_t(n);
+  kv_len_ = std::max(kv_len_, pos_);
   if (!logits) return;
   const size_t v = size_t(w_.config.n_vocab), rows = all_positions ? n : 1;
   std::memcpy(logits, logits_.mapped(), f32(rows * v));
@@ -144,56 +179,65 @@ void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, f
   }
 }
 
-void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax) {
+// One transformer layer over the chunk's n tokens: x_ += attention, x_ += FFN.
+void Forward::record_layer(Recorder& r, size_t l, uint32_t n) {
   const LlamaConfig& c = w_.config;
+  const DeviceLayer& L = w_.layers[l];
   const uint32_t d = uint32_t(c.n_embd), hd = uint32_t(c.head_dim), n_ff = uint32_t(c.n_ff);
   const uint32_t q_dim = uint32_t(c.n_head) * hd, kv_dim = uint32_t(c.n_head_kv) * hd;
-  const uint32_t vocab = uint32_t(c.n_vocab), pos0 = uint32_t(pos_);
-  const float eps = c.rms_norm_eps;
-  const RmsNormPush norm{d, n, 0, d, 0, d, eps};
+  const uint32_t pos0 = uint32_t(pos_);
+  const RmsNormPush norm{d, n, 0, d, 0, d, float(c.rms_norm_eps * faults_.rms_eps_scale)};
+  r.dispatch(k_.rms_norm(), {&x_, &L.attn_norm, &xn_}, norm, n);
+  r.barrier();
+  record_matmul(r, k_, L.wq.type, L.wq.buf, xn_, q_, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
+  record_matmul(r, k_, L.wk.type, L.wk.buf, xn_, k_buf_,
+                MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+  record_matmul(r, k_, L.wv.type, L.wv.buf, xn_, v_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+  r.barrier();
+  r.dispatch(k_.rope_store(), {&q_, &k_buf_, &v_, &kc_[l], &vc_[l], &rope_},
+             RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd}, n);
+  r.barrier();
+  // Faults: attention_scale (1/hd), kv_position_off_by_one (drop_newest),
+  // rewind_noop (kv_len_ kept past a rewind: the stale entries are attended).
+  const double scale = faults_.attention_scale ? 1.0 / double(hd) : 1.0 / std::sqrt(double(hd));
+  const AttentionPush ap{n,
+                         pos0,
+                         uint32_t(c.n_head),
+                         uint32_t(c.n_head_kv),
+                         hd,
+                         uint32_t(max_ctx_),
+                         faults_.kv_off_by_one ? 1u : 0u,
+                         static_cast<float>(scale),
+                         uint32_t(std::max(kv_len_, pos_ + int32_t(n)))};
+  r.dispatch(k_.attention(hd), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head), n);
+  r.barrier();
+  record_matmul(r, k_, L.wo.type, L.wo.buf, att_, x_, MatmulPush{q_dim, d, n, 0, q_dim, 0, d, 1});
+  r.barrier();
+  r.dispatch(k_.rms_norm(), {&x_, &L.ffn_norm, &xn_}, norm, n);
+  r.barrier();
+  record_matmul(r, k_, L.gate.type, L.gate.buf, xn_, gate_,
+                MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  record_matmul(r, k_, L.up.type, L.up.buf, xn_, up_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  r.barrier();
+  r.dispatch(k_.swiglu(), {&gate_, &up_}, SwigluPush{n * n_ff},
+             (n * n_ff + kWorkgroup - 1) / kWorkgroup);
+  r.barrier();
+  record_matmul(r, k_, L.down.type, L.down.buf, gate_, x_,
+                MatmulPush{n_ff, d, n, 0, n_ff, 0, d, 1});
+  r.barrier();
+}
+
+void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax) {
+  const LlamaConfig& c = w_.config;
+  const uint32_t d = uint32_t(c.n_embd), vocab = uint32_t(c.n_vocab);
+  const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);  // rms_eps_10x fault
 
   r.dispatch(k_.get_rows(w_.token_embd.type), {&w_.token_embd.buf, &tokens_, &x_},
              GetRowsPush{d, n, 0, w_.token_embd.n_out}, n);
   r.barrier();
-  for (size_t l = 0; l < w_.layers.size(); ++l) {
-    const DeviceLayer& L = w_.layers[l];
-    r.dispatch(k_.rms_norm(), {&x_, &L.attn_norm, &xn_}, norm, n);
-    r.barrier();
-    record_matmul(r, k_, L.wq.type, L.wq.buf, xn_, q_, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
-    record_matmul(r, k_, L.wk.type, L.wk.buf, xn_, k_buf_,
-                  MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
-    record_matmul(r, k_, L.wv.type, L.wv.buf, xn_, v_,
-                  MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
-    r.barrier();
-    r.dispatch(k_.rope_store(), {&q_, &k_buf_, &v_, &kc_[l], &vc_[l], &rope_},
-               RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd}, n);
-    r.barrier();
-    const AttentionPush ap{n,
-                           pos0,
-                           uint32_t(c.n_head),
-                           uint32_t(c.n_head_kv),
-                           hd,
-                           uint32_t(max_ctx_),
-                           faults_.kv_off_by_one ? 1u : 0u,
-                           static_cast<float>(1.0 / std::sqrt(double(hd)))};
-    r.dispatch(k_.attention(hd), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head),
-               n);
-    r.barrier();
-    record_matmul(r, k_, L.wo.type, L.wo.buf, att_, x_, MatmulPush{q_dim, d, n, 0, q_dim, 0, d, 1});
-    r.barrier();
-    r.dispatch(k_.rms_norm(), {&x_, &L.ffn_norm, &xn_}, norm, n);
-    r.barrier();
-    record_matmul(r, k_, L.gate.type, L.gate.buf, xn_, gate_,
-                  MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-    record_matmul(r, k_, L.up.type, L.up.buf, xn_, up_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-    r.barrier();
-    r.dispatch(k_.swiglu(), {&gate_, &up_}, SwigluPush{n * n_ff},
-               (n * n_ff + kWorkgroup - 1) / kWorkgroup);
-    r.barrier();
-    record_matmul(r, k_, L.down.type, L.down.buf, gate_, x_,
-                  MatmulPush{n_ff, d, n, 0, n_ff, 0, d, 1});
-    r.barrier();
-  }
+  // The last_layer_skipped fault: the loop stops one layer early.
+  const size_t n_layer = w_.layers.size() - (faults_.last_layer_skipped ? 1 : 0);
+  for (size_t l = 0; l < n_layer; ++l) record_layer(r, l, n);
   if (!want_logits) return;  // an inner prefill chunk: only the KV cache matters
   // Final norm and LM head: every position, or only the last one.
   const uint32_t rows = all_positions ? n : 1, first = all_positions ? 0 : n - 1;

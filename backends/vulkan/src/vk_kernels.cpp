@@ -1,6 +1,7 @@
 // vk_kernels.cpp - pipelines from embedded SPIR-V, descriptor cache, recorder.
 #include "vk_kernels.h"
 
+#include <array>
 #include <cstring>
 
 #include "vk_shaders.h"
@@ -41,7 +42,13 @@ const char* shader_type_suffix(TensorType t) {
   }
 }
 
-Kernels::Kernels(Context& ctx) : ctx_(ctx) {
+bool ShaderFaults::any() const {
+  static_assert(sizeof(ShaderFaults) == kCount * sizeof(uint32_t));
+  return rope_layout || kv_write_next || gqa_mapping || softmax_no_max || causal_mask || fp16_out ||
+         split_k != 1 || nibble_order || scale_min_swap;
+}
+
+Kernels::Kernels(Context& ctx, const ShaderFaults& faults) : ctx_(ctx), faults_(faults) {
   const std::string sg = ctx.use_subgroup() ? "_sg" : "_nosg";
   rows_ = ctx.matmul_row_per_invocation();
   for (const char* t : {"f32", "q4_0", "q4_1", "q8_0"}) {
@@ -110,6 +117,17 @@ void Kernels::add(const std::string& shader, uint32_t n_bindings, uint32_t push_
   ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   ci.stage.module = mod;
   ci.stage.pName = "main";
+  // Fault pipelines only: the specialization constants of faults.glsl (the
+  // shaders' defaults, the correct code, need no specialization info).
+  std::array<VkSpecializationMapEntry, ShaderFaults::kCount> entries{};
+  VkSpecializationInfo spec{};
+  if (faults_.any()) {
+    for (uint32_t i = 0; i < ShaderFaults::kCount; ++i)
+      entries[i] = VkSpecializationMapEntry{i, i * uint32_t(sizeof(uint32_t)), sizeof(uint32_t)};
+    spec =
+        VkSpecializationInfo{ShaderFaults::kCount, entries.data(), sizeof(ShaderFaults), &faults_};
+    ci.stage.pSpecializationInfo = &spec;
+  }
   ci.layout = k.layout;
   const VkResult r = vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &k.pipeline);
   vkDestroyShaderModule(dev, mod, nullptr);

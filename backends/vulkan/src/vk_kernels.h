@@ -30,13 +30,32 @@ struct Kernel {
   VkPipeline pipeline = VK_NULL_HANDLE;
 };
 
+// The faults of the catalog that live in the shaders: the values of the
+// specialization constants of shaders/faults.glsl, constant_id i at byte 4 i
+// (bools as VkBool32). A default-constructed one is the correct shaders.
+struct ShaderFaults {
+  uint32_t rope_layout = 0;     // 0 FAULT_ROPE_LAYOUT
+  uint32_t kv_write_next = 0;   // 1 FAULT_KV_WRITE_NEXT
+  uint32_t gqa_mapping = 0;     // 2 FAULT_GQA_MAPPING
+  uint32_t softmax_no_max = 0;  // 3 FAULT_SOFTMAX_NO_MAX
+  uint32_t causal_mask = 0;     // 4 FAULT_CAUSAL_MASK
+  uint32_t fp16_out = 0;        // 5 FAULT_FP16_OUT
+  uint32_t split_k = 1;         // 6 FAULT_SPLIT_K
+  uint32_t nibble_order = 0;    // 7 FAULT_NIBBLE_ORDER
+  uint32_t scale_min_swap = 0;  // 8 FAULT_SCALE_MIN_SWAP
+  static constexpr uint32_t kCount = 9;
+  bool any() const;
+};
+
 // Weight types the shaders read in place (others are dequantized to fp32 on the host).
 bool shader_reads(gguf::TensorType t);
 const char* shader_type_suffix(gguf::TensorType t);  // "f32", "q4_1", ...
 
 class Kernels {
  public:
-  explicit Kernels(Context& ctx);
+  // faults: built into every pipeline as specialization constants (only a
+  // session opened with such a fault builds its own Kernels with them).
+  explicit Kernels(Context& ctx, const ShaderFaults& faults = {});
   ~Kernels();
   Kernels(const Kernels&) = delete;
   Kernels& operator=(const Kernels&) = delete;
@@ -58,6 +77,7 @@ class Kernels {
   const Kernel& get(const std::string& base, bool has_subgroup_variant) const;
   void add(const std::string& shader, uint32_t n_bindings, uint32_t push_size);
   Context& ctx_;
+  ShaderFaults faults_;
   bool rows_ = false;
   std::map<std::string, Kernel> kernels_;
 };
@@ -121,6 +141,8 @@ struct RopeStorePush {
 struct AttentionPush {
   uint32_t n_tok, pos0, n_head, n_head_kv, hd, max_ctx, drop_newest;
   float scale;
+  // KV entries filled, this chunk included: token t attends kv_len - (n_tok - 1 - t).
+  uint32_t kv_len;
 };
 struct SwigluPush {
   uint32_t n;

@@ -43,6 +43,48 @@ const char* device_name() {
   return name.c_str();
 }
 
+// The faults of the catalog this backend implements (docs/backends/vulkan.md,
+// "Fault catalog"), by name: one added to the catalog later is refused until
+// it is implemented here, never silently ignored.
+bool implements_fault(const std::string& name) {
+  static const char* const kImplemented[] = {"rope_base_off_1pct",
+                                             "rope_layout",
+                                             "kv_position_off_by_one",
+                                             "kv_write_next",
+                                             "gqa_mapping",
+                                             "attention_scale",
+                                             "softmax_no_max",
+                                             "rms_eps_10x",
+                                             "quant_scale_min_swap",
+                                             "nibble_order",
+                                             "fp16_accumulation",
+                                             "rewind_noop",
+                                             "causal_mask",
+                                             "thread_order_reduction",
+                                             "last_layer_skipped",
+                                             "logits_perturb_1e-3"};
+  for (const char* n : kImplemented)
+    if (name == n) return true;
+  return false;
+}
+
+// quant_scale_min_swap and nibble_order are bugs in the shaders' dequantization
+// (shaders/quant.glsl): they reach the Q4_1 blocks (d and m) and the Q4_0/Q4_1
+// quants read in place. A quantized session of a model with no such matrix
+// refuses them (other types are dequantized on the host at load).
+bool quant_fault_applies(const touchstone::vk::DeviceWeights& w, const touchstone::Faults& f) {
+  using touchstone::gguf::TensorType;
+  auto hit = [&](const touchstone::vk::DeviceMatrix& m) {
+    return m.type == TensorType::Q4_1 || (f.nibble_order && m.type == TensorType::Q4_0);
+  };
+  if (hit(w.token_embd) || (w.output.n_out && hit(w.output))) return true;
+  for (const touchstone::vk::DeviceLayer& L : w.layers) {
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
+      if (hit(*m)) return true;
+  }
+  return false;
+}
+
 ts_status capabilities(ts_capabilities* out) {
   return touchstone::abi::guard([&] {
     if (!out || out->struct_size < sizeof(ts_capabilities)) {
@@ -118,8 +160,7 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
-    if (!faults.name.empty() && faults.name != "rope_base_off_1pct" &&
-        faults.name != "logits_perturb_1e-3" && faults.name != "kv_position_off_by_one") {
+    if (!faults.name.empty() && !implements_fault(faults.name)) {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "vulkan does not implement fault '" + faults.name + "'");
     }
@@ -130,10 +171,16 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
         m->weights[path] = touchstone::vk::upload_weights(*m->ctx, m->file, m->config, path == 1);
       }
     }
+    // The quantized-only faults change nothing on full_precision (fp32 matrices).
+    if (faults.quantized_only() && path == 1 && !quant_fault_applies(*m->weights[path], faults)) {
+      throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + faults.name +
+                                                "': this model has no Q4_0/Q4_1 matrix it "
+                                                "applies to");
+    }
     auto s = std::make_unique<ts_session>();
     s->model = m;
     s->fwd = std::make_unique<touchstone::vk::Forward>(*m->ctx, *m->kernels, *m->weights[path],
-                                                       opt->max_context, faults);
+                                                       opt->max_context, faults, opt->n_threads);
     *out = s.release();
   });
 }

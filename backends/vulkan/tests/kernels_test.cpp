@@ -253,7 +253,8 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
                RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd}, n_tok);
     r.barrier();
     r.dispatch(kernels_->attention(hd), {&Q, &KC, &VC, &S, &O},
-               AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale}, n_head, n_tok);
+               AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale, pos0 + n_tok},
+               n_head, n_tok);
   });
   // CPU: rope (fp64, as llama_forward.cpp), store, attention.
   auto rot = [&](std::vector<double>& x, size_t off, uint32_t pos) {
