@@ -392,8 +392,8 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads,-t", o->threads, "Threads (0 = backend default)")
       ->check(CLI::Range(0, 4096).description("an integer in [0, 4096]"));
   cmd->add_option("--timeout", o->timeout,
-                  "Time limit per backend call in seconds (child process only); a call still "
-                  "running after it is a FAIL")
+                  "Time limit per backend call in seconds (child process only; a prefill gets it "
+                  "once per 1024 tokens); a call still running after it is a FAIL")
       ->check(CLI::Range(0.001, 1e6).description("seconds in (0, 1e6]"));
   cmd->add_flag("--in-process", o->in_process,
                 "Load the backend into the harness process (debugging): no time limit, and a "

@@ -18,6 +18,7 @@ layout(std430, binding = 5) readonly buffer Rope { vec2 rope[]; };
 
 layout(push_constant) uniform PC {
   uint n_tok, pos0, n_head, n_head_kv, hd;
+  uint rope_origin;  // 0 (prefill_position_reset fault: rotate pos - rope_origin)
 } pc;
 
 // Offsets in a token's Q or K row of RoPE pair p (p / (hd/2) = head, p % (hd/2) = i).
@@ -32,10 +33,11 @@ uvec2 pair(uint p, uint half_hd) {
 void main() {
   const uint t = gl_WorkGroupID.x;
   const uint pos = pc.pos0 + t;
+  const uint rpos = pos - pc.rope_origin;
   const uint half_hd = pc.hd / 2u;
   const uint q_dim = pc.n_head * pc.hd, kv_dim = pc.n_head_kv * pc.hd;
   for (uint p = gl_LocalInvocationID.x; p < q_dim / 2u; p += WG) {
-    const vec2 cs = rope[pos * half_hd + p % half_hd];
+    const vec2 cs = rope[rpos * half_hd + p % half_hd];
     const uvec2 i = t * q_dim + pair(p, half_hd);
     const float x0 = q[i.x], x1 = q[i.y];
     q[i.x] = x0 * cs.x - x1 * cs.y;
@@ -43,7 +45,7 @@ void main() {
   }
   const uint row = FAULT_KV_WRITE_NEXT ? pos + 1u : pos;
   for (uint p = gl_LocalInvocationID.x; p < kv_dim / 2u; p += WG) {
-    const vec2 cs = rope[pos * half_hd + p % half_hd];
+    const vec2 cs = rope[rpos * half_hd + p % half_hd];
     const uvec2 e = pair(p, half_hd);
     const uvec2 i = t * kv_dim + e, c = row * kv_dim + e;
     const float x0 = k[i.x], x1 = k[i.y];

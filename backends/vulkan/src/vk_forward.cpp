@@ -4,6 +4,7 @@
 #include "vk_forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +38,12 @@ ShaderFaults shader_faults(const Faults& f, int32_t n_threads) {
   s.causal_mask = f.causal_mask;
   s.fp16_out = f.fp16_accumulation;
   s.split_k = f.thread_order_reduction ? uint32_t(std::max(1, n_threads)) : 1u;
+  if (f.session_order_reduction) {
+    // The split count changes with every session this process opens (a
+    // stand-in for a scheduling-dependent reduction order).
+    static std::atomic<uint32_t> sessions{0};
+    s.split_k = 2u + sessions.fetch_add(1) % 16u;
+  }
   s.nibble_order = f.nibble_order;
   s.scale_min_swap = f.quant_scale_min_swap;
   return s;
@@ -125,11 +132,13 @@ int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
     return abi::greedy_argmax(l.data(), n_vocab());  // throws when every logit is NaN
   }
   check_room(n);
+  rope_origin_ = faults_.prefill_position_reset && n > 1 ? uint32_t(pos_) : 0u;  // as in run()
   for (int32_t done = 0; done < n;) {
     const int32_t m = std::min(kChunk, n - done);
     run_chunk(tokens + done, uint32_t(m), false, nullptr, done + m == n);
     done += m;
   }
+  rope_origin_ = 0;
   int32_t best = 0;
   std::memcpy(&best, argmax_.mapped(), sizeof(best));
   if (best < 0) throw StatusError(TS_ERR_INTERNAL, "greedy: every logit is NaN");  // argmax.comp
@@ -139,6 +148,9 @@ int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
 void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   check_room(n);
   const size_t v = size_t(w_.config.n_vocab);
+  // prefill_position_reset fault: a prefill continuing a sequence rotates its
+  // tokens as positions 0, 1, ... (K/V still stored at the right rows).
+  rope_origin_ = faults_.prefill_position_reset && n > 1 ? uint32_t(pos_) : 0u;
   for (int32_t done = 0; done < n;) {
     const int32_t m = std::min(kChunk, n - done);
     const bool last = done + m == n;
@@ -150,6 +162,9 @@ void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* l
     }
     done += m;
   }
+  rope_origin_ = 0;
+  if (faults_.logits_row_shift && all_positions && n > 1)  // the fault: row i holds row i-1
+    std::memmove(logits + v, logits, f32(size_t(n - 1) * v));
 }
 
 void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits,
@@ -195,7 +210,8 @@ void Forward::record_layer(Recorder& r, size_t l, uint32_t n) {
   record_matmul(r, k_, L.wv.type, L.wv.buf, xn_, v_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
   r.barrier();
   r.dispatch(k_.rope_store(), {&q_, &k_buf_, &v_, &kc_[l], &vc_[l], &rope_},
-             RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd}, n);
+             RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd, rope_origin_},
+             n);
   r.barrier();
   // Faults: attention_scale (1/hd), kv_position_off_by_one (drop_newest),
   // rewind_noop (kv_len_ kept past a rewind: the stale entries are attended).

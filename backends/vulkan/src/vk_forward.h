@@ -63,7 +63,8 @@ class Forward {
   Faults faults_;
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
-  int32_t kv_len_ = 0;  // KV entries filled: pos_, or more after a rewind under rewind_noop
+  int32_t kv_len_ = 0;        // KV entries filled: pos_, or more after a rewind under rewind_noop
+  uint32_t rope_origin_ = 0;  // prefill_position_reset fault: RoPE rotates pos - origin
   DescriptorCache sets_;
   std::unique_ptr<Profiler> prof_;  // TOUCHSTONE_VULKAN_PROFILE=1
   Buffer x_, xn_, q_, k_buf_, v_, att_, gate_, up_, scores_, rope_;

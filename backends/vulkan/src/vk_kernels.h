@@ -137,6 +137,7 @@ struct RmsNormPush {
 };
 struct RopeStorePush {
   uint32_t n_tok, pos0, n_head, n_head_kv, hd;
+  uint32_t rope_origin;  // 0; the prefill_position_reset fault: RoPE rotates pos - rope_origin
 };
 struct AttentionPush {
   uint32_t n_tok, pos0, n_head, n_head_kv, hd, max_ctx, drop_newest;

@@ -62,7 +62,10 @@ bool implements_fault(const std::string& name) {
                                              "causal_mask",
                                              "thread_order_reduction",
                                              "last_layer_skipped",
-                                             "logits_perturb_1e-3"};
+                                             "logits_perturb_1e-3",
+                                             "logits_row_shift",
+                                             "prefill_position_reset",
+                                             "session_order_reduction"};
   for (const char* n : kImplemented)
     if (name == n) return true;
   return false;

@@ -250,7 +250,7 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
   const float scale = float(1.0 / std::sqrt(double(hd)));
   run([&](Recorder& r) {
     r.dispatch(kernels_->rope_store(), {&Q, &K, &V, &KC, &VC, &R},
-               RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd}, n_tok);
+               RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd, 0}, n_tok);
     r.barrier();
     r.dispatch(kernels_->attention(hd), {&Q, &KC, &VC, &S, &O},
                AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale, pos0 + n_tok},

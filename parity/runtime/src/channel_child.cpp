@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -100,6 +101,7 @@ class ChildChannel final : public BackendChannel {
     Writer w;
     w.u64(s).i32(all ? 1 : 0).i32(int32_t(t.size())).i32s(t);
     const char* what = all ? "prefill(all positions)" : "prefill";
+    const LongCall scaled(*this, t.size());
     floats_call(Op::kPrefill, w, what, out);
   }
   void decode(Handle s, int32_t token, std::span<float> out) override {
@@ -113,6 +115,7 @@ class ChildChannel final : public BackendChannel {
     }
     Writer w;
     w.u64(s).i32(int32_t(t.size())).i32s(t);
+    const LongCall scaled(*this, t.size());
     return i32_call(Op::kPrefillGreedy, w, "prefill_greedy", "token");
   }
   void rewind(Handle s, int32_t p) override {
@@ -148,6 +151,20 @@ class ChildChannel final : public BackendChannel {
   void start();
   void stop() noexcept;
   std::vector<uint8_t> call(Op op, const Writer& w, uint64_t max_reply);
+  // The time limit is per call and per 1024 tokens: a prefill of n tokens gets
+  // ceil(n / 1024) times call_timeout_s (a 4,449-token long-context prompt on a
+  // software Vulkan device is one call of several minutes).
+  double time_scale_ = 1.0;
+  struct LongCall {
+    LongCall(ChildChannel& c, size_t n_tokens) : c_(c) {
+      c_.time_scale_ = double(std::max<size_t>(1, (n_tokens + 1023) / 1024));
+    }
+    ~LongCall() { c_.time_scale_ = 1.0; }
+    LongCall(const LongCall&) = delete;
+    LongCall& operator=(const LongCall&) = delete;
+    ChildChannel& c_;
+  };
+  double call_limit_s() const { return options_.call_timeout_s * time_scale_; }
   std::string display_name() const { return info_.name.empty() ? library_ : info_.name; }
   void wait_for(short events, Clock::time_point deadline, const char* what);
   void send_all(const std::string& bytes, Clock::time_point deadline, const char* what);
@@ -319,7 +336,7 @@ void ChildChannel::wait_for(short events, Clock::time_point deadline, const char
       ::close(fd_);
       fd_ = -1;
       throw BackendCrash(fmt::format("backend '{}': timed out after {} s in {} (process killed)",
-                                     display_name(), options_.call_timeout_s, what));
+                                     display_name(), call_limit_s(), what));
     }
     pollfd p{fd_, events, 0};
     const int pr = ::poll(&p, 1, int(std::min<int64_t>(left.count(), 1000)));
@@ -367,7 +384,7 @@ std::vector<uint8_t> ChildChannel::call(Op op, const Writer& w, uint64_t max_rep
         fmt::format("backend '{}': {}: the backend process is not running", display_name(), what));
   }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options_.call_timeout_s));
+                                           std::chrono::duration<double>(call_limit_s()));
   send_all(protocol::frame(uint32_t(op), w.bytes()), deadline, what);
   uint8_t header[protocol::kHeaderSize];
   recv_exact(header, sizeof header, deadline, what);
