@@ -184,8 +184,14 @@ endfunction()
 # must PASS with the fault set (a quantized-only fault on full_precision).
 # EXPECT "STEP/L:POINT" (POINT attn | ffn | resid) or "STEP/after" also requires
 # the first divergent layer tap (--expect-layer; golden layer taps, ABI v4).
+# MAX_STEPS N (optional, default 4): greedy steps of the golden and "pass" runs
+# (static_graph: 1, so that only the prefill graphs are compiled).
 function(touchstone_add_fault_tests backend weights)
-  foreach(entry ${ARGN})
+  cmake_parse_arguments(PARSE_ARGV 2 _fa "" "MAX_STEPS" "")
+  if(NOT _fa_MAX_STEPS)
+    set(_fa_MAX_STEPS 4)
+  endif()
+  foreach(entry ${_fa_UNPARSED_ARGUMENTS})
     string(REPLACE "=" ";" _kv "${entry}")
     list(GET _kv 0 _fault)
     list(GET _kv 1 _expect)
@@ -198,12 +204,12 @@ function(touchstone_add_fault_tests backend weights)
     set(_t fault.${backend}.${weights}.${_fault})
     set(_procs 1)
     if(_expect STREQUAL "pass")
-      set(_mode --no-scoring --no-consistency --max-steps 4 --threads 1)
+      set(_mode --no-scoring --no-consistency --max-steps ${_fa_MAX_STEPS} --threads 1)
     elseif(_expect MATCHES "^consistency")
       set(_mode --consistency-only --consistency-tokens 8 --expect-fail --expect-step ${_expect})
       set(_procs 2)
     else()
-      set(_mode --no-scoring --no-consistency --max-steps 4 --threads 1 --expect-fail
+      set(_mode --no-scoring --no-consistency --max-steps ${_fa_MAX_STEPS} --threads 1 --expect-fail
                 --expect-step ${_expect} ${_layer})
     endif()
     add_test(NAME ${_t}

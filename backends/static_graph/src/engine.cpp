@@ -62,10 +62,19 @@ HostTensor vec_f32(const std::vector<float>& v) {
   return t;
 }
 
+// A quantized-only fault as a bug of this packer (test only): quant_scale_min_swap
+// stores a Q4_1 block's d where its m belongs and m where d belongs; nibble_order
+// stores every qs byte with its low and high 4-bit quants swapped (Q4_0, Q4_1).
+struct PackFault {
+  bool swap_dm = false, swap_nibbles = false;
+};
+
 // Repacks a GGUF block matrix (rows = out, blocks along in) into the graph's
 // transposed block layout: qs [nb][16|32][out], d/m [nb][1][out] (raw fp16 bits).
-void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
-                 int64_t in, int64_t out, WeightSet& ws, MatrixFormat& fmt) {
+// Returns whether the pack fault (if any) changed this matrix.
+bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
+                 int64_t in, int64_t out, WeightSet& ws, MatrixFormat& fmt,
+                 const PackFault& pf = {}) {
   const auto raw = f.tensor_data(ti);
   const int64_t nb = in / 32;
   auto put = [&](const std::string& k, HostTensor t) {
@@ -85,15 +94,20 @@ void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
         uint16_t dh, mh = 0;
         std::memcpy(&dh, blk, 2);
         if (q41) std::memcpy(&mh, blk + 2, 2);
+        if (pf.swap_dm && q41) std::swap(dh, mh);  // the fault
         const uint8_t* q = blk + (q41 ? 4 : 2);
         d.as<uint16_t>()[b * out + o] = dh;
         if (q41) mn.as<uint16_t>()[b * out + o] = mh;
-        for (int j = 0; j < 16; ++j) qs.as<uint8_t>()[(b * 16 + j) * out + o] = q[j];
+        uint8_t* dst = qs.as<uint8_t>() + b * 16 * out + o;
+        for (int j = 0; j < 16; ++j) {
+          dst[j * out] = pf.swap_nibbles ? uint8_t((q[j] >> 4) | (q[j] << 4)) : q[j];  // fault
+        }
       }
     }
     put(name + ".qs", qs);
     put(name + ".d", d);
     if (q41) put(name + ".m", mn);
+    return pf.swap_nibbles || (pf.swap_dm && q41);
   } else if (ti.type == TensorType::Q8_0) {
     fmt = MatrixFormat::Q8_0;
     HostTensor qs = HostTensor::make({nb, 32, out}, "i8"),
@@ -109,121 +123,152 @@ void pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     }
     put(name + ".qs", qs);
     put(name + ".d", d);
-  } else {
-    throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: tensor " + ti.name + " has type " +
-                                                   std::string(gguf::type_name(ti.type)) +
-                                                   " (supported in graph: Q4_0, Q4_1, Q8_0)");
+    return false;  // no 4-bit quants, no min
   }
+  throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: tensor " + ti.name + " has type " +
+                                                 std::string(gguf::type_name(ti.type)) +
+                                                 " (supported in graph: Q4_0, Q4_1, Q8_0)");
+}
+
+void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {
+  ws.bytes += t.bytes;
+  ws.tensors[k] = std::move(t);
+}
+
+// full_precision: one tensor dequantized at a time, then transposed into its
+// graph layout: the load's peak is one fp32 matrix above the packed set (a whole
+// dequantized LlamaWeights beside it doubled the peak RSS).
+std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const std::string& path,
+                                               const ModelDims& D) {
+  auto ws = std::make_unique<WeightSet>();
+  ws->spec_template.mode = WeightMode::FullPrecision;
+  auto put = [&](const std::string& k, HostTensor t) { put_tensor(*ws, k, std::move(t)); };
+  const LlamaConfig c = read_llama_config(f);
+  auto deq = [&](const std::string& name, int64_t n) {
+    std::vector<float> v = gguf::dequantize(f, f.tensor(name));
+    if (int64_t(v.size()) != n) {
+      throw abi::StatusError(TS_ERR_IO, path + ": tensor " + name + " has " +
+                                            std::to_string(v.size()) + " elements, expected " +
+                                            std::to_string(n));
+    }
+    return v;
+  };
+  const int64_t E = D.n_embd, qd = int64_t(D.n_head) * D.head_dim,
+                kvd = int64_t(D.n_head_kv) * D.head_dim;
+  {
+    const std::vector<float> emb = deq("token_embd.weight", int64_t(D.n_vocab) * E);
+    HostTensor t = HostTensor::make({1, D.n_vocab, E}, "f32");
+    std::memcpy(t.data.get(), emb.data(), t.bytes);
+    put("token_embd", std::move(t));
+    if (c.tied_embeddings) put("lm_head", transpose_f32(emb, D.n_vocab, E));
+  }
+  if (!c.tied_embeddings) {
+    put("lm_head", transpose_f32(deq("output.weight", int64_t(D.n_vocab) * E), D.n_vocab, E));
+  }
+  put("output_norm", vec_f32(deq("output_norm.weight", E)));
+  for (int32_t l = 0; l < D.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto mat = [&](const char* name, int64_t out, int64_t in) {
+      put(p + name, transpose_f32(deq(p + name + ".weight", out * in), out, in));
+    };
+    put(p + "attn_norm", vec_f32(deq(p + "attn_norm.weight", E)));
+    put(p + "ffn_norm", vec_f32(deq(p + "ffn_norm.weight", E)));
+    mat("attn_q", qd, E);
+    mat("attn_k", kvd, E);
+    mat("attn_v", kvd, E);
+    mat("attn_output", E, qd);
+    mat("ffn_gate", D.n_ff, E);
+    mat("ffn_up", D.n_ff, E);
+    mat("ffn_down", E, D.n_ff);
+  }
+  return ws;
+}
+
+// quantized: norms in fp32; every matrix stays in its GGUF blocks (repacked,
+// not dequantized). Returns the number of matrices the pack fault changed.
+size_t pack_quantized_matrices(const gguf::File& f, const ModelDims& D, const PackFault& pf,
+                               WeightSet& ws) {
+  auto f32vec = [&](const std::string& name) {
+    const gguf::TensorInfo& ti = f.tensor(name);
+    return vec_f32(gguf::dequantize(f, ti));
+  };
+  size_t changed = 0;
+  put_tensor(ws, "output_norm", f32vec("output_norm.weight"));
+  ws.spec_template.layer_formats.resize(size_t(D.n_layer) * 7);
+  for (int32_t l = 0; l < D.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    put_tensor(ws, p + "attn_norm", f32vec(p + "attn_norm.weight"));
+    put_tensor(ws, p + "ffn_norm", f32vec(p + "ffn_norm.weight"));
+    const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
+    const int64_t ins[7] = {D.n_embd, D.n_embd, D.n_embd, qd, D.n_embd, D.n_embd, D.n_ff};
+    const int64_t outs[7] = {qd, kvd, kvd, D.n_embd, D.n_ff, D.n_ff, D.n_embd};
+    for (int k = 0; k < 7; ++k) {
+      const gguf::TensorInfo& ti = f.tensor(p + kMatrixNames[k] + ".weight");
+      changed += pack_blocks(f, ti, p + kMatrixNames[k], ins[k], outs[k], ws,
+                             ws.spec_template.layer_formats[size_t(l * 7 + k)], pf);
+    }
+  }
+  return changed;
+}
+
+std::unique_ptr<WeightSet> load_quantized(const gguf::File& f, const ModelDims& D,
+                                          const PackFault& pf) {
+  auto ws = std::make_unique<WeightSet>();
+  ws->spec_template.mode = WeightMode::Quantized;
+  const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
+  const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
+  size_t changed = pack_quantized_matrices(f, D, pf, *ws);
+  if (out_w && out_w->type != embd.type) {
+    throw abi::StatusError(
+        TS_ERR_UNSUPPORTED,
+        "quantized path: output.weight and token_embd.weight have different types");
+  }
+  if (embd.type != TensorType::Q8_0) {
+    throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                           "quantized path: token_embd.weight must be Q8_0, got " +
+                               std::string(gguf::type_name(embd.type)));
+  }
+  ws->spec_template.embd_format = MatrixFormat::Q8_0;
+  changed += pack_blocks(f, out_w ? *out_w : embd, "lm_head", D.n_embd, D.n_vocab, *ws,
+                         ws->spec_template.embd_format, pf);
+  if ((pf.swap_dm || pf.swap_nibbles) && changed == 0) {
+    throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                           "static_graph: the quantized-only fault applies to no matrix of this "
+                           "model (Q4_1 for quant_scale_min_swap, Q4_0/Q4_1 for nibble_order)");
+  }
+  // Row layout of the embedding for the in-graph gather: qs [1][V][d], d [1][V][nb].
+  const int64_t nb = D.n_embd / 32;
+  HostTensor rq = HostTensor::make({1, D.n_vocab, D.n_embd}, "i8"),
+             rd = HostTensor::make({1, D.n_vocab, nb}, "f16");
+  const auto raw = f.tensor_data(embd);
+  for (int64_t v = 0; v < D.n_vocab; ++v) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = raw.data() + size_t(v * nb + b) * sizeof(gguf::block_q8_0);
+      std::memcpy(&rd.as<uint16_t>()[v * nb + b], blk, 2);
+      std::memcpy(&rq.as<uint8_t>()[v * D.n_embd + b * 32], blk + 2, 32);
+    }
+  }
+  put_tensor(*ws, "token_embd.rows.qs", rq);
+  put_tensor(*ws, "token_embd.rows.d", rd);
+  return ws;
 }
 
 }  // namespace
 
-const WeightSet& Model::weights(WeightMode mode) {
+const WeightSet& Model::weights(WeightMode mode, const touchstone::Faults& faults) {
   std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<WeightSet>& slot = mode == WeightMode::FullPrecision ? full : quant;
+  const bool faulty_pack = mode == WeightMode::Quantized && faults.quantized_only();
+  std::unique_ptr<WeightSet>& slot = mode == WeightMode::FullPrecision ? full
+                                     : faulty_pack                     ? faulty[faults.name]
+                                                                       : quant;
   if (slot) return *slot;
-  auto ws = std::make_unique<WeightSet>();
   const gguf::File f = gguf::File::open(path);
-  const ModelDims& D = dims;
-  ws->spec_template.mode = mode;
-  auto put = [&](const std::string& k, HostTensor t) {
-    ws->bytes += t.bytes;
-    ws->tensors[k] = std::move(t);
-  };
   if (mode == WeightMode::FullPrecision) {
-    // One tensor dequantized at a time, then transposed into its graph layout:
-    // the load's peak is one fp32 matrix above the packed set (a whole
-    // dequantized LlamaWeights beside it doubled the peak RSS).
-    const LlamaConfig c = read_llama_config(f);
-    auto deq = [&](const std::string& name, int64_t n) {
-      std::vector<float> v = gguf::dequantize(f, f.tensor(name));
-      if (int64_t(v.size()) != n) {
-        throw abi::StatusError(TS_ERR_IO, path + ": tensor " + name + " has " +
-                                              std::to_string(v.size()) + " elements, expected " +
-                                              std::to_string(n));
-      }
-      return v;
-    };
-    const int64_t E = D.n_embd, qd = int64_t(D.n_head) * D.head_dim,
-                  kvd = int64_t(D.n_head_kv) * D.head_dim;
-    {
-      const std::vector<float> emb = deq("token_embd.weight", int64_t(D.n_vocab) * E);
-      HostTensor t = HostTensor::make({1, D.n_vocab, E}, "f32");
-      std::memcpy(t.data.get(), emb.data(), t.bytes);
-      put("token_embd", std::move(t));
-      if (c.tied_embeddings) put("lm_head", transpose_f32(emb, D.n_vocab, E));
-    }
-    if (!c.tied_embeddings) {
-      put("lm_head", transpose_f32(deq("output.weight", int64_t(D.n_vocab) * E), D.n_vocab, E));
-    }
-    put("output_norm", vec_f32(deq("output_norm.weight", E)));
-    for (int32_t l = 0; l < D.n_layer; ++l) {
-      const std::string p = "blk." + std::to_string(l) + ".";
-      auto mat = [&](const char* name, int64_t out, int64_t in) {
-        put(p + name, transpose_f32(deq(p + name + ".weight", out * in), out, in));
-      };
-      put(p + "attn_norm", vec_f32(deq(p + "attn_norm.weight", E)));
-      put(p + "ffn_norm", vec_f32(deq(p + "ffn_norm.weight", E)));
-      mat("attn_q", qd, E);
-      mat("attn_k", kvd, E);
-      mat("attn_v", kvd, E);
-      mat("attn_output", E, qd);
-      mat("ffn_gate", D.n_ff, E);
-      mat("ffn_up", D.n_ff, E);
-      mat("ffn_down", E, D.n_ff);
-    }
+    slot = load_full_precision(f, path, dims);
   } else {
-    // Norms in fp32; every matrix stays in its GGUF blocks (repacked, not dequantized).
-    auto f32vec = [&](const std::string& name) {
-      const gguf::TensorInfo& ti = f.tensor(name);
-      return vec_f32(gguf::dequantize(f, ti));
-    };
-    put("output_norm", f32vec("output_norm.weight"));
-    ws->spec_template.layer_formats.resize(size_t(D.n_layer) * 7);
-    for (int32_t l = 0; l < D.n_layer; ++l) {
-      const std::string p = "blk." + std::to_string(l) + ".";
-      put(p + "attn_norm", f32vec(p + "attn_norm.weight"));
-      put(p + "ffn_norm", f32vec(p + "ffn_norm.weight"));
-      const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
-      const int64_t ins[7] = {D.n_embd, D.n_embd, D.n_embd, qd, D.n_embd, D.n_embd, D.n_ff};
-      const int64_t outs[7] = {qd, kvd, kvd, D.n_embd, D.n_ff, D.n_ff, D.n_embd};
-      for (int k = 0; k < 7; ++k) {
-        const gguf::TensorInfo& ti = f.tensor(p + kMatrixNames[k] + ".weight");
-        pack_blocks(f, ti, p + kMatrixNames[k], ins[k], outs[k], *ws,
-                    ws->spec_template.layer_formats[size_t(l * 7 + k)]);
-      }
-    }
-    const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
-    const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
-    if (out_w && out_w->type != embd.type) {
-      throw abi::StatusError(
-          TS_ERR_UNSUPPORTED,
-          "quantized path: output.weight and token_embd.weight have different types");
-    }
-    if (embd.type != TensorType::Q8_0) {
-      throw abi::StatusError(TS_ERR_UNSUPPORTED,
-                             "quantized path: token_embd.weight must be Q8_0, got " +
-                                 std::string(gguf::type_name(embd.type)));
-    }
-    ws->spec_template.embd_format = MatrixFormat::Q8_0;
-    pack_blocks(f, out_w ? *out_w : embd, "lm_head", D.n_embd, D.n_vocab, *ws,
-                ws->spec_template.embd_format);
-    // Row layout of the embedding for the in-graph gather: qs [1][V][d], d [1][V][nb].
-    const int64_t nb = D.n_embd / 32;
-    HostTensor rq = HostTensor::make({1, D.n_vocab, D.n_embd}, "i8"),
-               rd = HostTensor::make({1, D.n_vocab, nb}, "f16");
-    const auto raw = f.tensor_data(embd);
-    for (int64_t v = 0; v < D.n_vocab; ++v) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = raw.data() + size_t(v * nb + b) * sizeof(gguf::block_q8_0);
-        std::memcpy(&rd.as<uint16_t>()[v * nb + b], blk, 2);
-        std::memcpy(&rq.as<uint8_t>()[v * D.n_embd + b * 32], blk + 2, 32);
-      }
-    }
-    put("token_embd.rows.qs", rq);
-    put("token_embd.rows.d", rd);
+    const PackFault pf{faults.quant_scale_min_swap, faults.nibble_order};
+    slot = load_quantized(f, dims, faulty_pack ? pf : PackFault{});
   }
-  slot = std::move(ws);
   return *slot;
 }
 
@@ -287,23 +332,27 @@ std::string default_cache_dir() {
   return std::string(home ? home : "/tmp") + "/.cache/touchstone/static_graph";
 }
 
-Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads)
+Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads,
+                 const touchstone::Faults& faults)
     : m_(m),
       mode_(mode),
-      w_(m.weights(mode)),
+      w_(m.weights(mode, faults)),
       cap_(capacity),
       n_threads_(n_threads > 0 ? n_threads
-                               : int(std::max(1u, std::thread::hardware_concurrency()))) {
+                               : int(std::max(1u, std::thread::hardware_concurrency()))),
+      faults_(faults) {
   const ModelDims& D = m.dims;
   const int64_t L = D.n_layer, KVH = D.n_head_kv, hd = D.head_dim, half = hd / 2;
   kc_ = HostTensor::make({1, L * KVH * hd * cap_, 1}, "f32");
   vc_ = HostTensor::make({1, L * KVH * cap_, hd}, "f32");
   rcos_ = HostTensor::make({1, cap_, half}, "f32");
   rsin_ = HostTensor::make({1, cap_, half}, "f32");
+  // rope_base_off_1pct fault: the tables are built with freq_base * 1.01.
+  const double base = double(m.rope_base) * faults_.rope_base_scale;
   for (int64_t p = 0; p < cap_; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       // Same formula as the reference (fp64, rounded once to fp32).
-      const double theta = double(p) * std::pow(double(m.rope_base), -2.0 * double(i) / double(hd));
+      const double theta = double(p) * std::pow(base, -2.0 * double(i) / double(hd));
       rcos_.as<float>()[p * half + i] = static_cast<float>(std::cos(theta));
       rsin_.as<float>()[p * half + i] = static_cast<float>(std::sin(theta));
     }
@@ -317,6 +366,27 @@ bool is_cache(const std::string& n) {
 int64_t cache_layer(const std::string& n) { return std::stoll(n.substr(8)); }
 }  // namespace
 
+// The faults that live in the graph (the others are host-side: RoPE tables,
+// logits, weight packing, rewind). thread_order_reduction: one input-dim slice
+// per thread of this session, so the graph (and its logits) depend on n_threads.
+GraphFaults Session::graph_faults() const {
+  const touchstone::Faults& f = faults_;
+  GraphFaults g;
+  g.rope_layout = f.rope_layout;
+  g.kv_off_by_one = f.kv_off_by_one;
+  g.kv_write_next = f.kv_write_next;
+  g.gqa_mapping = f.gqa_mapping;
+  g.attention_scale = f.attention_scale;
+  g.softmax_no_max = f.softmax_no_max;
+  g.rms_eps_scale = f.rms_eps_scale;
+  g.fp16_accumulation = f.fp16_accumulation;
+  g.causal_mask = f.causal_mask;
+  g.last_layer_skipped = f.last_layer_skipped;
+  g.kv_len_input = f.rewind_noop;
+  g.reduction_slices = f.thread_order_reduction ? n_threads_ : 1;
+  return g;
+}
+
 Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
   auto it = graphs_.find({T, W, argmax});
   if (it != graphs_.end()) return it->second;
@@ -325,6 +395,7 @@ Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
   spec.W = W;
   spec.capacity = cap_;
   spec.argmax = argmax;
+  spec.faults = graph_faults();
   // One thread: the sequential pipeline (no strips, no OpenMP region). The
   // strips cost the fp32 decode matmuls (fallback schedule) ~40% on one
   // thread; both pipelines give bitwise the same results.
@@ -332,9 +403,14 @@ Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
   const std::string name = "step";
   Graph g;
   g.built = build_step_graph(m_.dims, spec, name);
+  // A graph-side fault makes other graphs (other text, other cache key); the
+  // packing faults make other weights for the same graphs.
+  const std::string fault_key = spec.faults.any() ? "_fault_" + faults_.name + "_x" +
+                                                        std::to_string(spec.faults.reduction_slices)
+                                                  : "";
   const std::string key = (mode_ == WeightMode::FullPrecision ? "f" : "q") + std::to_string(T) +
                           "_" + std::to_string(W) + "_" + std::to_string(cap_) +
-                          (argmax ? "_argmax" : "") + (parallel ? "_par" : "");
+                          (argmax ? "_argmax" : "") + (parallel ? "_par" : "") + fault_key;
   {
     std::lock_guard<std::mutex> lock(m_.mu);
     auto git = m_.graphs.find(key);
@@ -391,7 +467,7 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
   const int64_t V = m_.dims.n_vocab;
   std::vector<int32_t> tok(size_t(c.T), 0);
   std::copy(tokens + c.start, tokens + c.start + c.n, tok.begin());
-  int32_t pos = pos_;
+  int32_t pos = pos_, kv_len = kv_len_;
   out_.resize(size_t(c.T * V));
   std::vector<int32_t> am(size_t(c.T));
   size_t n_args = g.built.args.size();
@@ -407,6 +483,8 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
       p = tok.data();
     else if (a.name == "pos")
       p = &pos;
+    else if (a.name == "kv_len")  // rewind_noop fault only
+      p = &kv_len;
     else if (a.name == "rope_cos")
       p = rcos_.data.get();
     else if (a.name == "rope_sin")
@@ -436,6 +514,7 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
   }
   set_num_threads(n_threads_);  // the matmuls' OpenMP strips
   g.compiled->call(args.data());
+  if (faults_.logit_noise != 0.0) perturb_logits(c.n);
   if (logits_rows) std::memcpy(logits_rows, out_.data(), size_t(c.n) * size_t(V) * sizeof(float));
   if (greedy) {
     const int32_t t = am[size_t(c.n - 1)];
@@ -444,10 +523,37 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
     // strictly greater values: it answers 0 when no logit exceeds -FLT_MAX
     // (every logit NaN, -inf or -FLT_MAX). Only then is the row scanned here,
     // with the contract's rule (and an error when every logit is NaN).
+    // (logits_perturb_1e-3 fault: the host changed the logits after the graph's
+    // argmax, so the row is scanned again: the token follows the returned logits.)
     const bool degenerate = t < 0 || t >= V || !(row[t] > -std::numeric_limits<float>::max());
-    *greedy = degenerate ? abi::greedy_argmax(row, V) : t;
+    *greedy = degenerate || faults_.logit_noise != 0.0 ? abi::greedy_argmax(row, V) : t;
   }
   pos_ += c.n;
+  kv_len_ = std::max(kv_len_, pos_);
+}
+
+namespace {
+double noise_sign(uint64_t i) {  // identical to the reference's fault
+  uint64_t z = i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return ((z ^ (z >> 31)) & 1u) ? 1.0 : -1.0;
+}
+}  // namespace
+
+// logits_perturb_1e-3 fault (host-side post-processing of the graph's output):
+// the logit i of position p times (1 +/- 1e-3), sign noise_sign(p * V + i), as
+// the reference does.
+void Session::perturb_logits(int32_t n_rows) {
+  const int64_t V = m_.dims.n_vocab;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint64_t base = uint64_t(pos_ + r) * uint64_t(V);
+    float* row = out_.data() + r * V;
+    for (int64_t i = 0; i < V; ++i) {
+      row[i] = static_cast<float>(double{row[i]} *
+                                  (1.0 + faults_.logit_noise * noise_sign(base + uint64_t(i))));
+    }
+  }
 }
 
 void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
@@ -477,6 +583,12 @@ void Session::decode(int32_t token, float* logits) {
   run(c, &token, logits);
 }
 
-void Session::rewind(int32_t p) { pos_ = p; }
+void Session::rewind(int32_t p) {
+  pos_ = p;
+  // The graph's causal mask hides every key past pos + t, so nothing else is
+  // needed; the rewind_noop fault's graphs also show the keys below kv_len,
+  // which this (faulty) rewind then leaves where it was.
+  if (!faults_.rewind_noop) kv_len_ = p;
+}
 
 }  // namespace touchstone::static_graph

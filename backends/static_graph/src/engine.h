@@ -12,6 +12,7 @@
 
 #include "compiler.h"
 #include "graph.h"
+#include "touchstone/reference_forward.h"
 
 namespace touchstone::static_graph {
 
@@ -44,9 +45,14 @@ struct Model {
   int32_t n_ctx_train = 0;
   std::mutex mu;
   std::unique_ptr<WeightSet> full, quant;
+  // Quantized sets packed with a quantized-only fault (quant_scale_min_swap,
+  // nibble_order: a packer bug), by fault name; test only.
+  std::map<std::string, std::unique_ptr<WeightSet>> faulty;
   // Compiled graphs shared by the sessions of this model, keyed by graph identity.
   std::map<std::string, std::shared_ptr<CompiledGraph>> graphs;
-  const WeightSet& weights(WeightMode mode);  // loads on first use (thread-safe)
+  // Loads on first use (thread-safe). A quantized-only fault selects a faulty
+  // quantized set (full precision: no effect); other faults do not matter here.
+  const WeightSet& weights(WeightMode mode, const touchstone::Faults& faults = {});
 };
 
 std::unique_ptr<Model> load_model(const std::string& gguf_path);
@@ -78,8 +84,11 @@ struct GraphStats {
 class Session {
  public:
   // n_threads: threads of the matmuls' parallel column strips (OpenMP), 0 =
-  // the hardware threads; results do not depend on it (bitwise).
-  Session(Model& m, WeightMode mode, int32_t capacity, int n_threads);
+  // the hardware threads; results do not depend on it (bitwise) unless the
+  // thread_order_reduction fault is set. faults: test only (one deliberate bug,
+  // docs/backends/static_graph.md#fault-catalog); default: none.
+  Session(Model& m, WeightMode mode, int32_t capacity, int n_threads,
+          const touchstone::Faults& faults = {});
   // Runs tokens[0..n) at the current position. logits: n*V (all) or V floats.
   void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   void decode(int32_t token, float* logits);
@@ -106,6 +115,8 @@ class Session {
     std::shared_ptr<CompiledGraph> compiled;
   };
   Graph& graph(int32_t T, int32_t W, bool argmax);
+  GraphFaults graph_faults() const;     // the graph-side part of faults_
+  void perturb_logits(int32_t n_rows);  // logits_perturb_1e-3 fault, on out_
   // greedy != nullptr: runs the argmax variant and stores the argmax of row c.n-1.
   void run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy = nullptr);
 
@@ -115,6 +126,8 @@ class Session {
   int32_t cap_;
   int n_threads_;  // OpenMP threads of the matmul strips (>= 1; 0 at open = hardware threads)
   int32_t pos_ = 0;
+  touchstone::Faults faults_;
+  int32_t kv_len_ = 0;  // KV entries valid (rewind_noop fault: never truncated by rewind)
   HostTensor kc_, vc_, rcos_, rsin_;
   std::map<std::tuple<int32_t, int32_t, bool>, Graph> graphs_;  // (T, W, argmax)
   std::vector<GraphStats> stats_;

@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 namespace touchstone::static_graph {
 namespace {
@@ -223,13 +225,10 @@ std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f) {
   throw std::logic_error("matrix_parts: bad format");
 }
 
-// Declares the matrix parameters in fn and returns the fp32 [1, in, out] operand
-// (dequantized in the graph for the block formats).
-Val matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixFormat f) {
-  std::vector<Val> p;
-  for (const MatrixPart& part : matrix_parts(in, outd, f))
-    p.push_back(fn.param(name + part.suffix, part.shape, part.elem));
-  Emitter& e = fn.e;
+// The fp32 [1, nb*32, out] operand of a block matrix from its parts (qs, d[, m])
+// of nb blocks (dequantized in the graph; F32: the part itself).
+Val dequantize(Emitter& e, const std::vector<Val>& p, MatrixFormat f, int64_t nb, int64_t outd) {
+  const int64_t in = nb * 32;
   switch (f) {
     case MatrixFormat::F32:
       return p[0];
@@ -240,7 +239,6 @@ Val matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixForm
       // [0, 4] and mask -> [nb][2][16][out]. Only broadcasting elementwise ops
       // and one reshape (no concat), so that the schedule can fuse the whole
       // dequantization into the matmul's tiles (compiler.cpp).
-      const int64_t nb = in / 32;
       Val qs = e.reshape(p[0], {nb, 1, 16, outd});
       Val sh = e.reshape(e.const_i32({2}, {0, 4}), {1, 2, 1, 1});
       Val nib =
@@ -259,7 +257,37 @@ Val matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixForm
     case MatrixFormat::Q8_0:
       return e.reshape(e.mul(e.cast(p[0], "f32"), e.cast(p[1], "f32")), {1, in, outd});
   }
-  throw std::logic_error("matrix: bad format");
+  throw std::logic_error("dequantize: bad format");
+}
+
+// Declares the matrix parameters in fn and returns its fp32 operands, one per
+// slice of the input dim: [1, in, out] when slices == 1 (the normal case), else
+// `slices` operands [1, c_k, out] of whole 32-blocks (the thread_order_reduction
+// fault). Emitted where the parameters are declared, as before the fault existed.
+std::vector<Val> matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixFormat f,
+                        int64_t slices = 1) {
+  std::vector<Val> p;
+  for (const MatrixPart& part : matrix_parts(in, outd, f))
+    p.push_back(fn.param(name + part.suffix, part.shape, part.elem));
+  Emitter& e = fn.e;
+  const int64_t nb = in / 32;
+  if (slices <= 1) return {dequantize(e, p, f, nb, outd)};
+  std::vector<Val> out;
+  for (int64_t k = 0; k < slices; ++k) {
+    const int64_t b0 = nb * k / slices, b1 = nb * (k + 1) / slices;
+    if (b1 == b0) continue;
+    std::vector<Val> ps;
+    for (const Val& v : p) {  // F32 [1, in, out]: rows; blocks [nb, r, out]: blocks
+      Shape start(v.shape.size(), 0), size = v.shape;
+      const size_t ax = f == MatrixFormat::F32 ? 1 : 0;
+      const int64_t unit = f == MatrixFormat::F32 ? 32 : 1;
+      start[ax] = b0 * unit;
+      size[ax] = (b1 - b0) * unit;
+      ps.push_back(e.slice(v, start, size));
+    }
+    out.push_back(dequantize(e, ps, f, b1 - b0, outd));
+  }
+  return out;
 }
 
 std::string signature(const std::vector<Val>& params) {
@@ -281,77 +309,102 @@ std::string names(const std::vector<Val>& vs) {
   return s;
 }
 
-}  // namespace
+// Sizes of the model and of the graph being built, and its faults.
+struct Ctx {
+  int64_t T, W, CAP, L, d, ff, H, KVH, hd, V, G, qd, kvd, half;
+  double eps;  // RMSNorm epsilon (times the rms_eps_10x fault's scale)
+  GraphFaults F;
+};
 
-BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::string& func_name) {
-  const int64_t T = S.T, W = S.W, CAP = S.capacity, L = D.n_layer, d = D.n_embd, ff = D.n_ff;
-  const int64_t H = D.n_head, KVH = D.n_head_kv, hd = D.head_dim, V = D.n_vocab, G = H / KVH;
-  const int64_t qd = H * hd, kvd = KVH * hd, half = hd / 2;
-  if (W > CAP || W <= 0 || T <= 0 || T > W) throw std::logic_error("build_step_graph: bad spec");
-  const bool quant = S.mode == WeightMode::Quantized;
+const char* const kMatNames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                  "ffn_gate", "ffn_up", "ffn_down"};
 
-  BuiltGraph out;
-  Fn mainf;
-  Emitter& e = mainf.e;
-  auto arg = [&](const std::string& name, const Shape& s, const std::string& elem) {
-    out.args.push_back(ArgInfo{name, s, elem});
-    return mainf.param(name, s, elem);
-  };
-
-  auto linear = [&](Emitter& em, const Val& x, const Val& m) {  // x [T, in]
-    Val y = em.matmul(em.reshape(x, {1, T, x.shape[1]}), m);
-    return em.reshape(y, {T, m.shape[2]});
-  };
-  auto rms_norm = [&](Emitter& em, const Val& x, const Val& w) {  // x [T, d], w [1, d]
-    Val ss = em.reduce("tosa.reduce_sum", em.mul(x, x), 1);
-    Val ms = em.add(em.mul(ss, em.splat({1, 1}, "f32", fmt_float(1.0 / double(d)))),
-                    em.splat({1, 1}, "f32", fmt_float(double(D.rms_eps))));
-    return em.mul(em.mul(x, em.unary("tosa.rsqrt", ms)), w);
-  };
-  // Interleaved RoPE on x [T, n, hd]: pairs (2i, 2i+1); c, s [T, 1, half, 1].
-  auto rope = [&](Emitter& em, const Val& x, const Val& c, const Val& s) {
-    const int64_t n = x.shape[1];
-    Val p = em.reshape(x, {T, n, half, 2});
-    Val x0 = em.slice(p, {0, 0, 0, 0}, {T, n, half, 1});
-    Val x1 = em.slice(p, {0, 0, 0, 1}, {T, n, half, 1});
-    Val y0 = em.sub(em.mul(x0, c), em.mul(x1, s));
-    Val y1 = em.add(em.mul(x0, s), em.mul(x1, c));
-    return em.reshape(em.concat({y0, y1}, 3), {T, n, hd});
-  };
-
-  Val tokens = arg("tokens", {1, T}, "i32");
-  Val pos = arg("pos", {1, 1}, "i32");
-  Val rcos = arg("rope_cos", {1, CAP, half}, "f32");
-  Val rsin = arg("rope_sin", {1, CAP, half}, "f32");
-
-  // ---- embedding lookup ----
-  Val x;
-  if (quant && S.embd_format == MatrixFormat::Q8_0) {
-    const int64_t nb = d / 32;
-    Val eq = arg("token_embd.rows.qs", {1, V, d}, "i8");
-    Val ed = arg("token_embd.rows.d", {1, V, nb}, "f16");
-    Val q = e.cast(e.reshape(e.gather(eq, tokens), {T, nb, 32}), "f32");
-    Val sc = e.reshape(e.gather(ed, tokens), {T, nb, 1});
-    x = e.reshape(e.mul(q, e.cast(sc, "f32")), {T, d});
-  } else {
-    Val emb = arg("token_embd", {1, V, d}, "f32");
-    x = e.reshape(e.gather(emb, tokens), {T, d});
+// y [T, out] = x [T, in] . M, M given as its input-dim slices [1, c_k, out] (one
+// normally; the thread_order_reduction fault: partial products summed in fp32
+// in slice order). fp16_accumulation fault: y rounded through f16.
+Val linear(Emitter& em, const Ctx& C, const Val& x, const std::vector<Val>& m) {
+  Val y;
+  int64_t c0 = 0;
+  for (const Val& w : m) {
+    const int64_t c = w.shape[1];
+    const Val xs = m.size() == 1 ? x : em.slice(x, {0, c0}, {C.T, c});
+    const Val part = em.matmul(em.reshape(xs, {1, C.T, c}), w);
+    y = c0 == 0 ? part : em.add(y, part);
+    c0 += c;
   }
+  y = em.reshape(y, {C.T, m[0].shape[2]});
+  if (C.F.fp16_accumulation) y = em.cast(em.cast(y, "f16"), "f32");
+  return y;
+}
 
-  // ---- positions, RoPE tables, mask, scatter indices (shared by the layers) ----
-  std::vector<int64_t> iota_t(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) iota_t[size_t(t)] = t;
-  Val pidx = e.add(e.const_i32({1, T}, iota_t), pos);  // [1, T] positions
-  Val c = e.reshape(e.gather(rcos, pidx), {T, 1, half, 1});
-  Val s = e.reshape(e.gather(rsin, pidx), {T, 1, half, 1});
-  // mask: key j is visible from query row r = t*G + g iff j <= pos + t.
-  std::vector<int64_t> jcol(static_cast<size_t>(W)), trow(static_cast<size_t>(T * G));
-  for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j;
-  for (int64_t r = 0; r < T * G; ++r) trow[size_t(r)] = r / G;
-  Val diff = e.sub(e.const_i32({1, 1, W}, jcol), e.const_i32({1, T * G, 1}, trow));  // j - t
+Val rms_norm(Emitter& em, const Ctx& C, const Val& x, const Val& w) {  // x [T, d], w [1, d]
+  Val ss = em.reduce("tosa.reduce_sum", em.mul(x, x), 1);
+  Val ms = em.add(em.mul(ss, em.splat({1, 1}, "f32", fmt_float(1.0 / double(C.d)))),
+                  em.splat({1, 1}, "f32", fmt_float(C.eps)));
+  return em.mul(em.mul(x, em.unary("tosa.rsqrt", ms)), w);
+}
+
+// RoPE on x [T, n, hd] with c, s [T, 1, half, 1]: interleaved pairs (2i, 2i+1),
+// the GGUF Llama layout; the rope_layout fault rotates NeoX pairs (i, i + half).
+Val rope(Emitter& em, const Ctx& C, const Val& x, const Val& c, const Val& s) {
+  const int64_t T = C.T, n = x.shape[1], half = C.half;
+  if (C.F.rope_layout) {
+    Val p = em.reshape(x, {T, n, 2, half});
+    Val cc = em.reshape(c, {T, 1, 1, half}), ss = em.reshape(s, {T, 1, 1, half});
+    Val x0 = em.slice(p, {0, 0, 0, 0}, {T, n, 1, half});
+    Val x1 = em.slice(p, {0, 0, 1, 0}, {T, n, 1, half});
+    Val y0 = em.sub(em.mul(x0, cc), em.mul(x1, ss));
+    Val y1 = em.add(em.mul(x0, ss), em.mul(x1, cc));
+    return em.reshape(em.concat({y0, y1}, 2), {T, n, C.hd});
+  }
+  Val p = em.reshape(x, {T, n, half, 2});
+  Val x0 = em.slice(p, {0, 0, 0, 0}, {T, n, half, 1});
+  Val x1 = em.slice(p, {0, 0, 0, 1}, {T, n, half, 1});
+  Val y0 = em.sub(em.mul(x0, c), em.mul(x1, s));
+  Val y1 = em.add(em.mul(x0, s), em.mul(x1, c));
+  return em.reshape(em.concat({y0, y1}, 3), {T, n, C.hd});
+}
+
+// Mask [1, T*G, W] (i1, true = hidden): key j is visible from query row
+// r = t*G + g iff j <= pos + t. Faults: causal_mask: iff j <= pos + T - 1 (the
+// whole bucket, padding rows included); kv_off_by_one: iff j <= pos + t - 1 or
+// j = 0; rewind_noop (kv_len != nullptr): also every j < kv_len.
+Val attention_mask(Emitter& e, const Ctx& C, const Val& pos, const Val* kv_len) {
+  const int64_t W = C.W, TG = C.T * C.G, off = C.F.kv_off_by_one ? 1 : 0;
+  std::vector<int64_t> jcol(static_cast<size_t>(W)), trow(static_cast<size_t>(TG));
+  for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j + off;
+  for (int64_t r = 0; r < TG; ++r) trow[size_t(r)] = C.F.causal_mask ? C.T - 1 : r / C.G;
+  Val diff = e.sub(e.const_i32({1, 1, W}, jcol), e.const_i32({1, TG, 1}, trow));  // j - t
   Val masked = e.greater(diff, e.reshape(pos, {1, 1, 1}));
-  // K scatter (scalars): index (kvh*hd + i)*CAP + pos + t, input order (kvh, i, t);
-  // V scatter (rows of hd): index kvh*CAP + pos + t, input order (kvh, t).
+  if (C.F.kv_off_by_one) {  // key 0 stays visible: position 0 still attends to itself
+    for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j;
+    masked = e.binary("tosa.logical_and", masked,
+                      e.greater(e.const_i32({1, 1, W}, jcol), e.splat({1, 1, 1}, "i32", "0")));
+  }
+  if (kv_len) {  // hidden only if also j >= kv_len, i.e. j + 1 > kv_len
+    for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j + 1;
+    masked = e.binary("tosa.logical_and", masked,
+                      e.greater(e.const_i32({1, 1, W}, jcol), e.reshape(*kv_len, {1, 1, 1})));
+  }
+  return masked;
+}
+
+// Scatter indices of the T new entries: K scalars at (kvh*hd + i)*CAP + pos + t,
+// input order (kvh, i, t); V rows of hd at kvh*CAP + pos + t, order (kvh, t).
+// kv_write_next fault: slot pos + t + 1 (pidx [1, T] + 1), wrapped to slot 0
+// past the capacity, so that the buggy write stays inside the cache.
+std::pair<Val, Val> write_indices(Emitter& e, const Ctx& C, const Val& pos, const Val& pidx) {
+  const int64_t T = C.T, CAP = C.CAP, kvd = C.kvd, KVH = C.KVH;
+  if (C.F.kv_write_next) {
+    Val w = e.add(pidx, e.splat({1, 1}, "i32", "1"));
+    w = e.select(e.greater(w, e.splat({1, 1}, "i32", std::to_string(CAP - 1))),
+                 e.sub(w, e.splat({1, 1}, "i32", std::to_string(CAP))), w);
+    std::vector<int64_t> krow(static_cast<size_t>(kvd)), vrow(static_cast<size_t>(KVH));
+    for (int64_t k = 0; k < kvd; ++k) krow[size_t(k)] = k * CAP;
+    for (int64_t h = 0; h < KVH; ++h) vrow[size_t(h)] = h * CAP;
+    return {e.reshape(e.add(e.const_i32({kvd, 1}, krow), w), {1, kvd * T}),
+            e.reshape(e.add(e.const_i32({KVH, 1}, vrow), w), {1, KVH * T})};
+  }
   std::vector<int64_t> kbase(static_cast<size_t>(kvd * T)), vbase(static_cast<size_t>(KVH * T));
   for (int64_t k = 0; k < kvd; ++k)
     for (int64_t t = 0; t < T; ++t) kbase[size_t(k * T + t)] = k * CAP + t;
@@ -359,155 +412,283 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
     for (int64_t t = 0; t < T; ++t) vbase[size_t(h * T + t)] = h * CAP + t;
   Val kidx = e.add(e.const_i32({1, kvd * T}, kbase), pos);
   Val vidx = e.add(e.const_i32({1, KVH * T}, vbase), pos);
-  const double inv_sqrt_hd = 1.0 / std::sqrt(double(hd));
+  return {kidx, vidx};
+}
 
-  // ---- one outlined function per layer weight-format signature ----
-  // (compiled once, called n_layer times: compile time does not grow with depth)
-  std::map<std::string, std::string> layer_fns;  // format signature -> function name
-  std::ostringstream fns;
-  auto fmt_of = [&](int64_t l, int which) {
-    return quant ? S.layer_formats.at(size_t(l * 7 + which)) : MatrixFormat::F32;
-  };
-  const char* mnames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
-                           "ffn_gate", "ffn_up", "ffn_down"};
-  const int64_t mins[7] = {d, d, d, qd, d, d, ff};
-  const int64_t mouts[7] = {qd, kvd, kvd, d, ff, ff, d};
-  auto layer_fn = [&](int64_t l) -> std::string {
-    std::string key;
-    for (int k = 0; k < 7; ++k) key += std::to_string(int(fmt_of(l, k)));
-    auto it = layer_fns.find(key);
-    if (it != layer_fns.end()) return it->second;
-    const std::string name = "layer_" + std::to_string(layer_fns.size());
-    Fn f;
-    Emitter& le = f.e;
-    Val lx = f.param("x", x.shape, "f32");
-    Val lc = f.param("cos", c.shape, "f32");
-    Val ls = f.param("sin", s.shape, "f32");
-    Val lmask = f.param("masked", masked.shape, "i1");
-    Val lkidx = f.param("kidx", kidx.shape, "i32");
-    Val lvidx = f.param("vidx", vidx.shape, "i32");
-    Val attn_norm = f.param("attn_norm", {1, d}, "f32");
-    Val mats[7];
-    for (int k = 0; k < 4; ++k) mats[k] = matrix(f, mnames[k], mins[k], mouts[k], fmt_of(l, k));
-    Val ffn_norm = f.param("ffn_norm", {1, d}, "f32");
-    for (int k = 4; k < 7; ++k) mats[k] = matrix(f, mnames[k], mins[k], mouts[k], fmt_of(l, k));
-    Val kc = f.param("k_cache", {1, kvd * CAP, 1}, "f32");
-    Val vc = f.param("v_cache", {1, KVH * CAP, hd}, "f32");
-    // ---- attention ----
-    Val h = rms_norm(le, lx, attn_norm);
-    Val q = rope(le, le.reshape(linear(le, h, mats[0]), {T, H, hd}), lc, ls);
-    Val k = rope(le, le.reshape(linear(le, h, mats[1]), {T, KVH, hd}), lc, ls);
-    Val v = le.reshape(linear(le, h, mats[2]), {T, KVH, hd});
-    // KV writes at positions pos..pos+T-1 (in place after bufferization).
-    kc = le.scatter(kc, lkidx, le.reshape(le.transpose(k, {1, 2, 0}), {1, kvd * T, 1}));
-    vc = le.scatter(vc, lvidx, le.reshape(le.transpose(v, {1, 0, 2}), {1, KVH * T, hd}));
-    // Key window: Kt [KVH, hd, W], V [KVH, W, hd].
-    Val kwin = le.slice(le.reshape(kc, {KVH, hd, CAP}), {0, 0, 0}, {KVH, hd, W});
-    Val vwin = le.slice(le.reshape(vc, {KVH, CAP, hd}), {0, 0, 0}, {KVH, W, hd});
-    // Queries grouped by KV head: [KVH, T*G, hd], row r = t*G + g (head = kvh*G + g).
-    Val qg =
-        le.reshape(le.transpose(le.reshape(q, {T, KVH, G, hd}), {1, 0, 2, 3}), {KVH, T * G, hd});
-    Val sc = le.mul(le.matmul(qg, kwin), le.splat({1, 1, 1}, "f32", fmt_float(inv_sqrt_hd)));
-    sc = le.select(lmask, le.splat({1, 1, 1}, "f32", "-1.0e+30"), sc);
+// Softmax attention of q [T, H, hd] over kwin [KVH, hd, W] / vwin [KVH, W, hd]
+// with mask [1, T*G, W]; returns [T, H*hd]. Queries are grouped by KV head,
+// [KVH, T*G, hd], row r = t*G + g, head kvh*G + g (gqa_mapping fault: head
+// g*KVH + kvh, i.e. query head h reads KV head h % KVH).
+Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& vwin,
+           const Val& mask) {
+  const int64_t T = C.T, KVH = C.KVH, G = C.G, hd = C.hd;
+  const bool gqa = C.F.gqa_mapping;
+  Val qg =
+      gqa ? le.reshape(le.transpose(le.reshape(q, {T, G, KVH, hd}), {2, 0, 1, 3}), {KVH, T * G, hd})
+          : le.reshape(le.transpose(le.reshape(q, {T, KVH, G, hd}), {1, 0, 2, 3}),
+                       {KVH, T * G, hd});
+  const double scale = C.F.attention_scale ? 1.0 / double(hd) : 1.0 / std::sqrt(double(hd));
+  Val sc = le.mul(le.matmul(qg, kwin), le.splat({1, 1, 1}, "f32", fmt_float(scale)));
+  sc = le.select(mask, le.splat({1, 1, 1}, "f32", "-1.0e+30"), sc);
+  Val ex;
+  if (C.F.softmax_no_max) {  // fp32 exp(s) as is: inf above ~88.7, then inf/inf = NaN
+    ex = le.unary("tosa.exp", sc);
+  } else {
     Val mx = le.reduce("tosa.reduce_max", sc, 2);
-    Val ex = le.unary("tosa.exp", le.sub(sc, mx));
-    Val sum = le.reduce("tosa.reduce_sum", ex, 2);
-    Val o = le.mul(le.matmul(ex, vwin), le.unary("tosa.reciprocal", sum));  // [KVH, T*G, hd]
-    o = le.reshape(le.transpose(le.reshape(o, {KVH, T, G, hd}), {1, 0, 2, 3}), {T, qd});
-    Val x1 = le.add(lx, linear(le, o, mats[3]));
-    // ---- SwiGLU MLP ----
-    Val h2 = rms_norm(le, x1, ffn_norm);
-    Val g = linear(le, h2, mats[4]);
-    Val u = linear(le, h2, mats[5]);
-    Val act = le.mul(le.mul(g, le.unary("tosa.sigmoid", g)), u);
-    Val x2 = le.add(x1, linear(le, act, mats[6]));
-    std::vector<Val> rets{x2, kc, vc};
-    fns << "  func.func private @" << name << "(" << signature(f.params) << ") -> (" << types(rets)
-        << ") {\n"
-        << le.body.str() << "    return " << names(rets) << " : " << types(rets) << "\n  }\n";
-    layer_fns[key] = name;
-    return name;
-  };
+    ex = le.unary("tosa.exp", le.sub(sc, mx));
+  }
+  Val sum = le.reduce("tosa.reduce_sum", ex, 2);
+  Val o = le.mul(le.matmul(ex, vwin), le.unary("tosa.reciprocal", sum));  // [KVH, T*G, hd]
+  o = le.transpose(le.reshape(o, {KVH, T, G, hd}),
+                   gqa ? std::vector<int>{1, 2, 0, 3} : std::vector<int>{1, 0, 2, 3});
+  return le.reshape(o, {T, C.qd});
+}
 
-  // Main-function arguments: every layer's weights, then the head, then the caches.
-  std::vector<std::vector<Val>> layer_w(static_cast<size_t>(L));
+// Values of main that every layer takes: x (shape only), RoPE rows, mask, indices.
+struct LayerInputs {
+  Val x, c, s, masked, kidx, vidx;
+};
+
+// One outlined layer function for the weight formats fmt[7]:
+// (x, cos, sin, masked, kidx, vidx, attn_norm, q, k, v, o, ffn_norm, gate, up,
+// down, k_cache, v_cache) -> (x', k_cache', v_cache').
+std::string layer_function(const Ctx& C, const std::string& name, const MatrixFormat* fmt,
+                           const LayerInputs& in) {
+  const int64_t T = C.T, d = C.d, H = C.H, KVH = C.KVH, hd = C.hd, CAP = C.CAP, W = C.W;
+  const int64_t kvd = C.kvd, mins[7] = {d, d, d, C.qd, d, d, C.ff};
+  const int64_t mouts[7] = {C.qd, kvd, kvd, d, C.ff, C.ff, d};
+  Fn f;
+  Emitter& le = f.e;
+  Val lx = f.param("x", in.x.shape, "f32");
+  Val lc = f.param("cos", in.c.shape, "f32");
+  Val ls = f.param("sin", in.s.shape, "f32");
+  Val lmask = f.param("masked", in.masked.shape, "i1");
+  Val lkidx = f.param("kidx", in.kidx.shape, "i32");
+  Val lvidx = f.param("vidx", in.vidx.shape, "i32");
+  Val attn_norm = f.param("attn_norm", {1, d}, "f32");
+  std::vector<Val> mats[7];
+  const int64_t sl = C.F.reduction_slices;
+  for (int k = 0; k < 4; ++k) mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
+  Val ffn_norm = f.param("ffn_norm", {1, d}, "f32");
+  for (int k = 4; k < 7; ++k) mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
+  Val kc = f.param("k_cache", {1, kvd * CAP, 1}, "f32");
+  Val vc = f.param("v_cache", {1, KVH * CAP, hd}, "f32");
+  // ---- attention ----
+  Val h = rms_norm(le, C, lx, attn_norm);
+  Val q = rope(le, C, le.reshape(linear(le, C, h, mats[0]), {T, H, hd}), lc, ls);
+  Val k = rope(le, C, le.reshape(linear(le, C, h, mats[1]), {T, KVH, hd}), lc, ls);
+  Val v = le.reshape(linear(le, C, h, mats[2]), {T, KVH, hd});
+  // KV writes at positions pos..pos+T-1 (in place after bufferization).
+  kc = le.scatter(kc, lkidx, le.reshape(le.transpose(k, {1, 2, 0}), {1, kvd * T, 1}));
+  vc = le.scatter(vc, lvidx, le.reshape(le.transpose(v, {1, 0, 2}), {1, KVH * T, hd}));
+  // Key window: Kt [KVH, hd, W], V [KVH, W, hd].
+  Val kwin = le.slice(le.reshape(kc, {KVH, hd, CAP}), {0, 0, 0}, {KVH, hd, W});
+  Val vwin = le.slice(le.reshape(vc, {KVH, CAP, hd}), {0, 0, 0}, {KVH, W, hd});
+  Val o = attend(le, C, q, kwin, vwin, lmask);
+  Val x1 = le.add(lx, linear(le, C, o, mats[3]));
+  // ---- SwiGLU MLP ----
+  Val h2 = rms_norm(le, C, x1, ffn_norm);
+  Val g = linear(le, C, h2, mats[4]);
+  Val u = linear(le, C, h2, mats[5]);
+  Val act = le.mul(le.mul(g, le.unary("tosa.sigmoid", g)), u);
+  Val x2 = le.add(x1, linear(le, C, act, mats[6]));
+  std::vector<Val> rets{x2, kc, vc};
+  std::ostringstream fn;
+  fn << "  func.func private @" << name << "(" << signature(f.params) << ") -> (" << types(rets)
+     << ") {\n"
+     << le.body.str() << "    return " << names(rets) << " : " << types(rets) << "\n  }\n";
+  return fn.str();
+}
+
+Ctx make_ctx(const ModelDims& D, const GraphSpec& S) {
+  Ctx C{S.T,     S.W,      S.capacity,  D.n_layer,  D.n_embd,
+        D.n_ff,  D.n_head, D.n_head_kv, D.head_dim, D.n_vocab,
+        0,       0,        0,           0,          double(D.rms_eps) * S.faults.rms_eps_scale,
+        S.faults};
+  C.G = C.H / C.KVH;
+  C.qd = C.H * C.hd;
+  C.kvd = C.KVH * C.hd;
+  C.half = C.hd / 2;
+  if (C.W > C.CAP || C.W <= 0 || C.T <= 0 || C.T > C.W)
+    throw std::logic_error("build_step_graph: bad spec");
+  if (C.F.reduction_slices < 1) throw std::logic_error("build_step_graph: reduction_slices < 1");
+  return C;
+}
+
+// @step being built: its emitter and parameters, and the exported argument list.
+struct MainFn {
+  Fn f;
+  BuiltGraph* out;
+  Val arg(const std::string& name, const Shape& s, const std::string& elem) {
+    out->args.push_back(ArgInfo{name, s, elem});
+    return f.param(name, s, elem);
+  }
+};
+
+MatrixFormat layer_format(const GraphSpec& S, int64_t l, int k) {
+  return S.mode == WeightMode::Quantized ? S.layer_formats.at(size_t(l * 7 + k))
+                                         : MatrixFormat::F32;
+}
+
+// Token embeddings [T, d] (Q8_0 rows gathered and dequantized on the 4-bit path).
+Val embed(MainFn& m, const Ctx& C, const GraphSpec& S, const Val& tokens) {
+  Emitter& e = m.f.e;
+  const int64_t T = C.T, V = C.V, d = C.d;
+  if (S.mode == WeightMode::Quantized && S.embd_format == MatrixFormat::Q8_0) {
+    const int64_t nb = d / 32;
+    Val eq = m.arg("token_embd.rows.qs", {1, V, d}, "i8");
+    Val ed = m.arg("token_embd.rows.d", {1, V, nb}, "f16");
+    Val q = e.cast(e.reshape(e.gather(eq, tokens), {T, nb, 32}), "f32");
+    Val sc = e.reshape(e.gather(ed, tokens), {T, nb, 1});
+    return e.reshape(e.mul(q, e.cast(sc, "f32")), {T, d});
+  }
+  Val emb = m.arg("token_embd", {1, V, d}, "f32");
+  return e.reshape(e.gather(emb, tokens), {T, d});
+}
+
+// Weight and cache arguments of @step: every layer's weights, then the head
+// (dequantized in main, if quantized), then the caches.
+struct MainWeights {
+  std::vector<std::vector<Val>> layers;
+  Val out_norm;
+  std::vector<Val> lm_head, kcs, vcs;
+};
+
+MainWeights declare_weights(MainFn& m, const Ctx& C, const GraphSpec& S) {
+  const int64_t L = C.L, d = C.d, kvd = C.kvd;
+  const int64_t mins[7] = {d, d, d, C.qd, d, d, C.ff};
+  const int64_t mouts[7] = {C.qd, kvd, kvd, d, C.ff, C.ff, d};
+  MainWeights w;
+  w.layers.resize(static_cast<size_t>(L));
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    auto& w = layer_w[size_t(l)];
-    w.push_back(arg(p + "attn_norm", {1, d}, "f32"));
+    auto& lw = w.layers[size_t(l)];
+    lw.push_back(m.arg(p + "attn_norm", {1, d}, "f32"));
     for (int k = 0; k < 7; ++k) {
-      if (k == 4) w.push_back(arg(p + "ffn_norm", {1, d}, "f32"));
-      for (const MatrixPart& part : matrix_parts(mins[k], mouts[k], fmt_of(l, k))) {
-        w.push_back(arg(p + mnames[k] + part.suffix, part.shape, part.elem));
+      if (k == 4) lw.push_back(m.arg(p + "ffn_norm", {1, d}, "f32"));
+      for (const MatrixPart& part : matrix_parts(mins[k], mouts[k], layer_format(S, l, k))) {
+        lw.push_back(m.arg(p + kMatNames[k] + part.suffix, part.shape, part.elem));
       }
     }
   }
-  Val out_norm = arg("output_norm", {1, d}, "f32");
-  std::vector<Val> kcs, vcs;
-  Val lm_head;
-  {
-    const MatrixFormat hf = quant ? S.embd_format : MatrixFormat::F32;
-    // Declare through mainf so that dequantization (if any) is emitted in main.
-    const size_t before = mainf.params.size();
-    lm_head = matrix(mainf, "lm_head", d, V, hf);
-    for (size_t i = before; i < mainf.params.size(); ++i) {
-      const Val& v = mainf.params[i];
-      std::string nm = "lm_head";
-      for (const MatrixPart& part : matrix_parts(d, V, hf))
-        if ("%" + ident("lm_head" + part.suffix) == v.name) nm = "lm_head" + part.suffix;
-      out.args.push_back(ArgInfo{nm, v.shape, v.elem});
-    }
+  w.out_norm = m.arg("output_norm", {1, d}, "f32");
+  const MatrixFormat hf = S.mode == WeightMode::Quantized ? S.embd_format : MatrixFormat::F32;
+  const size_t before = m.f.params.size();
+  w.lm_head = matrix(m.f, "lm_head", d, C.V, hf, C.F.reduction_slices);
+  for (size_t i = before; i < m.f.params.size(); ++i) {
+    const Val& v = m.f.params[i];
+    std::string nm = "lm_head";
+    for (const MatrixPart& part : matrix_parts(d, C.V, hf))
+      if ("%" + ident("lm_head" + part.suffix) == v.name) nm = "lm_head" + part.suffix;
+    m.out->args.push_back(ArgInfo{nm, v.shape, v.elem});
   }
   for (int64_t l = 0; l < L; ++l)
-    kcs.push_back(arg("k_cache." + std::to_string(l), {1, kvd * CAP, 1}, "f32"));
+    w.kcs.push_back(m.arg("k_cache." + std::to_string(l), {1, kvd * C.CAP, 1}, "f32"));
   for (int64_t l = 0; l < L; ++l)
-    vcs.push_back(arg("v_cache." + std::to_string(l), {1, KVH * CAP, hd}, "f32"));
+    w.vcs.push_back(m.arg("v_cache." + std::to_string(l), {1, C.KVH * C.CAP, C.hd}, "f32"));
+  return w;
+}
 
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string fname = layer_fn(l);
-    std::vector<Val> ops{x, c, s, masked, kidx, vidx};
-    for (const Val& w : layer_w[size_t(l)]) ops.push_back(w);
-    ops.push_back(kcs[size_t(l)]);
-    ops.push_back(vcs[size_t(l)]);
+// Calls the layers in order (one outlined function per weight-format signature,
+// appended to fns: compiled once, called n_layer times, so compile time does not
+// grow with depth) and returns the residual stream; w's caches become the
+// calls' results. last_layer_skipped fault: the last layer is not called.
+Val call_layers(MainFn& m, const Ctx& C, const GraphSpec& S, const LayerInputs& li, MainWeights& w,
+                std::ostringstream& fns) {
+  Emitter& e = m.f.e;
+  std::map<std::string, std::string> layer_fns;  // format signature -> function name
+  Val x = li.x;
+  const int64_t n_run = C.F.last_layer_skipped ? C.L - 1 : C.L;
+  for (int64_t l = 0; l < n_run; ++l) {
+    MatrixFormat fmt[7];
+    std::string key;
+    for (int k = 0; k < 7; ++k) key += std::to_string(int(fmt[k] = layer_format(S, l, k)));
+    auto [it, fresh] = layer_fns.emplace(key, "layer_" + std::to_string(layer_fns.size()));
+    if (fresh) fns << layer_function(C, it->second, fmt, li);
+    std::vector<Val> ops{x, li.c, li.s, li.masked, li.kidx, li.vidx};
+    for (const Val& v : w.layers[size_t(l)]) ops.push_back(v);
+    Val& kc = w.kcs[size_t(l)];
+    Val& vc = w.vcs[size_t(l)];
+    ops.push_back(kc);
+    ops.push_back(vc);
     Val r = e.fresh({}, "");
-    std::vector<Val> rets{Val{r.name + "#0", x.shape, "f32"},
-                          Val{r.name + "#1", kcs[size_t(l)].shape, "f32"},
-                          Val{r.name + "#2", vcs[size_t(l)].shape, "f32"}};
-    e.body << "    " << r.name << ":3 = func.call @" << fname << "(" << names(ops) << ") : ("
+    std::vector<Val> rets{Val{r.name + "#0", x.shape, "f32"}, Val{r.name + "#1", kc.shape, "f32"},
+                          Val{r.name + "#2", vc.shape, "f32"}};
+    e.body << "    " << r.name << ":3 = func.call @" << it->second << "(" << names(ops) << ") : ("
            << types(ops) << ") -> (" << types(rets) << ")\n";
     x = rets[0];
-    kcs[size_t(l)] = rets[1];
-    vcs[size_t(l)] = rets[2];
+    kc = rets[1];
+    vc = rets[2];
   }
-  Val xn = rms_norm(e, x, out_norm);
-  Val logits = linear(e, xn, lm_head);  // [T, V]
+  return x;
+}
+
+// The results of @step (logits, updated caches, [argmax]) and the module text.
+void finish_module(MainFn& m, const Ctx& C, const GraphSpec& S, const Val& logits,
+                   const MainWeights& w, const std::string& fns, const std::string& func_name) {
+  Emitter& e = m.f.e;
+  BuiltGraph& out = *m.out;
   std::vector<Val> results{logits};
   out.results.push_back(ArgInfo{"logits", logits.shape, logits.elem});
-  for (int64_t l = 0; l < L; ++l) {
-    results.push_back(kcs[size_t(l)]);
-    out.results.push_back(ArgInfo{"k_cache." + std::to_string(l), kcs[size_t(l)].shape, "f32"});
+  for (int64_t l = 0; l < C.L; ++l) {
+    results.push_back(w.kcs[size_t(l)]);
+    out.results.push_back(ArgInfo{"k_cache." + std::to_string(l), w.kcs[size_t(l)].shape, "f32"});
   }
-  for (int64_t l = 0; l < L; ++l) {
-    results.push_back(vcs[size_t(l)]);
-    out.results.push_back(ArgInfo{"v_cache." + std::to_string(l), vcs[size_t(l)].shape, "f32"});
+  for (int64_t l = 0; l < C.L; ++l) {
+    results.push_back(w.vcs[size_t(l)]);
+    out.results.push_back(ArgInfo{"v_cache." + std::to_string(l), w.vcs[size_t(l)].shape, "f32"});
   }
   if (S.argmax) {
     // nan_mode IGNORE: strict ogt against the running maximum, so the lowest id
     // among equal maxima wins and a NaN never replaces it (the default,
     // PROPAGATE, makes the first NaN win). See prefill_greedy in engine.cpp.
-    Val am = e.emit("tosa.argmax", {logits}, {T}, "i32",
+    Val am = e.emit("tosa.argmax", {logits}, {C.T}, "i32",
                     "{axis = 1 : i32, nan_mode = #tosa.nan_mode<IGNORE>}");
     results.push_back(am);
     out.results.push_back(ArgInfo{"argmax", am.shape, am.elem});
   }
+  std::ostringstream mod;
+  mod << "module {\n" << fns;
+  mod << "  func.func @" << func_name << "(" << signature(m.f.params) << ") -> (" << types(results)
+      << ") attributes {llvm.emit_c_interface} {\n";
+  mod << e.body.str();
+  mod << "    return " << names(results) << " : " << types(results) << "\n  }\n}\n";
+  out.mlir = mod.str();
+}
 
-  std::ostringstream m;
-  m << "module {\n" << fns.str();
-  m << "  func.func @" << func_name << "(" << signature(mainf.params) << ") -> (" << types(results)
-    << ") attributes {llvm.emit_c_interface} {\n";
-  m << e.body.str();
-  m << "    return " << names(results) << " : " << types(results) << "\n  }\n}\n";
-  out.mlir = m.str();
+}  // namespace
+
+BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::string& func_name) {
+  const Ctx C = make_ctx(D, S);
+  const int64_t T = C.T, half = C.half;
+  BuiltGraph out;
+  MainFn m{Fn{}, &out};
+  Emitter& e = m.f.e;
+
+  Val tokens = m.arg("tokens", {1, T}, "i32");
+  Val pos = m.arg("pos", {1, 1}, "i32");
+  Val kv_len;  // rewind_noop fault only
+  if (C.F.kv_len_input) kv_len = m.arg("kv_len", {1, 1}, "i32");
+  Val rcos = m.arg("rope_cos", {1, C.CAP, half}, "f32");
+  Val rsin = m.arg("rope_sin", {1, C.CAP, half}, "f32");
+  LayerInputs li;
+  li.x = embed(m, C, S, tokens);
+
+  // ---- positions, RoPE rows, mask, scatter indices (shared by the layers) ----
+  std::vector<int64_t> iota_t(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) iota_t[size_t(t)] = t;
+  Val pidx = e.add(e.const_i32({1, T}, iota_t), pos);  // [1, T] positions
+  li.c = e.reshape(e.gather(rcos, pidx), {T, 1, half, 1});
+  li.s = e.reshape(e.gather(rsin, pidx), {T, 1, half, 1});
+  li.masked = attention_mask(e, C, pos, C.F.kv_len_input ? &kv_len : nullptr);
+  std::tie(li.kidx, li.vidx) = write_indices(e, C, pos, pidx);
+
+  MainWeights w = declare_weights(m, C, S);
+  std::ostringstream fns;
+  Val x = call_layers(m, C, S, li, w, fns);
+  Val xn = rms_norm(e, C, x, w.out_norm);
+  Val logits = linear(e, C, xn, w.lm_head);  // [T, V]
+  finish_module(m, C, S, logits, w, fns.str(), func_name);
   return out;
 }
 

@@ -38,6 +38,33 @@ struct ModelDims {
   float rms_eps = 1e-5f;
 };
 
+// Faults realised in the graph itself (test only: ts_session_options.fault, see
+// touchstone::Faults and docs/backends/static_graph.md#fault-catalog). Each one
+// changes the graph text, hence the on-disk cache key; the default (no fault)
+// builds exactly the text of a graph without this struct.
+struct GraphFaults {
+  bool rope_layout = false;         // NeoX pairs (j, j + hd/2) instead of interleaved (2j, 2j+1)
+  bool kv_off_by_one = false;       // the mask hides the newest key (pos + t) when pos + t > 0
+  bool kv_write_next = false;       // K/V of position p scattered to slot p + 1 (mod capacity)
+  bool gqa_mapping = false;         // query head h reads KV head h % n_head_kv
+  bool attention_scale = false;     // scores * 1/head_dim instead of 1/sqrt(head_dim)
+  bool softmax_no_max = false;      // exp(s) in fp32 without subtracting the row maximum
+  double rms_eps_scale = 1.0;       // every RMSNorm epsilon times this
+  bool fp16_accumulation = false;   // every weight matmul's output rounded through f16
+  bool causal_mask = false;         // every row of a prefill bucket sees the whole bucket
+  bool last_layer_skipped = false;  // the last layer is not called
+  bool kv_len_input = false;        // rewind_noop: an extra input `kv_len` (i32 [1, 1]);
+                                    // keys j < kv_len are visible from every row too
+  int32_t reduction_slices = 1;     // thread_order_reduction: each weight matmul split along
+                                    // its input dim into this many slices (whole 32-blocks),
+                                    // partial products summed in fp32 in slice order
+  bool any() const {
+    return rope_layout || kv_off_by_one || kv_write_next || gqa_mapping || attention_scale ||
+           softmax_no_max || rms_eps_scale != 1.0 || fp16_accumulation || causal_mask ||
+           last_layer_skipped || kv_len_input || reduction_slices > 1;
+  }
+};
+
 struct GraphSpec {
   int32_t T = 1;         // tokens per call (padded bucket size)
   int32_t W = 0;         // attention window (keys 0..W-1)
@@ -48,6 +75,7 @@ struct GraphSpec {
   std::vector<MatrixFormat> layer_formats;
   MatrixFormat embd_format = MatrixFormat::F32;
   bool argmax = false;  // also return argmax token ids (tensor<Txi32>)
+  GraphFaults faults;   // test only; default: none
 };
 
 // One function argument: name (for export), MLIR tensor type, shape, element type.

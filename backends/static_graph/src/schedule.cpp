@@ -454,6 +454,13 @@ std::string make_schedule(mlir::ModuleOp module, bool parallel) {
       ps[size_t(nd)] = Q.t.strip;
       par = kScheduleQuantForall;
       replace_all(par, "PSIZES", join(ps));
+      // The template's %qF2ID becomes %qF2<q>, which for q = 0..9 is the same
+      // name as %qFID of matmul 20..29 ("redefinition of SSA value '%qF20'"):
+      // a module with more than 20 quantized matmuls (several layer signatures,
+      // or the thread_order_reduction fault's split matmuls) broke the parallel
+      // schedule. Renamed here, not in the template, which is part of the
+      // object cache key (schedule_description).
+      replace_all(par, "%qF2ID", "%qFusedID");
     }
     replace_all(block, "PARTILE", par);
     replace_all(block, "ID", std::to_string(q));

@@ -88,9 +88,12 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
     if (opt->struct_size < sizeof(ts_session_options)) {
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
     }
-    if (opt->fault && opt->fault[0]) {
-      throw StatusError(TS_ERR_UNSUPPORTED,
-                        std::string("static_graph: unknown fault '") + opt->fault + "'");
+    // Test only: one deliberate bug of the catalog (docs/backends/static_graph.md#fault-catalog).
+    touchstone::Faults faults;
+    try {
+      faults = touchstone::parse_fault(opt->fault ? opt->fault : "");
+    } catch (const touchstone::Error& e) {
+      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
     if (opt->max_context < 0)
       throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
@@ -100,7 +103,7 @@ ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** 
                                     ? sg::WeightMode::Quantized
                                     : sg::WeightMode::FullPrecision;
     auto s = std::make_unique<ts_session>();
-    s->s = std::make_unique<sg::Session>(*m->m, mode, cap, opt->n_threads);
+    s->s = std::make_unique<sg::Session>(*m->m, mode, cap, opt->n_threads, faults);
     *out = s.release();
   });
 }

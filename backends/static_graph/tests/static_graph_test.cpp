@@ -149,6 +149,82 @@ TEST(StaticGraphIR, QuantizedDequantizationIsFused) {
   EXPECT_GT(tiles, 0) << "no dequantized tile buffer: was the fusion applied?";
 }
 
+namespace {
+// Arguments of the lowered @step (memrefs), or -1 when it still returns values.
+int lowered_step_args(const std::string& ir) {
+  std::smatch m;
+  if (!std::regex_search(
+          ir, m,
+          std::regex(R"(func\.func @step\(([^)]*)\)( -> \([^)]*\)| -> [^ ]+)? attributes)")) ||
+      m[2].matched) {
+    return -1;
+  }
+  const std::string sig = m[1];
+  int n = 0;
+  for (size_t p = sig.find("memref<"); p != std::string::npos; p = sig.find("memref<", p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// Every graph-side fault (test only, GraphFaults) changes the graph text, hence
+// the on-disk cache key, and still lowers with the KV caches updated in place
+// (one out-param: the logits); on the 4-bit path the split matmuls of
+// thread_order_reduction keep their dequantization fused. A default
+// GraphFaults builds the text of a spec without faults (checked byte for byte
+// against the pre-fault builder when the faults were added).
+TEST(StaticGraphIR, GraphFaultsChangeTheTextAndLower) {
+  // tiny_dims() with 4-block rows (n_embd 128): each of 2 slices is >= 2 blocks,
+  // the shape of a real model's slices.
+  const sg::ModelDims D{2, 128, 256, 4, 2, 32, 100, 1e-5f};
+  const std::vector<std::pair<const char*, void (*)(sg::GraphFaults&)>> faults = {
+      {"rope_layout", [](sg::GraphFaults& f) { f.rope_layout = true; }},
+      {"kv_position_off_by_one", [](sg::GraphFaults& f) { f.kv_off_by_one = true; }},
+      {"kv_write_next", [](sg::GraphFaults& f) { f.kv_write_next = true; }},
+      {"gqa_mapping", [](sg::GraphFaults& f) { f.gqa_mapping = true; }},
+      {"attention_scale", [](sg::GraphFaults& f) { f.attention_scale = true; }},
+      {"softmax_no_max", [](sg::GraphFaults& f) { f.softmax_no_max = true; }},
+      {"rms_eps_10x", [](sg::GraphFaults& f) { f.rms_eps_scale = 10.0; }},
+      {"fp16_accumulation", [](sg::GraphFaults& f) { f.fp16_accumulation = true; }},
+      {"causal_mask", [](sg::GraphFaults& f) { f.causal_mask = true; }},
+      {"last_layer_skipped", [](sg::GraphFaults& f) { f.last_layer_skipped = true; }},
+      {"rewind_noop", [](sg::GraphFaults& f) { f.kv_len_input = true; }},
+      {"thread_order_reduction", [](sg::GraphFaults& f) { f.reduction_slices = 2; }},
+  };
+  for (const sg::WeightMode mode : {sg::WeightMode::FullPrecision, sg::WeightMode::Quantized}) {
+    sg::GraphSpec spec;
+    spec.T = 4;
+    spec.W = 32;
+    spec.capacity = 32;
+    spec.mode = mode;
+    if (mode == sg::WeightMode::Quantized) {
+      // Two layer signatures (two outlined functions): with 2 slices, > 20
+      // quantized matmuls in the schedule (their ids must not collide there).
+      spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1);
+      spec.layer_formats[7] = sg::MatrixFormat::Q4_0;
+      spec.embd_format = sg::MatrixFormat::Q8_0;
+    }
+    const std::string base = sg::build_step_graph(D, spec, "step").mlir;
+    for (const auto& [name, set] : faults) {
+      SCOPED_TRACE(std::string(name) + (mode == sg::WeightMode::Quantized ? " quantized" : ""));
+      spec.faults = sg::GraphFaults{};
+      set(spec.faults);
+      ASSERT_TRUE(spec.faults.any());
+      const sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
+      EXPECT_NE(g.mlir, base);
+      const std::string ir = sg::lower_to_buffers(g.mlir, sg::CompileOptions{});
+      EXPECT_EQ(lowered_step_args(ir), int(g.args.size()) + 1);
+      if (mode == sg::WeightMode::Quantized && spec.faults.reduction_slices > 1) {
+        // [blocks >= 2][2][16][columns >= 10] (RoPE's [T][heads][16][1] halves do not count)
+        std::smatch mm;
+        EXPECT_FALSE(std::regex_search(
+            ir, mm,
+            std::regex(R"(memref\.alloc(a)?\(\)[^\n]*: memref<([2-9]|\d\d+)x2x16x\d\d+xf32>)")))
+            << "a dequantized slice is materialised: " << mm[0];
+      }
+    }
+  }
+}
+
 class StaticGraphModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
