@@ -2,6 +2,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -383,7 +384,17 @@ GraphFaults Session::graph_faults() const {
   g.causal_mask = f.causal_mask;
   g.last_layer_skipped = f.last_layer_skipped;
   g.kv_len_input = f.rewind_noop;
-  g.reduction_slices = f.thread_order_reduction ? n_threads_ : 1;
+  if (f.session_order_reduction && session_slices_ == 0) {
+    // The fault, decided when the session builds its first graph: the first
+    // session of the process to run plain matmuls, every later one a 2-slice
+    // split, as an autotuner that switches after its first run would (two
+    // graph variants keep the compile cost bounded).
+    static std::atomic<bool> first{true};
+    session_slices_ = first.exchange(false) ? 1 : 2;
+  }
+  g.reduction_slices = f.thread_order_reduction    ? n_threads_
+                       : f.session_order_reduction ? session_slices_
+                                                   : 1;
   return g;
 }
 
@@ -486,9 +497,9 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
     else if (a.name == "kv_len")  // rewind_noop fault only
       p = &kv_len;
     else if (a.name == "rope_cos")
-      p = rcos_.data.get();
+      p = rope_origin_ > 0 ? shifted_cos_.data.get() : rcos_.data.get();
     else if (a.name == "rope_sin")
-      p = rsin_.data.get();
+      p = rope_origin_ > 0 ? shifted_sin_.data.get() : rsin_.data.get();
     else if (a.name.rfind("k_cache.", 0) == 0)
       p = kc_.as<float>() + cache_layer(a.name) * kc_layer;
     else if (a.name.rfind("v_cache.", 0) == 0)
@@ -556,8 +567,24 @@ void Session::perturb_logits(int32_t n_rows) {
   }
 }
 
+// prefill_position_reset fault: tables whose row p holds position p - origin
+// (rows below origin are never read by this call: its positions start there).
+void Session::shift_rope_tables(int32_t origin) {
+  rope_origin_ = origin;
+  if (origin <= 0) return;
+  const int64_t half = m_.dims.head_dim / 2;
+  if (!shifted_cos_.data) {
+    shifted_cos_ = HostTensor::make({1, cap_, half}, "f32");
+    shifted_sin_ = HostTensor::make({1, cap_, half}, "f32");
+  }
+  const size_t rows = size_t(cap_ - origin), n = rows * size_t(half);
+  std::memcpy(shifted_cos_.as<float>() + origin * half, rcos_.as<float>(), n * sizeof(float));
+  std::memcpy(shifted_sin_.as<float>() + origin * half, rsin_.as<float>(), n * sizeof(float));
+}
+
 void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   const int64_t V = m_.dims.n_vocab;
+  shift_rope_tables(faults_.prefill_position_reset && n > 1 ? pos_ : 0);
   for (const Chunk& c : plan_prefill(pos_, n, cap_, buckets)) {
     if (all_positions) {
       run(c, tokens, logits + int64_t(c.start) * V);
@@ -568,13 +595,18 @@ void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, floa
       }
     }
   }
+  shift_rope_tables(0);
+  if (faults_.logits_row_shift && all_positions && n > 1)  // the fault: row i holds row i-1
+    std::memmove(logits + V, logits, size_t(n - 1) * size_t(V) * sizeof(float));
 }
 
 int32_t Session::prefill_greedy(const int32_t* tokens, int32_t n) {
   // Same plan as prefill; only the last chunk needs the argmax variant.
   int32_t token = -1;
+  shift_rope_tables(faults_.prefill_position_reset && n > 1 ? pos_ : 0);
   for (const Chunk& c : plan_prefill(pos_, n, cap_, buckets))
     run(c, tokens, nullptr, c.start + c.n == n ? &token : nullptr);
+  shift_rope_tables(0);
   return token;
 }
 

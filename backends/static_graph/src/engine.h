@@ -129,6 +129,14 @@ class Session {
   touchstone::Faults faults_;
   int32_t kv_len_ = 0;  // KV entries valid (rewind_noop fault: never truncated by rewind)
   HostTensor kc_, vc_, rcos_, rsin_;
+  // prefill_position_reset fault: RoPE tables shifted by rope_origin_ rows for
+  // the current prefill call (row p holds position p - origin).
+  int32_t rope_origin_ = 0;
+  HostTensor shifted_cos_, shifted_sin_;
+  void shift_rope_tables(int32_t origin);
+  // session_order_reduction fault: this session's matmul slices, decided at
+  // its first graph (1: the first session of the process to run, 2: later ones).
+  mutable int32_t session_slices_ = 0;
   std::map<std::tuple<int32_t, int32_t, bool>, Graph> graphs_;  // (T, W, argmax)
   std::vector<GraphStats> stats_;
   std::vector<float> out_;

@@ -50,7 +50,7 @@ ts_status capabilities(ts_capabilities* out) {
                  TS_CAP_BITWISE_DETERMINISM;
     out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(2) | TS_WEIGHT_TYPE_BIT(3) |
                         TS_WEIGHT_TYPE_BIT(8);
-    out->max_context = kDefaultCapacity;
+    out->max_context = 0;  // limited by the model; a session opened with 0 gets kDefaultCapacity
     const sg::BucketConfig b;
     out->n_shape_buckets = 0;
     out->shape_buckets[out->n_shape_buckets++] = 1;
