@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Fetches every model listed in goldens/manifest.json into the model cache.
 
+Usage: fetch_models.py [MANIFEST] (installed as touchstone-fetch-models; default:
+./goldens/manifest.json, else the installed goldens).
+
 For each model: if <cache>/<filename> exists, its sha256 must match the
 manifest (a mismatch is an error, never a silent re-use or re-download);
 otherwise fetch it, verify the sha256 and rename it into the cache:
@@ -113,5 +116,14 @@ def main(manifest_path):
         print(f"bootstrap: {dest} verified ({m['sha256'][:12]}...)")
 
 
+def default_manifest():
+    """./goldens/manifest.json, else (installed as <prefix>/bin/touchstone-fetch-models)
+    <prefix>/share/touchstone/goldens/manifest.json."""
+    local = "goldens/manifest.json"
+    installed = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir, "share",
+                             "touchstone", "goldens", "manifest.json")
+    return local if os.path.exists(local) or not os.path.exists(installed) else installed
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "goldens/manifest.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else default_manifest())

@@ -13,7 +13,18 @@
 # parity.<backend>.<weights>.<model>.unsupported: the backend must refuse MODEL at
 # load with TS_ERR_UNSUPPORTED (parity exit 3, the report says UNSUPPORTED and why);
 # computing it, crashing or any other status fails the test.
-set(TOUCHSTONE_MANIFEST ${PROJECT_SOURCE_DIR}/goldens/manifest.json)
+# In this repository: its own goldens and targets. An installed Touchstone's
+# TouchstoneConfig.cmake sets these three first (the installed manifest and the
+# imported Touchstone::touchstone / Touchstone::contract_test).
+if(NOT TOUCHSTONE_MANIFEST)
+  set(TOUCHSTONE_MANIFEST ${PROJECT_SOURCE_DIR}/goldens/manifest.json)
+endif()
+if(NOT TOUCHSTONE_CLI)
+  set(TOUCHSTONE_CLI touchstone)
+endif()
+if(NOT TOUCHSTONE_CONTRACT_TEST)
+  set(TOUCHSTONE_CONTRACT_TEST touchstone_contract_test)
+endif()
 file(READ ${TOUCHSTONE_MANIFEST} _ts_manifest)
 string(JSON _ts_suite GET "${_ts_manifest}" suites full)
 string(JSON TOUCHSTONE_FIRST_MODEL GET "${_ts_manifest}" models 0 name)
@@ -56,7 +67,7 @@ foreach(_kind cases scoring)
     endforeach()
   endif()
 endforeach()
-set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${TOUCHSTONE_MANIFEST})
+set_property(DIRECTORY ${CMAKE_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${TOUCHSTONE_MANIFEST})
 set(TOUCHSTONE_REPORT_DIR ${CMAKE_BINARY_DIR}/reports)
 file(MAKE_DIRECTORY ${TOUCHSTONE_REPORT_DIR})
 
@@ -69,8 +80,54 @@ file(MAKE_DIRECTORY ${TOUCHSTONE_REPORT_DIR})
 # consistency tests (1, 2 and 3 threads, PROCESSORS 2) check that claim.
 set(TOUCHSTONE_ONE_THREAD_ENV "LP_NUM_THREADS=1;OMP_NUM_THREADS=1")
 
-function(touchstone_add_parity_tests backend weights tier)
+function(touchstone_add_parity_tests)
+  if(ARGV0 STREQUAL "TARGET")
+    _touchstone_parity_tests_for_target(${ARGN})
+    return()
+  endif()
   cmake_parse_arguments(PARSE_ARGV 3 _a "" "" "MODELS;SLOW_TAGS")
+  _touchstone_parity_tests(${ARGV0} ${ARGV0} ${ARGV1} "${ARGV2};${_a_UNPARSED_ARGUMENTS}"
+                           "${_a_MODELS}" "${_a_SLOW_TAGS}")
+endfunction()
+
+# touchstone_add_parity_tests(TARGET <backend target> [WEIGHTS w...] [MODELS m...]
+#                             [LABELS l...] [SLOW_TAGS t...] [NO_CONTRACT])
+#
+# The form for a backend built outside this repository against an installed
+# Touchstone (find_package(Touchstone); docs/writing-a-backend.md). For each
+# weight path (default full_precision): the per-case tests and the consistency
+# test as above, parity.<target>.<weights>.<case>, with `--backend
+# $<TARGET_FILE:target>`; and the contract conformance suite,
+# contract.<target>.<weights>. Items tagged long_context are labelled slow
+# unless SLOW_TAGS says otherwise.
+function(_touchstone_parity_tests_for_target target)
+  cmake_parse_arguments(PARSE_ARGV 1 _a "NO_CONTRACT" "" "WEIGHTS;MODELS;LABELS;SLOW_TAGS")
+  if(NOT _a_WEIGHTS)
+    set(_a_WEIGHTS full_precision)
+  endif()
+  if(NOT DEFINED _a_SLOW_TAGS)
+    set(_a_SLOW_TAGS long_context)
+  endif()
+  foreach(w ${_a_WEIGHTS})
+    if(w STREQUAL "full_precision")
+      set(_tier exact)
+    else()
+      set(_tier quantized)
+    endif()
+    _touchstone_parity_tests(${target} $<TARGET_FILE:${target}> ${w} "${_tier};${_a_LABELS}"
+                             "${_a_MODELS}" "${_a_SLOW_TAGS}")
+    if(NOT _a_NO_CONTRACT)
+      _touchstone_contract_test(${target} $<TARGET_FILE:${target}> ${w} "${_a_LABELS}")
+    endif()
+  endforeach()
+endfunction()
+
+# Per-case, per-passage and consistency tests of one backend (name: in the test
+# names; backend: the --backend argument, a name or a library path).
+function(_touchstone_parity_tests backend backend_arg weights labels models slow_tags)
+  set(_a_MODELS ${models})
+  set(_a_SLOW_TAGS ${slow_tags})
+  set(_a_UNPARSED_ARGUMENTS ${labels})
   if(NOT _a_MODELS)
     set(_a_MODELS ${TOUCHSTONE_FIRST_MODEL})
   endif()
@@ -105,10 +162,10 @@ function(touchstone_add_parity_tests backend weights tier)
         endif()
       endforeach()
       add_test(NAME ${_t}
-        COMMAND touchstone parity --backend ${backend} --weights ${weights} ${_sel} --threads 1
+        COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend_arg} --weights ${weights} ${_sel} --threads 1
                 --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
       set_tests_properties(${_t} PROPERTIES
-        LABELS "parity;${backend};${tier};${weights};${_model};${_a_UNPARSED_ARGUMENTS};${_extra}"
+        LABELS "parity;${backend};${weights};${_model};${_a_UNPARSED_ARGUMENTS};${_extra}"
         ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
     endforeach()
   endforeach()
@@ -117,11 +174,11 @@ function(touchstone_add_parity_tests backend weights tier)
   # replay, 1/2/3 threads, run to run.
   set(_t parity.${backend}.${weights}.consistency)
   add_test(NAME ${_t}
-    COMMAND touchstone parity --backend ${backend} --weights ${weights} --consistency-only
+    COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend_arg} --weights ${weights} --consistency-only
             --consistency-tokens 24 --manifest ${TOUCHSTONE_MANIFEST}
             --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
   set_tests_properties(${_t} PROPERTIES
-    LABELS "parity;consistency;${backend};${tier};${weights};${_a_UNPARSED_ARGUMENTS}"
+    LABELS "parity;consistency;${backend};${weights};${_a_UNPARSED_ARGUMENTS}"
     PROCESSORS 2 SKIP_RETURN_CODE 77 TIMEOUT 1200)
 endfunction()
 
@@ -135,7 +192,7 @@ function(touchstone_add_unsupported_test backend weights model)
   set(_t parity.${backend}.${weights}.${model}.unsupported)
   add_test(NAME ${_t}
     COMMAND sh -c "\"$0\" parity --backend ${backend} --weights ${weights} --case ${_first} --manifest ${TOUCHSTONE_MANIFEST} --json ${TOUCHSTONE_REPORT_DIR}/${_t}.json; rc=$?; echo \"exit status $rc (3 = UNSUPPORTED expected)\"; test $rc -eq 3"
-            $<TARGET_FILE:touchstone>)
+            $<TARGET_FILE:${TOUCHSTONE_CLI}>)
   set_tests_properties(${_t} PROPERTIES
     LABELS "parity;${backend};${weights};${model};unsupported"
     PASS_REGULAR_EXPRESSION "UNSUPPORTED.*exit status 3 "
@@ -147,11 +204,15 @@ endfunction()
 # The contract conformance suite (tests/contract) against one backend + weight
 # path. Exits 77 (SKIP) when the backend has no device here.
 function(touchstone_add_contract_tests backend weights)
+  _touchstone_contract_test(${backend} ${backend} ${weights} "")
+endfunction()
+
+function(_touchstone_contract_test backend backend_arg weights labels)
   set(_t contract.${backend}.${weights})
-  add_test(NAME ${_t} COMMAND touchstone_contract_test)
+  add_test(NAME ${_t} COMMAND ${TOUCHSTONE_CONTRACT_TEST})
   set_tests_properties(${_t} PROPERTIES
-    LABELS "contract;${backend};${weights}" SKIP_RETURN_CODE 77 TIMEOUT 600
-    ENVIRONMENT "TOUCHSTONE_CONTRACT_BACKEND=${backend};TOUCHSTONE_CONTRACT_WEIGHTS=${weights};TOUCHSTONE_MODEL_PATH=${TOUCHSTONE_MODEL_PATH}")
+    LABELS "contract;${backend};${weights};${labels}" SKIP_RETURN_CODE 77 TIMEOUT 600
+    ENVIRONMENT "TOUCHSTONE_CONTRACT_BACKEND=${backend_arg};TOUCHSTONE_CONTRACT_WEIGHTS=${weights};TOUCHSTONE_MODEL_PATH=${TOUCHSTONE_MODEL_PATH}")
 endfunction()
 
 # touchstone_gtest_labels(TARGET LABEL...)
@@ -213,7 +274,7 @@ function(touchstone_add_fault_tests backend weights)
                 --expect-step ${_expect} ${_layer})
     endif()
     add_test(NAME ${_t}
-      COMMAND touchstone parity --backend ${backend} --weights ${weights} --fault ${_fault}
+      COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend} --weights ${weights} --fault ${_fault}
               --case narrative ${_mode} --manifest ${TOUCHSTONE_MANIFEST})
     set_tests_properties(${_t} PROPERTIES LABELS "fault;${backend};${weights}"
       ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" PROCESSORS ${_procs} SKIP_RETURN_CODE 77

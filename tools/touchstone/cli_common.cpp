@@ -15,6 +15,17 @@ std::string default_manifest_path() {
   return "goldens/manifest.json";
 }
 
+std::string checking_manifest_path() {
+  const std::string local = default_manifest_path();
+  std::error_code ec;
+  if (std::filesystem::exists(local, ec)) return local;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return local;
+  const std::filesystem::path installed =
+      exe.parent_path().parent_path() / "share" / "touchstone" / "goldens" / "manifest.json";
+  return std::filesystem::exists(installed, ec) ? installed.string() : local;
+}
+
 Tokenizer load_tokenizer(const std::string& gguf_path) {
   return Tokenizer(tokenizer_data_from_gguf(gguf::File::open(gguf_path)));
 }

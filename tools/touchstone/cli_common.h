@@ -23,6 +23,10 @@ inline constexpr int kExitUnsupported = 3;
 
 // "goldens/manifest.json" (relative to the working directory; no fallback).
 std::string default_manifest_path();
+// For commands that only read goldens (parity): default_manifest_path() when it
+// exists, else the installed goldens beside this executable
+// (<prefix>/bin/../share/touchstone/goldens/manifest.json), else the former.
+std::string checking_manifest_path();
 Tokenizer load_tokenizer(const std::string& gguf_path);
 // Revision of the git checkout holding the manifest (the user's project):
 // `git describe --always --dirty --abbrev=40` there, or "unknown".

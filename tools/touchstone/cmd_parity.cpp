@@ -24,7 +24,7 @@ namespace touchstone::cli {
 namespace {
 
 struct Opts {
-  std::string manifest = default_manifest_path(), backend = "reference", suite = "quick";
+  std::string manifest = checking_manifest_path(), backend = "reference", suite = "quick";
   std::string weights = "full_precision", profile, fault, json, junit, model, goldens;
   std::string expect_step;   // --expect-step: N, CHECK or CHECK@N
   std::string expect_layer;  // --expect-layer: L:attn|ffn|resid, or after

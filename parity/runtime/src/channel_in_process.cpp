@@ -27,7 +27,10 @@ std::vector<fs::path> search_dirs() {
   }
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back(exe.parent_path().parent_path() / "lib");
+  if (!ec) {
+    dirs.push_back(exe.parent_path().parent_path() / "lib");               // build tree
+    dirs.push_back(exe.parent_path().parent_path() / "lib" / "touchstone");  // installed
+  }
   return dirs;
 }
 
