@@ -42,6 +42,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -238,8 +239,12 @@ class BackendAdapter {
       *out = nullptr;
       abi::require(o->struct_size >= sizeof(ts_session_options),
                    "open_session: struct_size too small");
-      abi::require(o->weight_path == TS_WEIGHTS_FULL_PRECISION ||
-                       o->weight_path == TS_WEIGHTS_QUANTIZED,
+      // Read as an integer: a C caller may pass a value no enumerator names,
+      // and loading that through the C++ enum type is undefined behaviour.
+      int weight_path = 0;
+      static_assert(sizeof weight_path == sizeof o->weight_path);
+      std::memcpy(&weight_path, &o->weight_path, sizeof weight_path);
+      abi::require(weight_path == TS_WEIGHTS_FULL_PRECISION || weight_path == TS_WEIGHTS_QUANTIZED,
                    "open_session: unknown weight path");
       abi::require(o->n_threads >= 0 && o->max_context >= 0,
                    "open_session: negative n_threads or max_context");

@@ -1,0 +1,232 @@
+// touchstone::BackendAdapter<Impl> (touchstone/backend_adapter.hpp): the table it
+// builds, the shared checks it makes before the backend sees a call, and how it
+// maps exceptions to ts_status. Two toy backends: one with every optional
+// member, one with none.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "touchstone/backend_adapter.hpp"
+
+namespace {
+
+constexpr int32_t kVocab = 5;
+
+// Logits of a position: token t at position p scores (t + p) in slot (t + p) % kVocab.
+void fill(int32_t token, int32_t pos, float* out) {
+  for (int32_t i = 0; i < kVocab; ++i) out[i] = 0.0f;
+  out[(token + pos) % kVocab] = float(token + pos);
+}
+
+struct Full {
+  static constexpr const char* name = "full";
+  static constexpr const char* version = "1.2.3";
+  static constexpr const char* architectures = "llama";
+  static constexpr const char* model_features = "";
+  static inline int decode_calls = 0;
+
+  struct Model {
+    int32_t n_vocab() const { return kVocab; }
+  };
+  struct Session {
+    int32_t pos = 0, max_ctx = 4;
+    bool taps = false;
+    int32_t position() const { return pos; }
+    int32_t max_context() const { return max_ctx; }
+    void prefill(std::span<const int32_t> t, bool all, float* logits) {
+      if (t[0] == 3) throw std::runtime_error("token 3 breaks me");
+      if (t[0] == 4) throw std::bad_alloc();
+      for (size_t i = 0; i < t.size(); ++i) fill(t[i], pos++, all ? logits + i * kVocab : logits);
+    }
+    void decode(int32_t token, float* logits) {
+      ++decode_calls;
+      fill(token, pos++, logits);
+    }
+    int32_t prefill_greedy(std::span<const int32_t> t) {
+      std::vector<float> l(kVocab);
+      prefill(t, false, l.data());
+      return touchstone::abi::greedy_argmax(l.data(), kVocab);
+    }
+    void rewind(int32_t p) { pos = p; }
+    void set_taps(bool on) { taps = on; }
+    void read_taps(float* out, int64_t n) {
+      const float rec[2] = {1.0f, 2.0f};
+      touchstone::abi::copy_taps(rec, taps ? 2 : 0, out, n);
+    }
+  };
+  static std::string device_name() { return "toy device"; }
+  static void capabilities(ts_capabilities& c) { c.flags = TS_CAP_ALL_POSITION_LOGITS; }
+  static std::unique_ptr<Model> load_model(const std::string& path) {
+    if (path == "missing.gguf")
+      throw touchstone::abi::StatusError(TS_ERR_IO, "missing.gguf: no such file");
+    return std::make_unique<Model>();
+  }
+  static std::unique_ptr<Session> open_session(Model&, const ts_session_options& o) {
+    if (o.fault && *o.fault) throw touchstone::abi::StatusError(TS_ERR_UNSUPPORTED, "no faults");
+    auto s = std::make_unique<Session>();
+    if (o.max_context > 0) s->max_ctx = o.max_context;
+    return s;
+  }
+};
+
+struct Minimal {
+  static constexpr const char* name = "minimal";
+  static constexpr const char* version = "0";
+  struct Model {
+    int32_t n_vocab() const { return kVocab; }
+  };
+  struct Session {
+    int32_t pos = 0;
+    int32_t position() const { return pos; }
+    int32_t max_context() const { return 8; }
+    void prefill(std::span<const int32_t> t, bool, float* logits) {
+      for (int32_t tok : t) fill(tok, pos++, logits);
+    }
+    void rewind(int32_t p) { pos = p; }
+  };
+  static std::string device_name() { throw std::runtime_error("probe failed"); }
+  static void capabilities(ts_capabilities&) {}
+  static std::unique_ptr<Model> load_model(const std::string&) { return std::make_unique<Model>(); }
+  static std::unique_ptr<Session> open_session(Model&, const ts_session_options&) {
+    return std::make_unique<Session>();
+  }
+};
+
+struct Opened {
+  const ts_backend* t;
+  ts_model* model = nullptr;
+  ts_session* session = nullptr;
+  explicit Opened(const ts_backend* table, int32_t max_context = 0) : t(table) {
+    EXPECT_EQ(t->load_model("m.gguf", &model), TS_OK);
+    ts_session_options o{sizeof(ts_session_options), TS_WEIGHTS_FULL_PRECISION, 0, max_context,
+                         nullptr};
+    EXPECT_EQ(t->open_session(model, &o, &session), TS_OK);
+  }
+  ~Opened() {
+    t->free_session(session);
+    t->free_model(model);
+  }
+};
+
+TEST(BackendAdapter, TableCarriesIdentityAndOptionalMembers) {
+  const ts_backend* t = touchstone::BackendAdapter<Full>::table();
+  EXPECT_EQ(t->api_version, uint32_t(TS_BACKEND_API_VERSION));
+  EXPECT_STREQ(t->name, "full");
+  EXPECT_STREQ(t->version, "1.2.3");
+  EXPECT_STREQ(t->architectures, "llama");
+  EXPECT_STREQ(t->model_features, "");
+  EXPECT_STREQ(t->device_name(), "toy device");
+  EXPECT_NE(t->prefill_greedy, nullptr);
+  EXPECT_NE(t->set_taps, nullptr);
+  EXPECT_NE(t->read_taps, nullptr);
+  ts_capabilities c{};
+  c.struct_size = sizeof c;
+  ASSERT_EQ(t->capabilities(&c), TS_OK);
+  EXPECT_EQ(c.flags, TS_CAP_ALL_POSITION_LOGITS | TS_CAP_DEVICE_GREEDY);  // greedy: from the member
+
+  const ts_backend* m = touchstone::BackendAdapter<Minimal>::table();
+  EXPECT_EQ(m->prefill_greedy, nullptr);
+  EXPECT_EQ(m->set_taps, nullptr);
+  EXPECT_EQ(m->read_taps, nullptr);
+  EXPECT_EQ(m->architectures, nullptr);  // not declared: load_model decides
+  EXPECT_EQ(m->model_features, nullptr);
+  ASSERT_EQ(m->capabilities(&c), TS_OK);
+  EXPECT_EQ(c.flags, 0u);
+  EXPECT_NE(std::string(m->device_name()).find("probe failed"), std::string::npos);
+}
+
+TEST(BackendAdapter, SharedChecksBeforeTheBackend) {
+  const ts_backend* t = touchstone::BackendAdapter<Full>::table();
+  ts_capabilities small{};
+  small.struct_size = 4;
+  EXPECT_EQ(t->capabilities(&small), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(t->capabilities(nullptr), TS_ERR_INVALID_ARGUMENT);
+  ts_model* model = nullptr;
+  EXPECT_EQ(t->load_model(nullptr, &model), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(t->load_model("missing.gguf", &model), TS_ERR_IO);
+  EXPECT_STREQ(t->last_error(), "missing.gguf: no such file");
+  EXPECT_EQ(model, nullptr);
+
+  Opened o(t);
+  float logits[kVocab * 4];
+  const int32_t bad[2] = {1, kVocab};
+  EXPECT_EQ(t->prefill(o.session, bad, 2, 0, logits), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(t->last_error(), "token #1 = 5 outside [0, 5)");
+  EXPECT_EQ(t->decode(o.session, -1, logits), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(t->prefill(o.session, bad, 0, 0, logits), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(t->prefill(o.session, bad, 1, 0, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(t->position(o.session), 0);  // nothing reached the session
+
+  const int32_t four[4] = {0, 1, 2, 0};
+  ASSERT_EQ(t->prefill(o.session, four, 3, 1, logits), TS_OK);
+  EXPECT_EQ(t->prefill(o.session, four, 2, 0, logits), TS_ERR_CONTEXT_FULL);  // 3 + 2 > 4
+  EXPECT_EQ(t->rewind(o.session, 4), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(t->rewind(o.session, -1), TS_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(t->rewind(o.session, 1), TS_OK);
+  EXPECT_EQ(t->position(o.session), 1);
+
+  ts_session_options opt{sizeof(ts_session_options), TS_WEIGHTS_FULL_PRECISION, 0, 0, nullptr};
+  int raw = 7;  // a weight path no enumerator names, as a C caller could pass
+  std::memcpy(&opt.weight_path, &raw, sizeof raw);
+  ts_session* s = nullptr;
+  EXPECT_EQ(t->open_session(o.model, &opt, &s), TS_ERR_INVALID_ARGUMENT);
+  opt.weight_path = TS_WEIGHTS_QUANTIZED;
+  opt.n_threads = -1;
+  EXPECT_EQ(t->open_session(o.model, &opt, &s), TS_ERR_INVALID_ARGUMENT);
+  opt.n_threads = 0;
+  opt.struct_size = 8;
+  EXPECT_EQ(t->open_session(o.model, &opt, &s), TS_ERR_INVALID_ARGUMENT);
+  opt.struct_size = sizeof opt;
+  opt.fault = "causal_mask";
+  EXPECT_EQ(t->open_session(o.model, &opt, &s), TS_ERR_UNSUPPORTED);
+  EXPECT_EQ(s, nullptr);
+}
+
+TEST(BackendAdapter, ExceptionsBecomeStatuses) {
+  const ts_backend* t = touchstone::BackendAdapter<Full>::table();
+  Opened o(t);
+  float logits[kVocab];
+  const int32_t three = 3, four = 4;
+  EXPECT_EQ(t->prefill(o.session, &three, 1, 0, logits), TS_ERR_INTERNAL);
+  EXPECT_STREQ(t->last_error(), "token 3 breaks me");
+  EXPECT_EQ(t->prefill(o.session, &four, 1, 0, logits), TS_ERR_OUT_OF_MEMORY);
+  const int32_t ok = 1;
+  ASSERT_EQ(t->prefill(o.session, &ok, 1, 0, logits), TS_OK);
+  EXPECT_STREQ(t->last_error(), "");  // cleared on success
+}
+
+TEST(BackendAdapter, DecodeGreedyAndTapsReachTheSession) {
+  const ts_backend* t = touchstone::BackendAdapter<Full>::table();
+  Opened o(t, 16);
+  float logits[kVocab];
+  Full::decode_calls = 0;
+  ASSERT_EQ(t->decode(o.session, 2, logits), TS_OK);
+  EXPECT_EQ(Full::decode_calls, 1);  // its own decode, not prefill of one
+  EXPECT_EQ(logits[2], 2.0f);
+  int32_t tok = -1;
+  const int32_t in[2] = {1, 1};
+  ASSERT_EQ(t->prefill_greedy(o.session, in, 2, &tok), TS_OK);
+  EXPECT_EQ(tok, (1 + 2) % kVocab);  // last position is 2
+  EXPECT_EQ(t->position(o.session), 3);
+
+  float taps[2];
+  EXPECT_EQ(t->read_taps(o.session, taps, 2), TS_ERR_INVALID_ARGUMENT);  // taps off
+  ASSERT_EQ(t->set_taps(o.session, 1), TS_OK);
+  EXPECT_EQ(t->read_taps(o.session, taps, 3), TS_ERR_INVALID_ARGUMENT);  // wrong size
+  ASSERT_EQ(t->read_taps(o.session, taps, 2), TS_OK);
+  EXPECT_EQ(taps[1], 2.0f);
+
+  const ts_backend* m = touchstone::BackendAdapter<Minimal>::table();
+  Opened mo(m);
+  ASSERT_EQ(m->decode(mo.session, 4, logits), TS_OK);  // prefill of one token
+  EXPECT_EQ(logits[4], 4.0f);
+  EXPECT_EQ(m->position(mo.session), 1);
+}
+
+}  // namespace
