@@ -82,8 +82,14 @@ void add_summary(CLI::App& app, int& exit_code) {
     fmt::print("\n{:<14} {:<28} {:<15} {:<7} {:<12} {:>7} {:>10} {:>10} {:>10} {:>8}\n", "backend",
                "model", "weights", "suite", "verdict", "checks", "NMSE max", "max|Δ|", "KLD mean",
                "time");
+    std::vector<RunView> runs;
     for (const std::string& path : *files) {
-      const Row r = read_row(path);
+      Row r = read_row(path);
+      runs.push_back(read_report_view(path));  // stricter: every field's type is checked
+      if (runs.back().verdict == "INVALID" && r.verdict != "INVALID") {
+        r.verdict = "INVALID";
+        r.note = runs.back().reason;
+      }
       const bool good = r.verdict == "PASS" || r.verdict == "SKIP" || r.verdict == "UNSUPPORTED";
       ok = ok && good;
       fmt::print(
@@ -92,11 +98,7 @@ void add_summary(CLI::App& app, int& exit_code) {
           r.kld, r.seconds);
       if (!r.note.empty()) fmt::print("  {}\n", r.note.substr(0, 300));
     }
-    if (readable->any()) {
-      std::vector<RunView> runs;
-      for (const std::string& path : *files) runs.push_back(read_report_view(path));
-      write_readable_reports(*readable, runs);
-    }
+    if (readable->any()) write_readable_reports(*readable, runs);
     exit_code = ok ? 0 : kExitFail;
   });
 }

@@ -10,6 +10,10 @@ namespace touchstone::cli {
 Progress::Progress(size_t total_checks, double total_units, bool tty)
     : total_(total_checks), units_(total_units), tty_(tty) {}
 
+Progress::~Progress() {
+  if (line_shown_) fmt::print(stderr, "\r\x1b[K");
+}
+
 bool Progress::stderr_is_tty() { return ::isatty(STDERR_FILENO) == 1; }
 
 void Progress::start(const std::string& name, double units) {
@@ -45,6 +49,7 @@ void Progress::status_line(int done, int total) {
                    : std::string("  …");
   fmt::print(stderr, "\r\x1b[K{}", line);
   std::fflush(stderr);
+  line_shown_ = true;
 }
 
 void Progress::done(bool passed, double seconds, double units) {
@@ -53,6 +58,7 @@ void Progress::done(bool passed, double seconds, double units) {
   elapsed_ += seconds;
   const double left = units_done_ > 0 ? elapsed_ / units_done_ * (units_ - units_done_) : 0.0;
   if (tty_) fmt::print(stderr, "\r\x1b[K  [{}/{}] {:<22} ", done_, total_, name_);
+  line_shown_ = false;
   fmt::print(stderr, "{} ({:.1f} s){}\n", passed ? "PASS" : "FAIL", seconds,
              done_ < total_ ? fmt::format(", about {:.0f} s left", left) : "");
 }

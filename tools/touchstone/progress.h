@@ -13,6 +13,8 @@ class Progress {
  public:
   // total_units: tokens the whole run processes (prompt tokens + steps, positions).
   Progress(size_t total_checks, double total_units, bool tty);
+  // Clears a status line still shown (a run ended by SKIP / UNSUPPORTED mid-check).
+  ~Progress();
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
@@ -32,7 +34,7 @@ class Progress {
 
   size_t total_, done_ = 0;
   double units_, units_done_ = 0, elapsed_ = 0;
-  bool tty_;
+  bool tty_, line_shown_ = false;
   std::string name_;
   double item_units_ = 0;
   Clock::time_point item_start_{}, last_draw_{};

@@ -121,9 +121,12 @@ std::string to_markdown(const std::vector<RunView>& runs) {
   for (const std::string& m : matrix_models(runs)) o += matrix_table(runs, m);
   std::string failing;
   for (const RunView& r : runs) {
-    if (r.verdict != "PASS" && r.verdict != "FAIL" && !r.reason.empty())
+    if (r.model.empty()) {  // MISSING / INVALID: the reason names the file
+      failing += fmt::format("- {}: {}\n", md(r.verdict), md(r.reason));
+    } else if (r.verdict != "PASS" && r.verdict != "FAIL" && !r.reason.empty()) {
       failing += fmt::format("- **{} / {} / {}**: {}: {}\n", md(r.backend), md(r.model),
                              md(r.weights), md(r.verdict), md(r.reason));
+    }
     for (const ItemView& it : r.items)
       if (!it.passed) failing += failing_item(r, it);
   }

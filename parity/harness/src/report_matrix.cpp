@@ -10,8 +10,9 @@ namespace touchstone {
 
 std::vector<std::string> matrix_models(const std::vector<RunView>& runs) {
   std::vector<std::string> models;
-  for (const RunView& r : runs)
-    if (std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
+  for (const RunView& r : runs)  // a report that could not be read names no model
+    if (!r.model.empty() && std::find(models.begin(), models.end(), r.model) == models.end())
+      models.push_back(r.model);
   return models;
 }
 

@@ -19,7 +19,8 @@ namespace touchstone {
 std::string to_html(const std::vector<RunView>& runs);
 std::string to_markdown(const std::vector<RunView>& runs);
 
-// The runs' models in first-seen order, and for a model the indices of its
+// The runs' models in first-seen order (reports that could not be read have
+// none and are left out of the matrix), and for a model the indices of its
 // runs and the names of its items (cases, checks, passages) in first-seen order.
 std::vector<std::string> matrix_models(const std::vector<RunView>& runs);
 std::vector<size_t> matrix_runs(const std::vector<RunView>& runs, const std::string& model);
