@@ -20,6 +20,11 @@ inline constexpr int kExitSkip = 77;  // no device for this backend here (CTest 
 // The backend refuses this model or weight path at setup (TS_ERR_UNSUPPORTED):
 // not a PASS, not a silent SKIP; ci/parity lists it as UNSUPPORTED.
 inline constexpr int kExitUnsupported = 3;
+// The exit codes above, for --help texts.
+inline constexpr const char* kExitCodesHelp =
+    "Exit codes: 0 PASS (or success), 1 FAIL (parity or check mismatch), 2 error (bad input, "
+    "usage), 3 UNSUPPORTED (the backend refuses this model or weight path), 77 SKIP (no device "
+    "for this backend here).";
 
 // "goldens/manifest.json" (relative to the working directory; no fallback).
 std::string default_manifest_path();
@@ -41,5 +46,6 @@ void add_export(CLI::App& app, int& exit_code);
 void add_summary(CLI::App& app, int& exit_code);
 void add_info(CLI::App& app, int& exit_code);
 void add_tokenize(CLI::App& app, int& exit_code);
+void add_list(CLI::App& app, int& exit_code);
 
 }  // namespace touchstone::cli

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "backend_identity.h"
 #include "cli_common.h"
 #include "model_support.h"
 #include "touchstone/backend.h"
@@ -17,29 +18,6 @@
 namespace touchstone::cli {
 namespace {
 
-std::string flag_names(uint32_t f) {
-  std::string s;
-  const std::pair<uint32_t, const char*> names[] = {
-      {TS_CAP_ALL_POSITION_LOGITS, "all_position_logits"},
-      {TS_CAP_DEVICE_GREEDY, "device_greedy"},
-      {TS_CAP_BATCHED_SESSIONS, "batched_sessions"},
-      {TS_CAP_KV_PREFIX_COPY, "kv_prefix_copy"},
-      {TS_CAP_BITWISE_DETERMINISM, "bitwise_determinism"},
-      {TS_CAP_STATIC_SHAPES, "static_shapes"}};
-  for (const auto& [bit, name] : names)
-    if (f & bit) s += std::string(s.empty() ? "" : ",") + name;
-  return s.empty() ? "none" : s;
-}
-
-std::string weight_type_names(uint64_t bits) {
-  std::string s;
-  for (uint32_t t = 0; t < 64; ++t) {
-    if (!(bits & (1ull << t))) continue;
-    s += std::string(s.empty() ? "" : ",") + std::string(gguf::type_name(gguf::TensorType(t)));
-  }
-  return s.empty() ? "none" : s;
-}
-
 void print_info(BackendLibrary& lib, const std::string& model) {
   const protocol::BackendInfo& info = lib.channel().info();
   fmt::print("backend        {} {} (api_version {})\n", lib.name(), lib.version(),
@@ -48,8 +26,8 @@ void print_info(BackendLibrary& lib, const std::string& model) {
   fmt::print("device         {}\n", lib.device_name());
   try {
     const ts_capabilities c = lib.capabilities();
-    fmt::print("capabilities   {}\n", flag_names(c.flags));
-    fmt::print("weight types   {}\n", weight_type_names(c.weight_types));
+    fmt::print("capabilities   {}\n", joined_or_none(capability_flag_names(c.flags)));
+    fmt::print("weight types   {}\n", joined_or_none(weight_type_names(c.weight_types)));
   } catch (const std::exception& e) {
     fmt::print("capabilities   unavailable: {}\n", e.what());
   }

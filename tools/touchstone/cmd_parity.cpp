@@ -7,10 +7,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "backend_host.h"
+#include "backend_identity.h"
+#include "build_info.h"
 #include "cli_common.h"
 #include "expect.h"
+#include "progress.h"
+#include "readable_reports.h"
 #include "touchstone/consistency.h"
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
@@ -18,6 +23,7 @@
 #include "touchstone/model_store.h"
 #include "touchstone/parity.h"
 #include "touchstone/report.h"
+#include "touchstone/report_view.h"
 #include "touchstone/stale.h"
 
 namespace touchstone::cli {
@@ -32,8 +38,9 @@ struct Opts {
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   bool consistency = false, consistency_only = false, no_consistency = false;
   int consistency_tokens = 96;
-  int threads = 0, max_steps = 0;
+  int threads = 0, max_steps = 0, max_positions = 0;
   double timeout = 300.0;
+  ReadableOutputs readable;  // --html, --summary
 };
 
 struct Plan {
@@ -80,10 +87,15 @@ Plan plan_run(const Manifest& m, const Opts& o) {
   return p;
 }
 
-// The reports as they stand, rewritten atomically (after every check).
+// The reports as they stand, rewritten atomically (after every check). The
+// HTML and Markdown are rendered from the JSON, as `touchstone summary` does.
 void write_reports(const Opts& o, const Report& r) {
-  if (!o.json.empty()) write_file_atomic(o.json, to_json(r));
+  if (o.json.empty() && !o.readable.any() && o.junit.empty()) return;
+  const std::string json = to_json(r);
+  if (!o.json.empty()) write_file_atomic(o.json, json);
   if (!o.junit.empty()) write_file_atomic(o.junit, to_junit(r));
+  if (o.readable.any())
+    write_readable_reports(o.readable, {parse_report_view(json, o.json.empty() ? "" : o.json)});
 }
 
 // A failure the backend caused before the check could start (load, session).
@@ -114,29 +126,6 @@ Result guarded(BackendHost& host, const std::string& name, Fn&& check) {
   if (!r.backend_error.empty()) host.discard();
   return r;
 }
-
-// Progress on stderr with an estimate of the time left, by the number of
-// steps/positions still to check at the rate seen so far.
-class Progress {
- public:
-  Progress(size_t total_checks, double total_units) : total_(total_checks), units_(total_units) {}
-  void start(const std::string& name) {
-    fmt::print(stderr, "  [{}/{}] {:<22} ", done_ + 1, total_, name);
-    std::fflush(stderr);
-  }
-  void done(bool passed, double seconds, double units) {
-    ++done_;
-    units_done_ += units;
-    elapsed_ += seconds;
-    const double left = units_done_ > 0 ? elapsed_ / units_done_ * (units_ - units_done_) : 0.0;
-    fmt::print(stderr, "{} ({:.1f} s){}\n", passed ? "PASS" : "FAIL", seconds,
-               done_ < total_ ? fmt::format(", about {:.0f} s left", left) : "");
-  }
-
- private:
-  size_t total_, done_ = 0;
-  double units_, units_done_ = 0, elapsed_ = 0;
-};
 
 // The vocabulary size the reference recorded: every backend must match it.
 int32_t golden_n_vocab(const GoldenFile& g) {
@@ -188,7 +177,7 @@ int effective_max_steps(const Opts& o, const Suite& suite) {
   return o.max_steps > 0 ? o.max_steps : o.cases.empty() ? suite.max_steps : 0;
 }
 int effective_max_positions(const Opts& o, const Suite& suite) {
-  return o.scoring.empty() ? suite.max_positions : 0;
+  return o.max_positions > 0 ? o.max_positions : o.scoring.empty() ? suite.max_positions : 0;
 }
 
 bool wants_consistency(const Opts& o);
@@ -225,22 +214,26 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   const Suite& suite = in.manifest.find_suite(o.suite);
   const int max_steps = effective_max_steps(o, suite);
   const int max_positions = effective_max_positions(o, suite);
-  double units = 0;
-  for (const auto& n : in.plan.cases) {  // prompt tokens + steps: prefill costs per token too
+  // Progress units: prompt tokens + steps (prefill costs per token too), positions.
+  auto case_units = [&](const std::string& n) {
     const GoldenCase& g = *in.golden.find_case(n);
     const double steps = double(g.greedy_ids.size());
-    units +=
-        double(g.prompt_ids.size()) + (max_steps > 0 ? std::min(steps, double(max_steps)) : steps);
-  }
-  for (const auto& n : in.plan.scoring) {
+    return double(g.prompt_ids.size()) +
+           (max_steps > 0 ? std::min(steps, double(max_steps)) : steps);
+  };
+  auto scoring_units = [&](const std::string& n) {
     const double pos = double(in.golden.find_scoring(n)->token_ids.size());
-    units += max_positions > 0 ? std::min(pos, double(max_positions)) : pos;
-  }
-  Progress progress(size_t(report.n_planned), units);
+    return max_positions > 0 ? std::min(pos, double(max_positions)) : pos;
+  };
+  double units = 0;
+  for (const auto& n : in.plan.cases) units += case_units(n);
+  for (const auto& n : in.plan.scoring) units += scoring_units(n);
+  Progress progress(size_t(report.n_planned), units, Progress::stderr_is_tty());
+  const ProgressFn on_step = [&](int done, int total) { progress.step(done, total); };
   for (const std::string& n : in.plan.cases) {
-    progress.start(n);
+    progress.start(n, case_units(n));
     report.cases.push_back(guarded<CaseResult>(host, n, [&](Session& s) {
-      return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps);
+      return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps, on_step);
     }));
     const CaseResult& r = report.cases.back();
     progress.done(r.passed, r.seconds,
@@ -248,7 +241,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
     write_reports(o, report);
   }
   for (const std::string& n : in.plan.scoring) {
-    progress.start(n);
+    progress.start(n, scoring_units(n));
     report.scoring.push_back(guarded<ScoringResult>(host, n, [&](Session& s) {
       bool all = false;
       try {
@@ -256,7 +249,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
       } catch (const BackendError& e) {
         return setup_failure<ScoringResult>(n, e);
       }
-      return check_scoring(s, *in.golden.find_scoring(n), *in.profile, all, max_positions);
+      return check_scoring(s, *in.golden.find_scoring(n), *in.profile, all, max_positions, on_step);
     }));
     const ScoringResult& r = report.scoring.back();
     progress.done(r.passed, r.seconds, double(r.stats.n_positions));
@@ -305,21 +298,45 @@ void describe_backend(BackendHost& host, RunInfo& info) {
     info.backend = lib.name();
     info.backend_path = lib.path();
     info.device = lib.device_name();
+    info.backend_version = lib.version();
+    info.backend_api_version = lib.api_version();
   } catch (const BackendCrash& e) {
     info.device = fmt::format("(backend failed to start: {})", e.what());
+    return;
   }
+  try {
+    info.capabilities = describe_capabilities(host.library().capabilities());
+  } catch (const std::exception&) {
+    // A backend that cannot say: the checks that need the capabilities fail with the reason.
+  }
+}
+
+// What the report says about the run before any backend call.
+RunInfo run_info(const Opts& o, const Inputs& in) {
+  const ManifestModel& mm = *in.plan.model;
+  RunInfo i;
+  i.backend = i.backend_path = o.backend;
+  i.weight_path = weight_path_name(in.weights);
+  i.profile = in.profile->name;
+  i.tolerances = *in.profile;
+  i.suite = o.suite;
+  i.model_name = mm.name;
+  i.model_sha256 = mm.sha256;
+  i.model_file = std::filesystem::path(in.model_path).filename().string();
+  i.n_threads = o.threads;
+  i.touchstone_version = touchstone_version();
+  i.touchstone_revision = touchstone_revision();
+  i.started_at = utc_timestamp(std::chrono::system_clock::now());
+  return i;
 }
 
 int run_parity(const Opts& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::unique_ptr<Inputs> in = load_inputs(o);
-  const ManifestModel& mm = *in->plan.model;
   Report report;
   report.n_planned = o.consistency_only ? 0 : int(in->plan.cases.size() + in->plan.scoring.size());
   if (wants_consistency(o)) report.n_planned += 5;
-  report.info = RunInfo{o.backend,         o.backend, "",      weight_path_name(in->weights),
-                        in->profile->name, o.suite,   mm.name, mm.sha256,
-                        o.threads,         ""};
+  report.info = run_info(o, *in);
   BackendHost host(
       HostOptions{o.backend, o.in_process, o.timeout, in->model_path,
                   SessionOptions{in->weights, o.threads, planned_context(o, *in), o.fault},
@@ -338,6 +355,7 @@ int run_parity(const Opts& o) {
   }
   report.complete = true;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.info.finished_at = utc_timestamp(std::chrono::system_clock::now());
   write_reports(o, report);
   disarm_exit_guard();
   fmt::print("{}", format_table(report));
@@ -363,6 +381,7 @@ int run_parity(const Opts& o) {
 void add_parity(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("parity", "Compare a backend with the goldens");
+  cmd->footer(kExitCodesHelp);
   cmd->add_option("--backend,-b", o->backend,
                   "Backend name (libtouchstone_backend_NAME.so) or library path");
   cmd->add_option(
@@ -376,6 +395,10 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-steps", o->max_steps,
                   "Compare only the first N greedy steps of each case (default: the suite's trim "
                   "when no --case is named, else every step)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-positions", o->max_positions,
+                  "Score only the first N positions of each scoring passage (default: the suite's "
+                  "trim when no --scoring is named, else every position)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--no-scoring", o->no_scoring, "Skip the teacher-forced scoring passages");
   cmd->add_flag("--consistency", o->consistency,
@@ -429,6 +452,7 @@ void add_parity(CLI::App& app, int& exit_code) {
       ->needs(expect_fail);
   cmd->add_option("--json", o->json, "Write the report as JSON here (rewritten after every case)");
   cmd->add_option("--junit", o->junit, "Write the report as JUnit XML here");
+  add_readable_options(*cmd, o->readable);
   cmd->add_option("--manifest", o->manifest, "goldens/manifest.json");
   cmd->add_option("--goldens", o->goldens,
                   "Directory of goldens recorded by `touchstone golden --cases` (its "

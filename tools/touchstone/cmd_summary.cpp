@@ -2,7 +2,8 @@
 // (backend x model x weight path: verdict, checks, worst NMSE / max-abs / KLD, time).
 // Reads the JSON reports `touchstone parity --json` writes; a missing or
 // malformed report is a row saying so, never a crash. Exit 0 when every row is
-// PASS, SKIP or UNSUPPORTED, 1 otherwise.
+// PASS, SKIP or UNSUPPORTED, 1 otherwise. --html / --summary write the same runs
+// as one HTML page (matrix + plots) and as Markdown (docs/report-format.md).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "cli_common.h"
+#include "readable_reports.h"
 #include "touchstone/error.h"
 
 namespace touchstone::cli {
@@ -67,16 +69,27 @@ Row read_row(const std::string& path) {
 
 void add_summary(CLI::App& app, int& exit_code) {
   auto files = std::make_shared<std::vector<std::string>>();
+  auto readable = std::make_shared<ReadableOutputs>();
   CLI::App* cmd = app.add_subcommand(
       "summary", "One backend x model x weight-path matrix from several `parity --json` reports");
   cmd->add_option("reports", *files, "JSON reports")->required();
-  cmd->callback([files, &exit_code] {
+  add_readable_options(*cmd, *readable);
+  cmd->footer(
+      "Exit codes: 0 every report PASS, SKIP or UNSUPPORTED; 1 otherwise (FAIL, "
+      "INCOMPLETE, missing or malformed); 2 error (e.g. an output file not writable).");
+  cmd->callback([files, readable, &exit_code] {
     bool ok = true;
     fmt::print("\n{:<14} {:<28} {:<15} {:<7} {:<12} {:>7} {:>10} {:>10} {:>10} {:>8}\n", "backend",
                "model", "weights", "suite", "verdict", "checks", "NMSE max", "max|Δ|", "KLD mean",
                "time");
+    std::vector<RunView> runs;
     for (const std::string& path : *files) {
-      const Row r = read_row(path);
+      Row r = read_row(path);
+      runs.push_back(read_report_view(path));  // stricter: every field's type is checked
+      if (runs.back().verdict == "INVALID" && r.verdict != "INVALID") {
+        r.verdict = "INVALID";
+        r.note = runs.back().reason;
+      }
       const bool good = r.verdict == "PASS" || r.verdict == "SKIP" || r.verdict == "UNSUPPORTED";
       ok = ok && good;
       fmt::print(
@@ -85,6 +98,7 @@ void add_summary(CLI::App& app, int& exit_code) {
           r.kld, r.seconds);
       if (!r.note.empty()) fmt::print("  {}\n", r.note.substr(0, 300));
     }
+    if (readable->any()) write_readable_reports(*readable, runs);
     exit_code = ok ? 0 : kExitFail;
   });
 }

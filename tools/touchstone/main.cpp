@@ -2,15 +2,23 @@
 //   touchstone run     greedy generation with any backend
 //   touchstone golden  (re)record goldens with the reference, or --check them
 //   touchstone parity  compare a backend with the goldens
+//   touchstone list    the manifest's models, cases and scoring passages
 #include <fmt/format.h>
 
 #include <exception>
 
+#include "build_info.h"
 #include "cli_common.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Touchstone: parity harness for LLM inference backends"};
   app.require_subcommand(1);
+  app.set_version_flag(
+      "--version",
+      fmt::format("touchstone {} (revision {})", touchstone::cli::touchstone_version(),
+                  touchstone::cli::touchstone_revision()),
+      "Print the version and the source revision it was built from, then exit");
+  app.footer(touchstone::cli::kExitCodesHelp);
   int exit_code = 0;
   touchstone::cli::add_run(app, exit_code);
   touchstone::cli::add_golden(app, exit_code);
@@ -19,6 +27,7 @@ int main(int argc, char** argv) {
   touchstone::cli::add_summary(app, exit_code);
   touchstone::cli::add_info(app, exit_code);
   touchstone::cli::add_tokenize(app, exit_code);
+  touchstone::cli::add_list(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -97,7 +97,7 @@ std::string where(const Progress& at, const char* unit) {
 // `at` saying where.
 void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
                     CaseResult& r, std::vector<double>& kls, std::vector<int32_t>& host_argmax,
-                    Progress& at) {
+                    Progress& at, const ProgressFn& progress) {
   const size_t V = size_t(g.n_vocab), K = size_t(g.top_k);
   if (session.n_vocab() != g.n_vocab) {
     throw Error("backend n_vocab {} != golden n_vocab {}", session.n_vocab(), g.n_vocab);
@@ -111,6 +111,7 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
   session.rewind(0);
   at = {"prefill", 0};
   std::vector<float> logits = session.prefill(g.prompt_ids);
+  r.full_row_steps = std::min(g.n_full_steps, r.n_total);
   bool stop = false;
   size_t next_tap = 0;
   for (int s = 0; s < r.n_total && !stop; ++s) {
@@ -154,6 +155,9 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
     // Greedy agreement.
     const int32_t ref_tok = g.greedy_ids[size_t(s)];
     const int32_t test_tok = metrics::argmax(row);
+    r.series.push_back(
+        {test_tok == ref_tok, K >= 2 ? metrics::top2_margin(ref_vals) : NAN, kl.kl, nmse, max_abs});
+    if (progress) progress(s + 1, r.n_total);
     if (test_tok < 0) {  // every logit NaN: there is no greedy token
       r.failures.push_back(fmt::format("step {}: every logit is NaN, no greedy token", s));
       note_violation(r, s, "every logit is NaN");
@@ -175,6 +179,7 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
                          v.test_in_ref_topk,
                          v.ref_in_test_topk};
       if (!r.first_divergence) r.first_divergence = d;
+      if (!v.accepted && r.first_unaccepted_flip_step < 0) r.first_unaccepted_flip_step = s;
       if (v.accepted) {
         r.near_ties.push_back(d);
       } else if (p.greedy_identical()) {
@@ -210,7 +215,7 @@ std::string LayerDivergence::describe() const {
 }
 
 CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
-                      int max_steps) {
+                      int max_steps, const ProgressFn& progress) {
   const auto t0 = Clock::now();
   CaseResult r;
   r.name = g.name;
@@ -220,7 +225,7 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
   std::vector<int32_t> host_argmax;  // argmax of the backend's own logits per step
   Progress at;
   try {
-    run_case_steps(session, tok, g, p, r, kls, host_argmax, at);
+    run_case_steps(session, tok, g, p, r, kls, host_argmax, at, progress);
   } catch (const std::exception& e) {
     r.backend_error = fmt::format("{}: {}", where(at, "step"), e.what());
     r.failures.push_back(r.backend_error);
@@ -297,7 +302,8 @@ void note_first_failing(ScoringResult& r, const Profile& p, int pos, std::span<c
 }
 
 ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Profile& p,
-                            bool all_position_logits, int max_positions) {
+                            bool all_position_logits, int max_positions,
+                            const ProgressFn& progress) {
   const auto t0 = Clock::now();
   ScoringResult r;
   r.name = g.name;
@@ -319,7 +325,8 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
       if (i + 1 >= N) return;  // the last position predicts nothing
       const std::span<const int32_t> ids(g.topk_ids.data() + i * K, K);
       const std::span<const float> vals(g.topk_logits.data() + i * K, K);
-      acc.add(ids, vals, g.lse[i], g.target_logits[i], g.token_ids[i + 1], row);
+      const metrics::ScoringAccumulator::Position pos =
+          acc.add(ids, vals, g.lse[i], g.target_logits[i], g.token_ids[i + 1], row);
       double e2 = 0.0, r2 = 0.0, pos_max = 0.0;
       for (size_t j = 0; j < K; ++j) {
         const double d = double(row[size_t(ids[j])]) - double(vals[j]);
@@ -329,6 +336,8 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
       }
       err2 += e2;
       ref2 += r2;
+      r.series.push_back({pos.top1_match, pos.kl, r2 > 0 ? e2 / r2 : 0.0, pos_max});
+      if (progress) progress(int(i) + 1, int(N) - 1);
       r.topk_max_abs = std::max(r.topk_max_abs, pos_max);
       if (r.first_failing_position < 0)
         note_first_failing(r, p, int(i), ids, vals, row, e2, r2, pos_max);

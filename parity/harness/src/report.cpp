@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <ctime>
 
+#include "report_text.h"
 #include "touchstone/error.h"
 #include "touchstone/file_io.h"
 #include "touchstone/tokenizer.h"
@@ -11,10 +13,7 @@
 namespace touchstone {
 namespace {
 
-std::string printable(const std::string& bytes) {
-  std::string out = fmt::format("{:?}", bytes);
-  return out;
-}
+using report_detail::printable;
 
 // The first step whose logits break the profile and, separately, the first greedy
 // flip: "logits@0; flip@7: 12'a'→9'b'".
@@ -36,8 +35,6 @@ std::string divergence_cell(const CaseResult& c) {
   }
   return cell.empty() ? "-" : cell;
 }
-
-double finite_or(double v, double fallback) { return std::isfinite(v) ? v : fallback; }
 
 }  // namespace
 
@@ -146,102 +143,6 @@ std::string format_table(const Report& r) {
   return sanitize_utf8(o);
 }
 
-std::string to_json(const Report& r) {
-  using nlohmann::json;
-  auto div = [](const GreedyDivergence& d) {
-    return json{{"step", d.step},
-                {"ref_id", d.ref_id},
-                {"test_id", d.test_id},
-
-                {"ref_text_escaped", printable(d.ref_text)},
-                {"test_text_escaped", printable(d.test_text)},
-                {"ref_top2_margin", d.ref_margin},
-                {"accepted_near_tie", d.accepted},
-                {"test_in_ref_topk", d.test_in_ref_topk},
-                {"ref_in_test_topk", d.ref_in_test_topk}};
-  };
-  json j;
-  const RunInfo& i = r.info;
-  j["backend"] = {{"name", i.backend}, {"path", i.backend_path}, {"device", i.device}};
-  j["model"] = {{"name", i.model_name}, {"sha256", i.model_sha256}};
-  j["weight_path"] = i.weight_path;
-  j["profile"] = i.profile;
-  j["suite"] = i.suite;
-  j["n_threads"] = i.n_threads;
-  j["execution"] = i.execution;
-  j["complete"] = r.complete;
-  j["checks_planned"] = r.n_planned;
-  j["passed"] = r.passed();
-  j["verdict"] = r.verdict();
-  j["reason"] = r.skipped + r.unsupported;
-  j["seconds"] = r.seconds;
-  j["cases"] = json::array();
-  for (const CaseResult& c : r.cases) {
-    json cj{{"name", c.name},
-            {"passed", c.passed},
-            {"failures", c.failures},
-            {"steps_compared", c.n_steps},
-            {"steps_total", c.n_total},
-            {"tokens_matched", c.n_matched},
-            {"nmse_max", finite_or(c.nmse_max, -1)},
-            {"max_abs", finite_or(c.max_abs, -1)},
-            {"kld_mean", finite_or(c.kld_mean, -1)},
-            {"kld_max", finite_or(c.kld_max, -1)},
-            {"nonfinite_logits", c.nonfinite},
-            {"device_greedy_steps", c.device_greedy_steps},
-            {"seconds", c.seconds},
-            {"first_logit_violation_step", c.first_logit_violation_step},
-            {"first_logit_violation", c.first_logit_violation},
-            {"backend_error", c.backend_error}};
-    cj["first_divergence"] = c.first_divergence ? div(*c.first_divergence) : json(nullptr);
-    cj["near_ties"] = json::array();
-    for (const auto& d : c.near_ties) cj["near_ties"].push_back(div(d));
-    cj["tap_steps_compared"] = c.tap_steps_compared;
-    if (c.first_layer_divergence) {
-      const LayerDivergence& l = *c.first_layer_divergence;
-      cj["first_layer_divergence"] = {{"step", l.step},
-                                      {"layer", l.layer},
-                                      {"point", l.point_name()},
-                                      {"nmse", finite_or(l.nmse, -1)},
-                                      {"tolerance", l.tolerance}};
-    } else {
-      cj["first_layer_divergence"] = nullptr;
-    }
-    j["cases"].push_back(cj);
-  }
-  j["scoring"] = json::array();
-  for (const ScoringResult& s : r.scoring) {
-    const auto& st = s.stats;
-    j["scoring"].push_back({{"name", s.name},
-                            {"passed", s.passed},
-                            {"failures", s.failures},
-                            {"positions", st.n_positions},
-                            {"kld",
-                             {{"mean", finite_or(st.kld.mean, -1)},
-                              {"median", finite_or(st.kld.median, -1)},
-                              {"p90", finite_or(st.kld.p90, -1)},
-                              {"p95", finite_or(st.kld.p95, -1)},
-                              {"p99", finite_or(st.kld.p99, -1)},
-                              {"max", finite_or(st.kld.max, -1)}}},
-                            {"max_ref_tail_mass", st.max_p_tail},
-                            {"max_kl_gap_bound", finite_or(st.max_kl_gap_bound, -1)},
-                            {"top1_agreement", st.top1_agreement},
-                            {"rms_delta_p", finite_or(st.rms_delta_p, -1)},
-                            {"ppl_ref", st.ppl_ref},
-                            {"ppl_test", finite_or(st.ppl_test, -1)},
-                            {"ppl_ratio", finite_or(st.ppl_ratio, -1)},
-                            {"topk_nmse", finite_or(s.topk_nmse, -1)},
-                            {"topk_max_abs", finite_or(s.topk_max_abs, -1)},
-                            {"first_failing_position", s.first_failing_position},
-                            {"first_failing", s.first_failing},
-                            {"backend_error", s.backend_error},
-                            {"seconds", s.seconds}});
-  }
-  // Backend names, device strings and token bytes may be any bytes: invalid
-  // UTF-8 is replaced (U+FFFD), never thrown on after the verdict.
-  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
-}
-
 std::string to_junit(const Report& r) {
   size_t n = r.cases.size() + r.scoring.size(), failures = 0;
   for (const auto& c : r.cases) failures += c.passed ? 0 : 1;
@@ -271,6 +172,21 @@ std::string to_junit(const Report& r) {
   for (const auto& s : r.scoring) tc(s.name, s.seconds, s.failures);
   o += "</testsuite></testsuites>\n";
   return o;
+}
+
+std::string utc_timestamp(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+int first_failing_step(const CaseResult& c) {
+  const int a = c.first_logit_violation_step, b = c.first_unaccepted_flip_step;
+  if (a < 0) return b;
+  return b < 0 ? a : std::min(a, b);
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {

@@ -323,10 +323,11 @@ Summary summarize(std::span<const double> values) {
   return out;
 }
 
-void ScoringAccumulator::add(std::span<const int32_t> ref_topk_ids,
-                             std::span<const float> ref_topk_logits, double ref_lse,
-                             float ref_target_logit, int32_t target_id,
-                             std::span<const float> test_logits) {
+ScoringAccumulator::Position ScoringAccumulator::add(std::span<const int32_t> ref_topk_ids,
+                                                     std::span<const float> ref_topk_logits,
+                                                     double ref_lse, float ref_target_logit,
+                                                     int32_t target_id,
+                                                     std::span<const float> test_logits) {
   constexpr const char* fn = "ScoringAccumulator::add";
   if (target_id < 0 || static_cast<size_t>(target_id) >= test_logits.size()) {
     throw Error("metrics::{}: target_id = {} out of range [0, {}) (test_logits size)", fn,
@@ -352,17 +353,19 @@ void ScoringAccumulator::add(std::span<const int32_t> ref_topk_ids,
     sum_sq_dp_ = kInf;
     sum_nll_test_ = kInf;
     max_gap_ = kInf;
-    return;
+    return {e.kl, false};
   }
   max_gap_ = std::max(max_gap_, e.kl_upper - e.kl);
   const size_t best = best_stored(ref_topk_ids, ref_topk_logits);
-  if (argmax(test_logits) == ref_topk_ids[best]) ++top1_agree_;
+  const bool top1 = argmax(test_logits) == ref_topk_ids[best];
+  if (top1) ++top1_agree_;
   const double lse_test = log_sum_exp(test_logits);
   const double nll_test =
       lse_test - static_cast<double>(test_logits[static_cast<size_t>(target_id)]);
   const double dp = std::exp(-nll_test) - p_target;
   sum_sq_dp_ += dp * dp;
   sum_nll_test_ += nll_test;
+  return {e.kl, top1};
 }
 
 ScoringStats ScoringAccumulator::finish() const {

@@ -10,6 +10,7 @@
 // KL divergence from the stored top-K + log-sum-exp.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,24 @@ struct LayerDivergence {
   std::string describe() const;  // "layer 3, attention output: NMSE 3.1e-02 > 1.0e-09 (step 0)"
 };
 
+// One compared greedy step, for the report's per-step series (docs/report-format.md).
+// Non-finite values stay as they are (the JSON writes them as null).
+struct StepPoint {
+  bool top1_match = false;  // backend argmax == golden greedy token
+  double ref_margin = 0.0;  // reference top-1 minus top-2 logit (stored top-K); NaN if K < 2
+  double kl = 0.0;          // top-K KL estimate (nats)
+  double nmse = 0.0;        // full row for the first full_row_steps steps, stored top-K ids after
+  double max_abs = 0.0;     // on the same entries as nmse
+};
+
+// One scored position of a passage (the logits predicting token i + 1).
+struct PositionPoint {
+  bool top1_match = false;  // backend argmax == reference top-1
+  double kl = 0.0;          // top-K KL estimate (nats)
+  double nmse = 0.0;        // over the stored top-K ids of this position
+  double max_abs = 0.0;     // over the same ids
+};
+
 struct CaseResult {
   std::string name;
   bool passed = false;
@@ -51,6 +70,7 @@ struct CaseResult {
   int n_matched = 0;                                 // steps whose argmax equals the golden token
   std::optional<GreedyDivergence> first_divergence;  // first differing argmax (accepted or not)
   std::vector<GreedyDivergence> near_ties;           // accepted divergences
+  int first_unaccepted_flip_step = -1;               // first differing argmax not a near-tie
   int first_logit_violation_step = -1;               // first step whose logits break the profile
   std::string first_logit_violation;                 // what broke there
   int tap_steps_compared = 0;                        // golden tap steps compared (0 = no taps)
@@ -64,6 +84,8 @@ struct CaseResult {
   // protocol violation): where and why. The session is unusable afterwards.
   std::string backend_error;
   double seconds = 0.0;
+  std::vector<StepPoint> series;  // one per compared step (greedy cases; empty otherwise)
+  int full_row_steps = 0;         // series steps whose NMSE / max-abs cover the full row
 };
 
 struct ScoringResult {
@@ -79,17 +101,23 @@ struct ScoringResult {
   std::string first_failing;
   std::string backend_error;  // as in CaseResult
   double seconds = 0.0;
+  std::vector<PositionPoint> series;  // one per scored position
 };
+
+// Called after every compared step / scored position with (done, total), for
+// progress displays; never affects the verdict.
+using ProgressFn = std::function<void(int done, int total)>;
 
 // Neither function throws for anything the backend does: a failing call
 // becomes a failure naming the step/position and the call, and sets
 // backend_error so the caller replaces the session before the next case.
 // max_steps > 0: compare only the first max_steps greedy steps (a quick suite).
 CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& golden,
-                      const Profile& profile, int max_steps = 0);
+                      const Profile& profile, int max_steps = 0, const ProgressFn& progress = {});
 
 // max_positions > 0: score only the first max_positions positions of the passage.
 ScoringResult check_scoring(Session& session, const GoldenScoring& golden, const Profile& profile,
-                            bool all_position_logits, int max_positions = 0);
+                            bool all_position_logits, int max_positions = 0,
+                            const ProgressFn& progress = {});
 
 }  // namespace touchstone

@@ -1,6 +1,9 @@
 // touchstone/report.h - the parity report: console table, JSON and JUnit XML.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -8,11 +11,33 @@
 
 namespace touchstone {
 
+// The JSON report's "schema_version" (docs/report-format.md, docs/report.schema.json):
+// additive changes keep it, renaming or removing a field bumps it.
+inline constexpr int kReportSchemaVersion = 1;
+
+// What the backend declared (ts_capabilities), by name.
+struct BackendCapabilities {
+  std::vector<std::string> flags;         // TS_CAP_* names: "all_position_logits", ...
+  std::vector<std::string> weight_types;  // GGUF type names: "F32", "Q4_1", ...
+  int32_t max_context = 0;                // tokens; 0 = limited only by the model
+  std::vector<int32_t> shape_buckets;     // static prefill lengths (TS_CAP_STATIC_SHAPES)
+  std::string determinism_note;           // "" when the backend gave none
+};
+
 struct RunInfo {
   std::string backend, backend_path, device, weight_path, profile, suite, model_name, model_sha256;
   int n_threads = 0;
   // "child process (time limit 300 s per call)" or "in process".
   std::string execution;
+  std::string backend_version;  // "" when the backend did not start
+  uint32_t backend_api_version = 0;
+  std::optional<BackendCapabilities> capabilities;  // empty when the backend did not say
+  std::string model_file;                           // the GGUF's file name
+  // The Touchstone build that made the report (compiled in at configure time).
+  std::string touchstone_version, touchstone_revision;
+  // UTC ISO 8601 ("2026-11-25T18:37:00Z"); finished_at is "" until the run is complete.
+  std::string started_at, finished_at;
+  std::optional<Profile> tolerances;  // the profile's thresholds
 };
 
 struct Report {
@@ -36,8 +61,17 @@ struct Report {
 // Human-readable table (backend x case: verdict, tokens matched, first divergence, NMSE, KLD)
 // followed by one line per failure reason.
 std::string format_table(const Report& r);
-std::string to_json(const Report& r);   // machine-readable, every number in the table and more
+// Machine-readable, every number in the table and more; the format is
+// docs/report-format.md, validated by docs/report.schema.json.
+std::string to_json(const Report& r);
 std::string to_junit(const Report& r);  // one <testcase> per case / scoring passage
+
+// "YYYY-MM-DDTHH:MM:SSZ" (UTC) for `t`.
+std::string utc_timestamp(std::chrono::system_clock::time_point t);
+
+// A case's first failing step: the first step whose logits break the profile
+// or whose argmax differs without being an accepted near-tie; -1 when none.
+int first_failing_step(const CaseResult& c);
 
 // Writes `content` to `path` atomically: a temp file ".<name>.tmp-<pid>" in
 // the same directory, written, fsynced, closed, renamed over `path`. Errors

@@ -152,9 +152,14 @@ struct ScoringStats {
 // positions.
 class ScoringAccumulator {
  public:
-  void add(std::span<const int32_t> ref_topk_ids, std::span<const float> ref_topk_logits,
-           double ref_lse, float ref_target_logit, int32_t target_id,
-           std::span<const float> test_logits);
+  // What add() found at this one position (for per-position series).
+  struct Position {
+    double kl;        // the KL estimate (+inf for a non-finite test row)
+    bool top1_match;  // argmax(test) == ref top-1 id (false for a non-finite row)
+  };
+  Position add(std::span<const int32_t> ref_topk_ids, std::span<const float> ref_topk_logits,
+               double ref_lse, float ref_target_logit, int32_t target_id,
+               std::span<const float> test_logits);
   ScoringStats finish() const;
 
  private:
