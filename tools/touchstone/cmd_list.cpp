@@ -69,7 +69,7 @@ void print_list(const Manifest& m) {
 }  // namespace
 
 void add_list(CLI::App& app, int& exit_code) {
-  auto manifest = std::make_shared<std::string>(default_manifest_path());
+  auto manifest = std::make_shared<std::string>(checking_manifest_path());
   CLI::App* cmd = app.add_subcommand(
       "list", "The manifest's models (sha256, file), cases and scoring passages (steps, tags)");
   cmd->add_option("--manifest", *manifest, "goldens/manifest.json");
