@@ -27,21 +27,8 @@ static ts_status fail(ts_status status, const char* fmt, ...) {
 
 /* ---- GGUF (ggml/docs/gguf.md), little-endian; every read is checked against the file size */
 enum { F32 = 0, Q4_1 = 3, Q8_0 = 8 }; /* the ggml tensor types read (those of SmolLM2 Q4_1) */
-enum {
-  K_LAYER,
-  K_CTX,
-  K_EMBD,
-  K_FF,
-  K_HEAD,
-  K_HEAD_KV,
-  K_BASE,
-  K_EPS,
-  K_VOCAB,
-  K_ROT,
-  K_KLEN,
-  K_VLEN,
-  K_ALIGN
-};
+enum { K_LAYER, K_CTX, K_EMBD, K_FF, K_HEAD, K_HKV, K_BASE, K_EPS, K_VOCAB }; /* kv[] indices */
+enum { K_ROT = K_VOCAB + 1, K_KLEN, K_VLEN, K_ALIGN }; /* these three must equal the head dim */
 static const char* const kKeys[K_ALIGN] = {
     "block_count",          "context_length",
     "embedding_length",     "feed_forward_length",
@@ -109,7 +96,8 @@ static ts_status parse(Gguf* g) {
     const char* key = (const char*)g->buf + g->pos;
     const uint64_t at = g->pos + len + 4; /* where the value starts */
     REQUIRE(ok && get(g, NULL, len) && get(g, &type, 4) && skip_value(g, type), TS_ERR_IO,
-            "%s: metadata key #%llu '%.*s': bad value type or truncated", g->path, i + 0ull, kl, key);
+            "%s: metadata key #%llu '%.*s': bad value type or truncated", g->path, i + 0ull, kl,
+            key);
     const unsigned char* v = g->buf + at;
     const int k = key_index(key, len);
     if (len == 20 && !memcmp(key, "general.architecture", 20) && type == 8) {
@@ -198,15 +186,15 @@ static void free_model(ts_model* m) {
 /* The hyperparameters (checked) and the weights. */
 static ts_status build(Gguf* g, ts_model** out) {
   double* kv = g->kv;
-  if (isnan(kv[K_HEAD_KV])) kv[K_HEAD_KV] = kv[K_HEAD]; /* llama.cpp's defaults */
+  if (isnan(kv[K_HKV])) kv[K_HKV] = kv[K_HEAD]; /* llama.cpp's defaults */
   if (isnan(kv[K_BASE])) kv[K_BASE] = 10000.0;
-  for (int k = K_LAYER; k <= K_HEAD_KV; ++k) /* NaN (absent) fails too */
+  for (int k = K_LAYER; k <= K_HKV; ++k) /* NaN (absent) fails too */
     REQUIRE(kv[k] >= 1 && kv[k] < 1 << 24, TS_ERR_IO, "%s: llama.%s missing or out of range",
             g->path, kKeys[k]);
   const int n_layer = (int)kv[K_LAYER], d = (int)kv[K_EMBD], hd = d / (int)kv[K_HEAD];
   const TensorInfo* emb = find(g, "token_embd.weight");
   const int n_vocab = emb && emb->dims[1] < 1 << 30 ? (int)emb->dims[1] : 0;
-  REQUIRE((int)kv[K_HEAD] % (int)kv[K_HEAD_KV] == 0 && d % (int)kv[K_HEAD] == 0 && hd % 2 == 0 &&
+  REQUIRE((int)kv[K_HEAD] % (int)kv[K_HKV] == 0 && d % (int)kv[K_HEAD] == 0 && hd % 2 == 0 &&
               kv[K_BASE] > 0 && kv[K_EPS] > 0 && n_vocab &&
               (isnan(kv[K_VOCAB]) || kv[K_VOCAB] == n_vocab),
           TS_ERR_IO, "%s: head counts, rope.freq_base, rms epsilon or vocabulary size out of range",
@@ -220,7 +208,7 @@ static ts_status build(Gguf* g, ts_model** out) {
   ts_model* m = *out = calloc(1, sizeof *m + (size_t)n_layer * sizeof m->w[0]);
   REQUIRE(m, TS_ERR_OUT_OF_MEMORY, "%s: out of memory", g->path);
   m->n_layer = n_layer, m->n_ctx = (int)kv[K_CTX], m->n_embd = d, m->n_ff = (int)kv[K_FF];
-  m->n_head = (int)kv[K_HEAD], m->n_head_kv = (int)kv[K_HEAD_KV], m->head_dim = hd;
+  m->n_head = (int)kv[K_HEAD], m->n_head_kv = (int)kv[K_HKV], m->head_dim = hd;
   m->n_vocab = n_vocab, m->rope_base = kv[K_BASE], m->eps = kv[K_EPS];
   const uint64_t D = (uint64_t)d, kvd = (uint64_t)(m->n_head_kv * hd), ff = (uint64_t)m->n_ff,
                  V = (uint64_t)n_vocab;
