@@ -360,11 +360,8 @@ static ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_
           n, s->max_ctx);
   for (int i = 0, c; i < n; i += c) { /* CHUNK tokens at a time; logits of the last, or all */
     c = n - i < CHUNK ? n - i : CHUNK;
-    forward(s, tokens + i, c,
-            all          ? logits + (size_t)i * s->m->n_vocab
-            : i + c == n ? logits
-                         : NULL,
-            all);
+    float* out = all ? logits + (size_t)i * s->m->n_vocab : i + c == n ? logits : NULL;
+    forward(s, tokens + i, c, out, all);
   }
   return TS_OK;
 }

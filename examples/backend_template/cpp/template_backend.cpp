@@ -209,22 +209,12 @@ struct TemplateBackend {
     static constexpr int kChunk = 32;  // prefill computes up to kChunk tokens per weight pass
     const Model& m;
     int pos = 0, max_ctx;
-    std::unique_ptr<float[]> k, v;  // KV cache [n_layer][max_ctx][n_head_kv * hd], not zeroed
-    Floats x, xn, q, att, gate, up, scores;  // kChunk rows each; scores: max_ctx
+    std::unique_ptr<float[]> k = kv_cache(), v = kv_cache();          // [n_layer][max_ctx][kv dim]
+    Floats x = Floats(size_t(kChunk) * m.d), xn = x, q = x, att = x;  // kChunk rows each
+    Floats gate = Floats(size_t(kChunk) * m.n_ff), up = gate, scores = Floats(size_t(max_ctx));
 
-    Session(const Model& model, int ctx)
-        : m(model),
-          max_ctx(ctx),
-          k(kv_cache()),
-          v(kv_cache()),
-          x(size_t(kChunk) * m.d),
-          xn(x.size()),
-          q(x.size()),
-          att(x.size()),
-          gate(size_t(kChunk) * m.n_ff),
-          up(gate.size()),
-          scores(size_t(ctx)) {}
-    std::unique_ptr<float[]> kv_cache() const {
+    Session(const Model& model, int ctx) : m(model), max_ctx(ctx) {}
+    std::unique_ptr<float[]> kv_cache() const {  // not zeroed: entries are written before read
       return std::make_unique_for_overwrite<float[]>(size_t(m.n_layer) * size_t(max_ctx) *
                                                      size_t(m.n_head_kv * m.hd));
     }
@@ -236,11 +226,8 @@ struct TemplateBackend {
       const int n = int(tokens.size());
       for (int i = 0, c; i < n; i += c) {  // kChunk tokens at a time; logits of the last, or all
         c = std::min(kChunk, n - i);
-        forward(tokens.subspan(size_t(i), size_t(c)),
-                all          ? logits + size_t(i) * m.vocab
-                : i + c == n ? logits
-                             : nullptr,
-                all);
+        float* out = all ? logits + size_t(i) * m.vocab : i + c == n ? logits : nullptr;
+        forward(tokens.subspan(size_t(i), size_t(c)), out, all);
       }
     }
 
