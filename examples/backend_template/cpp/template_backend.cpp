@@ -15,6 +15,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -42,8 +43,9 @@ class Gguf {
   std::map<std::string, Tensor> tensors;
 
   explicit Gguf(std::string path) : path_(std::move(path)) {
+    std::error_code ec;
     std::ifstream f(path_, std::ios::binary | std::ios::ate);
-    if (!f) fail(TS_ERR_IO, "cannot open");
+    if (!std::filesystem::is_regular_file(path_, ec) || !f) fail(TS_ERR_IO, "cannot open");
     bytes_.resize(size_t(f.tellg()));
     if (!f.seekg(0).read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(bytes_.size())))
       fail(TS_ERR_IO, "cannot read");
@@ -70,8 +72,9 @@ class Gguf {
       const std::string name = string("tensor info #" + std::to_string(i));
       if (tensors.contains(name)) fail(TS_ERR_IO, "tensor " + name + " appears twice");
       Tensor& t = tensors[name];
-      t.dims.resize(get<uint32_t>(name + ": n_dims"));
-      if (t.dims.size() > 4) fail(TS_ERR_IO, name + ": more than 4 dimensions");
+      const auto n_dims = get<uint32_t>(name + ": n_dims");  // checked before it sizes anything
+      if (n_dims > 4) fail(TS_ERR_IO, name + ": more than 4 dimensions");
+      t.dims.resize(n_dims);
       for (uint64_t& d : t.dims) d = get<uint64_t>(name + ": dims");
       t.type = get<uint32_t>(name + ": type");
       t.offset = get<uint64_t>(name + ": offset");
@@ -83,7 +86,7 @@ class Gguf {
   }
 
   [[noreturn]] void fail(ts_status status, const std::string& what) const {
-    throw StatusError(status, path_ + ": " + what);
+    throw StatusError(status, path_ + ": " + what.substr(0, 300));  // keys may be garbage
   }
   double number(const std::string& key, double fallback) const {
     const auto it = numbers.find(key);
