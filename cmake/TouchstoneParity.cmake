@@ -82,7 +82,8 @@ set(TOUCHSTONE_ONE_THREAD_ENV "LP_NUM_THREADS=1;OMP_NUM_THREADS=1")
 
 function(touchstone_add_parity_tests)
   if(ARGV0 STREQUAL "TARGET")
-    _touchstone_parity_tests_for_target(${ARGN})
+    list(SUBLIST ARGN 1 -1 _rest)  # drop the keyword: <target> [WEIGHTS ...] ...
+    _touchstone_parity_tests_for_target(${_rest})
     return()
   endif()
   cmake_parse_arguments(PARSE_ARGV 3 _a "" "" "MODELS;SLOW_TAGS")
