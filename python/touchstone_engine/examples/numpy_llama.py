@@ -230,27 +230,32 @@ class LlamaSession(Session):
         return out.reshape(n, -1).astype(F32)
 
     def _attention(self, q, layer, p0, n):
-        """Causal GQA attention of n queries at positions p0.. over the cache [0, p0 + n)."""
+        """Causal GQA attention of n queries at positions p0.. over the cache [0, p0 + n).
+        Scores, softmax and the weighted sum in float64 (float32 products when the
+        matmuls are float32); each block of queries reads only the keys it can see."""
         c = self.m.c
         hd, group, T = c.head_dim, c.n_head // c.n_head_kv, p0 + n
-        keys = self.k_cache[layer, :T].astype(F64).reshape(T, c.n_head_kv, hd)
-        vals = self.v_cache[layer, :T].astype(F64).reshape(T, c.n_head_kv, hd)
-        kT = keys.transpose(1, 2, 0)[:, None]  # [kv, 1, hd, T]
-        vv = vals.transpose(1, 0, 2)[:, None]  # [kv, 1, T, hd]
+        dt = F64 if self.m.matmul_dtype == F64 else F32
+        first = max(0, p0 - c.window + 1) if c.window > 0 else 0  # oldest key any query sees
+        keys = self.k_cache[layer, first:T].astype(dt).reshape(T - first, c.n_head_kv, hd)
+        vals = self.v_cache[layer, first:T].astype(dt).reshape(T - first, c.n_head_kv, hd)
+        kT = keys.transpose(1, 2, 0)[:, None]  # [kv, 1, hd, T - first]
+        vv = vals.transpose(1, 0, 2)[:, None]  # [kv, 1, T - first, hd]
         out = np.empty((n, c.n_head * hd), F32)
         scale = 1.0 / math.sqrt(hd)
-        t = np.arange(T)
+        t = np.arange(first, T)
         for i0 in range(0, n, QUERY_BLOCK):
             i1 = min(n, i0 + QUERY_BLOCK)
-            qb = q[i0:i1].astype(F64).reshape(i1 - i0, c.n_head_kv, group, hd)
-            s = (qb.transpose(1, 2, 0, 3) @ kT) * scale  # [kv, group, nb, T]
+            end = p0 + i1 - first  # keys after the block's last query are masked anyway
+            qb = q[i0:i1].astype(dt).reshape(i1 - i0, c.n_head_kv, group, hd)
+            s = (qb.transpose(1, 2, 0, 3) @ kT[..., :end]).astype(F64) * scale
             pos = (p0 + np.arange(i0, i1))[:, None]
-            masked = t[None, :] > pos
+            masked = t[None, :end] > pos
             if c.window > 0:
-                masked |= t[None, :] < pos - c.window + 1
+                masked |= t[None, :end] < pos - c.window + 1
             s[:, :, masked] = -np.inf
-            s = np.exp(s - s.max(axis=-1, keepdims=True))
-            o = (s @ vv) / s.sum(axis=-1, keepdims=True)  # [kv, group, nb, hd]
+            s = np.exp(s - s.max(axis=-1, keepdims=True))  # [kv, group, nb, end]
+            o = (s.astype(dt, copy=False) @ vv[:, :, :end]) / s.sum(axis=-1, keepdims=True)
             out[i0:i1] = o.transpose(2, 0, 1, 3).reshape(i1 - i0, -1).astype(F32)
         return out
 
