@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import stat
+import struct
 import sys
 import traceback
 from array import array
@@ -42,7 +43,10 @@ def f32_bytes(values, expected, what):
     """Little-endian float32 bytes of `expected` values: a NumPy-like array (any
     float dtype, any shape), a buffer of format 'f', or a (nested) sequence."""
     if hasattr(values, "dtype") and hasattr(values, "astype"):  # NumPy, without importing it
-        data = values.astype("<f4", copy=False).tobytes()
+        a = values.astype("<f4", copy=False)
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")
+        data = memoryview(a).cast("B")  # no copy: logits of a long prefill are ~0.5 GB
     else:
         try:
             mv = memoryview(values)
@@ -63,7 +67,7 @@ def f32_bytes(values, expected, what):
             a = array("f", data)
             a.byteswap()
             data = a.tobytes()
-    if len(data) != 4 * expected:
+    if len(data) != 4 * expected:  # len() of a 'B' view or bytes: the byte count
         raise EngineError(P.TS_ERR_INTERNAL, f"{what} returned {len(data) // 4} floats, expected "
                           f"{expected} (n_vocab x positions)")
     return data
@@ -113,11 +117,19 @@ class Server:
             got += k
         return bytes(buf)
 
-    def _send(self, data):
+    def _send(self, *parts):
         try:
-            self.sock.sendall(data)
+            for part in parts:
+                self.sock.sendall(part)
         except OSError:
             os._exit(3)  # the harness is gone
+
+    def _reply(self, op, payload):
+        """A reply frame; `payload` is bytes or a list of bytes-like parts (sent as
+        they are: a large logits buffer is never copied into one frame)."""
+        parts = payload if isinstance(payload, list) else [payload]
+        header = struct.pack("<IIQ", P.MAGIC, op | P.REPLY_BIT, sum(len(p) for p in parts))
+        self._send(header, *parts)
 
     def _read_frame(self, max_payload):
         header = self._read_exact(P.HEADER_SIZE)
@@ -189,10 +201,11 @@ class Server:
             if got is None:
                 return 0
             op, body = got
-            self._send(P.frame(op | P.REPLY_BIT, self.dispatch(op, body)))
+            self._reply(op, self.dispatch(op, body))
 
     def dispatch(self, op, body):
-        """The reply payload of one request; every failure becomes a status."""
+        """The reply payload of one request (bytes, or a list of parts); every
+        failure becomes a status."""
         r = P.Reader(body, f"{P.op_name(op)} request")
         handler = _HANDLERS.get(op)
         try:
@@ -325,7 +338,7 @@ class Server:
         n_vocab = self.sessions[h][1]
         data = f32_bytes(logits, n_vocab * (len(tokens) if all_positions else 1), fn)
         self._appended(session, before, len(tokens), fn)
-        return P.Writer().i32(P.TS_OK).raw(data).bytes()
+        return [P.Writer().i32(P.TS_OK).bytes(), data]
 
     def decode(self, r):
         h = self._session(r)
@@ -334,7 +347,7 @@ class Server:
         session, before = self._appendable(h, [token], "decode")
         data = f32_bytes(session.decode(token), self.sessions[h][1], "decode")
         self._appended(session, before, 1, "decode")
-        return P.Writer().i32(P.TS_OK).raw(data).bytes()
+        return [P.Writer().i32(P.TS_OK).bytes(), data]
 
     def prefill_greedy(self, r):
         h = self._session(r)
@@ -392,7 +405,7 @@ class Server:
         if size != n:
             raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"read_taps: n_floats {n} != n_layer x "
                               f"{P.TS_TAP_POINTS} x n_embd = {size}")
-        return P.Writer().i32(P.TS_OK).raw(data).bytes()
+        return [P.Writer().i32(P.TS_OK).bytes(), data]
 
 
 def _size_of(values):
