@@ -3,11 +3,15 @@
 // the child-process protocol. The Python side must be indistinguishable from
 // the runner: same identity fields, same statuses and messages, and every way
 // a child can misbehave ends in BackendCrash or Error, never a crash or a hang.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 
 #include "touchstone/backend.h"
@@ -79,6 +83,22 @@ TEST(ExecBackend, HelloCarriesTheEngineAndTheCommandLine) {
   EXPECT_EQ(c.max_context, 32);
   ASSERT_EQ(c.n_shape_buckets, 1);
   EXPECT_EQ(c.shape_buckets[0], 4);
+}
+
+// The child gets fds 0-3 and nothing else of the harness's, close-on-exec or not.
+TEST(ExecBackend, ChildGetsOnlyStdioAndTheSocket) {
+  const int null_fd = ::open("/dev/null", O_RDONLY);
+  const int leak = ::fcntl(null_fd, F_DUPFD, 10);  // no FD_CLOEXEC
+  ::close(null_fd);
+  ASSERT_GE(leak, 10);
+  auto lib = BackendLibrary::spawn(fake("FdEngine"), quick());
+  ::close(leak);
+  std::vector<int> fds;
+  std::stringstream ss(lib->device_name().substr(4));
+  for (std::string f; std::getline(ss, f, ',');) fds.push_back(std::stoi(f));
+  for (int fd : {0, 1, 2, 3}) EXPECT_NE(std::find(fds.begin(), fds.end(), fd), fds.end()) << fd;
+  EXPECT_EQ(std::find(fds.begin(), fds.end(), leak), fds.end())
+      << "fd " << leak << " leaked into the child: " << lib->device_name();
 }
 
 TEST(ExecBackend, SessionCallsAndTheSharedChecks) {

@@ -147,3 +147,12 @@ class ChattyEngine(FakeEngine):
         print("chatty engine: print()")
         os.write(1, b"chatty engine: os.write(1)\n")
         return "chatty device"
+
+
+class FdEngine(FakeEngine):
+    """Its device name lists the child's open file descriptors."""
+
+    def device_name(self):
+        import os
+        fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+        return "fds " + ",".join(str(f) for f in fds)

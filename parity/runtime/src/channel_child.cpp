@@ -329,7 +329,8 @@ void ChildChannel::spawn(std::vector<std::string> args) {
   }
   if (pid == 0) {
     // Die with the harness; the backend's stdout goes to stderr so it cannot
-    // garble the report on stdout; the socket becomes fd 3 (without CLOEXEC).
+    // garble the report on stdout; the socket becomes fd 3 (without CLOEXEC);
+    // fds 4 and up are closed.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
     ::dup2(2, 1);
@@ -338,6 +339,11 @@ void ChildChannel::spawn(std::vector<std::string> args) {
       ::fcntl(3, F_SETFD, 0);
     } else if (::dup2(sv[1], 3) != 3) {
       ::_exit(127);
+    }
+    // Nothing else of the harness's (report files, the model's mapping) leaks
+    // into the child, close-on-exec or not.
+    if (::close_range(4, ~0u, 0) != 0) {
+      for (int fd = 4; fd < 4096; ++fd) ::close(fd);
     }
     ::execv(argv[0], argv.data());
     ::_exit(127);
