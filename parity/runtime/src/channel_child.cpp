@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "touchstone/backend.h"
 #include "touchstone/backend_channel.h"
@@ -177,8 +178,9 @@ class ChildChannel final : public BackendChannel {
   }
 
  private:
-  std::vector<std::string> child_argv() const;
-  void spawn(std::vector<std::string> args);
+  // The program to execute (checked, resolved on PATH) and its argv.
+  std::pair<std::string, std::vector<std::string>> child_command() const;
+  void spawn(const std::string& program, std::vector<std::string> args);
   void start();
   void check_exec_info();
   void stop() noexcept;
@@ -243,23 +245,23 @@ class ChildChannel final : public BackendChannel {
   int fd_ = -1;
 };
 
-// argv of the child: the runner for a library, the command itself for "exec:".
-// The first entry is the program to execute (checked, resolved on PATH).
-std::vector<std::string> ChildChannel::child_argv() const {
+// The child: the runner for a library, the command itself for "exec:" (argv[0]
+// as written, the program resolved on PATH).
+std::pair<std::string, std::vector<std::string>> ChildChannel::child_command() const {
   if (!exec_) {
     const std::string runner = runner_path(options_);
     if (::access(runner.c_str(), X_OK) != 0) {
       throw Error("backend runner '{}' is not executable: {}", runner, std::strerror(errno));
     }
-    return {runner, "--fd", "3", library_};
+    return {runner, {runner, "--fd", "3", library_}};
   }
   std::vector<std::string> argv = exec_command(library_);
-  argv[0] = find_program(argv[0], library_);
-  return argv;
+  return {find_program(argv[0], library_), argv};
 }
 
 void ChildChannel::start() {
-  spawn(child_argv());
+  const auto [program, argv] = child_command();
+  spawn(program, argv);
   Writer w;
   w.u32(protocol::kVersion);
   auto reply = call(Op::kHello, w, 4 + 4 + (1u << 20) + (1u << 18));
@@ -307,7 +309,7 @@ void ChildChannel::check_exec_info() {
     info_.path += (info_.path.empty() ? "" : " ") + a;
 }
 
-void ChildChannel::spawn(std::vector<std::string> args) {
+void ChildChannel::spawn(const std::string& program, std::vector<std::string> args) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     throw Error("socketpair for the backend process: {}", std::strerror(errno));
@@ -345,7 +347,7 @@ void ChildChannel::spawn(std::vector<std::string> args) {
     if (::close_range(4, ~0u, 0) != 0) {
       for (int fd = 4; fd < 4096; ++fd) ::close(fd);
     }
-    ::execv(argv[0], argv.data());
+    ::execv(program.c_str(), argv.data());
     ::_exit(127);
   }
   ::close(sv[1]);
