@@ -279,7 +279,9 @@ class LlamaSession(Session):
             h = rms_norm(x, L["ffn_norm"], c.eps)
             g = self._mm(h, L["ffn_gate"]).astype(F64)
             u = self._mm(h, L["ffn_up"]).astype(F64)
-            f = self._mm((g / (1.0 + np.exp(-g)) * u).astype(F32), L["ffn_down"])
+            with np.errstate(over="ignore"):  # exp(-g) = inf for g << 0: SiLU(g) = -0.0
+                act = g / (1.0 + np.exp(-g))
+            f = self._mm((act * u).astype(F32), L["ffn_down"])
             x = (x.astype(F64) + f).astype(F32)
             if taps is not None:
                 taps[li] = (a[-1], f[-1], x[-1])
