@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "touchstone/backend.h"
 #include "touchstone/backend_channel.h"
@@ -51,10 +52,39 @@ std::string describe_wait_status(int status) {
   return fmt::format("stopped with wait status {}", status);
 }
 
+// The program of an exec: command: a name with '/' as is, else the first
+// executable regular file of that name on $PATH (resolved before fork, so a
+// missing program is an error here, not an exit status 127 of the child).
+std::string find_program(const std::string& name, const std::string& spec) {
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) != 0) {
+      throw Error("backend '{}': '{}' is not executable: {}", spec, name, std::strerror(errno));
+    }
+    return name;
+  }
+  const char* env = std::getenv("PATH");
+  const std::string path = env ? env : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::string dir = end > start ? path.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + name;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    start = end + 1;
+  }
+  throw Error("backend '{}': program '{}' not found on PATH", spec, name);
+}
+
 class ChildChannel final : public BackendChannel {
  public:
+  // `library`: a library path (run by the runner) or an "exec:" command.
   ChildChannel(std::string library, ChildOptions options)
-      : library_(std::move(library)), options_(std::move(options)) {
+      : library_(std::move(library)),
+        exec_(is_exec_backend(library_)),
+        options_(std::move(options)) {
     start();
   }
   ~ChildChannel() override { stop(); }
@@ -148,7 +178,11 @@ class ChildChannel final : public BackendChannel {
   }
 
  private:
+  // The program to execute (checked, resolved on PATH) and its argv.
+  std::pair<std::string, std::vector<std::string>> child_command() const;
+  void spawn(const std::string& program, std::vector<std::string> args);
   void start();
+  void check_exec_info();
   void stop() noexcept;
   std::vector<uint8_t> call(Op op, const Writer& w, uint64_t max_reply);
   // The time limit is per call and per 1024 tokens: a prefill of n tokens gets
@@ -202,7 +236,8 @@ class ChildChannel final : public BackendChannel {
     }
   }
 
-  std::string library_;
+  std::string library_;  // library path, or the "exec:" command
+  bool exec_ = false;
   ChildOptions options_;
   BackendInfo info_;
   std::string note_;  // capabilities' determinism_note storage
@@ -210,17 +245,78 @@ class ChildChannel final : public BackendChannel {
   int fd_ = -1;
 };
 
-void ChildChannel::start() {
-  const std::string runner = runner_path(options_);
-  if (::access(runner.c_str(), X_OK) != 0) {
-    throw Error("backend runner '{}' is not executable: {}", runner, std::strerror(errno));
+// The child: the runner for a library, the command itself for "exec:" (argv[0]
+// as written, the program resolved on PATH).
+std::pair<std::string, std::vector<std::string>> ChildChannel::child_command() const {
+  if (!exec_) {
+    const std::string runner = runner_path(options_);
+    if (::access(runner.c_str(), X_OK) != 0) {
+      throw Error("backend runner '{}' is not executable: {}", runner, std::strerror(errno));
+    }
+    return {runner, {runner, "--fd", "3", library_}};
   }
+  std::vector<std::string> argv = exec_command(library_);
+  return {find_program(argv[0], library_), argv};
+}
+
+void ChildChannel::start() {
+  const auto [program, argv] = child_command();
+  spawn(program, argv);
+  Writer w;
+  w.u32(protocol::kVersion);
+  auto reply = call(Op::kHello, w, 4 + 4 + (1u << 20) + (1u << 18));
+  Reader r(reply, "hello reply");
+  try {
+    const int32_t status = r.i32("status");
+    if (status != TS_OK) {
+      // The runner could not load the library (the loader's own message), or
+      // an exec: child could not start its engine (its message).
+      const std::string msg = r.str("error");
+      stop();
+      throw Error("{}", msg);
+    }
+    info_ = protocol::decode_info(r);
+    r.finish();
+  } catch (const ProtocolError& e) {
+    violation("hello", e.what());
+  }
+  if (info_.protocol_version != protocol::kVersion) {
+    violation("hello", fmt::format("the backend process speaks protocol version {}, the harness {}",
+                                   info_.protocol_version, protocol::kVersion));
+  }
+  if (exec_) check_exec_info();
+}
+
+// An exec: child is not checked by the loader: its table must still be one the
+// loader would accept. Its path is the command line the harness ran.
+void ChildChannel::check_exec_info() {
+  const uint32_t v = info_.api_version;
+  std::string bad;
+  if (v < 1 || v > TS_BACKEND_API_VERSION) {
+    bad = fmt::format("api_version {}, this harness supports 1..{}", v, TS_BACKEND_API_VERSION);
+  } else if (info_.device_greedy && v < 2) {
+    bad = fmt::format("device greedy claimed by an api_version {} backend (needs 2)", v);
+  } else if (info_.declares_models && v < 3) {
+    bad = fmt::format("architectures declared by an api_version {} backend (needs 3)", v);
+  } else if (info_.taps && v < 4) {
+    bad = fmt::format("layer taps claimed by an api_version {} backend (needs 4)", v);
+  } else if (info_.name.empty()) {
+    bad = "empty backend name";
+  }
+  if (!bad.empty()) violation("hello", bad);
+  info_.path.clear();
+  for (const std::string& a : exec_command(library_))
+    info_.path += (info_.path.empty() ? "" : " ") + a;
+}
+
+void ChildChannel::spawn(const std::string& program, std::vector<std::string> args) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    throw Error("socketpair for the backend runner: {}", std::strerror(errno));
+    throw Error("socketpair for the backend process: {}", std::strerror(errno));
   }
+  // An exec: child reads nothing from the harness's stdin.
+  const int null_in = exec_ ? ::open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
   // argv is built before fork: the child only calls async-signal-safe functions.
-  std::vector<std::string> args = {runner, "--fd", "3", library_};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -230,43 +326,35 @@ void ChildChannel::start() {
     const int e = errno;
     ::close(sv[0]);
     ::close(sv[1]);
-    throw Error("fork for the backend runner: {}", std::strerror(e));
+    if (null_in >= 0) ::close(null_in);
+    throw Error("fork for the backend process: {}", std::strerror(e));
   }
   if (pid == 0) {
     // Die with the harness; the backend's stdout goes to stderr so it cannot
-    // garble the report on stdout; the socket becomes fd 3 (without CLOEXEC).
+    // garble the report on stdout; the socket becomes fd 3 (without CLOEXEC);
+    // fds 4 and up are closed.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
     ::dup2(2, 1);
+    if (null_in >= 0) ::dup2(null_in, 0);
     if (sv[1] == 3) {
       ::fcntl(3, F_SETFD, 0);
     } else if (::dup2(sv[1], 3) != 3) {
       ::_exit(127);
     }
-    ::execv(runner.c_str(), argv.data());
+    // Nothing else of the harness's (report files, the model's mapping) leaks
+    // into the child, close-on-exec or not.
+    if (::close_range(4, ~0u, 0) != 0) {
+      for (int fd = 4; fd < 4096; ++fd) ::close(fd);
+    }
+    ::execv(program.c_str(), argv.data());
     ::_exit(127);
   }
   ::close(sv[1]);
+  if (null_in >= 0) ::close(null_in);
   pid_ = pid;
   fd_ = sv[0];
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
-  Writer w;
-  w.u32(protocol::kVersion);
-  auto reply = call(Op::kHello, w, 4 + 4 + (1u << 20) + (1u << 18));
-  Reader r(reply, "hello reply");
-  const int32_t status = r.i32("status");
-  if (status != TS_OK) {
-    // The runner could not load the library: the loader's own message.
-    const std::string msg = r.str("error");
-    stop();
-    throw Error("{}", msg);
-  }
-  info_ = protocol::decode_info(r);
-  r.finish();
-  if (info_.protocol_version != protocol::kVersion) {
-    violation("hello", fmt::format("runner speaks protocol version {}, the harness {}",
-                                   info_.protocol_version, protocol::kVersion));
-  }
 }
 
 void ChildChannel::stop() noexcept {

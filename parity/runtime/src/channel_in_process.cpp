@@ -28,7 +28,7 @@ std::vector<fs::path> search_dirs() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    dirs.push_back(exe.parent_path().parent_path() / "lib");               // build tree
+    dirs.push_back(exe.parent_path().parent_path() / "lib");                 // build tree
     dirs.push_back(exe.parent_path().parent_path() / "lib" / "touchstone");  // installed
   }
   return dirs;
@@ -165,7 +165,28 @@ class InProcessChannel final : public BackendChannel {
 
 }  // namespace
 
+std::vector<std::string> exec_command(std::string_view spec) {
+  std::vector<std::string> argv;
+  std::string_view rest = spec.substr(is_exec_backend(spec) ? kExecPrefix.size() : 0);
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  while (!rest.empty()) {
+    const size_t start = rest.find_first_not_of(kSpace);
+    if (start == std::string_view::npos) break;
+    const size_t end = rest.find_first_of(kSpace, start);
+    argv.emplace_back(rest.substr(start, end == std::string_view::npos ? end : end - start));
+    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+  }
+  if (argv.empty()) {
+    throw Error(
+        "backend '{}': no command after 'exec:' (expected e.g. 'exec:python3 -m "
+        "touchstone_engine.examples.numpy_llama')",
+        spec);
+  }
+  return argv;
+}
+
 std::string resolve_backend_path(const std::string& name_or_path) {
+  if (is_exec_backend(name_or_path)) return name_or_path;
   const bool is_path = name_or_path.find('/') != std::string::npos ||
                        (name_or_path.size() > 3 && name_or_path.ends_with(".so"));
   if (is_path) {
@@ -184,6 +205,12 @@ std::string resolve_backend_path(const std::string& name_or_path) {
 }
 
 std::unique_ptr<BackendChannel> open_in_process(const std::string& name_or_path) {
+  if (is_exec_backend(name_or_path)) {
+    throw Error(
+        "backend '{}' is a command, not a library: it runs only as a child process (drop "
+        "--in-process)",
+        name_or_path);
+  }
   const std::string path = resolve_backend_path(name_or_path);
   return std::make_unique<InProcessChannel>(load_table(path), path);
 }

@@ -25,11 +25,15 @@ class BackendLibrary {
   // `name_or_path`: a path (contains '/' or ends in ".so") is dlopen()ed as is;
   // a bare name N is searched as libtouchstone_backend_N.so in, in order:
   // $TOUCHSTONE_BACKEND_PATH (colon-separated), then <dir of this executable>/../lib.
-  // Throws Error naming every place searched, a dlerror, or an api_version mismatch.
+  // Throws Error naming every place searched, a dlerror, or an api_version mismatch
+  // ("exec:CMD..." too: a command runs only in a child process, see spawn).
   static std::shared_ptr<BackendLibrary> load(const std::string& name_or_path);
   // The same library run in a child process: every call has a time limit, and
   // a crash, exit, hang or protocol violation throws BackendCrash instead of
   // taking the caller down. Load errors are the runner's, with the same text.
+  // "exec:CMD ARGS..." runs CMD (split on whitespace, found on PATH) as the
+  // child instead of the runner: a program that speaks the protocol itself on
+  // fd 3 (python/touchstone_engine); path() is then the command line.
   static std::shared_ptr<BackendLibrary> spawn(const std::string& name_or_path,
                                                const ChildOptions& options);
   explicit BackendLibrary(std::unique_ptr<BackendChannel> channel) : channel_(std::move(channel)) {}

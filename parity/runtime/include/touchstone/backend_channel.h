@@ -5,6 +5,9 @@
 //   - in process: the dlopen()ed ts_backend table, called directly;
 //   - child process: the same calls sent to `touchstone-backend-runner` over
 //     the protocol of touchstone/protocol.h, each with a time limit.
+// A third way in: "exec:CMD ARGS..." starts CMD as the child instead of the
+// runner; CMD speaks the protocol itself on fd 3 (e.g. a Python engine,
+// python/touchstone_engine, docs/python-engines.md). It has no in-process mode.
 // Model and session handles are opaque 64-bit ids (the backend's pointers in
 // process, the runner's ids in a child). Every call throws BackendError with
 // the backend's status and message on a non-OK status, and BackendCrash when
@@ -17,6 +20,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "touchstone/backend_abi.h"
 #include "touchstone/error.h"
@@ -78,19 +83,29 @@ class BackendChannel {
 };
 
 // dlopen()s the library (name or path, see BackendLibrary::load) and checks
-// the table; throws Error naming the problem.
+// the table; throws Error naming the problem (an "exec:" command is refused:
+// it runs only as a child process).
 std::unique_ptr<BackendChannel> open_in_process(const std::string& name_or_path);
+
+// "exec:CMD ARGS...": a program that speaks the child-process protocol itself.
+inline constexpr std::string_view kExecPrefix = "exec:";
+inline bool is_exec_backend(std::string_view spec) { return spec.starts_with(kExecPrefix); }
+// The argv of an exec: backend: the text after "exec:" split on whitespace (no
+// quoting; a wrapper script takes arguments with spaces). Throws Error when empty.
+std::vector<std::string> exec_command(std::string_view spec);
 
 struct ChildOptions {
   double call_timeout_s = 300.0;  // per call; a call still running after it is a hang
   std::string runner;             // runner executable ("" = next to this executable)
 };
-// Starts `touchstone-backend-runner` for the library and says hello.
+// Starts `touchstone-backend-runner` for the library (or, for "exec:CMD...", CMD
+// itself, found on PATH) with the socket on fd 3, and says hello.
 std::unique_ptr<BackendChannel> open_child_process(const std::string& name_or_path,
                                                    const ChildOptions& options);
 
 // Resolves a backend name to a library path ($TOUCHSTONE_BACKEND_PATH, then
-// <exe dir>/../lib); a path is returned as is. Throws Error listing the places tried.
+// <exe dir>/../lib); a path, or an "exec:" command, is returned as is. Throws Error
+// listing the places tried.
 std::string resolve_backend_path(const std::string& name_or_path);
 
 }  // namespace touchstone

@@ -1,0 +1,154 @@
+"""The codec of touchstone_engine.protocol: frames, fields, bounds checks.
+
+The byte layouts are the C++ codec's (parity/runtime/src/protocol.cpp); the
+expected bytes below are written out by hand, not produced by the codec under test.
+"""
+
+import os
+import re
+import struct
+import unittest
+
+from touchstone_engine import protocol as P
+
+
+class Frames(unittest.TestCase):
+    def test_frame_layout(self):
+        f = P.frame(P.DECODE, b"\x01\x02")
+        self.assertEqual(f[:4], b"TSP1")
+        self.assertEqual(f, b"TSP1" + struct.pack("<IQ", 8, 2) + b"\x01\x02")
+
+    def test_parse_header_round_trip(self):
+        op, n = P.parse_header(P.frame(P.PREFILL | P.REPLY_BIT, b"x" * 40)[:16], 100)
+        self.assertEqual((op, n), (P.PREFILL | P.REPLY_BIT, 40))
+
+    def test_wrong_magic_is_refused(self):
+        with self.assertRaisesRegex(P.ProtocolError, "magic 0x.*expected 0x31505354"):
+            P.parse_header(b"XXXX" + bytes(12), 100)
+
+    def test_oversized_payload_is_refused_before_allocation(self):
+        header = struct.pack("<IIQ", P.MAGIC, P.DECODE, 1 << 62)
+        with self.assertRaisesRegex(P.ProtocolError, r"decode.*exceeds the limit of 64"):
+            P.parse_header(header, 64)
+
+    def test_short_header(self):
+        with self.assertRaisesRegex(P.ProtocolError, "15 bytes, expected 16"):
+            P.parse_header(bytes(15), 64)
+
+    def test_op_names(self):
+        self.assertEqual(P.op_name(P.READ_TAPS | P.REPLY_BIT), "read_taps")
+        self.assertEqual(P.op_name(99), "unknown op")
+
+
+class Fields(unittest.TestCase):
+    def test_writer_layout(self):
+        b = P.Writer().u32(7).i32(-1).u64(1 << 40).str("hé").i32s([1, -2]).bytes()
+        self.assertEqual(b, struct.pack("<IiQ", 7, -1, 1 << 40) + struct.pack("<I", 3) +
+                         "hé".encode() + struct.pack("<2i", 1, -2))
+
+    def test_reader_round_trip(self):
+        b = P.Writer().u32(7).i32(-5).u64(2**63).str("name").i32s([3, 4, 5]).bytes()
+        r = P.Reader(b, "test")
+        self.assertEqual(r.u32("a"), 7)
+        self.assertEqual(r.i32("b"), -5)
+        self.assertEqual(r.u64("c"), 2**63)
+        self.assertEqual(r.str("d"), "name")
+        self.assertEqual(r.i32s("e", 3), [3, 4, 5])
+        r.finish()
+
+    def test_short_field_names_message_field_and_offset(self):
+        r = P.Reader(b"\x01\x02", "decode request")
+        with self.assertRaisesRegex(P.ProtocolError,
+                                    "decode request: field 'session' needs 8 bytes at offset 0, "
+                                    "2 left"):
+            r.u64("session")
+
+    def test_string_limit(self):
+        r = P.Reader(struct.pack("<I", 100) + b"x" * 100, "hello reply")
+        with self.assertRaisesRegex(P.ProtocolError, "string 'name' of 100 bytes exceeds"):
+            r.str("name", 10)
+
+    def test_trailing_bytes(self):
+        r = P.Reader(b"\x00" * 6, "position request")
+        r.u32("x")
+        with self.assertRaisesRegex(P.ProtocolError, "2 unexpected trailing bytes at offset 4"):
+            r.finish()
+
+    def test_non_utf8_string_survives(self):
+        b = P.Writer().str(b"bad\xff").bytes()
+        s = P.Reader(b, "t").str("s")
+        self.assertEqual(s.encode("utf-8", "surrogateescape"), b"bad\xff")
+
+    def test_error_payload(self):
+        self.assertEqual(P.error_payload(P.TS_ERR_IO, "no"),
+                         struct.pack("<iI", 3, 2) + b"no")
+
+
+class Records(unittest.TestCase):
+    def test_capabilities_layout(self):
+        c = P.Capabilities(flags=P.TS_CAP_ALL_POSITION_LOGITS, weight_types=P.weight_type_bit("Q4_1"),
+                           max_context=512, shape_buckets=[16, 64], determinism_note="n")
+        b = c.encode(P.Writer()).bytes()
+        self.assertEqual(b, struct.pack("<IQii2i", 1, 8, 512, 2, 16, 64) + struct.pack("<I", 1) + b"n")
+        d = P.Capabilities.decode(P.Reader(b, "capabilities reply"))
+        self.assertEqual((d.flags, d.weight_types, d.max_context, d.shape_buckets,
+                          d.determinism_note), (1, 8, 512, [16, 64], "n"))
+
+    def test_capabilities_buckets_bounded(self):
+        b = struct.pack("<IQii", 0, 0, 0, 17)
+        with self.assertRaisesRegex(P.ProtocolError, "n_shape_buckets 17 outside"):
+            P.Capabilities.decode(P.Reader(b, "capabilities reply"))
+        many = P.Capabilities(shape_buckets=range(20)).encode(P.Writer()).bytes()
+        self.assertEqual(P.Capabilities.decode(P.Reader(many, "c")).shape_buckets, list(range(16)))
+
+    def test_backend_info_layout(self):
+        i = P.BackendInfo(name="n", version="v", path="p", device="d", device_greedy=True,
+                          declares_models=True, architectures="llama", model_features="", taps=True)
+        b = i.encode(P.Writer()).bytes()
+        expect = struct.pack("<II", 3, 4)
+        for s in (b"n", b"v", b"p", b"d"):
+            expect += struct.pack("<I", len(s)) + s
+        expect += struct.pack("<II", 1, 1) + struct.pack("<I", 5) + b"llama" + struct.pack("<I", 0)
+        expect += struct.pack("<I", 1)
+        self.assertEqual(b, expect)
+        d = P.BackendInfo.decode(P.Reader(b, "hello reply"))
+        self.assertEqual((d.name, d.architectures, d.taps, d.device_greedy), ("n", "llama", True, True))
+
+    def test_backend_info_rejects_unknown_field(self):
+        with self.assertRaises(TypeError):
+            P.BackendInfo(nmae="x")
+
+    def test_constants_match_the_c_headers(self):
+        """Every constant against common/include/touchstone/backend_abi.h and
+        parity/runtime/include/touchstone/protocol.h (when the sources are there)."""
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        abi = os.path.join(root, "common", "include", "touchstone", "backend_abi.h")
+        proto = os.path.join(root, "parity", "runtime", "include", "touchstone", "protocol.h")
+        if not (os.path.exists(abi) and os.path.exists(proto)):
+            self.skipTest("not in a Touchstone source tree")
+        with open(abi, encoding="utf-8") as f:
+            text = f.read()
+        for name, value in re.findall(r"^\s*(TS_(?:OK|ERR_\w+))\s*=\s*(\d+)", text, re.M):
+            self.assertEqual(getattr(P, name), int(value), name)
+        for name, value in re.findall(r"#define (TS_CAP_\w+) \(1u << (\d+)\)", text):
+            self.assertEqual(getattr(P, name), 1 << int(value), name)
+        for name, value in re.findall(r"#define (TS_TAP_\w+) (\d+)", text):
+            self.assertEqual(getattr(P, name), int(value), name)
+        for name, value in re.findall(r"(TS_WEIGHTS_\w+) = (\d+)", text):
+            self.assertEqual(getattr(P, name), int(value), name)
+        self.assertEqual(P.API_VERSION, int(re.search(r"#define TS_BACKEND_API_VERSION (\d+)",
+                                                      text).group(1)))
+        with open(proto, encoding="utf-8") as f:
+            text = f.read()
+        self.assertEqual(P.VERSION, int(re.search(r"kVersion = (\d+);", text).group(1)))
+        self.assertEqual(P.MAX_REQUEST_PAYLOAD, 64 << 20)
+        self.assertIn("kMaxRequestPayload = 64ull << 20", text)
+        ops = dict(re.findall(r"k(\w+) = (\d+),?\s*//", text))
+        for cname, value in ops.items():
+            pyname = re.sub(r"(?<!^)([A-Z])", r"_\1", cname).upper()
+            self.assertEqual(getattr(P, pyname), int(value), cname)
+        self.assertGreaterEqual(len(ops), 13)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,381 @@
+"""serve()'s request loop against fake engines, over a real socketpair.
+
+Checks what the harness relies on: the hello reply, the shared argument checks
+(touchstone/backend_adapter.hpp: token ids, room, rewind range, weight path,
+faults), the mapping of Python exceptions to ts_status + message, the sizes of
+what an engine returns, and a clean exit on EOF.
+"""
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import unittest
+
+import fake_engines as F
+from touchstone_engine import protocol as P
+from touchstone_engine.server import Server, f32_bytes, run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Harness:
+    """The harness's end of the socket, speaking to a Server in a thread."""
+
+    def __init__(self, engine):
+        self.sock, self.child = socket.socketpair()
+        self.server = Server(engine, self.child, "fake command line")
+        self.exit = []
+        self.thread = threading.Thread(target=lambda: self.exit.append(self.server.run()))
+        self.thread.daemon = True
+        self.thread.start()
+
+    def call(self, op, payload=b""):
+        self.sock.sendall(P.frame(op, payload))
+        header = self._recv(16)
+        rop, n = P.parse_header(header, 1 << 30)
+        assert rop == op | P.REPLY_BIT, (rop, op)
+        return P.Reader(self._recv(n), f"{P.op_name(op)} reply")
+
+    def _recv(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return buf
+
+    def close(self):
+        self.sock.close()
+        self.thread.join(10)
+        self.child.close()
+        return self.exit
+
+
+def hello(h):
+    r = h.call(P.HELLO, P.Writer().u32(P.VERSION).bytes())
+    assert r.i32("status") == P.TS_OK
+    return P.BackendInfo.decode(r)
+
+
+def status(r):
+    s = r.i32("status")
+    return (s, r.str("error")) if s != P.TS_OK else (s, None)
+
+
+class ServerTest(unittest.TestCase):
+    engine = F.FakeEngine
+
+    def setUp(self):
+        self.h = Harness(self.engine)
+        self.info = hello(self.h)
+
+    def tearDown(self):
+        self.assertEqual(self.h.close(), [0])  # EOF: a clean exit
+
+    def load(self, path="model.gguf"):
+        r = self.h.call(P.LOAD_MODEL, P.Writer().str(path).bytes())
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        return r.u64("model"), r.i32("n_vocab")
+
+    def open(self, model, weight_path=0, n_threads=0, max_context=0, fault=""):
+        w = P.Writer().u64(model).i32(weight_path).i32(n_threads).i32(max_context).str(fault)
+        return self.h.call(P.OPEN_SESSION, w.bytes())
+
+    def session(self, **kw):
+        m, _ = self.load()
+        r = self.open(m, **kw)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        return r.u64("session")
+
+    def prefill(self, s, tokens, all_positions=False):
+        w = P.Writer().u64(s).i32(1 if all_positions else 0).i32(len(tokens)).i32s(tokens)
+        return self.h.call(P.PREFILL, w.bytes())
+
+
+class Hello(ServerTest):
+    def test_identity(self):
+        i = self.info
+        self.assertEqual((i.protocol_version, i.api_version), (3, 4))
+        self.assertEqual((i.name, i.version, i.path, i.device), ("fake", "1.2.3",
+                                                                 "fake command line", "fake device"))
+        self.assertTrue(i.declares_models)
+        self.assertEqual((i.architectures, i.model_features), ("llama", ""))
+        self.assertFalse(i.device_greedy)
+        self.assertFalse(i.taps)
+
+    def test_capabilities(self):
+        r = self.h.call(P.CAPABILITIES)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        c = P.Capabilities.decode(r)
+        r.finish()
+        self.assertEqual((c.flags, c.max_context, c.shape_buckets), (1, 32, [4]))
+
+
+class Calls(ServerTest):
+    def test_prefill_decode_position_rewind(self):
+        s = self.session()
+        r = self.prefill(s, [3, 4])
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(r.f32s("logits", F.N_VOCAB), [x for x in map(lambda v: struct.unpack(
+            "<f", struct.pack("<f", v))[0], F.row(4, 1))])
+        r.finish()
+        r = self.prefill(s, [1, 2], all_positions=True)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(r.remaining(), 4 * 2 * F.N_VOCAB)
+        r = self.h.call(P.DECODE, P.Writer().u64(s).i32(5).bytes())
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertAlmostEqual(r.f32s("l", 1)[0], 9.0)  # token 5 at position 4
+        r = self.h.call(P.POSITION, P.Writer().u64(s).bytes())
+        self.assertEqual((r.i32("status"), r.i32("position")), (P.TS_OK, 5))
+        r = self.h.call(P.REWIND, P.Writer().u64(s).i32(2).bytes())
+        self.assertEqual(status(r), (P.TS_OK, None))
+        r = self.h.call(P.POSITION, P.Writer().u64(s).bytes())
+        self.assertEqual((r.i32("status"), r.i32("position")), (P.TS_OK, 2))
+
+    def test_nested_list_logits(self):
+        m, _ = self.load("model.list")
+        r = self.open(m)
+        r.i32("status")
+        s = r.u64("session")
+        r = self.prefill(s, [1, 2, 3], all_positions=True)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(r.remaining(), 4 * 3 * F.N_VOCAB)
+
+    def test_free_session_and_model(self):
+        m, _ = self.load()
+        r = self.open(m)
+        r.i32("status")
+        s = r.u64("session")
+        session = self.h.server.sessions[s][0]
+        self.assertEqual(status(self.h.call(P.FREE_SESSION, P.Writer().u64(s).bytes())),
+                         (P.TS_OK, None))
+        self.assertTrue(session.closed)
+        self.assertEqual(status(self.h.call(P.FREE_MODEL, P.Writer().u64(m).bytes())),
+                         (P.TS_OK, None))
+        self.assertEqual(self.h.server.models, {})
+
+
+class Checks(ServerTest):
+    """The shared checks, with the adapter's status and words."""
+
+    def test_token_out_of_range(self):
+        s = self.session()
+        self.assertEqual(status(self.prefill(s, [1, 8])),
+                         (P.TS_ERR_INVALID_ARGUMENT, "token #1 = 8 outside [0, 8)"))
+        self.assertEqual(status(self.prefill(s, [-1])),
+                         (P.TS_ERR_INVALID_ARGUMENT, "token #0 = -1 outside [0, 8)"))
+        r = self.h.call(P.DECODE, P.Writer().u64(s).i32(99).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INVALID_ARGUMENT, "token #0 = 99 outside [0, 8)"))
+        # a refused call does not advance
+        r = self.h.call(P.POSITION, P.Writer().u64(s).bytes())
+        self.assertEqual((r.i32("status"), r.i32("position")), (P.TS_OK, 0))
+
+    def test_empty_prefill(self):
+        s = self.session()
+        self.assertEqual(status(self.prefill(s, [])),
+                         (P.TS_ERR_INVALID_ARGUMENT, "prefill: null buffer or n_tokens <= 0"))
+
+    def test_context_full(self):
+        s = self.session(max_context=4)
+        self.assertEqual(status(self.prefill(s, [1, 2, 3]))[0], P.TS_OK)
+        self.assertEqual(status(self.prefill(s, [1, 2])),
+                         (P.TS_ERR_CONTEXT_FULL, "position 3 + 2 tokens exceeds max context 4"))
+
+    def test_rewind_range(self):
+        s = self.session()
+        self.prefill(s, [1, 2])
+        for p in (-1, 3):
+            r = self.h.call(P.REWIND, P.Writer().u64(s).i32(p).bytes())
+            self.assertEqual(status(r), (P.TS_ERR_INVALID_ARGUMENT, f"rewind to {p} outside [0, 2]"))
+
+    def test_session_options(self):
+        m, _ = self.load()
+        self.assertEqual(status(self.open(m, weight_path=7)),
+                         (P.TS_ERR_INVALID_ARGUMENT, "open_session: unknown weight path"))
+        self.assertEqual(status(self.open(m, n_threads=-1)), (
+            P.TS_ERR_INVALID_ARGUMENT, "open_session: negative n_threads or max_context"))
+        self.assertEqual(status(self.open(m, fault="nope")),
+                         (P.TS_ERR_UNSUPPORTED, "unknown fault 'nope' (known: known_fault)"))
+        self.assertEqual(status(self.open(m, fault="known_fault"))[0], P.TS_OK)
+
+    def test_unknown_handles(self):
+        self.assertEqual(status(self.prefill(77, [1])),
+                         (P.TS_ERR_INTERNAL, "unknown session handle 77"))
+        self.assertEqual(status(self.open(5)), (P.TS_ERR_INTERNAL, "unknown model handle 5"))
+
+    def test_malformed_requests(self):
+        s = self.session()
+        r = self.h.call(P.PREFILL, P.Writer().u64(s).i32(0).i32(3).i32s([1]).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INTERNAL, "prefill: n_tokens 3 does not match the "
+                                     "4 bytes of tokens"))
+        r = self.h.call(P.POSITION, P.Writer().u64(s).u32(0).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INVALID_ARGUMENT, "position request: 4 unexpected "
+                                     "trailing bytes at offset 8"))
+        r = self.h.call(P.DECODE, b"\x01")
+        self.assertEqual(status(r)[0], P.TS_ERR_INVALID_ARGUMENT)
+        r = self.h.call(99)
+        self.assertEqual(status(r), (P.TS_ERR_INTERNAL, "unexpected op 99"))
+
+    def test_no_greedy_no_taps(self):
+        s = self.session()
+        r = self.h.call(P.PREFILL_GREEDY, P.Writer().u64(s).i32(1).i32s([1]).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INTERNAL,
+                                     "backend has no device greedy (TS_CAP_DEVICE_GREEDY)"))
+        r = self.h.call(P.SET_TAPS, P.Writer().u64(s).i32(1).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INTERNAL, "backend has no layer taps (ABI v4)"))
+
+
+class Errors(ServerTest):
+    """Python exceptions -> ts_status + message."""
+
+    def load_status(self, path):
+        return status(self.h.call(P.LOAD_MODEL, P.Writer().str(path).bytes()))
+
+    def test_engine_error_keeps_its_status(self):
+        self.assertEqual(self.load_status("x.missing"), (P.TS_ERR_IO, "x.missing: no such file"))
+        self.assertEqual(self.load_status("x.qwen"),
+                         (P.TS_ERR_UNSUPPORTED, "architecture 'qwen2' is not supported"))
+
+    def test_other_exception_is_internal_with_the_last_line(self):
+        s, msg = self.load_status("x.boom")
+        self.assertEqual(s, P.TS_ERR_INTERNAL)
+        self.assertRegex(msg, r"^ValueError: deliberate failure in load_model "
+                              r"\(fake_engines\.py:\d+ in load_model\)$")
+
+    def test_memory_error(self):
+        self.assertEqual(self.load_status("x.oom"), (P.TS_ERR_OUT_OF_MEMORY, "out of memory"))
+
+    def test_bad_n_vocab(self):
+        self.assertEqual(self.load_status("x.zero_vocab"),
+                         (P.TS_ERR_INTERNAL, "load_model: n_vocab is 0, must be in [1, 2^31)"))
+
+
+class GreedyAndTaps(ServerTest):
+    engine = F.GreedyTapsEngine
+
+    def test_hello_declares_them(self):
+        self.assertTrue(self.info.device_greedy)
+        self.assertTrue(self.info.taps)
+        r = self.h.call(P.CAPABILITIES)
+        r.i32("status")
+        self.assertTrue(P.Capabilities.decode(r).flags & P.TS_CAP_DEVICE_GREEDY)
+
+    def test_prefill_greedy(self):
+        s = self.session()
+        r = self.h.call(P.PREFILL_GREEDY, P.Writer().u64(s).i32(2).i32s([1, 2]).bytes())
+        self.assertEqual((r.i32("status"), r.i32("token")), (P.TS_OK, F.N_VOCAB - 1))
+        r = self.h.call(P.PREFILL_GREEDY, P.Writer().u64(s).i32(1).i32s([9]).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INVALID_ARGUMENT, "token #0 = 9 outside [0, 8)"))
+
+    def test_taps(self):
+        s = self.session()
+        read = P.Writer().u64(s).u64(6).bytes()
+        self.assertEqual(status(self.h.call(P.READ_TAPS, read)), (
+            P.TS_ERR_INVALID_ARGUMENT, "read_taps: nothing recorded (set_taps(1) first, then a call)"))
+        self.h.call(P.SET_TAPS, P.Writer().u64(s).i32(1).bytes())
+        self.prefill(s, [1, 2])
+        r = self.h.call(P.READ_TAPS, P.Writer().u64(s).u64(5).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INVALID_ARGUMENT,
+                                     "read_taps: n_floats 5 != n_layer x 3 x n_embd = 6"))
+        r = self.h.call(P.READ_TAPS, read)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(r.f32s("taps", 6), [2.0] * 6)
+        r = self.h.call(P.READ_TAPS, P.Writer().u64(s).u64(0).bytes())
+        self.assertEqual(status(r), (P.TS_ERR_INTERNAL, "read_taps: n_floats 0 outside [1, 2^28]"))
+
+
+class WrongSizes(ServerTest):
+    engine = F.WrongSizeEngine
+
+    def test_wrong_number_of_logits_is_an_error_not_a_short_reply(self):
+        s = self.session()
+        self.assertEqual(status(self.prefill(s, [1])), (
+            P.TS_ERR_INTERNAL, "prefill returned 3 floats, expected 8 (n_vocab x positions)"))
+
+
+class NoAdvance(ServerTest):
+    engine = F.NoAdvanceEngine
+
+    def test_position_must_advance(self):
+        s = self.session()
+        self.assertEqual(status(self.prefill(s, [1, 2])), (
+            P.TS_ERR_INTERNAL, "prefill: position() is 0 after appending 2 tokens at position 0 "
+            "(expected 2)"))
+
+
+class StartFailures(unittest.TestCase):
+    def start(self, engine):
+        h = Harness(engine)
+        r = h.call(P.HELLO, P.Writer().u32(P.VERSION).bytes())
+        result = status(r)
+        self.assertEqual(h.close(), [0])
+        return result
+
+    def test_constructor_failure_is_the_hello_error(self):
+        s, msg = self.start(F.FailingEngine)
+        self.assertEqual(s, P.TS_ERR_INTERNAL)
+        self.assertRegex(msg, "^engine cannot start: RuntimeError: cannot find the accelerator")
+
+    def test_half_taps_refused(self):
+        s, msg = self.start(F.HalfTapsEngine)
+        self.assertEqual(s, P.TS_ERR_INTERNAL)
+        self.assertIn("only one of set_taps and read_taps", msg)
+
+
+class Conversions(unittest.TestCase):
+    def test_f32_bytes(self):
+        from array import array
+        self.assertEqual(f32_bytes([[1.0], [2.0]], 2, "x"), struct.pack("<2f", 1, 2))
+        self.assertEqual(f32_bytes(array("f", [1, 2]), 2, "x"), struct.pack("<2f", 1, 2))
+        with self.assertRaisesRegex(Exception, "buffer of format 'd'"):
+            f32_bytes(array("d", [1, 2]), 2, "x")
+        with self.assertRaisesRegex(Exception, "expected float32 values"):
+            f32_bytes(["a"], 1, "x")
+
+    def test_f32_bytes_numpy(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy is not installed")
+        a = np.arange(6, dtype=np.float64).reshape(2, 3)
+        self.assertEqual(f32_bytes(a, 6, "x"), struct.pack("<6f", *range(6)))
+        self.assertEqual(f32_bytes(a.T, 6, "x"), struct.pack("<6f", 0, 3, 1, 4, 2, 5))
+
+
+class Process(unittest.TestCase):
+    def test_not_a_socket(self):
+        code = run(F.FakeEngine, fd=os.open(os.devnull, os.O_RDONLY), redirect_stdout=False)
+        self.assertEqual(code, 2)
+
+    def test_serve_in_a_child_writes_nothing_to_stdout(self):
+        """An engine that prints: after serve() starts, fd 1 and sys.stdout are stderr."""
+        parent, child = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+        code = ("import fake_engines as F\n"
+                "from touchstone_engine import serve\n"
+                "print('before serve', flush=True)\n"
+                f"serve(F.ChattyEngine, fd={child.fileno()})\n")
+        p = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child.fileno()], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child.close()
+        parent.sendall(P.frame(P.HELLO, P.Writer().u32(P.VERSION).bytes()))
+        op, n = P.parse_header(parent.recv(16, socket.MSG_WAITALL), 1 << 20)
+        self.assertEqual(op, P.HELLO | P.REPLY_BIT)
+        r = P.Reader(parent.recv(n, socket.MSG_WAITALL), "hello reply")
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(P.BackendInfo.decode(r).device, "chatty device")
+        parent.close()  # EOF: the child exits 0
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out, b"before serve\n")
+        self.assertIn(b"chatty engine: print()", err)
+        self.assertIn(b"chatty engine: os.write(1)", err)
+
+
+if __name__ == "__main__":
+    unittest.main()

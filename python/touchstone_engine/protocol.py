@@ -1,0 +1,289 @@
+"""The child-process protocol, version 3 (docs/protocol.md): frames and fields.
+
+Standard library only. Every frame is
+
+    u32 magic 'TSP1' | u32 op | u64 payload_len | payload[payload_len]
+
+little-endian. A reply carries ``op | REPLY_BIT`` and its payload starts with an
+i32 ts_status; a status other than TS_OK is followed by an error string and
+nothing else. Strings are u32 length + bytes; logits are raw little-endian fp32.
+Mirrors parity/runtime/include/touchstone/protocol.h; decoding is bounds-checked
+and raises ProtocolError naming the message and the field.
+"""
+
+import struct
+
+VERSION = 3
+API_VERSION = 4  # TS_BACKEND_API_VERSION of common/include/touchstone/backend_abi.h
+MAGIC = 0x31505354  # bytes "TSP1"
+REPLY_BIT = 0x8000
+HEADER_SIZE = 16
+MAX_REQUEST_PAYLOAD = 64 << 20
+
+# ops
+HELLO = 1
+CAPABILITIES = 2
+LOAD_MODEL = 3
+FREE_MODEL = 4
+OPEN_SESSION = 5
+FREE_SESSION = 6
+PREFILL = 7
+DECODE = 8
+REWIND = 9
+POSITION = 10
+PREFILL_GREEDY = 11
+SET_TAPS = 12
+READ_TAPS = 13
+
+OP_NAMES = {
+    HELLO: "hello",
+    CAPABILITIES: "capabilities",
+    LOAD_MODEL: "load_model",
+    FREE_MODEL: "free_model",
+    OPEN_SESSION: "open_session",
+    FREE_SESSION: "free_session",
+    PREFILL: "prefill",
+    DECODE: "decode",
+    REWIND: "rewind",
+    POSITION: "position",
+    PREFILL_GREEDY: "prefill_greedy",
+    SET_TAPS: "set_taps",
+    READ_TAPS: "read_taps",
+}
+
+# ts_status
+TS_OK = 0
+TS_ERR_INVALID_ARGUMENT = 1
+TS_ERR_UNSUPPORTED = 2
+TS_ERR_IO = 3
+TS_ERR_OUT_OF_MEMORY = 4
+TS_ERR_CONTEXT_FULL = 5
+TS_ERR_DEVICE = 6
+TS_ERR_INTERNAL = 7
+STATUS_NAMES = {
+    TS_OK: "TS_OK",
+    TS_ERR_INVALID_ARGUMENT: "TS_ERR_INVALID_ARGUMENT",
+    TS_ERR_UNSUPPORTED: "TS_ERR_UNSUPPORTED",
+    TS_ERR_IO: "TS_ERR_IO",
+    TS_ERR_OUT_OF_MEMORY: "TS_ERR_OUT_OF_MEMORY",
+    TS_ERR_CONTEXT_FULL: "TS_ERR_CONTEXT_FULL",
+    TS_ERR_DEVICE: "TS_ERR_DEVICE",
+    TS_ERR_INTERNAL: "TS_ERR_INTERNAL",
+}
+
+# ts_capabilities.flags
+TS_CAP_ALL_POSITION_LOGITS = 1 << 0
+TS_CAP_DEVICE_GREEDY = 1 << 1
+TS_CAP_BATCHED_SESSIONS = 1 << 2
+TS_CAP_KV_PREFIX_COPY = 1 << 3
+TS_CAP_BITWISE_DETERMINISM = 1 << 4
+TS_CAP_STATIC_SHAPES = 1 << 5
+
+# ts_weight_path
+TS_WEIGHTS_FULL_PRECISION = 0
+TS_WEIGHTS_QUANTIZED = 1
+
+# layer taps: points per layer, in this order
+TS_TAP_ATTN_OUT = 0
+TS_TAP_FFN_OUT = 1
+TS_TAP_RESIDUAL = 2
+TS_TAP_POINTS = 3
+
+# GGUF ggml_type numbers, for Capabilities.weight_types (bit i = type i)
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+              "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+
+
+def weight_type_bit(name_or_type):
+    """TS_WEIGHT_TYPE_BIT: 1 << ggml_type ("Q4_1" or 3)."""
+    t = GGML_TYPES[name_or_type] if isinstance(name_or_type, str) else int(name_or_type)
+    return 1 << t
+
+
+class ProtocolError(Exception):
+    """A malformed frame or payload (names the message and the field)."""
+
+
+def op_name(op):
+    return OP_NAMES.get(op & ~REPLY_BIT, "unknown op")
+
+
+def parse_header(data, max_payload):
+    """(op, payload_len) of a 16-byte header; ProtocolError on a wrong magic or
+    a payload above max_payload (checked before anything is allocated)."""
+    if len(data) != HEADER_SIZE:
+        raise ProtocolError(f"frame header: {len(data)} bytes, expected {HEADER_SIZE}")
+    magic, op, n = struct.unpack("<IIQ", data)
+    if magic != MAGIC:
+        raise ProtocolError(f"frame header: magic 0x{magic:08x}, expected 0x{MAGIC:08x} ('TSP1')")
+    if n > max_payload:
+        raise ProtocolError(f"frame header ({op_name(op)}): payload of {n} bytes exceeds "
+                            f"the limit of {max_payload}")
+    return op, n
+
+
+def frame(op, payload):
+    """Header + payload (bytes-like), ready to send."""
+    return struct.pack("<IIQ", MAGIC, op, len(payload)) + bytes(payload)
+
+
+class Writer:
+    """Builds a payload; every method returns self."""
+
+    def __init__(self):
+        self._parts = []
+
+    def u32(self, v):
+        self._parts.append(struct.pack("<I", v & 0xFFFFFFFF))
+        return self
+
+    def i32(self, v):
+        self._parts.append(struct.pack("<i", v))
+        return self
+
+    def u64(self, v):
+        self._parts.append(struct.pack("<Q", v))
+        return self
+
+    def str(self, s):
+        b = s.encode("utf-8", "surrogateescape") if isinstance(s, str) else bytes(s)
+        self.u32(len(b))
+        self._parts.append(b)
+        return self
+
+    def i32s(self, values):
+        self._parts.append(struct.pack(f"<{len(values)}i", *values))
+        return self
+
+    def raw(self, data):
+        """Bytes as they are (fp32 logits already little-endian)."""
+        self._parts.append(data)
+        return self
+
+    def bytes(self):
+        return b"".join(bytes(p) for p in self._parts)
+
+
+class Reader:
+    """Reads a payload; `what` names the message in errors ("prefill request")."""
+
+    def __init__(self, data, what):
+        self._b = memoryview(data)
+        self._pos = 0
+        self._what = what
+
+    def remaining(self):
+        return len(self._b) - self._pos
+
+    def _take(self, n, field):
+        if n > self.remaining():
+            raise ProtocolError(f"{self._what}: field '{field}' needs {n} bytes at offset "
+                                f"{self._pos}, {self.remaining()} left")
+        s = self._b[self._pos:self._pos + n]
+        self._pos += n
+        return s
+
+    def u32(self, field):
+        return struct.unpack("<I", self._take(4, field))[0]
+
+    def i32(self, field):
+        return struct.unpack("<i", self._take(4, field))[0]
+
+    def u64(self, field):
+        return struct.unpack("<Q", self._take(8, field))[0]
+
+    def str(self, field, max_len=1 << 20):
+        n = self.u32(field)
+        if n > max_len:
+            raise ProtocolError(f"{self._what}: string '{field}' of {n} bytes exceeds the "
+                                f"limit of {max_len}")
+        return bytes(self._take(n, field)).decode("utf-8", "surrogateescape")
+
+    def i32s(self, field, n):
+        return list(struct.unpack(f"<{n}i", self._take(4 * n, field)))
+
+    def f32s(self, field, n):
+        return list(struct.unpack(f"<{n}f", self._take(4 * n, field)))
+
+    def finish(self):
+        if self.remaining() != 0:
+            raise ProtocolError(f"{self._what}: {self.remaining()} unexpected trailing bytes "
+                                f"at offset {self._pos}")
+
+
+class Capabilities:
+    """ts_capabilities: flags (TS_CAP_*), weight_types (weight_type_bit(...)),
+    max_context (0 = the model's), shape_buckets (static prefill lengths, at most 16),
+    determinism_note (why not bitwise deterministic, or "")."""
+
+    def __init__(self, flags=0, weight_types=0, max_context=0, shape_buckets=(),
+                 determinism_note=""):
+        self.flags = flags
+        self.weight_types = weight_types
+        self.max_context = max_context
+        self.shape_buckets = list(shape_buckets)
+        self.determinism_note = determinism_note or ""
+
+    def encode(self, w):
+        buckets = self.shape_buckets[:16]
+        w.u32(self.flags).u64(self.weight_types).i32(self.max_context).i32(len(buckets))
+        w.i32s(buckets).str(self.determinism_note)
+        return w
+
+    @staticmethod
+    def decode(r):
+        c = Capabilities(flags=r.u32("flags"), weight_types=r.u64("weight_types"),
+                         max_context=r.i32("max_context"))
+        n = r.i32("n_shape_buckets")
+        if n < 0 or n > 16:
+            raise ProtocolError(f"capabilities reply: n_shape_buckets {n} outside [0, 16]")
+        c.shape_buckets = r.i32s("shape_buckets", n)
+        c.determinism_note = r.str("determinism_note", 1 << 16)
+        return c
+
+
+class BackendInfo:
+    """The hello reply after TS_OK (protocol version 3)."""
+
+    FIELDS = ("protocol_version", "api_version", "name", "version", "path", "device",
+              "device_greedy", "declares_models", "architectures", "model_features", "taps")
+
+    def __init__(self, **kw):
+        self.protocol_version = VERSION
+        self.api_version = API_VERSION
+        self.name = self.version = self.path = self.device = ""
+        self.device_greedy = self.declares_models = self.taps = False
+        self.architectures = self.model_features = ""
+        for k, v in kw.items():
+            if k not in self.FIELDS:
+                raise TypeError(f"BackendInfo has no field {k!r}")
+            setattr(self, k, v)
+
+    def encode(self, w):
+        w.u32(self.protocol_version).u32(self.api_version)
+        w.str(self.name).str(self.version).str(self.path).str(self.device)
+        w.u32(1 if self.device_greedy else 0)
+        w.u32(1 if self.declares_models else 0).str(self.architectures).str(self.model_features)
+        w.u32(1 if self.taps else 0)
+        return w
+
+    @staticmethod
+    def decode(r):
+        i = BackendInfo()
+        i.protocol_version = r.u32("protocol_version")
+        i.api_version = r.u32("api_version")
+        i.name = r.str("name", 4096)
+        i.version = r.str("version", 4096)
+        i.path = r.str("path", 1 << 16)
+        i.device = r.str("device", 1 << 16)
+        i.device_greedy = r.u32("device_greedy") != 0
+        i.declares_models = r.u32("declares_models") != 0
+        i.architectures = r.str("architectures", 4096)
+        i.model_features = r.str("model_features", 4096)
+        i.taps = r.u32("taps") != 0
+        return i
+
+
+def error_payload(status, message):
+    """A reply payload for a failed call: i32 status + the message."""
+    return Writer().i32(status).str(message).bytes()

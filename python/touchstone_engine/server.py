@@ -1,0 +1,483 @@
+"""serve(engine): the child side of the protocol, for an engine written in Python.
+
+The harness starts the program with `touchstone ... --backend "exec:CMD ARGS"`;
+the socket is fd 3. serve() answers requests until the harness closes it, then
+exits 0, like tools/backend_runner/runner.cpp does for a library. It never
+writes to stdout (fd 1 and sys.stdout go to stderr: the harness prints its
+report there), and it checks every request before the engine sees it: handles,
+token ids in [0, n_vocab), room in the KV cache, rewind range, weight path,
+sizes of what the engine returns.
+"""
+
+import operator
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+import traceback
+from array import array
+
+from . import protocol as P
+from .engine import Engine, EngineError, SessionOptions
+
+
+def _index(v, what):
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise EngineError(P.TS_ERR_INTERNAL, f"{what} returned {type(v).__name__} {v!r}, "
+                          "expected an int") from None
+
+
+def _flatten(seq):
+    for x in seq:
+        if isinstance(x, (list, tuple)):
+            yield from _flatten(x)
+        else:
+            yield x
+
+
+def f32_bytes(values, expected, what):
+    """Little-endian float32 bytes of `expected` values: a NumPy-like array (any
+    float dtype, any shape), a buffer of format 'f', or a (nested) sequence."""
+    if hasattr(values, "dtype") and hasattr(values, "astype"):  # NumPy, without importing it
+        a = values.astype("<f4", copy=False)
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")
+        data = memoryview(a).cast("B")  # no copy: logits of a long prefill are ~0.5 GB
+    else:
+        try:
+            mv = memoryview(values)
+        except TypeError:
+            mv = None
+        if mv is not None:
+            if mv.format not in ("f", "<f", "=f") or mv.itemsize != 4:
+                raise EngineError(P.TS_ERR_INTERNAL, f"{what} returned a buffer of format "
+                                  f"{mv.format!r}, expected float32 ('f')")
+            data = mv.tobytes()
+        else:
+            try:
+                data = array("f", _flatten(values)).tobytes()
+            except TypeError as e:
+                raise EngineError(P.TS_ERR_INTERNAL, f"{what} returned "
+                                  f"{type(values).__name__}, expected float32 values: {e}") from None
+        if sys.byteorder != "little":
+            a = array("f", data)
+            a.byteswap()
+            data = a.tobytes()
+    if len(data) != 4 * expected:  # len() of a 'B' view or bytes: the byte count
+        raise EngineError(P.TS_ERR_INTERNAL, f"{what} returned {len(data) // 4} floats, expected "
+                          f"{expected} (n_vocab x positions)")
+    return data
+
+
+def _last_line(exc):
+    """The traceback's last line ("ValueError: ...") and where it was raised."""
+    line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    tb = traceback.extract_tb(exc.__traceback__)
+    if tb:
+        f = tb[-1]
+        line += f" ({os.path.basename(f.filename)}:{f.lineno} in {f.name})"
+    return line
+
+
+def _has(cls, name):
+    return cls is not None and callable(getattr(cls, name, None))
+
+
+class Server:
+    """The request loop over one connected socket (tests drive it directly)."""
+
+    def __init__(self, engine, sock, command_line=""):
+        self._engine_spec = engine
+        self.engine = None
+        self.sock = sock
+        self.command_line = command_line
+        self.models = {}  # handle -> [model, n_vocab]
+        self.sessions = {}  # handle -> [session, n_vocab]
+        self._next = 1
+        self.greedy = self.taps = False
+
+    # ---- transport ----
+    def _read_exact(self, n):
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            try:
+                k = self.sock.recv_into(view[got:], n - got)
+            except InterruptedError:
+                continue
+            except OSError:
+                return None
+            if k == 0:
+                return None
+            got += k
+        return bytes(buf)
+
+    def _send(self, *parts):
+        try:
+            for part in parts:
+                self.sock.sendall(part)
+        except OSError:
+            os._exit(3)  # the harness is gone
+
+    def _reply(self, op, payload):
+        """A reply frame; `payload` is bytes or a list of bytes-like parts (sent as
+        they are: a large logits buffer is never copied into one frame)."""
+        parts = payload if isinstance(payload, list) else [payload]
+        header = struct.pack("<IIQ", P.MAGIC, op | P.REPLY_BIT, sum(len(p) for p in parts))
+        self._send(header, *parts)
+
+    def _read_frame(self, max_payload):
+        header = self._read_exact(P.HEADER_SIZE)
+        if header is None:
+            return None
+        op, n = P.parse_header(header, max_payload)
+        body = self._read_exact(n) if n else b""
+        return None if body is None else (op, body)
+
+    # ---- hello ----
+    def hello(self):
+        """Answers the first frame with the engine's identity; False when the
+        engine could not start (the error was sent) or the harness left."""
+        got = self._read_frame(64)
+        if got is None:
+            return False
+        reply_op = P.HELLO | P.REPLY_BIT
+        try:
+            info = self._start_engine()
+        except Exception as e:  # the engine's constructor, class checks
+            traceback.print_exc(file=sys.stderr)
+            msg = str(e) if isinstance(e, EngineError) else _last_line(e)
+            self._send(P.frame(reply_op, P.error_payload(P.TS_ERR_INTERNAL,
+                                                         f"engine cannot start: {msg}")))
+            return False
+        w = P.Writer().i32(P.TS_OK)
+        info.encode(w)
+        self._send(P.frame(reply_op, w.bytes()))
+        return True
+
+    def _start_engine(self):
+        spec = self._engine_spec
+        is_factory = isinstance(spec, type) or (callable(spec) and not isinstance(spec, Engine)
+                                                and not hasattr(spec, "load_model"))
+        engine = spec() if is_factory else spec
+        cls = getattr(engine, "session_class", None)
+        self.greedy = _has(cls, "prefill_greedy")
+        has_set, has_read = _has(cls, "set_taps"), _has(cls, "read_taps")
+        if has_set != has_read:
+            raise EngineError(P.TS_ERR_INTERNAL, f"engine '{engine.name}': its session class "
+                              "defines only one of set_taps and read_taps (both or neither)")
+        self.taps = has_set
+        try:
+            claims = (engine.capabilities().flags & P.TS_CAP_DEVICE_GREEDY) != 0
+        except Exception:  # no device now: its calls fail later with their own status
+            claims = False
+        if claims and not self.greedy:
+            raise EngineError(P.TS_ERR_INTERNAL, f"engine '{engine.name}' claims "
+                              "TS_CAP_DEVICE_GREEDY but its session class has no prefill_greedy")
+        try:
+            device = str(engine.device_name())
+        except Exception as e:
+            device = f"unknown device ({_last_line(e)})"
+        self.engine = engine
+        return P.BackendInfo(
+            name=str(engine.name), version=str(engine.version), path=self.command_line,
+            device=device, device_greedy=self.greedy,
+            declares_models=engine.architectures is not None,
+            architectures=str(engine.architectures or ""),
+            model_features=str(engine.model_features or ""), taps=self.taps)
+
+    # ---- the loop ----
+    def run(self):
+        """Exit status: 0 when the harness closed the socket."""
+        if not self.hello():
+            return 0
+        while True:
+            got = self._read_frame(P.MAX_REQUEST_PAYLOAD)
+            if got is None:
+                return 0
+            op, body = got
+            self._reply(op, self.dispatch(op, body))
+
+    def dispatch(self, op, body):
+        """The reply payload of one request (bytes, or a list of parts); every
+        failure becomes a status."""
+        r = P.Reader(body, f"{P.op_name(op)} request")
+        handler = _HANDLERS.get(op)
+        try:
+            if handler is None:
+                raise EngineError(P.TS_ERR_INTERNAL, f"unexpected op {op}")
+            return handler(self, r)
+        except EngineError as e:
+            return P.error_payload(e.status, e.message)
+        except P.ProtocolError as e:
+            return P.error_payload(P.TS_ERR_INVALID_ARGUMENT, str(e))
+        except MemoryError:
+            return P.error_payload(P.TS_ERR_OUT_OF_MEMORY, "out of memory")
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            return P.error_payload(P.TS_ERR_INTERNAL, _last_line(e))
+
+    # ---- checks every engine gets (touchstone/backend_adapter.hpp) ----
+    def _new_handle(self):
+        h = self._next
+        self._next += 1
+        return h
+
+    def _model(self, r):
+        h = r.u64("model")
+        if h not in self.models:
+            raise EngineError(P.TS_ERR_INTERNAL, f"unknown model handle {h}")
+        return h
+
+    def _session(self, r):
+        h = r.u64("session")
+        if h not in self.sessions:
+            raise EngineError(P.TS_ERR_INTERNAL, f"unknown session handle {h}")
+        return h
+
+    def _tokens(self, r, fn):
+        n = r.i32("n_tokens")
+        if n < 0 or n * 4 != r.remaining():
+            raise EngineError(P.TS_ERR_INTERNAL, f"{fn}: n_tokens {n} does not match the "
+                              f"{r.remaining()} bytes of tokens")
+        return r.i32s("tokens", n)
+
+    def _appendable(self, h, tokens, fn):
+        """check_tokens + check_room; returns (session, position before)."""
+        session, n_vocab = self.sessions[h]
+        if not tokens:
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"{fn}: null buffer or n_tokens <= 0")
+        for i, t in enumerate(tokens):
+            if t < 0 or t >= n_vocab:
+                raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                                  f"token #{i} = {t} outside [0, {n_vocab})")
+        pos = _index(session.position(), "position()")
+        max_ctx = _index(session.max_context(), "max_context()")
+        if pos + len(tokens) > max_ctx:
+            raise EngineError(P.TS_ERR_CONTEXT_FULL, f"position {pos} + {len(tokens)} tokens "
+                              f"exceeds max context {max_ctx}")
+        return session, pos
+
+    def _appended(self, session, before, n, fn):
+        after = _index(session.position(), "position()")
+        if after != before + n:
+            raise EngineError(P.TS_ERR_INTERNAL, f"{fn}: position() is {after} after appending "
+                              f"{n} tokens at position {before} (expected {before + n})")
+
+    # ---- handlers ----
+    def capabilities(self, r):
+        r.finish()
+        caps = self.engine.capabilities()
+        if self.greedy:
+            caps.flags |= P.TS_CAP_DEVICE_GREEDY
+        return caps.encode(P.Writer().i32(P.TS_OK)).bytes()
+
+    def load_model(self, r):
+        path = r.str("path")
+        r.finish()
+        model = self.engine.load_model(path)
+        n = getattr(model, "n_vocab", None)
+        n = _index(n() if callable(n) else n, "the model's n_vocab")
+        if not 0 < n < 2**31:
+            raise EngineError(P.TS_ERR_INTERNAL, f"load_model: n_vocab is {n}, must be in "
+                              "[1, 2^31)")
+        h = self._new_handle()
+        self.models[h] = [model, n]
+        return P.Writer().i32(P.TS_OK).u64(h).i32(n).bytes()
+
+    def free_model(self, r):
+        h = self._model(r)
+        r.finish()
+        model = self.models.pop(h)[0]
+        self.engine.free_model(model)
+        return P.Writer().i32(P.TS_OK).bytes()
+
+    def open_session(self, r):
+        m = self._model(r)
+        o = SessionOptions(r.i32("weight_path"), r.i32("n_threads"), r.i32("max_context"),
+                           r.str("fault"))
+        r.finish()
+        if o.weight_path not in (P.TS_WEIGHTS_FULL_PRECISION, P.TS_WEIGHTS_QUANTIZED):
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT, "open_session: unknown weight path")
+        if o.n_threads < 0 or o.max_context < 0:
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                              "open_session: negative n_threads or max_context")
+        known = tuple(getattr(self.engine, "faults", ()) or ())
+        if o.fault and o.fault not in known:
+            raise EngineError(P.TS_ERR_UNSUPPORTED, f"unknown fault '{o.fault}' (known: "
+                              f"{', '.join(known) or 'none'})")
+        model, n_vocab = self.models[m]
+        session = self.engine.open_session(model, o)
+        if session is None:
+            raise EngineError(P.TS_ERR_INTERNAL, "open_session returned None")
+        h = self._new_handle()
+        self.sessions[h] = [session, n_vocab]
+        return P.Writer().i32(P.TS_OK).u64(h).bytes()
+
+    def free_session(self, r):
+        h = self._session(r)
+        r.finish()
+        session = self.sessions.pop(h)[0]
+        close = getattr(session, "close", None)
+        if callable(close):
+            close()
+        return P.Writer().i32(P.TS_OK).bytes()
+
+    def prefill(self, r):
+        h = self._session(r)
+        all_positions = r.i32("all_positions") != 0
+        tokens = self._tokens(r, "prefill")
+        session, before = self._appendable(h, tokens, "prefill")
+        fn = "prefill(all positions)" if all_positions else "prefill"
+        logits = session.prefill(tokens, all_positions)
+        n_vocab = self.sessions[h][1]
+        data = f32_bytes(logits, n_vocab * (len(tokens) if all_positions else 1), fn)
+        self._appended(session, before, len(tokens), fn)
+        return [P.Writer().i32(P.TS_OK).bytes(), data]
+
+    def decode(self, r):
+        h = self._session(r)
+        token = r.i32("token")
+        r.finish()
+        session, before = self._appendable(h, [token], "decode")
+        data = f32_bytes(session.decode(token), self.sessions[h][1], "decode")
+        self._appended(session, before, 1, "decode")
+        return [P.Writer().i32(P.TS_OK).bytes(), data]
+
+    def prefill_greedy(self, r):
+        h = self._session(r)
+        tokens = self._tokens(r, "prefill_greedy")
+        if not self.greedy:
+            raise EngineError(P.TS_ERR_INTERNAL,
+                              "backend has no device greedy (TS_CAP_DEVICE_GREEDY)")
+        session, before = self._appendable(h, tokens, "prefill_greedy")
+        token = _index(session.prefill_greedy(tokens), "prefill_greedy")
+        if not -2**31 <= token < 2**31:
+            raise EngineError(P.TS_ERR_INTERNAL, f"prefill_greedy returned {token}")
+        self._appended(session, before, len(tokens), "prefill_greedy")
+        return P.Writer().i32(P.TS_OK).i32(token).bytes()
+
+    def rewind(self, r):
+        h = self._session(r)
+        p = r.i32("position")
+        r.finish()
+        session = self.sessions[h][0]
+        pos = _index(session.position(), "position()")
+        if p < 0 or p > pos:
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"rewind to {p} outside [0, {pos}]")
+        session.rewind(p)
+        return P.Writer().i32(P.TS_OK).bytes()
+
+    def position(self, r):
+        h = self._session(r)
+        r.finish()
+        pos = _index(self.sessions[h][0].position(), "position()")
+        return P.Writer().i32(P.TS_OK).i32(pos).bytes()
+
+    def set_taps(self, r):
+        h = self._session(r)
+        enable = r.i32("enable") != 0
+        r.finish()
+        if not self.taps:
+            raise EngineError(P.TS_ERR_INTERNAL, "backend has no layer taps (ABI v4)")
+        self.sessions[h][0].set_taps(enable)
+        return P.Writer().i32(P.TS_OK).bytes()
+
+    def read_taps(self, r):
+        h = self._session(r)
+        n = r.u64("n_floats")
+        r.finish()
+        if not self.taps:
+            raise EngineError(P.TS_ERR_INTERNAL, "backend has no layer taps (ABI v4)")
+        if n == 0 or n > 1 << 28:
+            raise EngineError(P.TS_ERR_INTERNAL, f"read_taps: n_floats {n} outside [1, 2^28]")
+        taps = self.sessions[h][0].read_taps()
+        data = b"" if taps is None else f32_bytes(taps, _size_of(taps), "read_taps")
+        size = len(data) // 4
+        if size == 0:
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                              "read_taps: nothing recorded (set_taps(1) first, then a call)")
+        if size != n:
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"read_taps: n_floats {n} != n_layer x "
+                              f"{P.TS_TAP_POINTS} x n_embd = {size}")
+        return [P.Writer().i32(P.TS_OK).bytes(), data]
+
+
+def _size_of(values):
+    """Number of values in an array-like (NumPy size, buffer or nested sequence)."""
+    if hasattr(values, "size") and not callable(values.size):
+        return int(values.size)
+    try:
+        mv = memoryview(values)
+        return mv.nbytes // max(1, mv.itemsize)
+    except TypeError:
+        return sum(1 for _ in _flatten(values))
+
+
+_HANDLERS = {
+    P.CAPABILITIES: Server.capabilities,
+    P.LOAD_MODEL: Server.load_model,
+    P.FREE_MODEL: Server.free_model,
+    P.OPEN_SESSION: Server.open_session,
+    P.FREE_SESSION: Server.free_session,
+    P.PREFILL: Server.prefill,
+    P.DECODE: Server.decode,
+    P.PREFILL_GREEDY: Server.prefill_greedy,
+    P.REWIND: Server.rewind,
+    P.POSITION: Server.position,
+    P.SET_TAPS: Server.set_taps,
+    P.READ_TAPS: Server.read_taps,
+}
+
+
+def command_line():
+    """How this process was started ("python3 -m package.module ...")."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv
+    return " ".join(argv)
+
+
+NOT_A_SOCKET = (
+    "touchstone_engine: fd {fd} is not a socket: this program is an engine that the "
+    "touchstone harness starts, e.g.\n"
+    "  touchstone parity --backend \"exec:{cmd}\" --manifest goldens/manifest.json\n")
+
+
+def run(engine, fd=3, redirect_stdout=True):
+    """Serves `engine` (an Engine subclass, instance or factory) on fd; returns the
+    exit status (0 when the harness closed the connection)."""
+    try:
+        is_socket = stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        is_socket = False
+    if not is_socket:
+        sys.stderr.write(NOT_A_SOCKET.format(fd=fd, cmd=command_line()))
+        return 2
+    if redirect_stdout:
+        # The report is the harness's stdout: nothing of ours may reach it.
+        sys.stdout.flush()
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+    sock = socket.socket(fileno=fd)
+    try:
+        return Server(engine, sock, command_line()).run()
+    except P.ProtocolError as e:  # a malformed request frame: the harness is broken
+        sys.stderr.write(f"touchstone_engine: {e}\n")
+        return 2
+    finally:
+        sock.detach()
+
+
+def serve(engine, fd=3):
+    """Runs the protocol loop for `engine` on fd 3 and exits the process when
+    the harness closes the connection."""
+    if hasattr(signal, "SIGINT"):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: die quietly with the harness
+    sys.stderr.flush()
+    code = run(engine, fd)
+    sys.stderr.flush()
+    sys.exit(code)
