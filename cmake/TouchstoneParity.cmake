@@ -117,7 +117,10 @@ function(_touchstone_parity_tests_for_target target)
     endif()
     _touchstone_parity_tests(${target} $<TARGET_FILE:${target}> ${w} "${_tier};${_a_LABELS}"
                              "${_a_MODELS}" "${_a_SLOW_TAGS}")
-    if(NOT _a_NO_CONTRACT)
+    if(NOT _a_NO_CONTRACT AND NOT TARGET ${TOUCHSTONE_CONTRACT_TEST})
+      message(STATUS "touchstone_add_parity_tests(${target}): no contract tests: "
+                     "${TOUCHSTONE_CONTRACT_TEST} is not installed (Touchstone built without BUILD_TESTING)")
+    elseif(NOT _a_NO_CONTRACT)
       _touchstone_contract_test(${target} $<TARGET_FILE:${target}> ${w} "${_a_LABELS}")
     endif()
   endforeach()
