@@ -57,7 +57,8 @@ namespace touchstone::abi {
 // An error with the ts_status it maps to at the ABI.
 class StatusError : public std::runtime_error {
  public:
-  StatusError(ts_status status, const std::string& what) : std::runtime_error(what), status_(status) {}
+  StatusError(ts_status status, const std::string& what)
+      : std::runtime_error(what), status_(status) {}
   ts_status status() const { return status_; }
 
  private:
@@ -77,9 +78,9 @@ inline const char* last_error() { return last_error_storage().c_str(); }
 inline void check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-      throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                        "token #" + std::to_string(i) + " = " + std::to_string(tokens[i]) +
-                            " outside [0, " + std::to_string(n_vocab) + ")");
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(i) + " = " +
+                                                     std::to_string(tokens[i]) + " outside [0, " +
+                                                     std::to_string(n_vocab) + ")");
     }
   }
 }
@@ -96,8 +97,8 @@ inline void check_room(int64_t position, int64_t n, int64_t max_context) {
 // TS_ERR_INVALID_ARGUMENT unless 0 <= to <= position.
 inline void check_rewind(int64_t to, int64_t position) {
   if (to < 0 || to > position) {
-    throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(to) +
-                                                   " outside [0, " + std::to_string(position) + "]");
+    throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(to) + " outside [0, " +
+                                                   std::to_string(position) + "]");
   }
 }
 
@@ -179,14 +180,16 @@ class BackendAdapter {
     return reinterpret_cast<const SessionBox*>(s);
   }
 
-  static constexpr bool kGreedy = requires(Session& s, std::span<const int32_t> t) {
+  static constexpr bool kGreedy = requires(Session & s, std::span<const int32_t> t) {
     { s.prefill_greedy(t) } -> std::convertible_to<int32_t>;
   };
-  static constexpr bool kTaps = requires(Session& s, float* out, int64_t n) {
+  static constexpr bool kTaps = requires(Session & s, float* out, int64_t n) {
     s.set_taps(true);
     s.read_taps(out, n);
   };
-  static constexpr bool kDecode = requires(Session& s, int32_t t, float* out) { s.decode(t, out); };
+  static constexpr bool kDecode = requires(Session & s, int32_t t, float* out) {
+    s.decode(t, out);
+  };
 
   static const char* architectures() {
     if constexpr (requires { Impl::architectures; }) return Impl::architectures;
@@ -356,7 +359,7 @@ class BackendAdapter {
 }  // namespace touchstone
 
 // Exports the one symbol the harness looks up (TS_BACKEND_ENTRY_SYMBOL).
-#define TOUCHSTONE_BACKEND_ENTRY(Impl)                                                        \
+#define TOUCHSTONE_BACKEND_ENTRY(Impl)                                                          \
   extern "C" __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry( \
       void) {                                                                                   \
     return ::touchstone::BackendAdapter<Impl>::table();                                         \
