@@ -1,9 +1,9 @@
 /* template_backend.c - a complete Touchstone backend in C11: scalar, one thread, Llama only.
  * Copy it to start a backend (docs/writing-a-backend.md); the contract is touchstone/backend_abi.h.
- * It reads the GGUF itself, dequantizes every weight to fp32 at load (full_precision; quantized
- * is refused with TS_ERR_UNSUPPORTED) and computes reference/model's forward pass: RMSNorm,
- * interleaved RoPE, GQA attention, SwiGLU FFN, in fp32 (RoPE angles in double). A token's result
- * does not depend on how tokens are split into calls: prefill(n) == n decode steps, bit for bit. */
+ * It reads the GGUF (every read checked against the file size), dequantizes the weights to fp32 at
+ * load (full_precision; quantized is refused) and runs reference/model's forward pass: RMSNorm,
+ * interleaved RoPE, GQA attention, SwiGLU, in fp32 (RoPE angles in double). A token's result does
+ * not depend on how tokens are split into calls: prefill(n) == n decode steps, bit for bit. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,21 +21,20 @@ static ts_status fail(ts_status status, const char* fmt, ...) {
   va_end(ap);
   return status;
 }
-/* Unless ok: return `status` from the calling function, with the message for last_error(). */
-#define REQUIRE(ok, status, ...) \
+#define REQUIRE(ok, status, ...) /* unless ok: return status, message for last_error() */ \
   if (!(ok)) return fail(status, __VA_ARGS__)
-
-/* ---- GGUF (ggml/docs/gguf.md), little-endian; every read is checked against the file size */
+/* GGUF (ggml/docs/gguf.md) is little-endian. */
 enum { F32 = 0, Q4_1 = 3, Q8_0 = 8 }; /* the ggml tensor types read (those of SmolLM2 Q4_1) */
-enum { K_LAYER, K_CTX, K_EMBD, K_FF, K_HEAD, K_HKV, K_BASE, K_EPS, K_VOCAB }; /* kv[] indices */
-enum { K_ROT = K_VOCAB + 1, K_KLEN, K_VLEN, K_ALIGN }; /* these three must equal the head dim */
-static const char* const kKeys[K_ALIGN] = {
-    "block_count",          "context_length",
-    "embedding_length",     "feed_forward_length",
-    "attention.head_count", "attention.head_count_kv",
-    "rope.freq_base",       "attention.layer_norm_rms_epsilon",
-    "vocab_size",           "rope.dimension_count",
-    "attention.key_length", "attention.value_length"};
+enum { K_LAYER, K_CTX, K_EMBD, K_FF, K_HEAD, K_HKV, K_BASE, K_EPS, K_VOCAB, K_ROT, K_KLEN, K_VLEN };
+enum { K_ALIGN = K_VLEN + 1, N_KEYS }; /* K_ROT .. K_VLEN must equal the head dim if present */
+static const char* const kKeys[N_KEYS] = {
+    "llama.block_count",          "llama.context_length",
+    "llama.embedding_length",     "llama.feed_forward_length",
+    "llama.attention.head_count", "llama.attention.head_count_kv",
+    "llama.rope.freq_base",       "llama.attention.layer_norm_rms_epsilon",
+    "llama.vocab_size",           "llama.rope.dimension_count",
+    "llama.attention.key_length", "llama.attention.value_length",
+    "general.alignment"};
 typedef struct {
   const char* name;
   uint64_t name_len, dims[4], offset;
@@ -45,10 +44,9 @@ typedef struct {
   const char* path;
   unsigned char* buf;                  /* the whole file */
   uint64_t size, pos, data, n_tensors; /* data: where the data section starts */
-  double kv[K_ALIGN + 1];              /* "llama." + kKeys[k], general.alignment; NaN: absent */
+  double kv[N_KEYS];                   /* the value of kKeys[k]; NaN: absent */
   TensorInfo* t;
 } Gguf;
-
 /* Copies n bytes at the cursor into out (NULL: skips them); 0 when the file ends first. */
 static int get(Gguf* g, void* out, uint64_t n) {
   if (n > g->size - g->pos) return 0;
@@ -64,32 +62,21 @@ static int skip_value(Gguf* g, uint32_t type) {
     if (!get(g, &len, 8) || !get(g, NULL, len)) return 0;
   return type == 8 || (type < 13 && n <= g->size / size[type] && get(g, NULL, n * size[type]));
 }
-/* kv index of a key; -2: another "llama." key (rope scaling, sliding window...: it would change
- * the model, refused); -1: a key the forward pass does not depend on (general.*, tokenizer.*). */
-static int key_index(const char* key, uint64_t len) {
-  if (len == 17 && !memcmp(key, "general.alignment", 17)) return K_ALIGN;
-  if (len < 6 || memcmp(key, "llama.", 6)) return -1;
-  for (int k = 0; k < K_ALIGN; ++k)
-    if (strlen(kKeys[k]) == len - 6 && !memcmp(key + 6, kKeys[k], len - 6)) return k;
-  return -2;
-}
 static const TensorInfo* find(const Gguf* g, const char* name) {
   for (uint64_t i = 0; g->t && i < g->n_tensors; ++i)
     if (g->t[i].name_len == strlen(name) && !memcmp(g->t[i].name, name, g->t[i].name_len))
       return &g->t[i];
   return NULL;
 }
-
-/* Header, metadata and tensor infos: fills g->kv, g->t, g->data. */
+/* Fills g->kv, g->t, g->data; refuses llama.* keys it does not read (rope scaling...). */
 static ts_status parse(Gguf* g) {
   uint32_t magic = 0, version = 0, type = 0, u32;
   uint64_t n_kv = 0, len = 0;
   float f32;
   int llama = 0;
-  REQUIRE(get(g, &magic, 4) && magic == 0x46554747, TS_ERR_IO, "%s: not a GGUF file", g->path);
-  REQUIRE(get(g, &version, 4) && version >= 2 && version <= 3 && get(g, &g->n_tensors, 8) &&
-              get(g, &n_kv, 8),
-          TS_ERR_IO, "%s: header: version %u or truncated", g->path, version);
+  REQUIRE(get(g, &magic, 4) && magic == 0x46554747 && get(g, &version, 4) && version >= 2 &&
+              version <= 3 && get(g, &g->n_tensors, 8) && get(g, &n_kv, 8),
+          TS_ERR_IO, "%s: not a GGUF v2/v3 file, or truncated header", g->path);
   for (uint64_t i = 0; i < n_kv; ++i) {
     const int ok = get(g, &len, 8) && len <= g->size - g->pos,
               kl = ok ? (int)(len < 99 ? len : 99) : 0;
@@ -99,21 +86,17 @@ static ts_status parse(Gguf* g) {
             "%s: metadata key #%llu '%.*s': bad value type or truncated", g->path, i + 0ull, kl,
             key);
     const unsigned char* v = g->buf + at;
-    const int k = key_index(key, len);
-    if (len == 20 && !memcmp(key, "general.architecture", 20) && type == 8) {
-      memcpy(&len, v, 8);
-      REQUIRE(len == 5 && !memcmp(v + 8, "llama", 5), TS_ERR_UNSUPPORTED,
-              "%s: general.architecture '%.*s' is not llama", g->path, (int)(len < 64 ? len : 64),
-              v + 8);
-      llama = 1;
-    } else if (k >= 0 && (type == 4 || type == 6)) { /* UINT32 or FLOAT32, as llama.cpp writes */
+    int k = -1;
+    for (int j = 0; j < N_KEYS; ++j)
+      if (strlen(kKeys[j]) == len && !memcmp(key, kKeys[j], len)) k = j;
+    if (len == 20 && !memcmp(key, "general.architecture", 20)) /* a string, "llama" */
+      llama = type == 8 && at + 13 <= g->size && !memcmp(v, "\5\0\0\0\0\0\0\0llama", 13);
+    if (k >= 0 && (type == 4 || type == 6)) /* UINT32 or FLOAT32 (as llama.cpp writes) */
       g->kv[k] = type == 4 ? (memcpy(&u32, v, 4), (double)u32) : (memcpy(&f32, v, 4), (double)f32);
-    } else {
-      REQUIRE(k == -1, TS_ERR_UNSUPPORTED, "%s: metadata key '%.*s' not supported", g->path, kl,
-              key);
-    }
+    REQUIRE(k >= 0 ? type == 4 || type == 6 : len < 6 || memcmp(key, "llama.", 6),
+            TS_ERR_UNSUPPORTED, "%s: metadata key '%.*s' not supported", g->path, kl, key);
   }
-  REQUIRE(llama, TS_ERR_UNSUPPORTED, "%s: general.architecture is not llama", g->path);
+  REQUIRE(llama, TS_ERR_UNSUPPORTED, "%s: general.architecture is not \"llama\"", g->path);
   REQUIRE(g->n_tensors <= g->size / 24 && (g->t = calloc(g->n_tensors + 1, sizeof *g->t)),
           TS_ERR_IO, "%s: tensor count too large", g->path);
   for (uint64_t i = 0; i < g->n_tensors; ++i) {
@@ -129,7 +112,6 @@ static ts_status parse(Gguf* g) {
   g->data = (g->pos + (uint64_t)a - 1) / (uint64_t)a * (uint64_t)a;
   return TS_OK;
 }
-
 static float half(uint16_t h) { /* IEEE fp16 -> fp32, exact */
   const int e = (h >> 10) & 31, m = h & 1023;
   const float v =
@@ -166,8 +148,7 @@ static ts_status load(Gguf* g, const char* name, uint64_t ne0, uint64_t ne1, flo
   }
   return TS_OK;
 }
-
-/* ---- the model: weights of ggml shape [ne0 = inputs, ne1 = outputs], row o = output o ---- */
+/* The model: weights of ggml shape [ne0 = inputs, ne1 = outputs], row o = output o. */
 enum { ATTN_NORM, WQ, WK, WV, WO, FFN_NORM, GATE, UP, DOWN, N_W };
 static const char* const kLayerTensors[N_W] = {"attn_norm", "attn_q",      "attn_k",
                                                "attn_v",    "attn_output", "ffn_norm",
@@ -189,8 +170,8 @@ static ts_status build(Gguf* g, ts_model** out) {
   if (isnan(kv[K_HKV])) kv[K_HKV] = kv[K_HEAD]; /* llama.cpp's defaults */
   if (isnan(kv[K_BASE])) kv[K_BASE] = 10000.0;
   for (int k = K_LAYER; k <= K_HKV; ++k) /* NaN (absent) fails too */
-    REQUIRE(kv[k] >= 1 && kv[k] < 1 << 24, TS_ERR_IO, "%s: llama.%s missing or out of range",
-            g->path, kKeys[k]);
+    REQUIRE(kv[k] >= 1 && kv[k] < 1 << 24, TS_ERR_IO, "%s: %s missing or out of range", g->path,
+            kKeys[k]);
   const int n_layer = (int)kv[K_LAYER], d = (int)kv[K_EMBD], hd = d / (int)kv[K_HEAD];
   const TensorInfo* emb = find(g, "token_embd.weight");
   const int n_vocab = emb && emb->dims[1] < 1 << 30 ? (int)emb->dims[1] : 0;
@@ -200,8 +181,8 @@ static ts_status build(Gguf* g, ts_model** out) {
           TS_ERR_IO, "%s: head counts, rope.freq_base, rms epsilon or vocabulary size out of range",
           g->path);
   for (int k = K_ROT; k <= K_VLEN; ++k) /* head dim n_embd / n_head, all of it rotated */
-    REQUIRE(isnan(kv[k]) || kv[k] == hd, TS_ERR_UNSUPPORTED, "%s: llama.%s %g != head dim %d",
-            g->path, kKeys[k], kv[k], hd);
+    REQUIRE(isnan(kv[k]) || kv[k] == hd, TS_ERR_UNSUPPORTED, "%s: %s %g != head dim %d", g->path,
+            kKeys[k], kv[k], hd);
   const int tied = !find(g, "output.weight"); /* a plain Llama has exactly these tensors: */
   REQUIRE(g->n_tensors == 2u + !tied + N_W * (uint64_t)n_layer, TS_ERR_UNSUPPORTED,
           "%s: tensors other than a plain Llama's", g->path);
@@ -227,13 +208,12 @@ static ts_status build(Gguf* g, ts_model** out) {
 }
 static ts_status load_model(const char* path, ts_model** out) {
   REQUIRE(path && out, TS_ERR_INVALID_ARGUMENT, "load_model: null argument");
-  Gguf g = {.path = path, .kv = {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}};
+  Gguf g = {.path = path};
+  for (int k = 0; k < N_KEYS; ++k) g.kv[k] = NAN;
   FILE* f = fopen(path, "rb");
-  if (f && !fseek(f, 0, SEEK_END) && ftell(f) > 0 && (g.buf = malloc((size_t)ftell(f)))) {
-    g.size = (uint64_t)ftell(f);
-    rewind(f);
-    if (fread(g.buf, 1, g.size, f) != g.size) g.size = 0;
-  }
+  const long n = f && !fseek(f, 0, SEEK_END) ? ftell(f) : 0;
+  if (n > 0 && (g.buf = malloc((size_t)n)) && !fseek(f, 0, SEEK_SET))
+    g.size = fread(g.buf, 1, (size_t)n, f) == (size_t)n ? (uint64_t)n : 0;
   if (f) fclose(f);
   ts_model* m = NULL;
   ts_status st = g.size ? parse(&g) : fail(TS_ERR_IO, "%s: cannot open or read the file", path);
@@ -242,9 +222,7 @@ static ts_status load_model(const char* path, ts_model** out) {
   if (st) return free_model(m), st;
   return *out = m, TS_OK;
 }
-
-/* ---- the forward pass ---- */
-enum { CHUNK = 32 }; /* prefill computes up to CHUNK tokens per pass over the weights */
+enum { CHUNK = 32 }; /* the forward pass: prefill reads the weights once per CHUNK tokens */
 struct ts_session {
   const ts_model* m;
   int pos, max_ctx;
@@ -330,7 +308,6 @@ static void forward(ts_session* s, const int32_t* tokens, int n, float* logits, 
   if (logits) matmul(m->output, s->xn + t0 * d, logits, n - t0, d, m->n_vocab);
 }
 
-/* ---- the session calls of the ABI ---- */
 static ts_status open_session(ts_model* m, const ts_session_options* o, ts_session** out) {
   REQUIRE(m && o && out && o->struct_size >= sizeof *o, TS_ERR_INVALID_ARGUMENT,
           "open_session: bad argument");
@@ -365,9 +342,7 @@ static ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_
   }
   return TS_OK;
 }
-static ts_status decode(ts_session* s, int32_t token, float* logits) {
-  return prefill(s, &token, 1, 0, logits);
-}
+static ts_status decode(ts_session* s, int32_t t, float* out) { return prefill(s, &t, 1, 0, out); }
 static ts_status rewind_to(ts_session* s, int32_t position) { /* later tokens overwrite the KV */
   REQUIRE(s && position >= 0 && position <= s->pos, TS_ERR_INVALID_ARGUMENT,
           "rewind to %d outside [0, %d]", position, s ? s->pos : 0);
@@ -383,7 +358,6 @@ static ts_status capabilities(ts_capabilities* c) {
   c->weight_types = TS_WEIGHT_TYPE_BIT(F32) | TS_WEIGHT_TYPE_BIT(Q4_1) | TS_WEIGHT_TYPE_BIT(Q8_0);
   return TS_OK;
 }
-
 /* The table (ABI v4). Optional members left NULL: prefill_greedy, set_taps, read_taps. */
 static const ts_backend kBackend = {
     .api_version = TS_BACKEND_API_VERSION,
