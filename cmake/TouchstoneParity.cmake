@@ -1,10 +1,12 @@
 # touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...] [MODELS model...]
-#                             [SLOW_TAGS tag...])
+#                             [SLOW_TAGS tag...] [PROFILE name])
 #
 # One CTest test per case and scoring passage of the manifest's "full" suite that
 # belongs to one of MODELS (default: the manifest's first model, SmolLM2):
 #   parity.<backend>.<weights>.<case>   labels: parity;<backend>;<tier>;<weights>;<model>
 # plus parity.<backend>.<weights>.consistency (the golden-free checks).
+# PROFILE: judge them by that manifest profile (--profile, also a label) instead
+# of the weight path's default (exact / quantized).
 # A test exits 77 (SKIP) when the backend reports that no device is available
 # (TS_ERR_DEVICE): it never passes vacuously.
 #
@@ -86,9 +88,9 @@ function(touchstone_add_parity_tests)
     _touchstone_parity_tests_for_target(${_rest})
     return()
   endif()
-  cmake_parse_arguments(PARSE_ARGV 3 _a "" "" "MODELS;SLOW_TAGS")
+  cmake_parse_arguments(PARSE_ARGV 3 _a "" "PROFILE" "MODELS;SLOW_TAGS")
   _touchstone_parity_tests(${ARGV0} ${ARGV0} ${ARGV1} "${ARGV2};${_a_UNPARSED_ARGUMENTS}"
-                           "${_a_MODELS}" "${_a_SLOW_TAGS}")
+                           "${_a_MODELS}" "${_a_SLOW_TAGS}" ${_a_PROFILE})
 endfunction()
 
 # touchstone_add_parity_tests(TARGET <backend target> [WEIGHTS w...] [MODELS m...]
@@ -127,8 +129,14 @@ function(_touchstone_parity_tests_for_target target)
 endfunction()
 
 # Per-case, per-passage and consistency tests of one backend (name: in the test
-# names; backend: the --backend argument, a name or a library path).
+# names; backend: the --backend argument, a name or a library path; optional
+# 7th argument: the profile).
 function(_touchstone_parity_tests backend backend_arg weights labels models slow_tags)
+  set(_profile "")
+  if(ARGC GREATER 6 AND NOT "${ARGV6}" STREQUAL "")
+    set(_profile --profile ${ARGV6})
+    set(labels "${labels};${ARGV6}")
+  endif()
   set(_a_MODELS ${models})
   set(_a_SLOW_TAGS ${slow_tags})
   set(_a_UNPARSED_ARGUMENTS ${labels})
@@ -166,8 +174,8 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
         endif()
       endforeach()
       add_test(NAME ${_t}
-        COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend_arg} --weights ${weights} ${_sel} --threads 1
-                --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
+        COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend_arg} --weights ${weights} ${_profile} ${_sel}
+                --threads 1 --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
       set_tests_properties(${_t} PROPERTIES
         LABELS "parity;${backend};${weights};${_model};${_a_UNPARSED_ARGUMENTS};${_extra}"
         ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
@@ -178,8 +186,8 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
   # replay, 1/2/3 threads, run to run.
   set(_t parity.${backend}.${weights}.consistency)
   add_test(NAME ${_t}
-    COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend_arg} --weights ${weights} --consistency-only
-            --consistency-tokens 24 --manifest ${TOUCHSTONE_MANIFEST}
+    COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend_arg} --weights ${weights} ${_profile}
+            --consistency-only --consistency-tokens 24 --manifest ${TOUCHSTONE_MANIFEST}
             --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
   set_tests_properties(${_t} PROPERTIES
     LABELS "parity;consistency;${backend};${weights};${_a_UNPARSED_ARGUMENTS}"

@@ -1,0 +1,364 @@
+// llamacpp_backend.cpp - llama.cpp (CPU) behind the session contract
+// (touchstone/backend_abi.h) through touchstone::BackendAdapter, driving only
+// llama.cpp's public C API (llama.h). docs/backends/llamacpp.md.
+//
+//   load_model    llama_model_load_from_file (CPU, n_gpu_layers 0, mmap)
+//   open_session  llama_init_from_model: n_ctx = max_context (0: the model's
+//                 n_ctx_train), one sequence, F32 KV cache, full-size SWA cache
+//                 (so rewind works on Gemma 3's sliding-window layers)
+//   prefill       llama_decode over llama_batch chunks of n_batch tokens, logits
+//                 flags on every position (all_positions) or the last one,
+//                 llama_get_logits_ith
+//   rewind        llama_memory_seq_rm(llama_get_memory(ctx), 0, p, -1)
+//   full_precision  an F32 copy written by llama_model_quantize (f32_copy.h)
+#include <ggml-cpu.h>
+#include <ggml.h>
+#include <llama.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "f32_copy.h"
+#include "touchstone/backend_adapter.hpp"
+
+namespace ts_llamacpp {
+namespace {
+
+using touchstone::abi::StatusError;
+
+// ---- llama.cpp's log: nothing reaches stdout/stderr; errors are kept --------
+// (the latest ~2 KB) to explain a failed load or decode in last_error().
+std::mutex g_log_mu;
+std::string g_log_errors;
+ggml_log_level g_last_level = GGML_LOG_LEVEL_NONE;
+
+void log_callback(ggml_log_level level, const char* text, void*) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  if (level != GGML_LOG_LEVEL_CONT) g_last_level = level;
+  if (g_last_level != GGML_LOG_LEVEL_ERROR || !text) return;
+  g_log_errors += text;
+  if (g_log_errors.size() > 2048) g_log_errors.erase(0, g_log_errors.size() - 2048);
+}
+
+// The errors logged since the last call, on one line ("" when none).
+std::string take_log_errors() {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  std::string s;
+  s.swap(g_log_errors);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+std::string with_log(std::string message) {
+  const std::string log = take_log_errors();
+  return log.empty() ? message : message + " (llama.cpp: " + log + ")";
+}
+
+void init_llama() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llama_log_set(log_callback, nullptr);
+    llama_backend_init();
+  });
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto p = line.find(':');
+      if (p != std::string::npos) return line.substr(p + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+// ---- knobs (environment; docs/backends/llamacpp.md) --------------------------
+// Defaults: llama.cpp's most precise CPU attention. F32 KV cache (llama.cpp's
+// default is F16) and flash attention off (llama.cpp's default "auto" turns it
+// on for the CPU, and llama_graph casts an F32 K/V to F16 before
+// ggml_flash_attn_ext: SmolLM2 full_precision NMSE 2e-12 -> 9e-7).
+struct Knobs {
+  ggml_type kv_type = GGML_TYPE_F32;
+  llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+};
+
+Knobs knobs() {
+  Knobs k;
+  const char* kv = std::getenv("TOUCHSTONE_LLAMACPP_KV");
+  const std::string kvs = kv ? kv : "";
+  if (kvs == "f16") {
+    k.kv_type = GGML_TYPE_F16;
+  } else if (!kvs.empty() && kvs != "f32") {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "TOUCHSTONE_LLAMACPP_KV must be f32 or f16, not '" + kvs + "'");
+  }
+  const char* fa = std::getenv("TOUCHSTONE_LLAMACPP_FLASH_ATTN");
+  const std::string fas = fa ? fa : "";
+  if (fas == "on") {
+    k.flash_attn = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  } else if (fas == "auto") {
+    k.flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
+  } else if (!fas.empty() && fas != "off") {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "TOUCHSTONE_LLAMACPP_FLASH_ATTN must be auto, on or off, not '" + fas + "'");
+  }
+  return k;
+}
+
+struct ModelFree {
+  void operator()(llama_model* m) const { llama_model_free(m); }
+};
+using ModelPtr = std::unique_ptr<llama_model, ModelFree>;
+struct ContextFree {
+  void operator()(llama_context* c) const { llama_free(c); }
+};
+using ContextPtr = std::unique_ptr<llama_context, ContextFree>;
+
+ModelPtr load_llama_model(const std::string& path) {
+  {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw StatusError(TS_ERR_IO, "cannot open " + path);
+  }
+  init_llama();
+  take_log_errors();
+  llama_model_params p = llama_model_default_params();
+  p.n_gpu_layers = 0;                  // CPU only (this build has no other device)
+  p.load_mode = LLAMA_LOAD_MODE_MMAP;  // use_mmap
+  ModelPtr m(llama_model_load_from_file(path.c_str(), p));
+  if (!m) {
+    const std::string log = take_log_errors();
+    const ts_status st = log.find("unknown model architecture") != std::string::npos
+                             ? TS_ERR_UNSUPPORTED
+                             : TS_ERR_IO;
+    throw StatusError(st, "llama.cpp cannot load " + path + (log.empty() ? "" : ": " + log));
+  }
+  return m;
+}
+
+struct LlamaCpp {
+  static constexpr const char* name = "llamacpp";
+  static constexpr const char* version = TOUCHSTONE_LLAMACPP_VERSION;
+  // ABI v3: the Touchstone families llama.cpp loads; it computes every feature
+  // of them (docs/model-families.md).
+  static constexpr const char* architectures = "llama,qwen2,qwen3,gemma3,phi3";
+  static constexpr const char* model_features = "*";
+
+  struct Model {
+    std::string path;
+    ModelPtr quantized;
+    ModelPtr f32;  // full_precision, loaded on first use
+    std::mutex f32_mu;
+    int32_t vocab = 0;
+    int32_t n_ctx_train = 0;
+    int32_t n_vocab() const { return vocab; }
+
+    llama_model* weights(bool quant) {
+      if (quant) return quantized.get();
+      std::lock_guard<std::mutex> lock(f32_mu);
+      if (!f32) {
+        f32 = load_llama_model(f32_copy(path));
+        if (llama_vocab_n_tokens(llama_model_get_vocab(f32.get())) != vocab)
+          throw StatusError(TS_ERR_INTERNAL, "F32 copy of " + path + " has another vocabulary");
+      }
+      return f32.get();
+    }
+  };
+
+  class Session {
+   public:
+    Session(llama_model* m, int32_t cap, int32_t n_threads, const Knobs& k);
+    ~Session() { llama_batch_free(batch_); }
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+
+    int32_t position() const { return pos_; }
+    int32_t max_context() const { return cap_; }
+    void prefill(std::span<const int32_t> t, bool all, float* logits);
+    int32_t prefill_greedy(std::span<const int32_t> t);
+    void rewind(int32_t p);
+
+   private:
+    // Appends the tokens; calls row(i, logits of token i) for every output row.
+    template <typename Row>
+    void append(std::span<const int32_t> t, bool all, Row&& row);
+    void decode_chunk(std::span<const int32_t> t, int32_t first, bool all, bool last_chunk);
+    void undo(int32_t to);
+
+    ContextPtr ctx_;
+    llama_batch batch_{};
+    int32_t n_vocab_ = 0;
+    int32_t cap_ = 0;
+    int32_t n_batch_ = 0;
+    int32_t pos_ = 0;
+  };
+
+  static std::string device_name() {
+    init_llama();
+    const Knobs k = knobs();
+    return "CPU: " + cpu_model() + " (" + std::to_string(std::thread::hardware_concurrency()) +
+           " hardware threads); llama.cpp " + std::string(TOUCHSTONE_LLAMACPP_VERSION) +
+           " (llama-cpp-python sdist), KV cache " + ggml_type_name(k.kv_type) +
+           ", flash attention " + llama_flash_attn_type_name(k.flash_attn) + "; " +
+           llama_print_system_info();
+  }
+
+  static void capabilities(ts_capabilities& c) {
+    // Bitwise determinism (measured, docs/backends/llamacpp.md#determinism):
+    // without flash attention every ggml CPU op splits its work by output rows,
+    // each element one thread's full reduction. With it, a decode over >= 512 KV
+    // cells splits the KV range across the threads and merges the partial
+    // softmaxes (ggml_flash_attn_ext_reduce_partials): thread-count dependent.
+    c.flags = TS_CAP_ALL_POSITION_LOGITS;
+    if (knobs().flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED) {
+      c.flags |= TS_CAP_BITWISE_DETERMINISM;
+    } else {
+      c.determinism_note =
+          "TOUCHSTONE_LLAMACPP_FLASH_ATTN: decode splits the KV range across threads once it "
+          "holds >= 512 cells, so results depend on the thread count";
+    }
+    // Every type the CPU backend has a dot product for (a matmul weight type;
+    // Q8_1, Q8_K are activation-only, I8..I64 and F64 have none).
+    for (int t = 0; t < GGML_TYPE_COUNT && t < 64; ++t) {
+      if (ggml_get_type_traits_cpu(ggml_type(t))->vec_dot) c.weight_types |= TS_WEIGHT_TYPE_BIT(t);
+    }
+    c.max_context = 0;
+  }
+
+  static std::unique_ptr<Model> load_model(const std::string& path) {
+    auto m = std::make_unique<Model>();
+    m->path = path;
+    m->quantized = load_llama_model(path);
+    m->vocab = llama_vocab_n_tokens(llama_model_get_vocab(m->quantized.get()));
+    m->n_ctx_train = llama_model_n_ctx_train(m->quantized.get());
+    if (m->vocab <= 0) throw StatusError(TS_ERR_IO, path + ": no vocabulary");
+    return m;
+  }
+
+  static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
+    if (o.fault && *o.fault) {
+      throw StatusError(TS_ERR_UNSUPPORTED, std::string("fault '") + o.fault +
+                                                "': the llamacpp backend injects no faults");
+    }
+    const Knobs k = knobs();
+    int32_t cap = o.max_context > 0 ? o.max_context : m.n_ctx_train;
+    if (m.n_ctx_train > 0) cap = std::min(cap, m.n_ctx_train);
+    if (cap <= 0) throw StatusError(TS_ERR_INVALID_ARGUMENT, "model has no context length");
+    llama_model* w = m.weights(o.weight_path == TS_WEIGHTS_QUANTIZED);
+    return std::make_unique<Session>(w, cap, o.n_threads, k);
+  }
+};
+
+LlamaCpp::Session::Session(llama_model* m, int32_t cap, int32_t n_threads, const Knobs& k)
+    : n_vocab_(llama_vocab_n_tokens(llama_model_get_vocab(m))), cap_(cap) {
+  const int32_t threads =
+      n_threads > 0 ? n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+  llama_context_params p = llama_context_default_params();
+  p.n_ctx = uint32_t(cap);
+  p.n_batch = 512;
+  p.n_ubatch = 512;
+  p.n_seq_max = 1;
+  p.n_threads = threads;
+  p.n_threads_batch = threads;
+  p.type_k = k.kv_type;
+  p.type_v = k.kv_type;
+  p.flash_attn_type = k.flash_attn;
+  p.swa_full = true;  // rewind on sliding-window layers needs the evicted cells
+  p.no_perf = true;
+  p.offload_kqv = false;
+  p.op_offload = false;
+  take_log_errors();
+  ctx_.reset(llama_init_from_model(m, p));
+  if (!ctx_) {
+    throw StatusError(TS_ERR_OUT_OF_MEMORY,
+                      with_log("llama_init_from_model failed (n_ctx " + std::to_string(cap) + ")"));
+  }
+  n_batch_ = int32_t(std::min(llama_n_batch(ctx_.get()), llama_n_ubatch(ctx_.get())));
+  if (n_batch_ <= 0) throw StatusError(TS_ERR_INTERNAL, "llama.cpp reports n_batch 0");
+  batch_ = llama_batch_init(n_batch_, 0, 1);
+}
+
+// Drops every KV cell at positions >= `to` (after a failed decode, or rewind).
+void LlamaCpp::Session::undo(int32_t to) {
+  if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, to, -1)) {
+    throw StatusError(TS_ERR_INTERNAL, with_log("llama_memory_seq_rm(seq 0, " + std::to_string(to) +
+                                                ", -1) failed"));
+  }
+}
+
+void LlamaCpp::Session::decode_chunk(std::span<const int32_t> t, int32_t first, bool all,
+                                     bool last_chunk) {
+  batch_.n_tokens = int32_t(t.size());
+  for (int32_t i = 0; i < batch_.n_tokens; ++i) {
+    batch_.token[i] = t[size_t(i)];
+    batch_.pos[i] = first + i;
+    batch_.n_seq_id[i] = 1;
+    batch_.seq_id[i][0] = 0;
+    batch_.logits[i] = int8_t(all || (last_chunk && i == batch_.n_tokens - 1));
+  }
+  take_log_errors();
+  const int32_t rc = llama_decode(ctx_.get(), batch_);
+  if (rc != 0) {
+    const ts_status st = rc == 1 ? TS_ERR_CONTEXT_FULL : TS_ERR_INTERNAL;
+    throw StatusError(st, with_log("llama_decode returned " + std::to_string(rc) + " at position " +
+                                   std::to_string(first)));
+  }
+}
+
+template <typename Row>
+void LlamaCpp::Session::append(std::span<const int32_t> t, bool all, Row&& row) {
+  const int32_t start = pos_;
+  const int32_t n = int32_t(t.size());
+  try {
+    for (int32_t done = 0; done < n; done += n_batch_) {
+      const int32_t take = std::min(n_batch_, n - done);
+      const bool last_chunk = done + take == n;
+      decode_chunk(t.subspan(size_t(done), size_t(take)), start + done, all, last_chunk);
+      for (int32_t i = all ? 0 : take - 1; i < take && (all || last_chunk); ++i) {
+        const float* logits = llama_get_logits_ith(ctx_.get(), i);
+        if (!logits) throw StatusError(TS_ERR_INTERNAL, with_log("llama_get_logits_ith failed"));
+        row(done + i, logits);
+      }
+    }
+  } catch (...) {
+    // A failed call leaves the session as it was (best effort: the first error wins).
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, start, -1);
+    throw;
+  }
+  pos_ = start + n;
+}
+
+void LlamaCpp::Session::prefill(std::span<const int32_t> t, bool all, float* logits) {
+  const size_t V = size_t(n_vocab_);
+  append(t, all, [&](int32_t i, const float* row) {
+    float* out = all ? logits + size_t(i) * V : logits;
+    std::memcpy(out, row, V * sizeof(float));
+  });
+}
+
+// The "device" is the CPU: the argmax runs on llama.cpp's own logits buffer.
+int32_t LlamaCpp::Session::prefill_greedy(std::span<const int32_t> t) {
+  int32_t token = -1;
+  append(t, false,
+         [&](int32_t, const float* row) { token = touchstone::abi::greedy_argmax(row, n_vocab_); });
+  return token;
+}
+
+void LlamaCpp::Session::rewind(int32_t p) {
+  undo(p);
+  pos_ = p;
+}
+
+}  // namespace
+}  // namespace ts_llamacpp
+
+TOUCHSTONE_BACKEND_ENTRY(ts_llamacpp::LlamaCpp)
