@@ -1,5 +1,6 @@
 # touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...] [MODELS model...]
-#                             [SLOW_TAGS tag...] [PROFILE name])
+#                             [SLOW_TAGS tag...] [PROFILE name]
+#                             [KNOWN_DIVERGENCES file.json])
 #
 # One CTest test per case and scoring passage of the manifest's "full" suite that
 # belongs to one of MODELS (default: the manifest's first model, SmolLM2):
@@ -7,6 +8,9 @@
 # plus parity.<backend>.<weights>.consistency (the golden-free checks).
 # PROFILE: judge them by that manifest profile (--profile, also a label) instead
 # of the weight path's default (exact / quantized).
+# KNOWN_DIVERGENCES: reviewed expected failures (--known-divergences;
+# docs/known-divergences.md): an item that fails exactly as an entry records
+# passes as KNOWN_DIVERGENCE, one that fails otherwise or now passes fails.
 # A test exits 77 (SKIP) when the backend reports that no device is available
 # (TS_ERR_DEVICE): it never passes vacuously.
 #
@@ -88,13 +92,14 @@ function(touchstone_add_parity_tests)
     _touchstone_parity_tests_for_target(${_rest})
     return()
   endif()
-  cmake_parse_arguments(PARSE_ARGV 3 _a "" "PROFILE" "MODELS;SLOW_TAGS")
+  cmake_parse_arguments(PARSE_ARGV 3 _a "" "PROFILE;KNOWN_DIVERGENCES" "MODELS;SLOW_TAGS")
   _touchstone_parity_tests(${ARGV0} ${ARGV0} ${ARGV1} "${ARGV2};${_a_UNPARSED_ARGUMENTS}"
-                           "${_a_MODELS}" "${_a_SLOW_TAGS}" ${_a_PROFILE})
+                           "${_a_MODELS}" "${_a_SLOW_TAGS}" "${_a_PROFILE}" "${_a_KNOWN_DIVERGENCES}")
 endfunction()
 
 # touchstone_add_parity_tests(TARGET <backend target> [WEIGHTS w...] [MODELS m...]
-#                             [LABELS l...] [SLOW_TAGS t...] [NO_CONTRACT])
+#                             [LABELS l...] [SLOW_TAGS t...] [NO_CONTRACT]
+#                             [KNOWN_DIVERGENCES file.json])
 #
 # The form for a backend built outside this repository against an installed
 # Touchstone (find_package(Touchstone); docs/writing-a-backend.md). For each
@@ -104,7 +109,7 @@ endfunction()
 # contract.<target>.<weights>. Items tagged long_context are labelled slow
 # unless SLOW_TAGS says otherwise.
 function(_touchstone_parity_tests_for_target target)
-  cmake_parse_arguments(PARSE_ARGV 1 _a "NO_CONTRACT" "" "WEIGHTS;MODELS;LABELS;SLOW_TAGS")
+  cmake_parse_arguments(PARSE_ARGV 1 _a "NO_CONTRACT" "KNOWN_DIVERGENCES" "WEIGHTS;MODELS;LABELS;SLOW_TAGS")
   if(NOT _a_WEIGHTS)
     set(_a_WEIGHTS full_precision)
   endif()
@@ -118,7 +123,7 @@ function(_touchstone_parity_tests_for_target target)
       set(_tier quantized)
     endif()
     _touchstone_parity_tests(${target} $<TARGET_FILE:${target}> ${w} "${_tier};${_a_LABELS}"
-                             "${_a_MODELS}" "${_a_SLOW_TAGS}")
+                             "${_a_MODELS}" "${_a_SLOW_TAGS}" "" "${_a_KNOWN_DIVERGENCES}")
     if(NOT _a_NO_CONTRACT AND NOT TARGET ${TOUCHSTONE_CONTRACT_TEST})
       message(STATUS "touchstone_add_parity_tests(${target}): no contract tests: "
                      "${TOUCHSTONE_CONTRACT_TEST} is not installed (Touchstone built without BUILD_TESTING)")
@@ -130,12 +135,16 @@ endfunction()
 
 # Per-case, per-passage and consistency tests of one backend (name: in the test
 # names; backend: the --backend argument, a name or a library path; optional
-# 7th argument: the profile).
+# 7th argument: the profile; optional 8th: a known-divergences file).
 function(_touchstone_parity_tests backend backend_arg weights labels models slow_tags)
   set(_profile "")
   if(ARGC GREATER 6 AND NOT "${ARGV6}" STREQUAL "")
     set(_profile --profile ${ARGV6})
     set(labels "${labels};${ARGV6}")
+  endif()
+  if(ARGC GREATER 7 AND NOT "${ARGV7}" STREQUAL "")
+    get_filename_component(_kd "${ARGV7}" ABSOLUTE)
+    list(APPEND _profile --known-divergences ${_kd})
   endif()
   set(_a_MODELS ${models})
   set(_a_SLOW_TAGS ${slow_tags})

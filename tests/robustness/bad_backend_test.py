@@ -90,7 +90,7 @@ def main():
             os.remove(old)
     env = dict(os.environ, TOUCHSTONE_BAD_MODE=mode, TOUCHSTONE_BAD_STATE=state)
     cmd = [touchstone, "parity", "--backend", lib, "--manifest", manifest, "--json", rj,
-           "--junit", rx, "--timeout", "20"]
+           "--junit", rx, "--timeout", "20", "--max-steps", "8"]
     for c in CASES:
         cmd += ["--case", c]
     if mode == "killed":

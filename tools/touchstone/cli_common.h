@@ -22,7 +22,8 @@ inline constexpr int kExitSkip = 77;  // no device for this backend here (CTest 
 inline constexpr int kExitUnsupported = 3;
 // The exit codes above, for --help texts.
 inline constexpr const char* kExitCodesHelp =
-    "Exit codes: 0 PASS (or success), 1 FAIL (parity or check mismatch), 2 error (bad input, "
+    "Exit codes: 0 PASS or KNOWN_DIVERGENCE (or success), 1 FAIL (parity or check mismatch), 2 "
+    "error (bad input, "
     "usage), 3 UNSUPPORTED (the backend refuses this model or weight path), 77 SKIP (no device "
     "for this backend here).";
 

@@ -90,7 +90,8 @@ void add_summary(CLI::App& app, int& exit_code) {
         r.verdict = "INVALID";
         r.note = runs.back().reason;
       }
-      const bool good = r.verdict == "PASS" || r.verdict == "SKIP" || r.verdict == "UNSUPPORTED";
+      const bool good = r.verdict == "PASS" || r.verdict == "KNOWN_DIVERGENCE" ||
+                        r.verdict == "SKIP" || r.verdict == "UNSUPPORTED";
       ok = ok && good;
       fmt::print(
           "{:<14} {:<28} {:<15} {:<7} {:<12} {:>3}/{:<3} {:>10.2e} {:>10.2e} {:>10.2e} {:>7.0f}s\n",

@@ -55,6 +55,16 @@ void note_violation(CaseResult& r, int step, const std::string& what) {
   }
 }
 
+// The named violations behind "logits diverge at step N": the worst NMSE /
+// max-abs over the compared steps, and non-finite logits.
+void record_logit_violations(CaseResult& r, const Profile& p) {
+  if (r.nonfinite > 0) r.violations.push_back({"non_finite", double(r.nonfinite), 0.0});
+  if (p.logits_nmse_max && !(r.nmse_max <= *p.logits_nmse_max))
+    r.violations.push_back({"logits_nmse", r.nmse_max, *p.logits_nmse_max});
+  if (p.logits_max_abs_max && !(r.max_abs <= *p.logits_max_abs_max))
+    r.violations.push_back({"logits_max_abs", r.max_abs, *p.logits_max_abs_max});
+}
+
 // TS_CAP_DEVICE_GREEDY: the same teacher-forced steps again through
 // prefill_greedy; the token the backend returns must be the argmax of the
 // logits it returned for that step (lowest id on ties), step for step.
@@ -72,11 +82,13 @@ void check_device_greedy(Session& session, const GoldenCase& g,
             "device greedy at step {}: prefill_greedy returned {}, the argmax of the backend's "
             "own logits is {}",
             s, dev, host_argmax[s]));
+        r.violations.push_back({"device_greedy", double(s), 0.0});
         return;
       }
     }
   } catch (const std::exception& e) {
     r.failures.push_back(fmt::format("device greedy: {}", e.what()));
+    r.violations.push_back({"device_greedy", 0.0, 0.0});
     if (dynamic_cast<const BackendError*>(&e)) r.backend_error = e.what();
   }
 }
@@ -190,6 +202,7 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
                         s, ref_tok, d.ref_text, test_tok, d.test_text, v.ref_margin,
                         p.near_tie_margin, p.near_tie_top_k, v.test_in_ref_topk ? "yes" : "no",
                         v.ref_in_test_topk ? "yes" : "no"));
+        r.violations.push_back({"greedy", double(s), 0.0});
         stop = true;  // sequences have diverged: later steps are not comparable
         continue;
       }
@@ -229,6 +242,7 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
   } catch (const std::exception& e) {
     r.backend_error = fmt::format("{}: {}", where(at, "step"), e.what());
     r.failures.push_back(r.backend_error);
+    r.violations.push_back({"backend_error", 0.0, 0.0});
   }
   if (r.backend_error.empty() && session.has_device_greedy()) {
     check_device_greedy(session, g, host_argmax, r);
@@ -237,13 +251,16 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
     const metrics::Summary ks = metrics::summarize(kls);
     r.kld_mean = ks.mean;
     r.kld_max = ks.max;
+    r.kld_p99 = ks.p99;
     if (p.kld_mean_max && !(ks.mean <= *p.kld_mean_max)) {
       r.failures.push_back(
           fmt::format("mean KLD over steps {:.3e} > {:.1e}", ks.mean, *p.kld_mean_max));
+      r.violations.push_back({"kld_mean", ks.mean, *p.kld_mean_max});
     }
     if (p.kld_p99_max && !(ks.p99 <= *p.kld_p99_max)) {
       r.failures.push_back(
           fmt::format("p99 KLD over steps {:.3e} > {:.1e}", ks.p99, *p.kld_p99_max));
+      r.violations.push_back({"kld_p99", ks.p99, *p.kld_p99_max});
     }
   }
   if (!p.greedy_identical() && p.top1_agreement_min) {
@@ -251,11 +268,13 @@ CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& 
     if (!(agree >= *p.top1_agreement_min)) {
       r.failures.push_back(
           fmt::format("top-1 agreement {:.4f} < {}", agree, *p.top1_agreement_min));
+      r.violations.push_back({"top1_agreement", agree, *p.top1_agreement_min});
     }
   }
   if (r.first_logit_violation_step >= 0) {
     r.failures.push_back(fmt::format("logits diverge at step {}: {}", r.first_logit_violation_step,
                                      r.first_logit_violation));
+    record_logit_violations(r, p);
   }
   if (!r.failures.empty() && r.first_layer_divergence) {
     r.failures.push_back("first divergent layer: " + r.first_layer_divergence->describe());
@@ -299,6 +318,51 @@ void note_first_failing(ScoringResult& r, const Profile& p, int pos, std::span<c
   }
   r.first_failing_position = pos;
   r.first_failing = why;
+}
+
+// The passage's verdict: one failure line and one named violation per
+// criterion of the profile it breaks.
+static void judge_scoring(ScoringResult& r, const Profile& p) {
+  auto fail = [&](const std::string& s) { r.failures.push_back(s); };
+  const metrics::ScoringStats& st = r.stats;
+  auto violate = [&](const char* check, double value, double limit, const std::string& text) {
+    fail(text);
+    r.violations.push_back({check, value, limit});
+  };
+  if (st.n_nonfinite_positions)
+    violate("non_finite", double(st.n_nonfinite_positions), 0.0,
+            fmt::format("{} positions with non-finite logits", st.n_nonfinite_positions));
+  if (p.kld_mean_max && !(st.kld.mean <= *p.kld_mean_max)) {
+    violate("kld_mean", st.kld.mean, *p.kld_mean_max,
+            fmt::format("mean KLD {:.3e} > {:.1e}", st.kld.mean, *p.kld_mean_max));
+  }
+  if (p.kld_p99_max && !(st.kld.p99 <= *p.kld_p99_max)) {
+    violate("kld_p99", st.kld.p99, *p.kld_p99_max,
+            fmt::format("p99 KLD {:.3e} > {:.1e}", st.kld.p99, *p.kld_p99_max));
+  }
+  if (p.top1_agreement_min && !(st.top1_agreement >= *p.top1_agreement_min)) {
+    violate("top1_agreement", st.top1_agreement, *p.top1_agreement_min,
+            fmt::format("top-1 agreement {:.4f} < {}", st.top1_agreement, *p.top1_agreement_min));
+  }
+  if (p.ppl_ratio_max &&
+      !(st.ppl_ratio <= *p.ppl_ratio_max && 1.0 / st.ppl_ratio <= *p.ppl_ratio_max)) {
+    violate("ppl_ratio", std::max(st.ppl_ratio, 1.0 / st.ppl_ratio), *p.ppl_ratio_max,
+            fmt::format("PPL ratio {:.5f} outside [1/{}, {}]", st.ppl_ratio, *p.ppl_ratio_max,
+                        *p.ppl_ratio_max));
+  }
+  if (p.logits_nmse_max && !(r.topk_nmse <= *p.logits_nmse_max)) {
+    violate("logits_nmse", r.topk_nmse, *p.logits_nmse_max,
+            fmt::format("top-K logits NMSE {:.3e} > {:.1e}", r.topk_nmse, *p.logits_nmse_max));
+  }
+  if (p.logits_max_abs_max && !(r.topk_max_abs <= *p.logits_max_abs_max)) {
+    violate(
+        "logits_max_abs", r.topk_max_abs, *p.logits_max_abs_max,
+        fmt::format("top-K logits max-abs {:.3e} > {:.1e}", r.topk_max_abs, *p.logits_max_abs_max));
+  }
+  if (!r.failures.empty() && r.first_failing_position >= 0) {
+    fail(fmt::format("first position out of tolerance: {} ({})", r.first_failing_position,
+                     r.first_failing));
+  }
 }
 
 ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Profile& p,
@@ -363,6 +427,7 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
   } catch (const std::exception& e) {
     r.backend_error = fmt::format("{}: {}", where(at, "position"), e.what());
     fail(r.backend_error);
+    r.violations.push_back({"backend_error", 0.0, 0.0});
     r.passed = false;
     r.seconds = seconds_since(t0);
     return r;
@@ -370,34 +435,7 @@ ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Prof
   r.topk_nmse = ref2 > 0 ? err2 / ref2 : 0.0;
   if (!std::isfinite(r.topk_nmse)) r.topk_nmse = INFINITY;
   r.stats = acc.finish();
-  const metrics::ScoringStats& st = r.stats;
-  if (st.n_nonfinite_positions)
-    fail(fmt::format("{} positions with non-finite logits", st.n_nonfinite_positions));
-  if (p.kld_mean_max && !(st.kld.mean <= *p.kld_mean_max)) {
-    fail(fmt::format("mean KLD {:.3e} > {:.1e}", st.kld.mean, *p.kld_mean_max));
-  }
-  if (p.kld_p99_max && !(st.kld.p99 <= *p.kld_p99_max)) {
-    fail(fmt::format("p99 KLD {:.3e} > {:.1e}", st.kld.p99, *p.kld_p99_max));
-  }
-  if (p.top1_agreement_min && !(st.top1_agreement >= *p.top1_agreement_min)) {
-    fail(fmt::format("top-1 agreement {:.4f} < {}", st.top1_agreement, *p.top1_agreement_min));
-  }
-  if (p.ppl_ratio_max &&
-      !(st.ppl_ratio <= *p.ppl_ratio_max && 1.0 / st.ppl_ratio <= *p.ppl_ratio_max)) {
-    fail(fmt::format("PPL ratio {:.5f} outside [1/{}, {}]", st.ppl_ratio, *p.ppl_ratio_max,
-                     *p.ppl_ratio_max));
-  }
-  if (p.logits_nmse_max && !(r.topk_nmse <= *p.logits_nmse_max)) {
-    fail(fmt::format("top-K logits NMSE {:.3e} > {:.1e}", r.topk_nmse, *p.logits_nmse_max));
-  }
-  if (p.logits_max_abs_max && !(r.topk_max_abs <= *p.logits_max_abs_max)) {
-    fail(
-        fmt::format("top-K logits max-abs {:.3e} > {:.1e}", r.topk_max_abs, *p.logits_max_abs_max));
-  }
-  if (!r.failures.empty() && r.first_failing_position >= 0) {
-    fail(fmt::format("first position out of tolerance: {} ({})", r.first_failing_position,
-                     r.first_failing));
-  }
+  judge_scoring(r, p);
   r.passed = r.failures.empty();
   r.seconds = seconds_since(t0);
   return r;

@@ -20,6 +20,7 @@ table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; font-size: 13px; }
 td.ts-num { text-align: right; font-variant-numeric: tabular-nums; }
 .ts-PASS { background: #c8e6c9; } .ts-FAIL { background: #ffcdd2; }
+.ts-KNOWN, .ts-KNOWN_DIVERGENCE { background: #fff59d; }
 .ts-SKIP { background: #e0e0e0; } .ts-UNSUPPORTED { background: #ffe0b2; }
 .ts-INCOMPLETE, .ts-MISSING, .ts-INVALID { background: #f8bbd0; }
 .ts-none { color: #999; }
@@ -148,7 +149,7 @@ std::string item_plots(const RunView& r, size_t run, const ItemView& it) {
 
 std::string item_details(const RunView& r, size_t run, size_t k) {
   const ItemView& it = r.items[k];
-  const std::string verdict = it.passed ? "PASS" : "FAIL";
+  const std::string verdict = it.passed ? "PASS" : it.known ? "KNOWN" : "FAIL";
   std::string o = fmt::format(
       "<div class=\"ts-item\" id=\"{}\" data-case=\"{}\" data-kind=\"{}\">\n"
       "<h4>{} <span class=\"ts-cell ts-{}\">{}</span> <small>{}: {}/{} {} matched</small></h4>\n",

@@ -105,6 +105,35 @@ json layer_json(const std::optional<LayerDivergence>& l) {
           {"tolerance", l->tolerance}};
 }
 
+json violations_json(const std::vector<Violation>& vs) {
+  json a = json::array();
+  for (const Violation& v : vs)
+    a.push_back({{"check", v.check}, {"value", finite_or(v.value, -1)}, {"limit", v.limit}});
+  return a;
+}
+
+json known_json(const std::optional<KnownDivergenceMatch>& k) {
+  if (!k) return nullptr;
+  json checks = json::array();
+  for (const auto& c : k->checks) {
+    checks.push_back({{"check", c.check},
+                      {"value", finite_or(c.value, -1)},
+                      {"measured", c.measured},
+                      {"accept", c.accept}});
+  }
+  return {{"id", k->id},
+          {"why", k->why},
+          {"reviewed_by", k->reviewed_by},
+          {"measured_on", k->measured_on},
+          {"source", k->source},
+          {"checks", std::move(checks)}};
+}
+
+template <typename Result>
+const char* item_verdict(const Result& r) {
+  return r.passed ? "PASS" : r.known_divergence ? "KNOWN_DIVERGENCE" : "FAIL";
+}
+
 json case_json(const CaseResult& c) {
   json cj{{"name", c.name},
           {"kind", c.name.starts_with("consistency") ? "consistency" : "greedy"},
@@ -131,6 +160,9 @@ json case_json(const CaseResult& c) {
   cj["tap_steps_compared"] = c.tap_steps_compared;
   cj["first_layer_divergence"] = layer_json(c.first_layer_divergence);
   cj["series"] = case_series_json(c);
+  cj["verdict"] = item_verdict(c);
+  cj["violations"] = violations_json(c.violations);
+  cj["known_divergence"] = known_json(c.known_divergence);
   return cj;
 }
 
@@ -160,7 +192,10 @@ json scoring_json(const ScoringResult& s) {
           {"first_failing", s.first_failing},
           {"backend_error", s.backend_error},
           {"seconds", s.seconds},
-          {"series", scoring_series_json(s)}};
+          {"series", scoring_series_json(s)},
+          {"verdict", item_verdict(s)},
+          {"violations", violations_json(s.violations)},
+          {"known_divergence", known_json(s.known_divergence)}};
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ std::string md(const std::string& s, size_t max = 300) {
 
 std::string badge(const std::string& verdict) {
   if (verdict == "PASS") return "✅ PASS";
+  if (verdict == "KNOWN_DIVERGENCE" || verdict == "KNOWN") return "🟡 " + verdict;
   if (verdict.starts_with("FAIL")) return "❌ " + verdict;
   if (verdict == "SKIP") return "⏭️ SKIP";
   if (verdict == "UNSUPPORTED") return "⚠️ UNSUPPORTED";

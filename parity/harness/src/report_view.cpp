@@ -118,6 +118,7 @@ ItemView read_case(const Reader& c) {
   v.kind = c.str("kind");
   if (v.kind.empty()) v.kind = v.name.starts_with("consistency") ? "consistency" : "greedy";
   v.passed = c.boolean("passed");
+  v.known = c.child("known_divergence", false) != nullptr;
   v.failures = c.strings("failures");
   v.compared = c.integer("steps_compared");
   v.total = c.integer("steps_total");
@@ -143,6 +144,7 @@ ItemView read_scoring(const Reader& s) {
   v.name = s.str("name", true);
   v.kind = "scoring";
   v.passed = s.boolean("passed");
+  v.known = s.child("known_divergence", false) != nullptr;
   v.failures = s.strings("failures");
   v.compared = v.total = s.integer("positions");
   v.matched = int(std::lround(s.num("top1_agreement") * v.compared));
@@ -218,10 +220,11 @@ RunView read_report_view(const std::string& path) {
 }
 
 std::string overall_verdict(const std::vector<RunView>& runs) {
-  bool pass = false, unsupported = false;
+  bool pass = false, unsupported = false, known = false;
   for (const RunView& r : runs) {
-    if (r.verdict == "PASS") {
+    if (r.verdict == "PASS" || r.verdict == "KNOWN_DIVERGENCE") {
       pass = true;
+      known = known || r.verdict == "KNOWN_DIVERGENCE";
     } else if (r.verdict == "UNSUPPORTED") {
       unsupported = true;
     } else if (r.verdict != "SKIP") {
@@ -229,6 +232,7 @@ std::string overall_verdict(const std::vector<RunView>& runs) {
     }
   }
   if (runs.empty()) return "FAIL";
+  if (known) return "KNOWN_DIVERGENCE";
   return pass ? "PASS" : unsupported ? "UNSUPPORTED" : "SKIP";
 }
 

@@ -61,6 +61,32 @@ struct PositionPoint {
   double max_abs = 0.0;     // over the same ids
 };
 
+// One violated criterion, by name, so a reviewed known divergence
+// (touchstone/known_divergence.h) can say which violations it expects.
+// check: a profile criterion: "logits_nmse", "logits_max_abs" (worst over the
+// compared steps / top-K entries), "kld_mean", "kld_p99", "top1_agreement",
+// "ppl_ratio" (value: max(ratio, 1/ratio)), "greedy" (value: the step of the
+// first unaccepted argmax flip); or one no known divergence may cover:
+// "backend_error", "non_finite", "device_greedy", "known_divergence".
+struct Violation {
+  std::string check;
+  double value = 0.0;
+  double limit = 0.0;  // the profile's threshold (0 for the uncoverable kinds)
+};
+
+// A failure that matched a reviewed known_divergence entry within its accepted
+// values (touchstone/known_divergence.h): the result counts as expected.
+struct KnownDivergenceMatch {
+  struct Check {
+    std::string check;
+    double value = 0.0;     // this run
+    double measured = 0.0;  // when the entry was written
+    double accept = 0.0;    // the entry's bound (<=, or >= for top1_agreement / greedy)
+  };
+  std::string id, why, reviewed_by, measured_on, source;  // source: "file, entry N"
+  std::vector<Check> checks;
+};
+
 struct CaseResult {
   std::string name;
   bool passed = false;
@@ -84,8 +110,13 @@ struct CaseResult {
   // protocol violation): where and why. The session is unusable afterwards.
   std::string backend_error;
   double seconds = 0.0;
-  std::vector<StepPoint> series;  // one per compared step (greedy cases; empty otherwise)
-  int full_row_steps = 0;         // series steps whose NMSE / max-abs cover the full row
+  std::vector<StepPoint> series;      // one per compared step (greedy cases; empty otherwise)
+  int full_row_steps = 0;             // series steps whose NMSE / max-abs cover the full row
+  double kld_p99 = 0.0;               // over compared steps
+  std::vector<Violation> violations;  // one per violated criterion (failures has the text)
+  // Set when the failure is a reviewed known divergence (passed stays false).
+  std::optional<KnownDivergenceMatch> known_divergence;
+  bool acceptable() const { return passed || known_divergence.has_value(); }
 };
 
 struct ScoringResult {
@@ -102,6 +133,9 @@ struct ScoringResult {
   std::string backend_error;  // as in CaseResult
   double seconds = 0.0;
   std::vector<PositionPoint> series;  // one per scored position
+  std::vector<Violation> violations;  // as in CaseResult
+  std::optional<KnownDivergenceMatch> known_divergence;
+  bool acceptable() const { return passed || known_divergence.has_value(); }
 };
 
 // Called after every compared step / scored position with (done, total), for

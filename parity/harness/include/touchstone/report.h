@@ -52,9 +52,12 @@ struct Report {
   // (TS_ERR_DEVICE) or refuses this model / weight path (TS_ERR_UNSUPPORTED).
   std::string skipped, unsupported;
   double seconds = 0.0;  // wall time of the whole run
-  // PASS only for a complete run with at least one result, every one PASS.
+  // True only for a complete run with at least one result, every one PASS or
+  // a reviewed known divergence (touchstone/known_divergence.h).
   bool passed() const;
-  // "PASS", "FAIL", "SKIP", "UNSUPPORTED" or "INCOMPLETE".
+  int n_known_divergences() const;
+  // "PASS", "KNOWN_DIVERGENCE" (passed(), with at least one known divergence),
+  // "FAIL", "SKIP", "UNSUPPORTED" or "INCOMPLETE".
   std::string verdict() const;
 };
 

@@ -17,6 +17,7 @@ struct ItemView {
   std::string name;
   std::string kind;  // "greedy", "consistency" or "scoring"
   bool passed = false;
+  bool known = false;  // a reviewed known divergence (not passed, not counted as failed)
   std::vector<std::string> failures;
   int first_failing = -1;  // step (cases) or position (passages); -1 = none
   std::string
@@ -31,9 +32,10 @@ struct ItemView {
 };
 
 struct RunView {
-  std::string source;   // the report's path ("" for the run itself)
-  std::string verdict;  // PASS, FAIL, SKIP, UNSUPPORTED, INCOMPLETE; MISSING / INVALID (unread)
-  std::string reason;   // SKIP / UNSUPPORTED reason, or why the report could not be read
+  std::string source;  // the report's path ("" for the run itself)
+  // PASS, KNOWN_DIVERGENCE, FAIL, SKIP, UNSUPPORTED, INCOMPLETE; MISSING / INVALID (unread)
+  std::string verdict;
+  std::string reason;  // SKIP / UNSUPPORTED reason, or why the report could not be read
   std::string backend, backend_version, device, model, model_sha256, weights, profile, suite;
   std::string revision, started_at;
   double near_tie_margin = -1;  // the profile's; -1 = unknown
@@ -50,8 +52,8 @@ RunView parse_report_view(const std::string& json_text, const std::string& sourc
 RunView read_report_view(const std::string& path);
 
 // The overall verdict of several runs: FAIL when any is FAIL, INCOMPLETE,
-// MISSING or INVALID (or there are none), else PASS when any is PASS, else
-// UNSUPPORTED / SKIP.
+// MISSING or INVALID (or there are none), else KNOWN_DIVERGENCE when any is,
+// else PASS when any is PASS, else UNSUPPORTED / SKIP.
 std::string overall_verdict(const std::vector<RunView>& runs);
 
 }  // namespace touchstone
