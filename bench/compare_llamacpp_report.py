@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""compare_llamacpp_report.py WORK ROUNDS THREADS LCP_VERSION MODEL CPU_MODEL ISA BUILD_INFO
+
+The table of bench/compare-llamacpp from its interleaved rounds: WORK holds
+llama.<r>.json (llama-bench -o json), ours.<r>.json and int8.<r>.json (Google
+Benchmark JSON of touchstone_bench) for r = 1..ROUNDS. Per figure: median over
+the rounds, spread = (max - min) / median, and the ratio of the medians (ours /
+llama.cpp). A missing or malformed file is an error naming it.
+"""
+import json
+import os
+import statistics
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"compare-llamacpp: {path}: {e}")
+
+
+def summary(xs):
+    med = statistics.median(xs)
+    spread = (max(xs) - min(xs)) / med if med > 0 else float("nan")
+    return med, spread
+
+
+def collect(work, rounds):
+    lc = {"pp": [], "tg": []}
+    ours, membw, devices, meta = {}, [], {}, None
+    for r in range(1, rounds + 1):
+        llama = load(os.path.join(work, f"llama.{r}.json"))
+        meta = meta or llama[0]
+        for row in llama:
+            lc["pp" if row["n_prompt"] > 0 else "tg"].append(row["avg_ts"])
+        for kind in ("ours", "int8"):
+            path = os.path.join(work, f"{kind}.{r}.json")
+            if kind == "int8" and not os.path.exists(path):
+                continue
+            j = load(path)
+            for k, v in j.get("context", {}).items():
+                if k.startswith("device."):
+                    devices[k[7:] + (" (int8 activations)" if kind == "int8" else "")] = v
+            for b in j["benchmarks"]:
+                name = b["run_name"]
+                if kind == "int8":
+                    name = name.replace("cpu_simd/quantized/", "cpu_simd/quantized+int8act/")
+                if name.startswith("membw"):
+                    membw.append(b.get("bytes_per_second", 0.0))
+                elif b.get("tok/s") is not None:
+                    ours.setdefault(name, []).append((b["tok/s"], b.get("bytes/token")))
+    return lc, ours, membw, devices, meta
+
+
+def main():
+    work, rounds, threads, version, model, cpu, isa, build_info = sys.argv[1:9]
+    rounds = int(rounds)
+    lc, ours, membw, devices, meta = collect(work, rounds)
+    info = dict(l.split("=", 1) for l in open(build_info).read().splitlines() if "=" in l)
+    print(f"host: {cpu}; ISA: {isa.strip()}; {threads} threads; {rounds} interleaved rounds")
+    print(f"model: {model} ({os.path.getsize(model) / 1e6:.1f} MB)")
+    print(f"llama.cpp: llama-cpp-python {version} vendor, build {meta.get('build_commit', '?')}, "
+          f"{meta.get('backends', '?')}; built by ci/llamacpp in {info.get('build_seconds', '?')} s "
+          f"with {info.get('compiler', '?')}")
+    for name, dev in sorted(devices.items()):
+        print(f"ours: {name}: {dev}")
+    pp, pp_s = summary(lc["pp"])
+    tg, tg_s = summary(lc["tg"])
+    print(f"\nllama.cpp pp256 median {pp:8.1f} tok/s (spread {pp_s:5.1%})   "
+          f"tg64 median {tg:8.1f} tok/s (spread {tg_s:5.1%})")
+    bw = statistics.median(membw) if membw else None
+    print(f"\n{'ours (median of rounds)':44s} {'tok/s':>9s} {'spread':>7s} {'llama.cpp':>9s} "
+          f"{'ratio':>7s} {'spread/lc':>9s} {'of BW bound':>11s}")
+    for name, vals in sorted(ours.items()):
+        if "prefill/256" in name:
+            ref, ref_s = pp, pp_s
+        elif "decode/ctx:0" in name:
+            ref, ref_s = tg, tg_s
+        else:
+            continue
+        med, s = summary([v[0] for v in vals])
+        bound = ""
+        bpt = vals[0][1]
+        if "decode" in name and bw and bpt:
+            bound = f"{med / (bw / bpt):11.1%}"
+        rel = f"{s / ref_s:8.2f}x" if ref_s > 0 else "      n/a"
+        print(f"{name:44s} {med:9.1f} {s:7.1%} {ref:9.1f} {med / ref:6.2f}x {rel} {bound}")
+    if bw:
+        print(f"\nread bandwidth ({threads} threads, median of {len(membw)}): {bw / 1e9:.1f} GB/s; "
+              "decode bound = bandwidth / bytes streamed per token")
+    print("ratio: median of ours / median of llama.cpp over the same rounds; spread/lc: our "
+          "spread over llama.cpp's (the #15 target is <= 2x)")
+
+
+if __name__ == "__main__":
+    main()
