@@ -1,7 +1,7 @@
 // touchstone_bench - performance of any backend behind the session contract.
 //
 //   touchstone_bench --backend cpu_simd [--backend vulkan,...] [--weights quantized,full_precision]
-//                    [--model PATH] [--threads N] [google benchmark flags, e.g.
+//                    [--model PATH] [--threads N] [--noisy-neighbour] [google benchmark flags, e.g.
 //                    --benchmark_out=r.json --benchmark_out_format=json --benchmark_filter=decode]
 //
 // Benchmarks, registered per backend x weight path (names <backend>/<weights>/...):
@@ -23,6 +23,10 @@
 //   every benchmark: peak_rss_MB = the process's peak RSS since this
 //                    (backend, weights) group loaded its model (VmHWM reset
 //                    through /proc/self/clear_refs; one model loaded at a time).
+//   decode_threads/threads:T/noisy:0|1   (only with --noisy-neighbour)
+//                    decode/ctx:0 at T = 1 and 2 threads, without and with a
+//                    bounded background load on one core (bench/noisy_neighbour.h);
+//                    bench/noisy-neighbour prints the 2-thread / 1-thread ratio.
 //   membw            read bandwidth of this machine with --threads threads (bytes_per_second),
 //                    for the decode memory-bandwidth bound.
 // Results print side by side; --benchmark_out gives JSON.
@@ -41,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "noisy_neighbour.h"
 #include "touchstone/backend.h"
 #include "touchstone/gguf.h"
 #include "touchstone/model_config.h"
@@ -52,6 +57,7 @@ struct Options {
   std::vector<std::string> weights{"quantized", "full_precision"};
   std::string model;
   int threads = 0;
+  bool noisy_neighbour = false;
 } g_opt;
 
 std::vector<std::string> split(const std::string& s) {
@@ -207,6 +213,36 @@ void bm_decode(benchmark::State& state, std::string backend, std::string weights
   }
 }
 
+// decode/ctx:0 with an explicit thread count, optionally beside a noisy neighbour.
+void bm_decode_threads(benchmark::State& state, std::string backend, std::string weights,
+                       int threads, bool noisy) {
+  constexpr int kSteps = 64;
+  try {
+    auto& model = use(backend, weights);
+    std::vector<float> logits(size_t(model.n_vocab()));
+    touchstone::SessionOptions o = session_options(weights, kSteps + 8);
+    o.n_threads = threads;
+    touchstone::Session s(model, o);
+    s.decode(1, logits);  // warm-up, not timed
+    std::unique_ptr<touchstone::bench::NoisyNeighbour> neighbour;
+    if (noisy) neighbour = std::make_unique<touchstone::bench::NoisyNeighbour>();
+    for (auto _ : state) {
+      s.rewind(0);
+      int32_t t = 1;
+      for (int i = 0; i < kSteps; ++i) {
+        s.decode(t, logits);
+        t = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      }
+      benchmark::DoNotOptimize(logits.data());
+    }
+    finish(state, double(state.iterations()) * kSteps);
+    state.counters["threads"] = threads;
+    if (neighbour) state.counters["neighbour_cpu"] = neighbour->cpu();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void bm_ttft(benchmark::State& state, std::string backend, std::string weights, int n) {
   try {
     auto& model = use(backend, weights);
@@ -253,6 +289,39 @@ void bm_membw(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
+// Every benchmark of one backend, per weight path.
+void register_backend(const std::string& b) {
+  for (const auto& w : g_opt.weights) {
+    const std::string p = b + "/" + w + "/";
+    for (int n : {64, 256, 512}) {
+      benchmark::RegisterBenchmark((p + "prefill/" + std::to_string(n)).c_str(), bm_prefill, b, w,
+                                   n)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+    for (int c : {0, 256, 1024}) {
+      benchmark::RegisterBenchmark((p + "decode/ctx:" + std::to_string(c)).c_str(), bm_decode, b, w,
+                                   c)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+    for (int n : {64, 256}) {
+      benchmark::RegisterBenchmark((p + "ttft/" + std::to_string(n)).c_str(), bm_ttft, b, w, n)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+    for (int noisy = 0; g_opt.noisy_neighbour && noisy <= 1; ++noisy) {
+      for (int t : {1, 2}) {
+        const std::string name =
+            p + "decode_threads/threads:" + std::to_string(t) + "/noisy:" + std::to_string(noisy);
+        benchmark::RegisterBenchmark(name.c_str(), bm_decode_threads, b, w, t, noisy == 1)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -278,6 +347,8 @@ int main(int argc, char** argv) {
       g_opt.model = v3;
     } else if (const char* v4 = value("--threads")) {
       g_opt.threads = std::atoi(v4);
+    } else if (a == "--noisy-neighbour") {
+      g_opt.noisy_neighbour = true;
     } else {
       rest.push_back(argv[i]);
     }
@@ -299,26 +370,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "touchstone_bench: %s\n", e.what());
       return 1;
     }
-    for (const auto& w : g_opt.weights) {
-      const std::string p = b + "/" + w + "/";
-      for (int n : {64, 256, 512}) {
-        benchmark::RegisterBenchmark((p + "prefill/" + std::to_string(n)).c_str(), bm_prefill, b, w,
-                                     n)
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime();
-      }
-      for (int c : {0, 256, 1024}) {
-        benchmark::RegisterBenchmark((p + "decode/ctx:" + std::to_string(c)).c_str(), bm_decode, b,
-                                     w, c)
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime();
-      }
-      for (int n : {64, 256}) {
-        benchmark::RegisterBenchmark((p + "ttft/" + std::to_string(n)).c_str(), bm_ttft, b, w, n)
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime();
-      }
-    }
+    register_backend(b);
   }
   benchmark::RegisterBenchmark("membw/read", bm_membw)
       ->Unit(benchmark::kMillisecond)

@@ -9,6 +9,11 @@
 // the task it is running, not by its whole range. Which thread runs a task
 // never changes its result (tasks are independent); `thread` only names
 // per-thread scratch.
+// A job is complete when all of its TASKS are done, not when every worker has
+// checked in: a worker the OS has not scheduled yet (a busy machine, a noisy
+// neighbour) costs the job nothing; thread 0 steals its whole range. Each
+// range word carries the job's generation tag, so a worker that wakes late
+// can never claim a task of a later job with a stale view (issue #15).
 // Workers spin briefly after a job (most jobs of a forward pass follow each
 // other within microseconds), then sleep on an atomic wait.
 #pragma once
@@ -43,25 +48,30 @@ class ThreadPool {
 
  private:
   using Thunk = void (*)(void*, size_t, int);
-  // The unclaimed tasks [front, back) of one thread's range, packed in one word
-  // so that the owner (front) and thieves (back) claim with one CAS each.
+  // The unclaimed tasks [front, back) of one thread's range and the job's
+  // generation tag, packed in one word (tag 24 bits | front 20 | back 20) so
+  // that the owner (front) and thieves (back) claim with one CAS each, and only
+  // within the job they were woken for.
   struct alignas(64) Range {
     std::atomic<uint64_t> fb{0};
   };
+  static constexpr uint64_t kMaxTasks = (uint64_t(1) << 20) - 1;  // per dispatch (20-bit back)
   void dispatch(Thunk thunk, void* ctx, size_t n_tasks);
   void worker(int id);
-  void work(int id);
-  bool claim_front(int k, size_t* task);
-  bool claim_back(int k, size_t* task);
+  void work(int id, uint32_t tag);
+  bool claim(int k, uint32_t tag, bool front, size_t* task);
+  void run_task(size_t task, int id);
 
   int n_threads_;
   std::vector<std::thread> threads_;
   std::unique_ptr<Range[]> ranges_;
-  Thunk thunk_ = nullptr;
-  void* ctx_ = nullptr;
-  size_t n_tasks_ = 0;
+  // The current job; written by thread 0 before the ranges are published and
+  // stable until its last task completes (a claim proves the job is running).
+  std::atomic<Thunk> thunk_{nullptr};
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<size_t> n_tasks_{0};
   alignas(64) std::atomic<uint32_t> generation_{0};
-  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<size_t> done_{0};  // completed tasks of the current job
   std::atomic<bool> stop_{false};
 };
 
