@@ -63,6 +63,9 @@ void BackendHost::discard() {
 }
 
 std::string BackendHost::execution() const {
+  if (is_http_backend(o_.backend)) {
+    return fmt::format("HTTP server (time limit {:g} s per request)", o_.call_timeout_s);
+  }
   return o_.in_process
              ? "in process"
              : fmt::format("child process (time limit {:g} s per call)", o_.call_timeout_s);

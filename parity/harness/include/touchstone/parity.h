@@ -8,6 +8,9 @@
 // Logits at every step are compared against the profile: NMSE and max-abs on
 // the full row for the first n_full_steps steps, on the stored top-K ids after;
 // KL divergence from the stored top-K + log-sum-exp.
+// A top-N backend (Session::top_n_logprobs() > 0, a llama-server over HTTP):
+// greedy and top-1 as above, KL as the lower bound over the returned top-N
+// (docs/metrics.md#top-n-backends), NMSE / max-abs NOT SUPPORTED.
 #pragma once
 
 #include <functional>
@@ -86,6 +89,13 @@ struct CaseResult {
   double seconds = 0.0;
   std::vector<StepPoint> series;  // one per compared step (greedy cases; empty otherwise)
   int full_row_steps = 0;         // series steps whose NMSE / max-abs cover the full row
+  // A top-N backend (ABI v5 TS_CAP_TOP_N_LOGPROBS): N, else 0. Its KL is the
+  // lower bound metrics::kl_divergence_topn, NMSE / max-abs are not computed
+  // (nmse_max, max_abs and the series' nmse / max_abs are NaN) and every
+  // profile check that needs full rows is named in not_supported.
+  int logprobs_top_n = 0;
+  std::vector<std::string> not_supported;  // "logits_nmse", "logits_max_abs", ...
+  int topn_missing_max = 0;  // most reference top-K tokens absent from one returned row
 };
 
 struct ScoringResult {
