@@ -47,8 +47,8 @@ json answer_json(const http::Response& r) {
 }
 
 [[noreturn]] void malformed(const http::Response& r, const std::string& what) {
-  throw BackendError(TS_ERR_INTERNAL,
-                     fmt::format("{} request #{}: malformed answer: {}", r.url, r.number, what));
+  throw BackendError(TS_ERR_INTERNAL, fmt::format("{} request #{}: malformed answer: {} ({})",
+                                                  r.url, r.number, what, excerpt(r.body)));
 }
 
 // Integer member `key` of object `o`, or malformed().
@@ -127,11 +127,12 @@ class HttpChannel final : public BackendChannel {
     return it->second;
   }
   void step(const std::vector<int32_t>& seq, std::span<float> out);
+  std::vector<int32_t> tokenize_text(const std::string& text, bool special);
   void fill_row(const http::Response& r, const json& j, std::span<float> out) const;
 
   http::Client client_;
   BackendInfo info_;
-  int32_t top_n_ = 0, n_vocab_ = 0, n_ctx_ = 0;
+  int32_t top_n_ = 0, n_vocab_ = 0, n_ctx_ = 0, ascii_token_ = 0;
   std::string model_path_;
   std::map<Handle, std::vector<int32_t>> sessions_;
   Handle next_session_ = 1;
@@ -158,27 +159,44 @@ Handle HttpChannel::load_model(const std::string& gguf_path, int32_t* n_vocab) {
                                    "llama-server with -m .../{})",
                                    client_.base_url(), model_path_, want, want));
   }
+  // llama-server withholds the probabilities of a sampled token that ends
+  // inside a UTF-8 character (an emoji's first byte): the request forces the
+  // sampled token to this plain ASCII one with logit_bias. The probabilities
+  // come from the raw logits, before any sampler, so the bias leaves them as
+  // they are (docs/backends/http.md).
+  const std::vector<int32_t> a = tokenize_text("a", false);
+  if (a.size() != 1 || a[0] < 0 || a[0] >= n_vocab_) {
+    throw BackendError(TS_ERR_INTERNAL, fmt::format("{}/tokenize: \"a\" is {} tokens, expected one",
+                                                    client_.base_url(), a.size()));
+  }
+  ascii_token_ = a[0];
   *n_vocab = n_vocab_;
   return 1;
 }
 
 Handle HttpChannel::open_session(Handle, const ts_session_options& o) {
   if (o.fault) throw BackendError(TS_ERR_UNSUPPORTED, "http: no fault injection");
-  if (o.max_context > 0 && n_ctx_ > 0 && o.max_context > n_ctx_) {
-    throw BackendError(TS_ERR_CONTEXT_FULL,
-                       fmt::format("{}: the server's context is {} tokens, the run needs up to {} "
-                                   "(start llama-server with -c {})",
-                                   client_.base_url(), n_ctx_, o.max_context, o.max_context));
-  }
+  // o.max_context is what the whole run might need; each request is checked
+  // against the server's context instead (step()).
   sessions_[next_session_] = {};
   return next_session_++;
 }
 
 void HttpChannel::step(const std::vector<int32_t>& seq, std::span<float> out) {
-  const json req{{"prompt", seq},         {"n_predict", 1},
-                 {"temperature", 0.0},    {"n_probs", top_n_},
-                 {"cache_prompt", true},  {"post_sampling_probs", false},
-                 {"return_tokens", true}, {"stream", false}};
+  if (n_ctx_ > 0 && seq.size() + 1 > size_t(n_ctx_)) {
+    throw BackendError(TS_ERR_CONTEXT_FULL,
+                       fmt::format("{}: the server's context is {} tokens, this step needs {} "
+                                   "(start llama-server with a larger -c)",
+                                   client_.base_url(), n_ctx_, seq.size() + 1));
+  }
+  const json req{{"prompt", seq},
+                 {"n_predict", 1},
+                 {"temperature", 0.0},
+                 {"n_probs", top_n_},
+                 {"cache_prompt", true},
+                 {"post_sampling_probs", false},
+                 {"logit_bias", json::array({json::array({ascii_token_, 1000.0})})},
+                 {"stream", false}};
   const http::Response r = client_.post_json("/completion", req.dump());
   const json j = answer_json(r);
   if (j.value("truncated", false)) malformed(r, "the server truncated the prompt");
@@ -210,7 +228,11 @@ void HttpChannel::fill_row(const http::Response& r, const json& j, std::span<flo
 }
 
 std::optional<std::vector<int32_t>> HttpChannel::tokenize(const std::string& text) {
-  const json req{{"content", text}, {"add_special", true}, {"parse_special", true}};
+  return tokenize_text(text, true);
+}
+
+std::vector<int32_t> HttpChannel::tokenize_text(const std::string& text, bool special) {
+  const json req{{"content", text}, {"add_special", special}, {"parse_special", special}};
   const http::Response r = client_.post_json("/tokenize", req.dump());
   const json j = answer_json(r);
   const auto t = j.find("tokens");
