@@ -49,9 +49,9 @@ Session& BackendHost::session() {
     const int32_t got = model_->n_vocab();
     model_.reset();
     throw BackendError(TS_ERR_INTERNAL,
-                       fmt::format("backend '{}': n_vocab() is {}, the model's vocabulary has {} "
-                                   "tokens; no logits were requested",
-                                   lib.name(), got, o_.expected_n_vocab));
+                       fmt::format("backend '{}' ({}): n_vocab() is {}, the model's vocabulary "
+                                   "has {} tokens; no logits were requested",
+                                   lib.name(), lib.path(), got, o_.expected_n_vocab));
   }
   session_ = std::make_unique<Session>(*model_, o_.session);
   return *session_;
