@@ -71,6 +71,26 @@ TEST(Loader, AcceptsVersion3WithoutReadingVersion4Members) {
   EXPECT_FALSE(lib->has_taps());
 }
 
+TEST(Loader, AcceptsVersion4CapabilitiesWithoutTopN) {
+  auto lib = BackendLibrary::load(fake("v4"));
+  EXPECT_EQ(lib->api_version(), 4u);
+  const ts_capabilities c = lib->capabilities();  // passed the v4 struct size
+  EXPECT_EQ(c.flags & TS_CAP_TOP_N_LOGPROBS, 0u);
+  EXPECT_EQ(c.top_n, 0);
+}
+
+TEST(Loader, Version5TopNReachesTheHarness) {
+  auto lib = BackendLibrary::load(fake("top_n"));
+  const ts_capabilities c = lib->capabilities();
+  EXPECT_NE(c.flags & TS_CAP_TOP_N_LOGPROBS, 0u);
+  EXPECT_EQ(c.top_n, 8);
+  // Through the child process too: the protocol carries top_n.
+  auto child = BackendLibrary::spawn(fake("top_n"), ChildOptions{});
+  EXPECT_EQ(child->capabilities().top_n, 8);
+  auto old = BackendLibrary::spawn(fake("v4"), ChildOptions{});
+  EXPECT_EQ(old->capabilities().top_n, 0);
+}
+
 TEST(Loader, LayerTapsNeedBothEntries) {
   EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_taps());
   const std::string msg = load_error(fake("taps_half"));
