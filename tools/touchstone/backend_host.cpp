@@ -20,8 +20,9 @@ BackendLibrary& BackendHost::library() {
     lib_->restart();
   }
   if (!lib_) {
-    lib_ = o_.in_process && !is_http_backend(o_.backend) ? BackendLibrary::load(o_.backend)
-                         : BackendLibrary::spawn(o_.backend, ChildOptions{o_.call_timeout_s, ""});
+    lib_ = o_.in_process && !is_http_backend(o_.backend)
+               ? BackendLibrary::load(o_.backend)
+               : BackendLibrary::spawn(o_.backend, ChildOptions{o_.call_timeout_s, ""});
   }
   return *lib_;
 }

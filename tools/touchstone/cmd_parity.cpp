@@ -296,9 +296,9 @@ bool wants_consistency(const Opts& o) {
 // A top-N backend (a server): what it cannot support becomes NOT SUPPORTED
 // rows, and its tokenizer is checked against the first case's golden ids.
 void plan_top_n(const Opts& o, const Inputs& in, BackendHost& host, Report& report, int top_n) {
-  report.not_supported = top_n_not_supported(
-      top_n, o.consistency_only ? std::vector<std::string>{} : in.plan.scoring,
-      wants_consistency(o));
+  report.not_supported =
+      top_n_not_supported(top_n, o.consistency_only ? std::vector<std::string>{} : in.plan.scoring,
+                          wants_consistency(o));
   report.n_planned = o.consistency_only ? 0 : int(in.plan.cases.size());
   if (in.plan.cases.empty() && in.golden.cases.empty()) return write_reports(o, report);
   const std::string& first =

@@ -39,8 +39,8 @@ std::optional<CaseResult> check_remote_tokenizer(BackendHost& host, const Golden
   CaseResult r;
   r.name = "identity.tokenize";
   try {
-    const std::optional<std::vector<int32_t>> ids = host.library().channel().tokenize(
-        g.prompt_text);
+    const std::optional<std::vector<int32_t>> ids =
+        host.library().channel().tokenize(g.prompt_text);
     if (!ids) return std::nullopt;
     r.n_total = r.n_steps = 1;
     if (*ids == g.prompt_ids) {

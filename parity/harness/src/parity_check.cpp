@@ -113,8 +113,8 @@ StepMeasure measure_full(const GoldenCase& g, int s, std::span<const float> row,
     note_violation(r, s, fmt::format("logits NMSE {:.3e} > {:.1e}", m.nmse, *p.logits_nmse_max));
   }
   if (p.logits_max_abs_max && !(m.max_abs <= *p.logits_max_abs_max)) {
-    note_violation(
-        r, s, fmt::format("logits max-abs {:.3e} > {:.1e}", m.max_abs, *p.logits_max_abs_max));
+    note_violation(r, s,
+                   fmt::format("logits max-abs {:.3e} > {:.1e}", m.max_abs, *p.logits_max_abs_max));
   }
   m.kl = metrics::kl_divergence_topk(ref_ids, ref_vals, g.lse[size_t(s)], row).kl;
   return m;
@@ -132,10 +132,9 @@ StepMeasure measure_top_n(const GoldenCase& g, int s, std::span<const float> row
   r.nonfinite += bad;
   if (bad > 0) note_violation(r, s, fmt::format("{} NaN / +Inf log-probabilities", bad));
   if (finite == 0) note_violation(r, s, "no log-probability returned");
-  const metrics::TopNKlEstimate e =
-      metrics::kl_divergence_topn(std::span<const int32_t>(g.topk_ids.data() + size_t(s) * K, K),
-                                  std::span<const float>(g.topk_logits.data() + size_t(s) * K, K),
-                                  g.lse[size_t(s)], row);
+  const metrics::TopNKlEstimate e = metrics::kl_divergence_topn(
+      std::span<const int32_t>(g.topk_ids.data() + size_t(s) * K, K),
+      std::span<const float>(g.topk_logits.data() + size_t(s) * K, K), g.lse[size_t(s)], row);
   r.topn_missing_max = std::max(r.topn_missing_max, int(e.n_missing));
   StepMeasure m;
   m.kl = e.kl;

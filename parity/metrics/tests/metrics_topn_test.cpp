@@ -24,7 +24,8 @@ struct Ref {
 Ref top_k(const std::vector<float>& row, size_t k) {
   std::vector<int32_t> order(row.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return row[a] > row[b]; });
   Ref r{{}, {}, mt::log_sum_exp(row)};
   for (size_t i = 0; i < k; ++i) {
     r.ids.push_back(order[i]);

@@ -217,7 +217,8 @@ void HttpChannel::fill_row(const http::Response& r, const json& j, std::span<flo
     if (!e.is_object()) malformed(r, "a top_logprobs entry is not an object");
     const int64_t id = int_member(r, e, "id");
     const auto lp = e.find("logprob");
-    if (id < 0 || id >= n_vocab_) malformed(r, fmt::format("token id {} outside the vocabulary", id));
+    if (id < 0 || id >= n_vocab_)
+      malformed(r, fmt::format("token id {} outside the vocabulary", id));
     if (lp == e.end() || !(lp->is_number() || lp->is_null()))
       malformed(r, fmt::format("token {}: no numeric logprob", id));
     const double v = lp->is_null() ? -INFINITY : lp->get<double>();

@@ -106,8 +106,8 @@ Response Client::perform(const std::string& path, const std::string* body) {
   const CURLcode rc = curl_easy_perform(c);
   curl_slist_free_all(headers);
   if (sink.too_large) {
-    throw BackendCrash(fmt::format("{} request #{}: answer larger than {} MiB", r.url, r.number,
-                                   kMaxBody >> 20));
+    throw BackendCrash(
+        fmt::format("{} request #{}: answer larger than {} MiB", r.url, r.number, kMaxBody >> 20));
   }
   if (rc != CURLE_OK) {
     throw BackendCrash(fmt::format("{} request #{}: {}", r.url, r.number,

@@ -112,7 +112,8 @@ KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
 // U = max(1 - sum_R q, 1e-6) (unreturned mass; 1e-6 of slack for the float
 // rounding of the returned probabilities), Q_out = sum_{R \ S} q:
 //   KL_lb = sum_{i in T} p_i (log p_i - log q_i)
-//         + min_{x in [0, min(|M| q_N, U)]} [ P_M log(P_M / x) + P_tail log(P_tail / (Q_out + U - x)) ]
+//         + min_{x in [0, min(|M| q_N, U)]} [ P_M log(P_M / x) + P_tail log(P_tail / (Q_out + U -
+//         x)) ]
 // (P_M = sum_{i in M} p_i, P_tail = 1 - sum_S p_i; 0 log 0 = 0; the minimum is
 // at x = (Q_out + U) P_M / (P_M + P_tail) clamped to the interval). This is the
 // KL of both distributions coarse-grained to {each token of T, M, not S},

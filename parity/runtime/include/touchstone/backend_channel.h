@@ -117,10 +117,10 @@ inline bool is_http_backend(std::string_view spec) {
   return spec.starts_with("http://") || spec.starts_with("https://");
 }
 struct HttpOptions {
-  double call_timeout_s = 300.0;    // per request (connect + answer)
-  double connect_timeout_s = 10.0;  // of each request
-  int64_t max_requests = 1'000'000; // in all, for the channel's life
-  int32_t top_n = 64;               // n_probs asked for every position
+  double call_timeout_s = 300.0;     // per request (connect + answer)
+  double connect_timeout_s = 10.0;   // of each request
+  int64_t max_requests = 1'000'000;  // in all, for the channel's life
+  int32_t top_n = 64;                // n_probs asked for every position
 };
 // The server's root URL without trailing '/'; throws Error for a path or no host.
 std::string http_base_url(std::string_view spec);
