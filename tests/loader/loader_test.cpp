@@ -142,5 +142,32 @@ TEST(Loader, MissingPathIsAClearError) {
   EXPECT_NE(load_error("/nonexistent/libx.so").find("does not exist"), std::string::npos);
 }
 
+// The http:// channel without a server: refusals name the URL and the request.
+TEST(HttpChannel, RefusesAPathAndNamesTheUnreachableServer) {
+  EXPECT_THROW(http_base_url("http://127.0.0.1:8080/v1"), Error);
+  EXPECT_EQ(http_base_url("http://127.0.0.1:8080/"), "http://127.0.0.1:8080");
+  HttpOptions o;
+  o.call_timeout_s = 2;
+  try {
+    open_http("http://127.0.0.1:1", o);
+    ADD_FAILURE() << "no server on port 1, yet the channel opened";
+  } catch (const BackendCrash& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("http://127.0.0.1:1/props request #1"), std::string::npos) << msg;
+  }
+}
+
+TEST(HttpChannel, StopsAtTheRequestBudget) {
+  HttpOptions o;
+  o.max_requests = 0;
+  try {
+    open_http("http://127.0.0.1:1", o);
+    ADD_FAILURE() << "a request past the budget was sent";
+  } catch (const BackendCrash& e) {
+    EXPECT_NE(std::string(e.what()).find("request budget (0) is spent"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace touchstone
