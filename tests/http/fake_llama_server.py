@@ -5,12 +5,14 @@ It answers /health, /props, /v1/models and /tokenize like llama-server 0.3.36
 (vocabulary and model path from the command line), and /completion according
 to MODE:
   close       closes the connection without answering
+  truncated   announces 4096 bytes, sends 20, closes the connection
   malformed   HTTP 200 with a body that is not JSON
   http500     HTTP 500 with an error object
   stall       waits STALL seconds before answering (past the harness's --timeout)
   no_probs    HTTP 200 JSON without completion_probabilities
   wrong_vocab /v1/models says n_vocab = N_VOCAB - 1 (and /completion is fine)
   wrong_model /props names another GGUF file
+  wrong_tokens /tokenize gives other ids than the golden's for every prompt
 Every /completion request is counted in the file COUNT_FILE (one line each).
 Usage: fake_llama_server.py MODE PORT_FILE MODEL_PATH N_VOCAB COUNT_FILE [STALL]
 It binds 127.0.0.1 on a free port, writes the port to PORT_FILE and serves
@@ -58,6 +60,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/tokenize" and json.loads(body).get("content") == "a":
             self.send_json({"tokens": [64]})
             return
+        if self.path == "/tokenize" and MODE == "wrong_tokens":
+            self.send_json({"tokens": [1, 2, 3]})
+            return
         if self.path == "/tokenize":
             self.send_json({"error": {"code": 501, "message": "fake server: no tokenizer"}}, 501)
             return
@@ -67,6 +72,15 @@ class Handler(BaseHTTPRequestHandler):
         with open(COUNT_FILE, "a") as f:
             f.write("1\n")
         if MODE == "close":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if MODE == "truncated":
+            self.send_response(200)
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b'{"completion_probabili')
+            self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return

@@ -3,10 +3,10 @@
 names the URL, the request number and the cause, in bounded time -- never a
 crash or a hang of the harness.
 
-Usage: robustness_test.py TOUCHSTONE MANIFEST MODEL_GGUF WORKDIR MODE "WORD|WORD..."
+Usage: robustness_test.py TOUCHSTONE MANIFEST MODEL_GGUF WORKDIR MODE "WORD|WORD..." [ROW]
 Runs `touchstone parity --backend http://127.0.0.1:PORT --case one_token
 --max-steps 3 --timeout 2` against tests/http/fake_llama_server.py MODE and
-checks: exit status 1 (FAIL), within 25 s; the case row failed; its failure
+checks: exit status 1 (FAIL), within 25 s; the row ROW (default one_token) failed; its failure
 text contains every WORD ('{url}' stands for the server's URL); the request
 count stayed bounded.
 """
@@ -19,6 +19,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 touchstone, manifest, model, workdir, mode, words = sys.argv[1:7]
+row_name = sys.argv[7] if len(sys.argv) > 7 else "one_token"
 os.makedirs(workdir, exist_ok=True)
 port_file = os.path.join(workdir, f"{mode}.port")
 count_file = os.path.join(workdir, f"{mode}.count")
@@ -54,9 +55,9 @@ if run.returncode != 1:
     errors.append(f"exit status {run.returncode}, expected 1 (FAIL)")
 if secs > 25:
     errors.append(f"took {secs:.1f} s (> 25 s)")
-rows = [c for c in json.load(open(report))["cases"] if c["name"] == "one_token"]
+rows = [c for c in json.load(open(report))["cases"] if c["name"] == row_name]
 if not rows or rows[0]["passed"]:
-    errors.append("no failing one_token row")
+    errors.append(f"no failing {row_name} row")
 else:
     text = "\n".join(rows[0]["failures"])
     for w in words.split("|"):
