@@ -71,7 +71,7 @@ TEST(ExecBackend, HelloCarriesTheEngineAndTheCommandLine) {
   auto lib = BackendLibrary::spawn(fake(), quick());
   EXPECT_EQ(lib->name(), "fake");
   EXPECT_EQ(lib->version(), "1.2.3");
-  EXPECT_EQ(lib->api_version(), 4u);
+  EXPECT_EQ(lib->api_version(), uint32_t{TS_BACKEND_API_VERSION});
   EXPECT_EQ(lib->device_name(), "fake device");
   EXPECT_EQ(lib->path(), kPython + " " + kTests + "/fake_child.py FakeEngine");
   EXPECT_TRUE(lib->channel().info().declares_models);

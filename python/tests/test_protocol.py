@@ -89,10 +89,15 @@ class Records(unittest.TestCase):
         c = P.Capabilities(flags=P.TS_CAP_ALL_POSITION_LOGITS, weight_types=P.weight_type_bit("Q4_1"),
                            max_context=512, shape_buckets=[16, 64], determinism_note="n")
         b = c.encode(P.Writer()).bytes()
-        self.assertEqual(b, struct.pack("<IQii2i", 1, 8, 512, 2, 16, 64) + struct.pack("<I", 1) + b"n")
+        v4 = struct.pack("<IQii2i", 1, 8, 512, 2, 16, 64) + struct.pack("<I", 1) + b"n"
+        self.assertEqual(b, v4 + struct.pack("<i", 0))  # ABI v5 appended i32 top_n
         d = P.Capabilities.decode(P.Reader(b, "capabilities reply"))
         self.assertEqual((d.flags, d.weight_types, d.max_context, d.shape_buckets,
-                          d.determinism_note), (1, 8, 512, [16, 64], "n"))
+                          d.determinism_note, d.top_n), (1, 8, 512, [16, 64], "n", 0))
+        # A reply that ends before top_n (an older sender) decodes as top_n 0.
+        self.assertEqual(P.Capabilities.decode(P.Reader(v4, "capabilities reply")).top_n, 0)
+        t = P.Capabilities(flags=P.TS_CAP_TOP_N_LOGPROBS, top_n=64).encode(P.Writer()).bytes()
+        self.assertEqual(P.Capabilities.decode(P.Reader(t, "c")).top_n, 64)
 
     def test_capabilities_buckets_bounded(self):
         b = struct.pack("<IQii", 0, 0, 0, 17)
@@ -105,7 +110,7 @@ class Records(unittest.TestCase):
         i = P.BackendInfo(name="n", version="v", path="p", device="d", device_greedy=True,
                           declares_models=True, architectures="llama", model_features="", taps=True)
         b = i.encode(P.Writer()).bytes()
-        expect = struct.pack("<II", 3, 4)
+        expect = struct.pack("<II", 3, P.API_VERSION)
         for s in (b"n", b"v", b"p", b"d"):
             expect += struct.pack("<I", len(s)) + s
         expect += struct.pack("<II", 1, 1) + struct.pack("<I", 5) + b"llama" + struct.pack("<I", 0)

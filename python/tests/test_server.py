@@ -99,7 +99,7 @@ class ServerTest(unittest.TestCase):
 class Hello(ServerTest):
     def test_identity(self):
         i = self.info
-        self.assertEqual((i.protocol_version, i.api_version), (3, 4))
+        self.assertEqual((i.protocol_version, i.api_version), (3, P.API_VERSION))
         self.assertEqual((i.name, i.version, i.path, i.device), ("fake", "1.2.3",
                                                                  "fake command line", "fake device"))
         self.assertTrue(i.declares_models)

@@ -14,7 +14,7 @@ and raises ProtocolError naming the message and the field.
 import struct
 
 VERSION = 3
-API_VERSION = 4  # TS_BACKEND_API_VERSION of common/include/touchstone/backend_abi.h
+API_VERSION = 5  # TS_BACKEND_API_VERSION of common/include/touchstone/backend_abi.h
 MAGIC = 0x31505354  # bytes "TSP1"
 REPLY_BIT = 0x8000
 HEADER_SIZE = 16
@@ -78,6 +78,7 @@ TS_CAP_BATCHED_SESSIONS = 1 << 2
 TS_CAP_KV_PREFIX_COPY = 1 << 3
 TS_CAP_BITWISE_DETERMINISM = 1 << 4
 TS_CAP_STATIC_SHAPES = 1 << 5
+TS_CAP_TOP_N_LOGPROBS = 1 << 6  # ABI v5: rows of top_n log-probabilities, -inf elsewhere
 
 # ts_weight_path
 TS_WEIGHTS_FULL_PRECISION = 0
@@ -214,20 +215,22 @@ class Reader:
 class Capabilities:
     """ts_capabilities: flags (TS_CAP_*), weight_types (weight_type_bit(...)),
     max_context (0 = the model's), shape_buckets (static prefill lengths, at most 16),
-    determinism_note (why not bitwise deterministic, or "")."""
+    determinism_note (why not bitwise deterministic, or ""), top_n (ABI v5: with
+    TS_CAP_TOP_N_LOGPROBS, log-probabilities per row; else 0)."""
 
     def __init__(self, flags=0, weight_types=0, max_context=0, shape_buckets=(),
-                 determinism_note=""):
+                 determinism_note="", top_n=0):
         self.flags = flags
         self.weight_types = weight_types
         self.max_context = max_context
         self.shape_buckets = list(shape_buckets)
         self.determinism_note = determinism_note or ""
+        self.top_n = top_n
 
     def encode(self, w):
         buckets = self.shape_buckets[:16]
         w.u32(self.flags).u64(self.weight_types).i32(self.max_context).i32(len(buckets))
-        w.i32s(buckets).str(self.determinism_note)
+        w.i32s(buckets).str(self.determinism_note).i32(self.top_n)
         return w
 
     @staticmethod
@@ -239,6 +242,7 @@ class Capabilities:
             raise ProtocolError(f"capabilities reply: n_shape_buckets {n} outside [0, 16]")
         c.shape_buckets = r.i32s("shape_buckets", n)
         c.determinism_note = r.str("determinism_note", 1 << 16)
+        c.top_n = r.i32("top_n") if r.remaining() >= 4 else 0  # ABI v5, optional
         return c
 
 

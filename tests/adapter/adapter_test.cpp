@@ -141,6 +141,30 @@ TEST(BackendAdapter, TableCarriesIdentityAndOptionalMembers) {
   EXPECT_NE(std::string(m->device_name()).find("probe failed"), std::string::npos);
 }
 
+// ABI v5 appended ts_capabilities.top_n: a caller built against the v4 header
+// passes the smaller struct, and the adapter must fill only that part.
+TEST(BackendAdapter, CapabilitiesFillOnlyTheCallersStructSize) {
+  const ts_backend* t = touchstone::BackendAdapter<Full>::table();
+  struct {
+    ts_capabilities c;
+    unsigned char guard[16];
+  } buf;
+  std::memset(&buf, 0xAB, sizeof buf);
+  buf.c.struct_size = uint32_t(TS_CAPABILITIES_V4_SIZE);
+  ASSERT_EQ(t->capabilities(&buf.c), TS_OK);
+  EXPECT_EQ(buf.c.struct_size, uint32_t(TS_CAPABILITIES_V4_SIZE));
+  const auto* top_n = reinterpret_cast<const unsigned char*>(&buf.c) + TS_CAPABILITIES_V4_SIZE;
+  for (size_t i = 0; i < sizeof(int32_t); ++i) EXPECT_EQ(top_n[i], 0xAB) << "byte " << i;
+  EXPECT_EQ(buf.c.flags, TS_CAP_ALL_POSITION_LOGITS | TS_CAP_DEVICE_GREEDY);
+  buf.c.struct_size = uint32_t(TS_CAPABILITIES_V4_SIZE - 1);
+  EXPECT_EQ(t->capabilities(&buf.c), TS_ERR_INVALID_ARGUMENT);
+  ts_capabilities full{};
+  full.struct_size = sizeof full;
+  ASSERT_EQ(t->capabilities(&full), TS_OK);
+  EXPECT_EQ(full.struct_size, uint32_t(sizeof full));
+  EXPECT_EQ(full.top_n, 0);
+}
+
 TEST(BackendAdapter, SharedChecksBeforeTheBackend) {
   const ts_backend* t = touchstone::BackendAdapter<Full>::table();
   ts_capabilities small{};

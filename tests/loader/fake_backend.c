@@ -14,11 +14,23 @@
 static const char* last_error(void) { return "fake backend: nothing is implemented"; }
 static const char* device_name(void) { return "fake device"; }
 static ts_status capabilities(ts_capabilities* c) {
+#ifdef FAKE_V4_CAPS
+  /* Built against the version-4 header: knows only the v4 struct (refuses any
+   * other size, as a strict backend may) and, claiming bit 6 (meaningless in
+   * v4), must not be taken for a top-N backend. */
+  if (!c || c->struct_size != TS_CAPABILITIES_V4_SIZE) return TS_ERR_INVALID_ARGUMENT;
+  c->flags = TS_CAP_TOP_N_LOGPROBS;
+#else
   if (!c || c->struct_size < sizeof(*c)) return TS_ERR_INVALID_ARGUMENT;
 #ifdef FAKE_CLAIMS_GREEDY
   c->flags = TS_CAP_DEVICE_GREEDY;
 #else
   c->flags = 0;
+#endif
+#ifdef FAKE_TOP_N
+  c->flags |= TS_CAP_TOP_N_LOGPROBS;
+  c->top_n = FAKE_TOP_N;
+#endif
 #endif
   c->weight_types = TS_WEIGHT_TYPE_BIT(0);
   c->max_context = 0;

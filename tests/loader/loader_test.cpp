@@ -71,6 +71,26 @@ TEST(Loader, AcceptsVersion3WithoutReadingVersion4Members) {
   EXPECT_FALSE(lib->has_taps());
 }
 
+TEST(Loader, AcceptsVersion4CapabilitiesWithoutTopN) {
+  auto lib = BackendLibrary::load(fake("v4"));
+  EXPECT_EQ(lib->api_version(), 4u);
+  const ts_capabilities c = lib->capabilities();  // passed the v4 struct size
+  EXPECT_EQ(c.flags & TS_CAP_TOP_N_LOGPROBS, 0u);
+  EXPECT_EQ(c.top_n, 0);
+}
+
+TEST(Loader, Version5TopNReachesTheHarness) {
+  auto lib = BackendLibrary::load(fake("top_n"));
+  const ts_capabilities c = lib->capabilities();
+  EXPECT_NE(c.flags & TS_CAP_TOP_N_LOGPROBS, 0u);
+  EXPECT_EQ(c.top_n, 8);
+  // Through the child process too: the protocol carries top_n.
+  auto child = BackendLibrary::spawn(fake("top_n"), ChildOptions{});
+  EXPECT_EQ(child->capabilities().top_n, 8);
+  auto old = BackendLibrary::spawn(fake("v4"), ChildOptions{});
+  EXPECT_EQ(old->capabilities().top_n, 0);
+}
+
 TEST(Loader, LayerTapsNeedBothEntries) {
   EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_taps());
   const std::string msg = load_error(fake("taps_half"));
@@ -120,6 +140,33 @@ TEST(Loader, FindsBackendsByNameThroughTheSearchPath) {
 
 TEST(Loader, MissingPathIsAClearError) {
   EXPECT_NE(load_error("/nonexistent/libx.so").find("does not exist"), std::string::npos);
+}
+
+// The http:// channel without a server: refusals name the URL and the request.
+TEST(HttpChannel, RefusesAPathAndNamesTheUnreachableServer) {
+  EXPECT_THROW(http_base_url("http://127.0.0.1:8080/v1"), Error);
+  EXPECT_EQ(http_base_url("http://127.0.0.1:8080/"), "http://127.0.0.1:8080");
+  HttpOptions o;
+  o.call_timeout_s = 2;
+  try {
+    open_http("http://127.0.0.1:1", o);
+    ADD_FAILURE() << "no server on port 1, yet the channel opened";
+  } catch (const BackendCrash& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("http://127.0.0.1:1/props request #1"), std::string::npos) << msg;
+  }
+}
+
+TEST(HttpChannel, StopsAtTheRequestBudget) {
+  HttpOptions o;
+  o.max_requests = 0;
+  try {
+    open_http("http://127.0.0.1:1", o);
+    ADD_FAILURE() << "a request past the budget was sent";
+  } catch (const BackendCrash& e) {
+    EXPECT_NE(std::string(e.what()).find("request budget (0) is spent"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -20,8 +20,9 @@ BackendLibrary& BackendHost::library() {
     lib_->restart();
   }
   if (!lib_) {
-    lib_ = o_.in_process ? BackendLibrary::load(o_.backend)
-                         : BackendLibrary::spawn(o_.backend, ChildOptions{o_.call_timeout_s, ""});
+    lib_ = o_.in_process && !is_http_backend(o_.backend)
+               ? BackendLibrary::load(o_.backend)
+               : BackendLibrary::spawn(o_.backend, ChildOptions{o_.call_timeout_s, ""});
   }
   return *lib_;
 }
@@ -49,9 +50,9 @@ Session& BackendHost::session() {
     const int32_t got = model_->n_vocab();
     model_.reset();
     throw BackendError(TS_ERR_INTERNAL,
-                       fmt::format("backend '{}': n_vocab() is {}, the model's vocabulary has {} "
-                                   "tokens; no logits were requested",
-                                   lib.name(), got, o_.expected_n_vocab));
+                       fmt::format("backend '{}' ({}): n_vocab() is {}, the model's vocabulary "
+                                   "has {} tokens; no logits were requested",
+                                   lib.name(), lib.path(), got, o_.expected_n_vocab));
   }
   session_ = std::make_unique<Session>(*model_, o_.session);
   return *session_;
@@ -63,6 +64,9 @@ void BackendHost::discard() {
 }
 
 std::string BackendHost::execution() const {
+  if (is_http_backend(o_.backend)) {
+    return fmt::format("HTTP server (time limit {:g} s per request)", o_.call_timeout_s);
+  }
   return o_.in_process
              ? "in process"
              : fmt::format("child process (time limit {:g} s per call)", o_.call_timeout_s);

@@ -15,7 +15,8 @@ std::vector<std::string> capability_flag_names(uint32_t flags) {
       {TS_CAP_BATCHED_SESSIONS, "batched_sessions"},
       {TS_CAP_KV_PREFIX_COPY, "kv_prefix_copy"},
       {TS_CAP_BITWISE_DETERMINISM, "bitwise_determinism"},
-      {TS_CAP_STATIC_SHAPES, "static_shapes"}};
+      {TS_CAP_STATIC_SHAPES, "static_shapes"},
+      {TS_CAP_TOP_N_LOGPROBS, "top_n_logprobs"}};
   std::vector<std::string> out;
   for (const auto& [bit, name] : names)
     if (flags & bit) out.emplace_back(name);
@@ -43,6 +44,7 @@ BackendCapabilities describe_capabilities(const ts_capabilities& c) {
   for (int32_t i = 0; i < std::clamp(c.n_shape_buckets, 0, 16); ++i)
     out.shape_buckets.push_back(c.shape_buckets[i]);
   if (c.determinism_note) out.determinism_note = c.determinism_note;
+  if (c.flags & TS_CAP_TOP_N_LOGPROBS) out.top_n = c.top_n;
   return out;
 }
 

@@ -28,6 +28,9 @@ void print_info(BackendLibrary& lib, const std::string& model) {
     const ts_capabilities c = lib.capabilities();
     fmt::print("capabilities   {}\n", joined_or_none(capability_flag_names(c.flags)));
     fmt::print("weight types   {}\n", joined_or_none(weight_type_names(c.weight_types)));
+    if (c.flags & TS_CAP_TOP_N_LOGPROBS) {
+      fmt::print("logits rows    top-{} log-probabilities, -inf elsewhere (ABI v5)\n", c.top_n);
+    }
   } catch (const std::exception& e) {
     fmt::print("capabilities   unavailable: {}\n", e.what());
   }

@@ -16,6 +16,7 @@
 #include "expect.h"
 #include "progress.h"
 #include "readable_reports.h"
+#include "top_n_plan.h"
 #include "touchstone/consistency.h"
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
@@ -214,7 +215,9 @@ int32_t planned_context(const Opts& o, const Inputs& in) {
 }
 
 // Every check of the plan, in order; reports rewritten after each.
-void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
+// with_scoring = false: a top-N backend, whose passages are NOT SUPPORTED rows.
+void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& report,
+                bool with_scoring) {
   const Suite& suite = in.manifest.find_suite(o.suite);
   const int max_steps = effective_max_steps(o, suite);
   const int max_positions = effective_max_positions(o, suite);
@@ -247,7 +250,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
                   double(in.golden.find_case(n)->prompt_ids.size()) + r.n_total);
     write_reports(o, report);
   }
-  for (const std::string& n : in.plan.scoring) {
+  for (const std::string& n : with_scoring ? in.plan.scoring : std::vector<std::string>{}) {
     progress.start(n, scoring_units(n));
     report.scoring.push_back(guarded<ScoringResult>(host, n, [&](Session& s) {
       bool all = false;
@@ -296,6 +299,23 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
 bool wants_consistency(const Opts& o) {
   if (o.no_consistency) return false;
   return o.consistency || o.consistency_only || (o.cases.empty() && o.scoring.empty());
+}
+
+// A top-N backend (a server): what it cannot support becomes NOT SUPPORTED
+// rows, and its tokenizer is checked against the first case's golden ids.
+void plan_top_n(const Opts& o, const Inputs& in, BackendHost& host, Report& report, int top_n) {
+  report.not_supported =
+      top_n_not_supported(top_n, o.consistency_only ? std::vector<std::string>{} : in.plan.scoring,
+                          wants_consistency(o));
+  report.n_planned = o.consistency_only ? 0 : int(in.plan.cases.size());
+  if (in.plan.cases.empty() && in.golden.cases.empty()) return write_reports(o, report);
+  const std::string& first =
+      in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
+  if (std::optional<CaseResult> id = check_remote_tokenizer(host, *in.golden.find_case(first))) {
+    report.cases.push_back(std::move(*id));
+    ++report.n_planned;
+  }
+  write_reports(o, report);
 }
 
 // Identity of the backend for the report; a backend that cannot even start
@@ -355,8 +375,10 @@ int run_parity(const Opts& o) {
   int skip_code = 0;
   try {
     describe_backend(host, report.info);
-    if (!o.consistency_only) run_checks(o, *in, host, report);
-    if (wants_consistency(o)) run_consistency(o, *in, host, report);
+    const int top_n = backend_top_n(host);
+    if (top_n > 0) plan_top_n(o, *in, host, report, top_n);
+    if (!o.consistency_only) run_checks(o, *in, host, report, top_n == 0);
+    if (wants_consistency(o) && top_n == 0) run_consistency(o, *in, host, report);
   } catch (const BackendError& e) {  // no device here, or this model/path refused
     (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
     skip_code = e.status() == TS_ERR_DEVICE ? kExitSkip : kExitUnsupported;
@@ -391,7 +413,8 @@ void add_parity(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand("parity", "Compare a backend with the goldens");
   cmd->footer(kExitCodesHelp);
   cmd->add_option("--backend,-b", o->backend,
-                  "Backend name (libtouchstone_backend_NAME.so) or library path");
+                  "Backend name (libtouchstone_backend_NAME.so), library path, \"exec:CMD ...\", "
+                  "or http://HOST:PORT (a llama-server, docs/backends/http.md)");
   cmd->add_option(
       "--suite", o->suite,
       "Suite from the manifest: quick (default; trimmed) or full (every case, every step)");

@@ -33,6 +33,17 @@
  * families and features the backend computes, readable before any load.
  * Version 4 (2026-11-25) appended set_taps and read_taps: per-layer activations
  * of the last position, so the harness can name the first divergent layer.
+ *
+ * Version 5 (2026-11-26):
+ *   [http / top-N logprobs] TS_CAP_TOP_N_LOGPROBS and ts_capabilities.top_n
+ *   (appended at the end of ts_capabilities, struct_size guarded): a backend
+ *   that only knows the top_n most likely tokens of each position (a
+ *   completion server answering n_probs) returns natural-log probabilities for
+ *   those tokens and -INFINITY for every other entry of a logits row. The
+ *   harness then switches to top-N metrics (docs/metrics.md#top-n-backends).
+ *   A caller passes struct_size = sizeof(ts_capabilities) only to a table with
+ *   api_version >= 5, TS_CAPABILITIES_V4_SIZE to an older one; a backend fills
+ *   at most struct_size bytes and writes back the size it filled.
  */
 #ifndef TOUCHSTONE_BACKEND_ABI_H
 #define TOUCHSTONE_BACKEND_ABI_H
@@ -44,7 +55,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 4
+#define TS_BACKEND_API_VERSION 5
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -65,6 +76,8 @@ typedef enum ts_status {
 #define TS_CAP_KV_PREFIX_COPY (1u << 3)      /* a session's KV prefix can be copied       */
 #define TS_CAP_BITWISE_DETERMINISM (1u << 4) /* same inputs -> same bits, any thread count */
 #define TS_CAP_STATIC_SHAPES (1u << 5)       /* prefill runs in fixed shape buckets       */
+/* ---- api_version >= 5 [http / top-N logprobs] ---- */
+#define TS_CAP_TOP_N_LOGPROBS (1u << 6) /* rows hold top_n log-probs, -INFINITY elsewhere */
 
 /* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
  * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */
@@ -78,7 +91,13 @@ typedef struct ts_capabilities {
   int32_t n_shape_buckets;      /* number of valid entries in shape_buckets */
   int32_t shape_buckets[16];    /* static prefill lengths, ascending */
   const char* determinism_note; /* why not deterministic, or NULL */
+  /* ---- api_version >= 5 [http / top-N logprobs]; read only when the filled
+   * struct_size covers it ---- */
+  int32_t top_n; /* TS_CAP_TOP_N_LOGPROBS: finite entries per row (at most); else 0 */
 } ts_capabilities;
+
+/* The size of a version 1-4 ts_capabilities (everything before top_n). */
+#define TS_CAPABILITIES_V4_SIZE (offsetof(ts_capabilities, top_n))
 
 /* Which weights the session computes with. */
 typedef enum ts_weight_path {

@@ -40,6 +40,7 @@
 // cannot read, TS_ERR_DEVICE when there is no usable device.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <cstring>
@@ -212,12 +213,16 @@ class BackendAdapter {
 
   static ts_status capabilities(ts_capabilities* out) noexcept {
     return abi::guard([&] {
-      abi::require(out && out->struct_size >= sizeof(ts_capabilities),
+      abi::require(out && out->struct_size >= TS_CAPABILITIES_V4_SIZE,
                    "capabilities: null or struct_size too small");
-      *out = ts_capabilities{};
-      out->struct_size = sizeof(ts_capabilities);
-      Impl::capabilities(*out);
-      if constexpr (kGreedy) out->flags |= TS_CAP_DEVICE_GREEDY;
+      // A caller built against an older header passes a smaller struct: fill
+      // only the part it has (ABI v5 appended top_n) and say how much.
+      ts_capabilities c{};
+      Impl::capabilities(c);
+      if constexpr (kGreedy) c.flags |= TS_CAP_DEVICE_GREEDY;
+      const size_t n = std::min<size_t>(out->struct_size, sizeof(ts_capabilities));
+      c.struct_size = uint32_t(n);
+      std::memcpy(out, &c, n);
     });
   }
 

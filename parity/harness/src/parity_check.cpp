@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "touchstone/error.h"
 
@@ -93,6 +94,80 @@ void check_device_greedy(Session& session, const GoldenCase& g,
   }
 }
 
+// One step's logit agreement.
+struct StepMeasure {
+  double nmse = NAN, max_abs = NAN, kl = 0.0;
+};
+
+// Full rows: NMSE / max-abs on the full row while the golden stores it, on the
+// stored top-K ids after; the top-K KL estimate.
+StepMeasure measure_full(const GoldenCase& g, int s, std::span<const float> row, const Profile& p,
+                         CaseResult& r) {
+  const size_t V = size_t(g.n_vocab), K = size_t(g.top_k);
+  const std::span<const int32_t> ref_ids(g.topk_ids.data() + size_t(s) * K, K);
+  const std::span<const float> ref_vals(g.topk_logits.data() + size_t(s) * K, K);
+  const size_t bad = metrics::count_nonfinite(row);
+  r.nonfinite += bad;
+  if (bad > 0) note_violation(r, s, fmt::format("{} non-finite logits", bad));
+  StepMeasure m;
+  if (s < g.n_full_steps) {
+    const std::span<const float> ref_row(g.full_logits.data() + size_t(s) * V, V);
+    m.nmse = metrics::nmse(ref_row, row);
+    m.max_abs = metrics::max_abs_diff(ref_row, row);
+  } else {
+    const std::vector<float> test_vals = gather(row, ref_ids);
+    m.nmse = metrics::nmse(ref_vals, test_vals);
+    m.max_abs = metrics::max_abs_diff(ref_vals, test_vals);
+  }
+  r.nmse_max = std::max(r.nmse_max, m.nmse);
+  r.max_abs = std::max(r.max_abs, m.max_abs);
+  if (p.logits_nmse_max && !(m.nmse <= *p.logits_nmse_max)) {
+    note_violation(r, s, fmt::format("logits NMSE {:.3e} > {:.1e}", m.nmse, *p.logits_nmse_max));
+  }
+  if (p.logits_max_abs_max && !(m.max_abs <= *p.logits_max_abs_max)) {
+    note_violation(r, s,
+                   fmt::format("logits max-abs {:.3e} > {:.1e}", m.max_abs, *p.logits_max_abs_max));
+  }
+  m.kl = metrics::kl_divergence_topk(ref_ids, ref_vals, g.lse[size_t(s)], row).kl;
+  return m;
+}
+
+// Top-N log-probability rows (ABI v5): only the KL lower bound; NaN / +Inf, or
+// no returned entry at all, is a violation.
+StepMeasure measure_top_n(const GoldenCase& g, int s, std::span<const float> row, CaseResult& r) {
+  const size_t K = size_t(g.top_k);
+  size_t bad = 0, finite = 0;
+  for (float v : row) {
+    if (std::isnan(v) || v == INFINITY) ++bad;
+    if (std::isfinite(v)) ++finite;
+  }
+  r.nonfinite += bad;
+  if (bad > 0) note_violation(r, s, fmt::format("{} NaN / +Inf log-probabilities", bad));
+  if (finite == 0) note_violation(r, s, "no log-probability returned");
+  const metrics::TopNKlEstimate e = metrics::kl_divergence_topn(
+      std::span<const int32_t>(g.topk_ids.data() + size_t(s) * K, K),
+      std::span<const float>(g.topk_logits.data() + size_t(s) * K, K), g.lse[size_t(s)], row);
+  r.topn_missing_max = std::max(r.topn_missing_max, int(e.n_missing));
+  StepMeasure m;
+  m.kl = e.kl;
+  return m;
+}
+
+void mark_top_n(CaseResult& r, int top_n) {
+  r.logprobs_top_n = top_n;
+  r.nmse_max = r.max_abs = NAN;
+  r.not_supported = {"logits_nmse", "logits_max_abs", "device_greedy", "layer_taps"};
+}
+
+// A top-N row for the near-tie rule (which refuses non-finite rows): the
+// tokens not returned become the lowest float, below every returned one.
+std::vector<float> finite_floor(std::span<const float> row) {
+  std::vector<float> out(row.begin(), row.end());
+  for (float& v : out)
+    if (v == -INFINITY) v = std::numeric_limits<float>::lowest();
+  return out;
+}
+
 // Where a case or passage is: the call in flight and its step/position, so a
 // failing call (error status, crash, time-out) is reported with both.
 struct Progress {
@@ -110,10 +185,13 @@ std::string where(const Progress& at, const char* unit) {
 void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
                     CaseResult& r, std::vector<double>& kls, std::vector<int32_t>& host_argmax,
                     Progress& at, const ProgressFn& progress) {
-  const size_t V = size_t(g.n_vocab), K = size_t(g.top_k);
+  const size_t K = size_t(g.top_k);
   if (session.n_vocab() != g.n_vocab) {
     throw Error("backend n_vocab {} != golden n_vocab {}", session.n_vocab(), g.n_vocab);
   }
+  at = {"capabilities", -1};
+  const int top_n = session.top_n_logprobs();
+  if (top_n > 0) mark_top_n(r, top_n);
   // Layer taps: when both sides have them and the profile gives a tolerance.
   const std::optional<double> tol = p.layer_tolerance();
   const bool taps = !g.tap_steps.empty() && session.has_taps() && tol.has_value();
@@ -136,39 +214,14 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
     const std::span<const int32_t> ref_ids(g.topk_ids.data() + size_t(s) * K, K);
     const std::span<const float> ref_vals(g.topk_logits.data() + size_t(s) * K, K);
     r.n_steps = s + 1;
-    const size_t bad = metrics::count_nonfinite(row);
-    r.nonfinite += bad;
-    if (bad > 0) note_violation(r, s, fmt::format("{} non-finite logits", bad));
-
-    // Logit agreement: full rows while stored, top-K ids afterwards.
-    double nmse = 0.0, max_abs = 0.0;
-    if (s < g.n_full_steps) {
-      const std::span<const float> ref_row(g.full_logits.data() + size_t(s) * V, V);
-      nmse = metrics::nmse(ref_row, row);
-      max_abs = metrics::max_abs_diff(ref_row, row);
-    } else {
-      const std::vector<float> test_vals = gather(row, ref_ids);
-      nmse = metrics::nmse(ref_vals, test_vals);
-      max_abs = metrics::max_abs_diff(ref_vals, test_vals);
-    }
-    r.nmse_max = std::max(r.nmse_max, nmse);
-    r.max_abs = std::max(r.max_abs, max_abs);
-    if (p.logits_nmse_max && !(nmse <= *p.logits_nmse_max)) {
-      note_violation(r, s, fmt::format("logits NMSE {:.3e} > {:.1e}", nmse, *p.logits_nmse_max));
-    }
-    if (p.logits_max_abs_max && !(max_abs <= *p.logits_max_abs_max)) {
-      note_violation(r, s,
-                     fmt::format("logits max-abs {:.3e} > {:.1e}", max_abs, *p.logits_max_abs_max));
-    }
-    const metrics::KlEstimate kl =
-        metrics::kl_divergence_topk(ref_ids, ref_vals, g.lse[size_t(s)], row);
-    kls.push_back(kl.kl);
+    const StepMeasure m = top_n > 0 ? measure_top_n(g, s, row, r) : measure_full(g, s, row, p, r);
+    kls.push_back(m.kl);
 
     // Greedy agreement.
     const int32_t ref_tok = g.greedy_ids[size_t(s)];
     const int32_t test_tok = metrics::argmax(row);
-    r.series.push_back(
-        {test_tok == ref_tok, K >= 2 ? metrics::top2_margin(ref_vals) : NAN, kl.kl, nmse, max_abs});
+    r.series.push_back({test_tok == ref_tok, K >= 2 ? metrics::top2_margin(ref_vals) : NAN, m.kl,
+                        m.nmse, m.max_abs});
     if (progress) progress(s + 1, r.n_total);
     if (test_tok < 0) {  // every logit NaN: there is no greedy token
       r.failures.push_back(fmt::format("step {}: every logit is NaN, no greedy token", s));
@@ -179,8 +232,9 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
     if (test_tok == ref_tok) {
       ++r.n_matched;
     } else {
-      const metrics::NearTieVerdict v =
-          metrics::near_tie(ref_ids, ref_vals, test_tok, row, p.near_tie_margin, p.near_tie_top_k);
+      const metrics::NearTieVerdict v = metrics::near_tie(
+          ref_ids, ref_vals, test_tok, top_n > 0 ? std::span<const float>(finite_floor(row)) : row,
+          p.near_tie_margin, p.near_tie_top_k);
       GreedyDivergence d{s,
                          ref_tok,
                          test_tok,

@@ -113,6 +113,33 @@ int Report::n_known_divergences() const {
   return n;
 }
 
+namespace {
+
+// NMSE / max-abs of a case: "n/s" (not supported) for a top-N backend.
+std::string metric_cell(const CaseResult& c, double v) {
+  return c.logprobs_top_n > 0 ? std::string("n/s") : fmt::format("{:.2e}", v);
+}
+
+// What the run could not check (a top-N backend): the NOT SUPPORTED checks
+// with their reasons, and per case the profile checks left out.
+std::string not_supported_text(const Report& r) {
+  std::string o;
+  for (const NotSupportedCheck& n : r.not_supported)
+    o += fmt::format("  {} / {}: NOT SUPPORTED: {}\n", r.info.backend, n.check, n.reason);
+  for (const CaseResult& c : r.cases) {
+    if (c.not_supported.empty()) continue;
+    std::string names;
+    for (const std::string& n : c.not_supported) names += (names.empty() ? "" : ", ") + n;
+    o += fmt::format(
+        "  {} / {}: top-{} log-probabilities: NOT SUPPORTED: {}; KL is a lower bound "
+        "(docs/metrics.md#top-n-backends), up to {} reference top-K tokens missing from a row\n",
+        r.info.backend, c.name, c.logprobs_top_n, names, c.topn_missing_max);
+  }
+  return o.empty() ? o : "\nnot supported by this backend:\n" + o;
+}
+
+}  // namespace
+
 std::string format_table(const Report& r) {
   std::string o;
   const RunInfo& i = r.info;
@@ -124,9 +151,12 @@ std::string format_table(const Report& r) {
   o += fmt::format("{:<12} {:<22} {:<7} {:>9} {:>10} {:>10} {:>10}  {}\n", "backend", "case",
                    "verdict", "matched", "NMSE max", "max|Δ|", "KLD mean", "first divergence");
   for (const CaseResult& c : r.cases) {
-    o += fmt::format("{:<12} {:<22} {:<7} {:>4}/{:<4} {:>10.2e} {:>10.2e} {:>10.2e}  {}\n",
-                     i.backend, c.name, row_verdict(c), c.n_matched, c.n_total, c.nmse_max,
-                     c.max_abs, c.kld_mean, divergence_cell(c));
+    o += fmt::format("{:<12} {:<22} {:<7} {:>4}/{:<4} {:>10} {:>10} {:>10.2e}  {}\n", i.backend,
+                     c.name, row_verdict(c), c.n_matched, c.n_total, metric_cell(c, c.nmse_max),
+                     metric_cell(c, c.max_abs), c.kld_mean, divergence_cell(c));
+  }
+  for (const NotSupportedCheck& n : r.not_supported) {
+    o += fmt::format("{:<12} {:<22} {}\n", i.backend, n.check, "NOT SUPPORTED");
   }
   for (const ScoringResult& s : r.scoring) {
     const auto& st = s.stats;
@@ -160,6 +190,7 @@ std::string format_table(const Report& r) {
     }
   }
   o += known_divergence_lines(r);
+  o += not_supported_text(r);
   int greedy_steps = 0;
   for (const CaseResult& c : r.cases) greedy_steps += c.device_greedy_steps;
   if (greedy_steps > 0) {
@@ -188,8 +219,8 @@ std::string to_junit(const Report& r) {
   const std::string suite = xml_escape("parity." + r.info.backend + "." + r.info.weight_path);
   std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o += fmt::format(
-      "<testsuites><testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n", suite, n,
-      failures, skipped);
+      "<testsuites><testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n", suite,
+      n + r.not_supported.size(), failures, skipped + r.not_supported.size());
   if (!r.complete) {
     o += fmt::format(
         "  <system-err>{}</system-err>\n",
@@ -220,6 +251,12 @@ std::string to_junit(const Report& r) {
   };
   for (const auto& c : r.cases) tc(c.name, c.seconds, c.failures, c.known_divergence);
   for (const auto& s : r.scoring) tc(s.name, s.seconds, s.failures, s.known_divergence);
+  for (const NotSupportedCheck& ns : r.not_supported) {
+    o += fmt::format(
+        "  <testcase classname=\"{}\" name=\"{}\" time=\"0.000\">\n    <skipped "
+        "message=\"{}\"/>\n  </testcase>\n",
+        suite, xml_escape(ns.check), xml_escape("NOT SUPPORTED: " + ns.reason));
+  }
   o += "</testsuite></testsuites>\n";
   return o;
 }

@@ -53,8 +53,11 @@ std::string runs_table(const std::vector<RunView>& runs) {
       "<th>checks passed</th><th>time</th><th>touchstone</th><th>started (UTC)</th></tr>\n";
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunView& r = runs[i];
-    int passed = 0;
-    for (const ItemView& it : r.items) passed += it.passed ? 1 : 0;
+    int passed = 0, checks = 0;  // NOT SUPPORTED items are not checks
+    for (const ItemView& it : r.items) {
+      passed += it.passed ? 1 : 0;
+      checks += it.kind == "not_supported" ? 0 : 1;
+    }
     o += fmt::format(
         "<tr><td><a href=\"#run-{}\">{}</a></td><td>{} {}</td><td>{}</td><td>{}</td>"
         "<td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td>"
@@ -62,7 +65,7 @@ std::string runs_table(const std::vector<RunView>& runs) {
         "<td class=\"ts-num\">{:.1f} s</td><td><code>{}</code></td><td>{}</td></tr>\n",
         i, i, esc(r.backend), esc(r.backend_version), esc(r.device), esc(r.model),
         esc(r.model_sha256.substr(0, 16)), esc(r.weights), esc(r.profile), esc(r.suite),
-        esc(r.verdict), esc(r.verdict), passed, r.items.size(), r.seconds, esc(r.revision),
+        esc(r.verdict), esc(r.verdict), passed, checks, r.seconds, esc(r.revision),
         esc(r.started_at));
     if (!r.reason.empty())
       o += fmt::format("<tr><td></td><td colspan=\"12\">{}</td></tr>\n", esc(r.reason));
@@ -95,8 +98,11 @@ std::string matrix_table(const std::vector<RunView>& runs, const std::string& mo
       o += fmt::format(
           "<td class=\"ts-cell ts-{}\" data-item=\"{}\" data-backend=\"{}\" data-weights=\"{}\">"
           "<a href=\"#{}\">{}</a></td>",
-          it->passed ? "PASS" : "FAIL", esc(name), esc(runs[c].backend), esc(runs[c].weights),
-          item_id(c, k), esc(item_cell(*it)));
+          it->passed                    ? "PASS"
+          : it->kind == "not_supported" ? "none"
+                                        : "FAIL",
+          esc(name), esc(runs[c].backend), esc(runs[c].weights), item_id(c, k),
+          esc(item_cell(*it)));
     }
     o += "</tr>\n";
   }
@@ -149,7 +155,10 @@ std::string item_plots(const RunView& r, size_t run, const ItemView& it) {
 
 std::string item_details(const RunView& r, size_t run, size_t k) {
   const ItemView& it = r.items[k];
-  const std::string verdict = it.passed ? "PASS" : it.known ? "KNOWN" : "FAIL";
+  const std::string verdict = it.passed                    ? "PASS"
+                              : it.known                   ? "KNOWN"
+                              : it.kind == "not_supported" ? "none"
+                                                           : "FAIL";
   std::string o = fmt::format(
       "<div class=\"ts-item\" id=\"{}\" data-case=\"{}\" data-kind=\"{}\">\n"
       "<h4>{} <span class=\"ts-cell ts-{}\">{}</span> <small>{}: {}/{} {} matched</small></h4>\n",

@@ -43,7 +43,8 @@ json backend_json(const RunInfo& i) {
                          {"weight_types", c.weight_types},
                          {"max_context", c.max_context},
                          {"shape_buckets", c.shape_buckets},
-                         {"determinism_note", text_or_null(c.determinism_note)}};
+                         {"determinism_note", text_or_null(c.determinism_note)},
+                         {"top_n", c.top_n}};
   }
   return b;
 }
@@ -134,9 +135,15 @@ const char* item_verdict(const Result& r) {
   return r.passed ? "PASS" : r.known_divergence ? "KNOWN_DIVERGENCE" : "FAIL";
 }
 
+// "consistency.*" rows, "identity.*" rows (a server's model identity), greedy cases.
+const char* case_kind(const std::string& name) {
+  if (name.starts_with("consistency")) return "consistency";
+  return name.starts_with("identity.") ? "identity" : "greedy";
+}
+
 json case_json(const CaseResult& c) {
   json cj{{"name", c.name},
-          {"kind", c.name.starts_with("consistency") ? "consistency" : "greedy"},
+          {"kind", case_kind(c.name)},
           {"passed", c.passed},
           {"failures", c.failures},
           {"steps_compared", c.n_steps},
@@ -163,6 +170,9 @@ json case_json(const CaseResult& c) {
   cj["verdict"] = item_verdict(c);
   cj["violations"] = violations_json(c.violations);
   cj["known_divergence"] = known_json(c.known_divergence);
+  cj["logprobs_top_n"] = c.logprobs_top_n;
+  cj["not_supported"] = c.not_supported;
+  cj["topn_missing_max"] = c.topn_missing_max;
   return cj;
 }
 
@@ -225,6 +235,9 @@ std::string to_json(const Report& r) {
   for (const CaseResult& c : r.cases) j["cases"].push_back(case_json(c));
   j["scoring"] = json::array();
   for (const ScoringResult& s : r.scoring) j["scoring"].push_back(scoring_json(s));
+  j["not_supported"] = json::array();
+  for (const NotSupportedCheck& n : r.not_supported)
+    j["not_supported"].push_back({{"check", n.check}, {"reason", n.reason}});
   // Backend names, device strings and token bytes may be any bytes: invalid
   // UTF-8 is replaced (U+FFFD), never thrown on after the verdict.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";

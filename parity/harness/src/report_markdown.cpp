@@ -51,6 +51,7 @@ std::string badge(const std::string& verdict) {
   if (verdict.starts_with("FAIL")) return "❌ " + verdict;
   if (verdict == "SKIP") return "⏭️ SKIP";
   if (verdict == "UNSUPPORTED") return "⚠️ UNSUPPORTED";
+  if (verdict == "NOT SUPPORTED") return "➖ NOT SUPPORTED";
   return "❗ " + md(verdict);
 }
 
@@ -59,11 +60,14 @@ std::string runs_table(const std::vector<RunView>& runs) {
       "| backend | model | weights | profile | suite | verdict | checks passed | time |\n"
       "|---|---|---|---|---|---|--:|--:|\n";
   for (const RunView& r : runs) {
-    int passed = 0;
-    for (const ItemView& it : r.items) passed += it.passed ? 1 : 0;
+    int passed = 0, checks = 0;  // NOT SUPPORTED items are not checks
+    for (const ItemView& it : r.items) {
+      passed += it.passed ? 1 : 0;
+      checks += it.kind == "not_supported" ? 0 : 1;
+    }
     o += fmt::format("| {} | {} | {} | {} | {} | {} | {}/{} | {:.1f} s |\n", md(r.backend),
                      md(r.model), md(r.weights), md(r.profile), md(r.suite), badge(r.verdict),
-                     passed, r.items.size(), r.seconds);
+                     passed, checks, r.seconds);
   }
   return o;
 }
@@ -90,6 +94,10 @@ std::string matrix_table(const std::vector<RunView>& runs, const std::string& mo
 }
 
 std::string failing_item(const RunView& r, const ItemView& it) {
+  if (it.kind == "not_supported") {
+    return fmt::format("- **{} / {} / {} / {}**: NOT SUPPORTED: {}\n", md(r.backend), md(r.model),
+                       md(r.weights), md(it.name), md(it.failures.empty() ? "" : it.failures[0]));
+  }
   const char* unit = it.kind == "scoring" ? "position" : "step";
   std::string o = fmt::format("- **{} / {} / {} / {}**: ", md(r.backend), md(r.model),
                               md(r.weights), md(it.name));

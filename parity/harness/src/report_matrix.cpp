@@ -41,6 +41,7 @@ const ItemView* find_item(const RunView& run, const std::string& name) {
 std::string item_cell(const ItemView& item) {
   if (item.passed) return "PASS";
   if (item.known) return "KNOWN";
+  if (item.kind == "not_supported") return "NOT SUPPORTED";
   return item.first_failing >= 0 ? fmt::format("FAIL @{}", item.first_failing) : "FAIL";
 }
 

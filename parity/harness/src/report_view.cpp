@@ -167,6 +167,22 @@ void read_items(const Reader& r, const char* key, RunView& run) {
   }
 }
 
+// "not_supported" (optional: reports before it have none): NOT SUPPORTED items.
+void read_not_supported(const Reader& r, RunView& run) {
+  const json* a = r.child("not_supported", true);
+  if (!a) return;
+  for (size_t i = 0; i < a->size(); ++i) {
+    const std::string ptr = fmt::format("/not_supported/{}", i);
+    if (!(*a)[i].is_object()) throw Error("{}: {}: expected an object", r.source(), ptr);
+    const Reader item(r.source(), (*a)[i], ptr);
+    ItemView v;
+    v.name = item.str("check", true);
+    v.kind = "not_supported";
+    v.failures = {item.str("reason")};
+    run.items.push_back(std::move(v));
+  }
+}
+
 }  // namespace
 
 RunView parse_report_view(const std::string& json_text, const std::string& source) {
@@ -196,6 +212,7 @@ RunView parse_report_view(const std::string& json_text, const std::string& sourc
   v.checks_planned = r.integer("checks_planned");
   read_items(r, "cases", v);
   read_items(r, "scoring", v);
+  read_not_supported(r, v);
   return v;
 }
 

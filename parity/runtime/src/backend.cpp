@@ -34,6 +34,11 @@ std::shared_ptr<BackendLibrary> BackendLibrary::load(const std::string& name_or_
 
 std::shared_ptr<BackendLibrary> BackendLibrary::spawn(const std::string& name_or_path,
                                                       const ChildOptions& options) {
+  if (is_http_backend(name_or_path)) {
+    HttpOptions h;
+    h.call_timeout_s = options.call_timeout_s;
+    return std::make_shared<BackendLibrary>(open_http(name_or_path, h));
+  }
   return std::make_shared<BackendLibrary>(open_child_process(name_or_path, options));
 }
 
@@ -117,6 +122,14 @@ std::vector<float> Session::read_taps(size_t n_floats) {
   std::vector<float> out(n_floats);
   lib_->channel().read_taps(session_, out);
   return out;
+}
+
+int32_t Session::top_n_logprobs() {
+  if (top_n_ < 0) {
+    const ts_capabilities c = lib_->capabilities();
+    top_n_ = (c.flags & TS_CAP_TOP_N_LOGPROBS) && c.top_n > 0 ? c.top_n : 0;
+  }
+  return top_n_;
 }
 
 int32_t Session::position() const { return lib_->channel().position(session_); }

@@ -72,7 +72,7 @@ class InProcessChannel final : public BackendChannel {
       // capabilities now (no device) is loaded without it: its later calls fail
       // with their own status.
       ts_capabilities caps{};
-      caps.struct_size = sizeof(caps);
+      caps.struct_size = uint32_t(api->api_version >= 5 ? sizeof(caps) : TS_CAPABILITIES_V4_SIZE);
       const bool claims =
           api->capabilities(&caps) == TS_OK && (caps.flags & TS_CAP_DEVICE_GREEDY) != 0;
       if (claims && !api->prefill_greedy) {
@@ -100,8 +100,14 @@ class InProcessChannel final : public BackendChannel {
 
   ts_capabilities capabilities() override {
     ts_capabilities caps{};
-    caps.struct_size = sizeof(caps);
+    // ABI v5 appended top_n: an older table gets the struct it knows.
+    caps.struct_size = uint32_t(api_->api_version >= 5 ? sizeof(caps) : TS_CAPABILITIES_V4_SIZE);
     check(api_->capabilities(&caps), "capabilities");
+    if (api_->api_version < 5 || caps.struct_size < sizeof(caps)) {
+      caps.top_n = 0;
+      caps.flags &= ~TS_CAP_TOP_N_LOGPROBS;
+    }
+    caps.struct_size = sizeof(caps);
     return caps;
   }
   Handle load_model(const std::string& gguf_path, int32_t* n_vocab) override {
@@ -186,7 +192,7 @@ std::vector<std::string> exec_command(std::string_view spec) {
 }
 
 std::string resolve_backend_path(const std::string& name_or_path) {
-  if (is_exec_backend(name_or_path)) return name_or_path;
+  if (is_exec_backend(name_or_path) || is_http_backend(name_or_path)) return name_or_path;
   const bool is_path = name_or_path.find('/') != std::string::npos ||
                        (name_or_path.size() > 3 && name_or_path.ends_with(".so"));
   if (is_path) {
@@ -211,6 +217,8 @@ std::unique_ptr<BackendChannel> open_in_process(const std::string& name_or_path)
         "--in-process)",
         name_or_path);
   }
+  // A server is reached the same way with or without --in-process.
+  if (is_http_backend(name_or_path)) return open_http(name_or_path, HttpOptions{});
   const std::string path = resolve_backend_path(name_or_path);
   return std::make_unique<InProcessChannel>(load_table(path), path);
 }

@@ -181,6 +181,7 @@ void encode(Writer& w, const ts_capabilities& c) {
   w.i32(n);
   w.i32s(std::span<const int32_t>(c.shape_buckets, size_t(n)));
   w.str(c.determinism_note ? c.determinism_note : "");
+  w.i32(c.top_n);  // ABI v5; optional on the wire (a Python engine may end before it)
 }
 
 ts_capabilities decode_capabilities(Reader& r, std::string& note_storage) {
@@ -197,6 +198,9 @@ ts_capabilities decode_capabilities(Reader& r, std::string& note_storage) {
   r.i32s("shape_buckets", std::span<int32_t>(c.shape_buckets, size_t(c.n_shape_buckets)));
   note_storage = r.str("determinism_note", 1u << 16);
   c.determinism_note = note_storage.empty() ? nullptr : note_storage.c_str();
+  // ABI v5 top_n: present when the sender knows it; absent = 0, flag dropped.
+  c.top_n = r.remaining() >= 4 ? r.i32("top_n") : 0;
+  if (c.top_n <= 0) c.flags &= ~TS_CAP_TOP_N_LOGPROBS;
   return c;
 }
 

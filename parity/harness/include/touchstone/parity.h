@@ -8,6 +8,9 @@
 // Logits at every step are compared against the profile: NMSE and max-abs on
 // the full row for the first n_full_steps steps, on the stored top-K ids after;
 // KL divergence from the stored top-K + log-sum-exp.
+// A top-N backend (Session::top_n_logprobs() > 0, a llama-server over HTTP):
+// greedy and top-1 as above, KL as the lower bound over the returned top-N
+// (docs/metrics.md#top-n-backends), NMSE / max-abs NOT SUPPORTED.
 #pragma once
 
 #include <functional>
@@ -117,6 +120,13 @@ struct CaseResult {
   // Set when the failure is a reviewed known divergence (passed stays false).
   std::optional<KnownDivergenceMatch> known_divergence;
   bool acceptable() const { return passed || known_divergence.has_value(); }
+  // A top-N backend (ABI v5 TS_CAP_TOP_N_LOGPROBS): N, else 0. Its KL is the
+  // lower bound metrics::kl_divergence_topn, NMSE / max-abs are not computed
+  // (nmse_max, max_abs and the series' nmse / max_abs are NaN) and every
+  // profile check that needs full rows is named in not_supported.
+  int logprobs_top_n = 0;
+  std::vector<std::string> not_supported;  // "logits_nmse", "logits_max_abs", ...
+  int topn_missing_max = 0;  // most reference top-K tokens absent from one returned row
 };
 
 struct ScoringResult {

@@ -22,6 +22,7 @@ struct BackendCapabilities {
   int32_t max_context = 0;                // tokens; 0 = limited only by the model
   std::vector<int32_t> shape_buckets;     // static prefill lengths (TS_CAP_STATIC_SHAPES)
   std::string determinism_note;           // "" when the backend gave none
+  int32_t top_n = 0;                      // ABI v5 TS_CAP_TOP_N_LOGPROBS: N; else 0
 };
 
 struct RunInfo {
@@ -40,10 +41,18 @@ struct RunInfo {
   std::optional<Profile> tolerances;  // the profile's thresholds
 };
 
+// A planned check the backend cannot support (a top-N server cannot score a
+// passage's every position or give full rows): reported as NOT SUPPORTED in
+// every format, never run, never counted as passed.
+struct NotSupportedCheck {
+  std::string check, reason;
+};
+
 struct Report {
   RunInfo info;
   std::vector<CaseResult> cases;
   std::vector<ScoringResult> scoring;
+  std::vector<NotSupportedCheck> not_supported;
   // False while the run is going on (reports are rewritten after every case):
   // a report left by a killed run says so.
   bool complete = false;

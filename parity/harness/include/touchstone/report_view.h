@@ -15,7 +15,9 @@ namespace touchstone {
 // One case, consistency check or scoring passage of a run.
 struct ItemView {
   std::string name;
-  std::string kind;  // "greedy", "consistency" or "scoring"
+  // "greedy", "consistency", "identity", "scoring", or "not_supported" (a planned
+  // check the backend cannot support: failures[0] is the reason; never passed).
+  std::string kind;
   bool passed = false;
   bool known = false;  // a reviewed known divergence (not passed, not counted as failed)
   std::vector<std::string> failures;

@@ -104,6 +104,31 @@ KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
                               std::span<const float> ref_topk_logits, double ref_lse,
                               std::span<const float> test_logits);
 
+// Top-N backends (ABI v5 TS_CAP_TOP_N_LOGPROBS, e.g. a llama-server): the test
+// row holds log q_j for the returned set R (finite entries) and -INFINITY for
+// every other token. With S = the reference's stored top-K, T = S ∩ R,
+// M = S \ R (reference tokens the backend did not return), q_N = min_{j in R} q_j
+// (the backend's N-th probability: every unreturned token has q <= q_N),
+// U = max(1 - sum_R q, 1e-6) (unreturned mass; 1e-6 of slack for the float
+// rounding of the returned probabilities), Q_out = sum_{R \ S} q:
+//   KL_lb = sum_{i in T} p_i (log p_i - log q_i)
+//         + min_{x in [0, min(|M| q_N, U)]} [ P_M log(P_M / x) + P_tail log(P_tail / (Q_out + U -
+//         x)) ]
+// (P_M = sum_{i in M} p_i, P_tail = 1 - sum_S p_i; 0 log 0 = 0; the minimum is
+// at x = (Q_out + U) P_M / (P_M + P_tail) clamped to the interval). This is the
+// KL of both distributions coarse-grained to {each token of T, M, not S},
+// minimised over the one unknown (Q_M): by the data-processing inequality a
+// rigorous LOWER bound on the exact KL (up to the 1e-6 slack), clamped at 0.
+// A row with NaN / +Inf or no finite entry -> kl = +inf.
+struct TopNKlEstimate {
+  double kl;          // KL_lb (nats)
+  size_t n_returned;  // |R|
+  size_t n_missing;   // |M|: stored reference tokens the backend did not return
+};
+TopNKlEstimate kl_divergence_topn(std::span<const int32_t> ref_topk_ids,
+                                  std::span<const float> ref_topk_logits, double ref_lse,
+                                  std::span<const float> test_logprobs);
+
 // Exact KL(P||Q) with P = softmax(ref_logits), Q = softmax(test_logits), nats,
 // summed index ascending in double, clamped at 0 against rounding.
 // Sizes must match and be non-zero (Error). Non-finite ref -> Error;

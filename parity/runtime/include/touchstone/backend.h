@@ -123,11 +123,15 @@ class Session {
   void set_taps(bool enable);
   std::vector<float> read_taps(size_t n_floats);
   int32_t n_vocab() const { return n_vocab_; }
+  // ABI v5: N when the backend's rows are top-N log-probabilities
+  // (TS_CAP_TOP_N_LOGPROBS), else 0. Asks capabilities() once; throws its error.
+  int32_t top_n_logprobs();
 
  private:
   std::shared_ptr<BackendLibrary> lib_;
   Handle session_ = 0;
   int32_t n_vocab_ = 0;
+  int32_t top_n_ = -1;  // -1 = not asked yet
 };
 
 }  // namespace touchstone

@@ -8,6 +8,9 @@
 // A third way in: "exec:CMD ARGS..." starts CMD as the child instead of the
 // runner; CMD speaks the protocol itself on fd 3 (e.g. a Python engine,
 // python/touchstone_engine, docs/python-engines.md). It has no in-process mode.
+// A fourth: "http://HOST:PORT", a llama.cpp llama-server over its /completion
+// API (channel_http.cpp, docs/backends/http.md): top-N log-probability rows
+// (ABI v5 TS_CAP_TOP_N_LOGPROBS), every request time-limited.
 // Model and session handles are opaque 64-bit ids (the backend's pointers in
 // process, the runner's ids in a child). Every call throws BackendError with
 // the backend's status and message on a non-OK status, and BackendCrash when
@@ -18,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -80,6 +84,11 @@ class BackendChannel {
   // starts a fresh one (every handle of the old one is gone).
   virtual bool alive() const { return true; }
   virtual void restart() {}
+  // A server that tokenizes (http://): the ids it gives `text` (with its BOS
+  // and special tokens, as its own prompts would be); nullopt elsewhere.
+  virtual std::optional<std::vector<int32_t>> tokenize(const std::string& /*text*/) {
+    return std::nullopt;
+  }
 };
 
 // dlopen()s the library (name or path, see BackendLibrary::load) and checks
@@ -102,6 +111,22 @@ struct ChildOptions {
 // itself, found on PATH) with the socket on fd 3, and says hello.
 std::unique_ptr<BackendChannel> open_child_process(const std::string& name_or_path,
                                                    const ChildOptions& options);
+
+// "http://HOST:PORT" (or https://): a llama-server, see docs/backends/http.md.
+inline bool is_http_backend(std::string_view spec) {
+  return spec.starts_with("http://") || spec.starts_with("https://");
+}
+struct HttpOptions {
+  double call_timeout_s = 300.0;     // per request (connect + answer)
+  double connect_timeout_s = 10.0;   // of each request
+  int64_t max_requests = 1'000'000;  // in all, for the channel's life
+  int32_t top_n = 64;                // n_probs asked for every position
+};
+// The server's root URL without trailing '/'; throws Error for a path or no host.
+std::string http_base_url(std::string_view spec);
+// Asks the server's /props (its identity) and returns the channel; throws
+// BackendError / BackendCrash naming the URL and what went wrong.
+std::unique_ptr<BackendChannel> open_http(const std::string& spec, const HttpOptions& options);
 
 // Resolves a backend name to a library path ($TOUCHSTONE_BACKEND_PATH, then
 // <exe dir>/../lib); a path, or an "exec:" command, is returned as is. Throws Error

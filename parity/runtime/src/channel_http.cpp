@@ -1,0 +1,266 @@
+// channel_http.cpp - "http://HOST:PORT": a llama.cpp llama-server (native
+// /completion API) as a backend. Each prefill / decode is one POST with the
+// whole token sequence so far, n_predict 1, temperature 0, n_probs = top_n and
+// cache_prompt (the server reuses its KV cache for the common prefix); rewind
+// truncates the client-side token list. Rows are ABI v5 top-N rows: natural-log
+// probabilities of the returned tokens, -INFINITY elsewhere
+// (TS_CAP_TOP_N_LOGPROBS). Every failure -- transport, time-out, HTTP status,
+// malformed JSON, a model other than the manifest's -- throws BackendError /
+// BackendCrash naming the URL, the request number and what was wrong.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "http_client.h"
+#include "touchstone/backend_channel.h"
+
+namespace touchstone {
+namespace {
+
+using nlohmann::json;
+
+std::string excerpt(const std::string& s) {
+  constexpr size_t kMax = 160;
+  std::string e = s.substr(0, kMax);
+  for (char& c : e)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '.';
+  return s.size() > kMax ? e + "..." : e;
+}
+
+// The answer as JSON: HTTP 200 with a parsable object, or a BackendError
+// naming the URL, the request number and what was wrong.
+json answer_json(const http::Response& r) {
+  const std::string where = fmt::format("{} request #{}", r.url, r.number);
+  if (r.status != 200) {
+    throw BackendError(TS_ERR_INTERNAL,
+                       fmt::format("{}: HTTP {}: {}", where, r.status, excerpt(r.body)));
+  }
+  json j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw BackendError(TS_ERR_INTERNAL, fmt::format("{}: malformed JSON answer ({} bytes: {})",
+                                                    where, r.body.size(), excerpt(r.body)));
+  }
+  return j;
+}
+
+[[noreturn]] void malformed(const http::Response& r, const std::string& what) {
+  throw BackendError(TS_ERR_INTERNAL, fmt::format("{} request #{}: malformed answer: {} ({})",
+                                                  r.url, r.number, what, excerpt(r.body)));
+}
+
+// Integer member `key` of object `o`, or malformed().
+int64_t int_member(const http::Response& r, const json& o, const char* key) {
+  const auto it = o.find(key);
+  if (it == o.end() || !it->is_number_integer()) malformed(r, fmt::format("no integer '{}'", key));
+  return it->get<int64_t>();
+}
+
+class HttpChannel final : public BackendChannel {
+ public:
+  HttpChannel(const std::string& url, const HttpOptions& o)
+      : client_(url, {o.connect_timeout_s, o.call_timeout_s, o.max_requests}), top_n_(o.top_n) {
+    info_.api_version = TS_BACKEND_API_VERSION;
+    info_.name = "http";
+    info_.path = url;
+    const json props = answer_json(client_.get("/props"));
+    model_path_ = props.value("model_path", std::string());
+    info_.version = props.value("build_info", std::string("unknown"));
+    info_.device = fmt::format("llama-server at {} serving {}", url,
+                               model_path_.empty() ? "(model_path not given)" : model_path_);
+  }
+
+  const BackendInfo& info() const override { return info_; }
+
+  ts_capabilities capabilities() override {
+    ts_capabilities c{};
+    c.struct_size = sizeof(c);
+    c.flags = TS_CAP_TOP_N_LOGPROBS;
+    c.top_n = top_n_;
+    c.max_context = n_ctx_;
+    c.determinism_note = "a remote server: the harness cannot see how it computes";
+    return c;
+  }
+
+  Handle load_model(const std::string& gguf_path, int32_t* n_vocab) override;
+  void free_model(Handle) noexcept override {}
+  Handle open_session(Handle model, const ts_session_options& options) override;
+  void free_session(Handle session) noexcept override { sessions_.erase(session); }
+
+  void prefill(Handle session, std::span<const int32_t> tokens, bool all_positions,
+               std::span<float> out) override {
+    if (all_positions) {
+      throw BackendError(TS_ERR_UNSUPPORTED,
+                         "http: all-position logits are not available from a completion server");
+    }
+    std::vector<int32_t>& seq = tokens_of(session);
+    seq.insert(seq.end(), tokens.begin(), tokens.end());
+    step(seq, out);
+  }
+  void decode(Handle session, int32_t token, std::span<float> out) override {
+    std::vector<int32_t>& seq = tokens_of(session);
+    seq.push_back(token);
+    step(seq, out);
+  }
+  int32_t prefill_greedy(Handle, std::span<const int32_t>) override {
+    throw BackendError(TS_ERR_UNSUPPORTED, "http: no prefill_greedy");
+  }
+  void rewind(Handle session, int32_t position) override {
+    std::vector<int32_t>& seq = tokens_of(session);
+    if (position < 0 || size_t(position) > seq.size()) {
+      throw BackendError(TS_ERR_INVALID_ARGUMENT,
+                         fmt::format("http: rewind to {} outside [0, {}]", position, seq.size()));
+    }
+    seq.resize(size_t(position));
+  }
+  int32_t position(Handle session) override { return int32_t(tokens_of(session).size()); }
+  void set_taps(Handle, bool) override { throw Error("http: no layer taps"); }
+  void read_taps(Handle, std::span<float>) override { throw Error("http: no layer taps"); }
+  std::optional<std::vector<int32_t>> tokenize(const std::string& text) override;
+
+ private:
+  std::vector<int32_t>& tokens_of(Handle session) {
+    const auto it = sessions_.find(session);
+    if (it == sessions_.end()) throw Error("http: unknown session {}", session);
+    return it->second;
+  }
+  void step(const std::vector<int32_t>& seq, std::span<float> out);
+  std::vector<int32_t> tokenize_text(const std::string& text, bool special);
+  void fill_row(const http::Response& r, const json& j, std::span<float> out) const;
+
+  http::Client client_;
+  BackendInfo info_;
+  int32_t top_n_ = 0, n_vocab_ = 0, n_ctx_ = 0, ascii_token_ = 0;
+  std::string model_path_;
+  std::map<Handle, std::vector<int32_t>> sessions_;
+  Handle next_session_ = 1;
+};
+
+Handle HttpChannel::load_model(const std::string& gguf_path, int32_t* n_vocab) {
+  answer_json(client_.get("/health"));
+  const http::Response models = client_.get("/v1/models");
+  const json m = answer_json(models);
+  if (!m.contains("data") || !m["data"].is_array() || m["data"].empty() ||
+      !m["data"][0].is_object() || !m["data"][0].contains("meta")) {
+    malformed(models, "no data[0].meta (n_vocab, n_ctx)");
+  }
+  const json& meta = m["data"][0]["meta"];
+  n_vocab_ = int32_t(int_member(models, meta, "n_vocab"));
+  n_ctx_ = int32_t(int_member(models, meta, "n_ctx"));
+  // The same GGUF as the manifest's: the file name must match (the vocabulary,
+  // and the tokenization of a prompt, are checked by the harness).
+  const std::string want = std::filesystem::path(gguf_path).filename().string();
+  const std::string got = std::filesystem::path(model_path_).filename().string();
+  if (got != want) {
+    throw BackendError(TS_ERR_INTERNAL,
+                       fmt::format("{}: the server serves '{}', the manifest names '{}' (start "
+                                   "llama-server with -m .../{})",
+                                   client_.base_url(), model_path_, want, want));
+  }
+  // llama-server withholds the probabilities of a sampled token that ends
+  // inside a UTF-8 character (an emoji's first byte): the request forces the
+  // sampled token to this plain ASCII one with logit_bias. The probabilities
+  // come from the raw logits, before any sampler, so the bias leaves them as
+  // they are (docs/backends/http.md).
+  const std::vector<int32_t> a = tokenize_text("a", false);
+  if (a.size() != 1 || a[0] < 0 || a[0] >= n_vocab_) {
+    throw BackendError(TS_ERR_INTERNAL, fmt::format("{}/tokenize: \"a\" is {} tokens, expected one",
+                                                    client_.base_url(), a.size()));
+  }
+  ascii_token_ = a[0];
+  *n_vocab = n_vocab_;
+  return 1;
+}
+
+Handle HttpChannel::open_session(Handle, const ts_session_options& o) {
+  if (o.fault) throw BackendError(TS_ERR_UNSUPPORTED, "http: no fault injection");
+  // o.max_context is what the whole run might need; each request is checked
+  // against the server's context instead (step()).
+  sessions_[next_session_] = {};
+  return next_session_++;
+}
+
+void HttpChannel::step(const std::vector<int32_t>& seq, std::span<float> out) {
+  if (n_ctx_ > 0 && seq.size() + 1 > size_t(n_ctx_)) {
+    throw BackendError(TS_ERR_CONTEXT_FULL,
+                       fmt::format("{}: the server's context is {} tokens, this step needs {} "
+                                   "(start llama-server with a larger -c)",
+                                   client_.base_url(), n_ctx_, seq.size() + 1));
+  }
+  const json req{{"prompt", seq},
+                 {"n_predict", 1},
+                 {"temperature", 0.0},
+                 {"n_probs", top_n_},
+                 {"cache_prompt", true},
+                 {"post_sampling_probs", false},
+                 {"logit_bias", json::array({json::array({ascii_token_, 1000.0})})},
+                 {"stream", false}};
+  const http::Response r = client_.post_json("/completion", req.dump());
+  const json j = answer_json(r);
+  if (j.value("truncated", false)) malformed(r, "the server truncated the prompt");
+  fill_row(r, j, out);
+}
+
+void HttpChannel::fill_row(const http::Response& r, const json& j, std::span<float> out) const {
+  const auto cp = j.find("completion_probabilities");
+  if (cp == j.end() || !cp->is_array() || cp->empty() || !(*cp)[0].is_object())
+    malformed(r, "no completion_probabilities[0] (was n_probs honoured?)");
+  const auto top = (*cp)[0].find("top_logprobs");
+  if (top == (*cp)[0].end() || !top->is_array() || top->empty())
+    malformed(r, "no completion_probabilities[0].top_logprobs");
+  if (out.size() != size_t(n_vocab_))
+    throw Error("http: logits buffer holds {} floats, n_vocab is {}", out.size(), n_vocab_);
+  std::fill(out.begin(), out.end(), -INFINITY);
+  for (const json& e : *top) {
+    if (!e.is_object()) malformed(r, "a top_logprobs entry is not an object");
+    const int64_t id = int_member(r, e, "id");
+    const auto lp = e.find("logprob");
+    if (id < 0 || id >= n_vocab_)
+      malformed(r, fmt::format("token id {} outside the vocabulary", id));
+    if (lp == e.end() || !(lp->is_number() || lp->is_null()))
+      malformed(r, fmt::format("token {}: no numeric logprob", id));
+    const double v = lp->is_null() ? -INFINITY : lp->get<double>();
+    if (std::isnan(v) || v > 1e-3) malformed(r, fmt::format("token {}: logprob {} > 0", id, v));
+    if (out[size_t(id)] != -INFINITY) malformed(r, fmt::format("token {} listed twice", id));
+    out[size_t(id)] = float(std::min(v, 0.0));
+  }
+}
+
+std::optional<std::vector<int32_t>> HttpChannel::tokenize(const std::string& text) {
+  return tokenize_text(text, true);
+}
+
+std::vector<int32_t> HttpChannel::tokenize_text(const std::string& text, bool special) {
+  const json req{{"content", text}, {"add_special", special}, {"parse_special", special}};
+  const http::Response r = client_.post_json("/tokenize", req.dump());
+  const json j = answer_json(r);
+  const auto t = j.find("tokens");
+  if (t == j.end() || !t->is_array()) malformed(r, "no 'tokens' array");
+  std::vector<int32_t> ids;
+  for (const json& v : *t) {
+    if (!v.is_number_integer()) malformed(r, "a token is not an integer");
+    ids.push_back(v.get<int32_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::string http_base_url(std::string_view spec) {
+  std::string url(spec);
+  while (url.ends_with('/')) url.pop_back();
+  const size_t host = url.find("://") + 3;
+  if (url.size() <= host || url.find('/', host) != std::string::npos) {
+    throw Error("backend '{}': expected http://HOST:PORT (the server's root, no path)", spec);
+  }
+  return url;
+}
+
+std::unique_ptr<BackendChannel> open_http(const std::string& spec, const HttpOptions& options) {
+  if (options.top_n < 1) throw Error("http: top_n must be >= 1, not {}", options.top_n);
+  return std::make_unique<HttpChannel>(http_base_url(spec), options);
+}
+
+}  // namespace touchstone
