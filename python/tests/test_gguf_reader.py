@@ -104,11 +104,13 @@ class Files(unittest.TestCase):
         self.addCleanup(os.remove, path)
         return path
 
-    def gguf(self, tensor_bytes=b"\x00" * 16):
+    def gguf(self, tensor_bytes=b"\x00" * 16, arch=b"llama", u32_keys=()):
         def s(x):
             return struct.pack("<Q", len(x)) + x
-        head = struct.pack("<IIQQ", G.GGUF_MAGIC, 3, 1, 1)
-        head += s(b"general.architecture") + struct.pack("<I", 8) + s(b"llama")
+        head = struct.pack("<IIQQ", G.GGUF_MAGIC, 3, 1, 1 + len(u32_keys))
+        head += s(b"general.architecture") + struct.pack("<I", 8) + s(arch)
+        for key in u32_keys:  # GGUF type 4: uint32
+            head += s(key) + struct.pack("<II", 4, 512)
         head += s(b"t.weight") + struct.pack("<I", 1) + struct.pack("<Q", 4)
         head += struct.pack("<IQ", 0, 0)  # F32 at offset 0
         head += b"\x00" * (-len(head) % 32)
@@ -135,6 +137,23 @@ class Files(unittest.TestCase):
     def test_empty_file(self):
         with self.assertRaises(G.GGUFError):
             G.GGUFFile(self.write(b""))
+
+    def test_hf_transformers_refuses_what_its_loader_drops(self):
+        # examples/hf_transformers.py declares sliding_window for gemma3, whose GGUF
+        # loader maps it; transformers' llama loader ignores the key (no torch needed).
+        from touchstone_engine import TS_ERR_IO, TS_ERR_UNSUPPORTED, EngineError
+        from touchstone_engine.examples.hf_transformers import refuse_unmapped
+        key = b"llama.attention.sliding_window"
+        with self.assertRaises(EngineError) as e:
+            refuse_unmapped(self.write(self.gguf(u32_keys=[key])))
+        self.assertEqual(e.exception.status, TS_ERR_UNSUPPORTED)
+        self.assertIn("'llama.attention.sliding_window'", str(e.exception))
+        self.assertIsNone(refuse_unmapped(self.write(self.gguf())))
+        self.assertIsNone(refuse_unmapped(self.write(
+            self.gguf(arch=b"gemma3", u32_keys=[b"gemma3.attention.sliding_window"]))))
+        with self.assertRaises(EngineError) as e:
+            refuse_unmapped(self.write(b"PK\x03\x04" + b"\x00" * 60))
+        self.assertEqual(e.exception.status, TS_ERR_IO)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,30 @@
 """hf_transformers: Hugging Face transformers on the same GGUF, float32, on the CPU.
 
-    touchstone parity --backend "exec:python3 -m touchstone_engine.examples.hf_transformers" \\
-        --weights full_precision --case narrative --manifest goldens/manifest.json
+    ci/torch     # the pinned venv: torch, transformers, gguf, accelerate, numpy
+    PYTHONPATH=python touchstone parity --weights full_precision --case narrative \\
+        --backend "exec:$HOME/.cache/touchstone/venv-torch/bin/python3 -m touchstone_engine.examples.hf_transformers"
 
-Opt-in (docs/python-engines.md): needs torch, transformers and gguf (transformers
-reads GGUF through it), about 0.5 GB of wheels without torch's CUDA
-dependencies. `python3 -m touchstone_engine.examples.hf_transformers --check`
-exits 77 (SKIP) with the reason when they cannot be imported.
+Opt-in (docs/python-engines.md): PyPI's torch pulls its CUDA wheels, ~2.9 GB of
+downloads. `python3 -m touchstone_engine.examples.hf_transformers --check` exits
+77 (SKIP) with the reason when the packages cannot be imported.
 
 The model is loaded with AutoModelForCausalLM.from_pretrained(dir, gguf_file=name,
-dtype=float32): transformers dequantizes every tensor to float32 and undoes
-llama.cpp's Q/K row permutation, then computes with its own modeling code
-(rotate_half RoPE, float32 softmax and matmuls): an independent implementation
-of the same model, compared with the reference's goldens. The KV cache is a
-DynamicCache; rewind crops it.
+dtype=float32, attn_implementation="eager"): transformers dequantizes every tensor
+to float32 and undoes llama.cpp's Q/K row permutation, then computes with its own
+modeling code (rotate_half RoPE with float32 angles, float32 softmax and matmuls):
+an independent implementation of the same model, compared with the reference's
+goldens. The KV cache is a DynamicCache; rewind crops it.
+TOUCHSTONE_HF_ROPE=float64 (diagnostic) computes the RoPE angles and their cos/sin
+in float64 as the reference does (docs/validation.md says why).
 """
 
+import inspect
 import os
 import sys
 
-from touchstone_engine import (TS_CAP_ALL_POSITION_LOGITS, TS_ERR_IO, TS_ERR_UNSUPPORTED,
-                               Capabilities, Engine, EngineError, Session, serve)
+from touchstone_engine import (TS_CAP_ALL_POSITION_LOGITS, TS_ERR_INVALID_ARGUMENT, TS_ERR_IO,
+                               TS_ERR_UNSUPPORTED, Capabilities, Engine, EngineError, Session,
+                               serve)
 
 SKIP = 77
 
@@ -28,15 +32,63 @@ SKIP = 77
 def missing_packages():
     """The reason the example cannot run here, or None."""
     missing = []
-    for name in ("numpy", "torch", "transformers", "gguf"):
+    for name in ("numpy", "torch", "transformers", "gguf", "accelerate"):
         try:
             __import__(name)
         except Exception as e:  # ImportError, or a broken install (missing CUDA libraries)
             missing.append(f"{name} ({type(e).__name__}: {e})")
     if missing:
         return ("cannot import " + "; ".join(missing) +
-                " (pip install 'touchstone-engine[hf]': torch, transformers, gguf)")
+                " (ci/torch makes a venv with them; or pip install './python[hf]')")
     return None
+
+
+def refuse_unmapped(path):
+    """TS_ERR_UNSUPPORTED for a GGUF that declares what transformers' GGUF loader
+    drops for its architecture, so that it would compute another model. The harness
+    refuses undeclared features (HFTransformers.model_features); sliding-window
+    attention is declared for gemma3, whose loader maps it, not for llama, whose
+    loader ignores llama.attention.sliding_window."""
+    from touchstone_engine.examples.gguf_reader import GGUFError, GGUFFile
+    try:
+        md = GGUFFile(path).metadata
+    except (OSError, GGUFError) as e:
+        raise EngineError(TS_ERR_IO, f"{path}: {e}")
+    if md.get("general.architecture") == "llama" and "llama.attention.sliding_window" in md:
+        raise EngineError(TS_ERR_UNSUPPORTED, f"{path}: 'llama.attention.sliding_window': "
+                          "transformers' GGUF loader ignores it for llama")
+
+
+def rope_in_float64(hf, config):
+    """Diagnostic (TOUCHSTONE_HF_ROPE=float64): every default-type rotary embedding
+    computes its angles position * base^(-2i/d), and their cos and sin, in float64
+    (as the reference does) and rounds cos and sin to float32; transformers computes
+    inv_freq, the angles and cos/sin in float32. Nothing else changes."""
+    import types
+
+    import torch
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
+        raise EngineError(TS_ERR_UNSUPPORTED, "TOUCHSTONE_HF_ROPE=float64: only plain "
+                          f"(default) RoPE with one rope_theta, not {rope}")
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    inv_freq = 1.0 / (float(rope["rope_theta"]) **
+                      (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * self.attention_scaling).to(x.dtype),
+                (emb.sin() * self.attention_scaling).to(x.dtype))
+
+    patched = 0
+    for module in hf.modules():
+        if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "inv_freq"):
+            module.forward = types.MethodType(forward, module)
+            patched += 1
+    if not patched:
+        raise EngineError(TS_ERR_UNSUPPORTED, "TOUCHSTONE_HF_ROPE=float64: no rotary "
+                          f"embedding module in {type(hf).__name__}")
 
 
 class HFSession(Session):
@@ -45,6 +97,9 @@ class HFSession(Session):
         from transformers import DynamicCache
         self.torch = torch
         self.model = model
+        # No config: every layer keeps all its keys and values (a DynamicCache built
+        # from a sliding-window config drops old ones and then cannot be cropped back);
+        # the attention mask applies the window.
         self.cache = DynamicCache()
         self.pos = 0
         self.max_ctx = max_context or model.n_ctx
@@ -59,18 +114,24 @@ class HFSession(Session):
         torch = self.torch
         n = len(tokens)
         ids = torch.tensor([tokens], dtype=torch.long)
-        cache_position = torch.arange(self.pos, self.pos + n, dtype=torch.long)
+        positions = torch.arange(self.pos, self.pos + n, dtype=torch.long)
+        kwargs = {self.model.cache_arg: self.cache, "use_cache": True,
+                  "position_ids": positions.unsqueeze(0)}
+        if self.model.takes_logits_to_keep and not all_positions:
+            kwargs["logits_to_keep"] = 1  # the lm_head on the last position only
+        if self.model.takes_cache_position:  # transformers < 5.x
+            kwargs["cache_position"] = positions
         with torch.inference_mode():
-            out = self.model.hf(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                                cache_position=cache_position,
-                                position_ids=cache_position.unsqueeze(0))
-        self.cache = out.past_key_values
-        self.pos += n
+            out = self.model.hf(input_ids=ids, **kwargs)
+        self.pos += n  # the cache was updated in place
         logits = out.logits[0].float()
         return (logits if all_positions else logits[-1]).contiguous().numpy()
 
     def rewind(self, position):
-        self.cache.crop(position)
+        # crop(-k) removes the last k tokens in every transformers version that has
+        # DynamicCache.crop (5.x refuses a positive argument; 4.x read it as a length).
+        if position < self.pos:
+            self.cache.crop(position - self.pos)
         self.pos = position
 
 
@@ -81,16 +142,29 @@ class HFModel:
         from transformers import AutoConfig, AutoModelForCausalLM
         if not os.path.isfile(path):
             raise EngineError(TS_ERR_IO, f"{path}: no such file")
+        rope = os.environ.get("TOUCHSTONE_HF_ROPE", "float32")
+        if rope not in ("float32", "float64"):
+            raise EngineError(TS_ERR_INVALID_ARGUMENT,
+                              f"TOUCHSTONE_HF_ROPE={rope!r}: expected float32 or float64")
         folder, name = os.path.split(os.path.abspath(path))
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
         dtype_arg = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+        refuse_unmapped(path)
         try:
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
         except (ValueError, KeyError) as e:  # an architecture transformers' GGUF loader lacks
             raise EngineError(TS_ERR_UNSUPPORTED, f"{path}: transformers cannot load it: {e}")
+        # eager attention: the plain softmax(QK^T)V that ci/validate_reference.py uses
         self.hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                       attn_implementation="eager",
                                                        **{dtype_arg: torch.float32})
         self.hf.eval()
+        if rope == "float64":
+            rope_in_float64(self.hf, config)
+        params = inspect.signature(self.hf.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"  # 5.x renamed it
+        self.takes_cache_position = "cache_position" in params
+        self.takes_logits_to_keep = "logits_to_keep" in params
         self.n_vocab = int(config.vocab_size)
         self.n_ctx = int(getattr(config, "max_position_embeddings", 0) or 4096)
 
@@ -98,8 +172,11 @@ class HFModel:
 class HFTransformers(Engine):
     name = "hf_transformers"
     version = "0.1.0"
-    architectures = "llama"
-    model_features = ""
+    architectures = "llama,gemma3"
+    # What Gemma 3's modeling code computes and transformers' GGUF loader maps (for
+    # gemma3 only: refuse_unmapped). Not rope_freqs, linear RoPE scaling, QKV bias...
+    model_features = ("neox_rope,key_length_head_dim,sliding_window,per_layer_rope_base,"
+                      "qk_norm,post_norms,geglu,embedding_scale")
     session_class = HFSession
 
     def device_name(self):
@@ -127,6 +204,7 @@ class HFTransformers(Engine):
 
 
 def main():
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' per-tensor GGUF progress bar
     if "--check" in sys.argv[1:]:
         why = missing_packages()
         if why:
