@@ -173,8 +173,10 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
       # long_context items (4,096+ tokens) are labelled so; those with a tag in
       # SLOW_TAGS also "slow" (left out of ci/test, run with `ctest -L slow`).
       set(_extra "")
+      set(_cost 0)
       if("long_context" IN_LIST _ts_tags_of_${c})
         list(APPEND _extra long_context)
+        set(_cost 300)  # started early by `ctest -j` (COST), not left to run alone at the end
       endif()
       foreach(_tag ${_a_SLOW_TAGS})
         if(_tag IN_LIST _ts_tags_of_${c})
@@ -187,7 +189,7 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
                 --threads 1 --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
       set_tests_properties(${_t} PROPERTIES
         LABELS "parity;${backend};${weights};${_model};${_a_UNPARSED_ARGUMENTS};${_extra}"
-        ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1200)
+        ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1200 COST ${_cost})
     endforeach()
   endforeach()
   # The golden-free consistency checks (touchstone/consistency.h) on the first
