@@ -24,8 +24,9 @@ parity_args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
 for path, why in ((server_bin, "llama-server is not built (run ci/llamacpp)"),
                   (gguf, "the model is not fetched (run ci/fetch_models.py)")):
     if not os.access(path, os.R_OK):
-        print(f"SKIP: {why}: {path} not found")
-        sys.exit(SKIP)
+        # In CI ci/bootstrap builds llama-server and fetches the models: missing is a failure.
+        print(f"{'FAIL' if os.environ.get('CI') == 'true' else 'SKIP'}: {why}: {path} not found")
+        sys.exit(1 if os.environ.get("CI") == "true" else SKIP)
 os.makedirs(workdir, exist_ok=True)
 
 with socket.socket() as s:  # a free port (the server binds it right after)
