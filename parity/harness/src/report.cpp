@@ -1,5 +1,7 @@
 #include "touchstone/report.h"
 
+#include "touchstone/known_divergence.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -51,8 +53,7 @@ std::string known_divergence_lines(const Report& r) {
                      k->id, k->source, k->measured_on, k->reviewed_by);
     for (const auto& c : k->checks) {
       o += fmt::format("      {} {:.3e} (measured {:.3e}, accepted {} {:.3e})\n", c.check, c.value,
-                       c.measured,
-                       c.check == "top1_agreement" || c.check == "greedy" ? ">=" : "<=", c.accept);
+                       c.measured, KnownDivergences::lower_bound(c.check) ? ">=" : "<=", c.accept);
     }
     o += fmt::format("      why: {}\n", k->why);
   };
