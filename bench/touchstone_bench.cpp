@@ -215,14 +215,17 @@ void bm_decode(benchmark::State& state, std::string backend, std::string weights
 
 // decode/ctx:0 with an explicit thread count, optionally beside a noisy neighbour.
 void bm_decode_threads(benchmark::State& state, std::string backend, std::string weights,
-                       int threads, bool noisy) {
+                       int threads, bool noisy, bool solo_fallback) {
   constexpr int kSteps = 64;
   try {
     auto& model = use(backend, weights);
     std::vector<float> logits(size_t(model.n_vocab()));
     touchstone::SessionOptions o = session_options(weights, kSteps + 8);
     o.n_threads = threads;
+    // Read by cpu_simd when the session is created; other backends ignore it.
+    if (!solo_fallback) setenv("TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK", "0", 1);
     touchstone::Session s(model, o);
+    unsetenv("TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK");
     s.decode(1, logits);  // warm-up, not timed
     std::unique_ptr<touchstone::bench::NoisyNeighbour> neighbour;
     if (noisy) neighbour = std::make_unique<touchstone::bench::NoisyNeighbour>();
@@ -311,10 +314,13 @@ void register_backend(const std::string& b) {
           ->UseRealTime();
     }
     for (int noisy = 0; g_opt.noisy_neighbour && noisy <= 1; ++noisy) {
-      for (int t : {1, 2}) {
-        const std::string name =
-            p + "decode_threads/threads:" + std::to_string(t) + "/noisy:" + std::to_string(noisy);
-        benchmark::RegisterBenchmark(name.c_str(), bm_decode_threads, b, w, t, noisy == 1)
+      // threads:2/solo_fallback:0: the same, with cpu_simd's solo fallback off
+      // (TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK=0), for the before/after in one run.
+      for (const auto& [t, fallback] : {std::pair{1, true}, {2, true}, {2, false}}) {
+        const std::string name = p + "decode_threads/threads:" + std::to_string(t) +
+                                 (fallback ? "" : "/solo_fallback:0") +
+                                 "/noisy:" + std::to_string(noisy);
+        benchmark::RegisterBenchmark(name.c_str(), bm_decode_threads, b, w, t, noisy == 1, fallback)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       }

@@ -25,7 +25,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -43,6 +45,11 @@ namespace gg = touchstone::gguf;
 namespace {
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::strcmp(e, value) == 0;
+}
 
 Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_t n_out,
                   std::string* why) {
@@ -355,7 +362,11 @@ Session::Session(Model& model, const SessionOptions& opt)
       faults_(opt.faults),
       max_ctx_(opt.max_context > 0 ? opt.max_context : model.config().n_ctx_train),
       pool_(opt.n_threads > 0 ? opt.n_threads
-                              : int(std::max(1u, std::thread::hardware_concurrency()))) {
+                              : int(std::max(1u, std::thread::hardware_concurrency()))),
+      // The reduction-order faults split work by thread: never governed.
+      governed_(pool_.size() > 1 && !env_is("TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK", "0") &&
+                !opt.faults.thread_order_reduction && !opt.faults.session_order_reduction),
+      governor_key_(pool_.size() * 4 + (quant_ ? 1 : 0) + (int8_ ? 2 : 0)) {
   const size_t d = size_t(c_.n_embd), hd = size_t(c_.head_dim), ff = size_t(c_.n_ff);
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
   const size_t B = kMaxBatch;
@@ -406,6 +417,15 @@ Session::Session(Model& model, const SessionOptions& opt)
 }
 
 Session::~Session() {
+  if (governed_ && env_is("TOUCHSTONE_CPU_SIMD_POOL_STATS", "1")) {
+    const SoloGovernor g = model_.governor(governor_key_);
+    std::fprintf(stderr,
+                 "cpu_simd (%d threads): %llu decode steps parallel, %llu solo; median step "
+                 "%.3f ms parallel, %.3f ms solo\n",
+                 pool_.size(), static_cast<unsigned long long>(decode_steps_[0]),
+                 static_cast<unsigned long long>(decode_steps_[1]), g.mean(false) * 1e3,
+                 g.mean(true) * 1e3);
+  }
   std::free(k_cache_);
   std::free(v_cache_);
 }
@@ -516,6 +536,17 @@ void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const flo
 }
 
 void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+  if (governed_ && n == 1) {  // a decode step: parallel or solo, as measured (solo_governor.h)
+    const bool solo = model_.governor_choose(governor_key_);
+    pool_.set_solo(solo);
+    const auto t0 = std::chrono::steady_clock::now();
+    forward_chunk(tokens, 1, all_positions, logits);
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    model_.governor_record(governor_key_, solo, dt.count());
+    pool_.set_solo(false);
+    ++decode_steps_[solo];
+    return;
+  }
   const size_t V = size_t(c_.n_vocab);
   // prefill_position_reset fault: a prefill continuing a sequence rotates its
   // tokens as positions 0, 1, ... (K/V still written at the right slots).

@@ -3,12 +3,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "kernels.h"
+#include "solo_governor.h"
 #include "thread_pool.h"
 #include "touchstone/gguf.h"
 #include "touchstone/model_config.h"
@@ -72,6 +74,20 @@ class Model {
   // Embedding row of `token` as fp32 (full precision: from the fp32 copy).
   void embed(int32_t token, bool fp32, float* out) const;
   uint64_t quantized_bytes_per_token() const;  // weight bytes streamed per decoded token
+  // The decode-step governor of the sessions with this `key` (thread count and
+  // weight path): whether the next step runs solo, and its measured time (s).
+  bool governor_choose(int key) {
+    std::lock_guard<std::mutex> lock(governors_mu_);
+    return governors_[key].choose();
+  }
+  void governor_record(int key, bool solo, double seconds) {
+    std::lock_guard<std::mutex> lock(governors_mu_);
+    governors_[key].record(solo, seconds);
+  }
+  SoloGovernor governor(int key) {
+    std::lock_guard<std::mutex> lock(governors_mu_);
+    return governors_[key];
+  }
 
  private:
   touchstone::gguf::File file_;
@@ -88,6 +104,10 @@ class Model {
   void relocate_quantized();
   std::string q_unsupported_;  // non-empty: why the quantized path is unavailable
   const touchstone::gguf::TensorInfo* embd_ = nullptr;
+  // Decode-step governors (solo_governor.h), one per thread count, shared by
+  // this model's sessions: the machine's load outlives a session.
+  std::mutex governors_mu_;
+  std::map<int, SoloGovernor> governors_;
   std::once_flag fp_once_;
   std::unique_ptr<touchstone::ModelWeights> fp_;
   WeightSet f_;
@@ -160,6 +180,11 @@ class Session {
   int32_t kv_len_ = 0;       // KV entries written so far (rewind_noop fault: never truncated)
   int32_t rope_origin_ = 0;  // prefill_position_reset fault: RoPE position = pos - origin
   ThreadPool pool_;
+  // Decode steps: parallel or solo, whichever is measured faster (solo_governor.h);
+  // off with TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK=0.
+  bool governed_ = false;
+  int governor_key_ = 0;                        // Model::governor_choose
+  uint64_t decode_steps_[2] = {0, 0};           // [parallel, solo]
   WeightSet faulty_w_;                          // quantized-only faults: w_ points here
   std::vector<std::vector<uint8_t>> faulty_q_;  // its corrupted GGUF blocks
   std::vector<float> partial_;                  // thread_order_reduction scratch

@@ -36,9 +36,15 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
+  // Solo mode: run() executes every task on the calling thread (thread 0) and
+  // the workers stay asleep; the engine's SoloGovernor switches it per decode
+  // step. Results are the same either way (tasks never depend on their thread).
+  void set_solo(bool on) { solo_ = on; }
+  bool solo() const { return solo_; }
+
   template <typename F>
   void run(size_t n_tasks, F&& fn) {
-    if (n_threads_ == 1 || n_tasks <= 1) {
+    if (n_threads_ == 1 || n_tasks <= 1 || solo_) {
       for (size_t i = 0; i < n_tasks; ++i) fn(i, 0);
       return;
     }
@@ -63,6 +69,7 @@ class ThreadPool {
   void run_task(size_t task, int id);
 
   int n_threads_;
+  bool solo_ = false;  // touched by thread 0 only
   std::vector<std::thread> threads_;
   std::unique_ptr<Range[]> ranges_;
   // The current job; written by thread 0 before the ranges are published and
