@@ -165,6 +165,59 @@ HWY_INLINE float H2F(const uint8_t* p) {
   return (h & 0x8000u) ? -f : f;
 }
 
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2)
+// AVX2, Q4_0 / Q4_1, one block of NR rows x NT tokens (see QTile). Per row two
+// vpmovzxbd (bytes 0-7 and 8-15 of qs: their low nibbles are elements 0-15,
+// their high nibbles elements 16-31) instead of one per 8 weights; the NR rows'
+// fp16 scales in one vcvtph2ps, stored and read back as vbroadcastss loads
+// (load ports, not the shuffle port); one FMA per 8 weights:
+//   Q4_1: float(q)*d + m     (q*d is exact in fp32, so the FMA's single rounding
+//                             equals ggml's multiply-then-add)
+//   Q4_0: float(q)*d + (-8d) (q*d, -8d and their sum (q-8)*d are all exact, so
+//                             this is float(q-8)*d bit for bit)
+// The four 8-lane chunks are FMA'd into each accumulator in element order, as
+// the generic loop does, so every output gets the same bits as before.
+template <int T, int NR, int NT>
+HWY_ATTR HWY_INLINE void Q4BlockAVX2(const uint8_t* const* qs, const float* HWY_RESTRICT x,
+                                     size_t ldx, hn::Vec<hn::ScalableTag<float>> (&acc)[NR][NT]) {
+  constexpr size_t off = T == 3 ? 4 : 2;
+  alignas(16) uint16_t h16[8] = {};
+  alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, -8 d_r] (Q4_0) per row r
+  for (int r = 0; r < NR; ++r) {
+    if constexpr (T == 3) {
+      memcpy(h16 + 2 * r, qs[r] - off, 4);
+    } else {
+      memcpy(h16 + 2 * r, qs[r] - off, 2);
+      memcpy(h16 + 2 * r + 1, qs[r] - off, 2);
+    }
+  }
+  __m256 s = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h16)));
+  if constexpr (T == 2) s = _mm256_mul_ps(s, _mm256_setr_ps(1, -8, 1, -8, 1, -8, 1, -8));
+  _mm256_store_ps(sc, s);
+  asm volatile("" : : "m"(sc) : "memory");  // reload as vbroadcastss from memory
+  const __m256i lo4 = _mm256_set1_epi32(0x0f);
+  __m256i z[NR][2];
+  for (int r = 0; r < NR; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      z[r][h] =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs[r] + 8 * h)));
+    }
+  }
+  for (int c = 0; c < 4; ++c) {  // elements 8c .. 8c+7
+    __m256 w[NR];
+    for (int r = 0; r < NR; ++r) {
+      const __m256i q = c < 2 ? _mm256_and_si256(z[r][c], lo4) : _mm256_srli_epi32(z[r][c - 2], 4);
+      w[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_broadcast_ss(sc + 2 * r),
+                             _mm256_broadcast_ss(sc + 2 * r + 1));
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + size_t(t) * ldx + size_t(8 * c));
+      for (int r = 0; r < NR; ++r) acc[r][t].raw = _mm256_fmadd_ps(w[r], xv, acc[r][t].raw);
+    }
+  }
+}
+#endif
+
 // One register tile: NR weight rows x NT tokens. Every (row, token) output has
 // its own accumulator vector and sees exactly the same operation sequence
 // (blocks in order, N-lane chunks in order, one FMA each, then SumOfLanes)
@@ -247,6 +300,12 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       continue;
     }
 #endif
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2)
+    if constexpr (T == 2 || T == 3) {
+      Q4BlockAVX2<T, NR, NT>(qs, x + b * 32, ldx, acc);
+      continue;
+    }
+#endif
     for (size_t j = 0; j < 32; j += N) {
       hn::Vec<decltype(df)> w[NR];
       for (int r = 0; r < NR; ++r) {
@@ -287,10 +346,17 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
 // Rows [r0, r1) x tokens [0, n_tok): tiles of kPR rows x kPT tokens (prefill),
 // then the remaining tokens one at a time in tiles of kDR rows (decode), row
 // tails one row at a time.
+// AVX3 has 32 vector registers: 4 x 4 accumulators; the 16-register targets
+// (AVX2, SSE4, ...) would spill those, so they take 1 row x 8 tokens (the
+// activations are FMA memory operands). The tile shape never changes results.
 template <int T>
 HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
                         const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
   constexpr int kPR = 4, kPT = 4, kDR = 4;
+#else
+  constexpr int kPR = 1, kPT = 8, kDR = 4;
+#endif
   size_t t = 0;
   for (; t + kPT <= n_tok; t += kPT) {
     size_t r = r0;
