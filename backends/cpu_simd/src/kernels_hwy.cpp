@@ -165,6 +165,26 @@ HWY_INLINE float H2F(const uint8_t* p) {
   return (h & 0x8000u) ? -f : f;
 }
 
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX2)
+// The first 4 bytes of the blocks of NR (<= 4) rows as two fp16 each, converted
+// to fp32 in one vcvtph2ps: lanes 2r, 2r+1 = row r's (d, m) (Q4_1) / (d, junk)
+// (Q4_0). Built in registers (vmovd loads, unpacks): narrow stores read back by
+// one wide load miss store forwarding (~15 cycles more latency per block).
+template <int NR>
+HWY_INLINE __m256 BlockHeadsF32(const uint8_t* const* blk) {
+  auto ld = [blk](int r) {
+    int32_t v;
+    memcpy(&v, blk[r], 4);
+    return _mm_cvtsi32_si128(v);
+  };
+  __m128i lo = ld(0), hi = _mm_setzero_si128();
+  if constexpr (NR > 1) lo = _mm_unpacklo_epi32(lo, ld(1));
+  if constexpr (NR > 2) hi = ld(2);
+  if constexpr (NR > 3) hi = _mm_unpacklo_epi32(hi, ld(3));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+}
+#endif
+
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2)
 // AVX2, Q4_0 / Q4_1, one block of NR rows x NT tokens (see QTile). Per row two
 // vpmovzxbd (bytes 0-7 and 8-15 of qs: their low nibbles are elements 0-15,
@@ -181,18 +201,12 @@ template <int T, int NR, int NT>
 HWY_ATTR HWY_INLINE void Q4BlockAVX2(const uint8_t* const* qs, const float* HWY_RESTRICT x,
                                      size_t ldx, hn::Vec<hn::ScalableTag<float>> (&acc)[NR][NT]) {
   constexpr size_t off = T == 3 ? 4 : 2;
-  alignas(16) uint16_t h16[8] = {};
+  const uint8_t* blk[NR];
+  for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
+  __m256 s = BlockHeadsF32<NR>(blk);  // [d_r, m_r] / [d_r, junk]
+  if constexpr (T == 2)
+    s = _mm256_mul_ps(_mm256_moveldup_ps(s), _mm256_setr_ps(1, -8, 1, -8, 1, -8, 1, -8));
   alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, -8 d_r] (Q4_0) per row r
-  for (int r = 0; r < NR; ++r) {
-    if constexpr (T == 3) {
-      memcpy(h16 + 2 * r, qs[r] - off, 4);
-    } else {
-      memcpy(h16 + 2 * r, qs[r] - off, 2);
-      memcpy(h16 + 2 * r + 1, qs[r] - off, 2);
-    }
-  }
-  __m256 s = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h16)));
-  if constexpr (T == 2) s = _mm256_mul_ps(s, _mm256_setr_ps(1, -8, 1, -8, 1, -8, 1, -8));
   _mm256_store_ps(sc, s);
   asm volatile("" : : "m"(sc) : "memory");  // reload as vbroadcastss from memory
   const __m256i lo4 = _mm256_set1_epi32(0x0f);
@@ -267,17 +281,16 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       // The NR rows' fp16 (d, m) (Q4_1) or d (Q4_0) in one vcvtph2ps, kept as
       // fp32 in memory so that the table FMA reads them as embedded
       // broadcasts ({1to16}) instead of shuffle-port broadcasts.
-      constexpr int kS = T == 3 ? 2 : 1;  // halves per row
-      alignas(32) uint16_t h16[8] = {};
-      alignas(32) float sc[8];
-      for (int r = 0; r < NR; ++r) memcpy(h16 + kS * r, qs[r] - off, 2 * kS);
-      _mm256_store_ps(sc, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h16))));
+      const uint8_t* blk[NR];
+      for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
+      alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, junk] (Q4_0) per row r
+      _mm256_store_ps(sc, BlockHeadsF32<NR>(blk));
       asm volatile("" : : "m"(sc) : "memory");  // reload: vbroadcastss from memory, not a shuffle
       for (int r = 0; r < NR; ++r) {
         nib[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[r])));
         if constexpr (T == 2) {
           table[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(8))),
-                                   _mm512_set1_ps(sc[r]));
+                                   _mm512_set1_ps(sc[2 * r]));
         } else {
           // k * d is exact in fp32 (k < 16, d has an 11-bit significand), so
           // the single rounding of the FMA equals ggml's mul-then-add.

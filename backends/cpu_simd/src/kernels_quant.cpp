@@ -104,16 +104,25 @@ inline float hsum256(__m256 v) {
 
 // Scales of one block for the NR rows of a tile: [d_w] and [m_w] (Q4_1) /
 // [-8 d_w] (Q4_0) / [0] (Q8_0) as 4-lane vectors, all rows in one vcvtph2ps.
+// Scales of one block for the NR (<= 4) rows of a tile: [d_w] and [m_w] (Q4_1) /
+// [-8 d_w] (Q4_0) / [0] (Q8_0) as 4-lane vectors, all rows in one vcvtph2ps of
+// the blocks' first 4 bytes, gathered in registers (vmovd, unpacks: narrow
+// stores read back by one wide load would miss store forwarding).
 template <QType T, int NR>
 inline void scales_avx2(const uint8_t* const* blk, __m128* dw, __m128* mw) {
-  alignas(16) uint16_t h16[8] = {};
-  for (int r = 0; r < NR; ++r) {
-    std::memcpy(h16 + r, blk[r], 2);
-    if constexpr (T == QType::Q4_1) std::memcpy(h16 + 4 + r, blk[r] + 2, 2);
-  }
-  const __m256 s = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h16)));
-  *dw = _mm256_castps256_ps128(s);
-  if constexpr (T == QType::Q4_1) *mw = _mm256_extractf128_ps(s, 1);
+  auto ld = [blk](int r) {
+    int32_t v;
+    std::memcpy(&v, blk[r], 4);
+    return _mm_cvtsi32_si128(v);
+  };
+  __m128i lo = ld(0), hi = _mm_setzero_si128();
+  if constexpr (NR > 1) lo = _mm_unpacklo_epi32(lo, ld(1));
+  if constexpr (NR > 2) hi = ld(2);
+  if constexpr (NR > 3) hi = _mm_unpacklo_epi32(hi, ld(3));
+  const __m256 s = _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));  // [d0 x0 d1 x1 | d2 x2 d3 x3]
+  const __m128 s0 = _mm256_castps256_ps128(s), s1 = _mm256_extractf128_ps(s, 1);
+  *dw = _mm_shuffle_ps(s0, s1, _MM_SHUFFLE(2, 0, 2, 0));
+  if constexpr (T == QType::Q4_1) *mw = _mm_shuffle_ps(s0, s1, _MM_SHUFFLE(3, 1, 3, 1));
   if constexpr (T == QType::Q4_0) *mw = _mm_mul_ps(*dw, _mm_set1_ps(-8.0f));
   if constexpr (T == QType::Q8_0) *mw = _mm_setzero_ps();
 }
