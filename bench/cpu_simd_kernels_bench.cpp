@@ -9,14 +9,20 @@
 //   q8_0/decode/dram    49152 x 576 Q8_0 (SmolLM2's LM head, 30 MB) x 1 token
 //   q8_0/decode/l2      1024 x 576 Q8_0 rows (627 KB, in L2) x 1 token
 //   q4_1/prefill/64     4096 x 576 Q4_1 rows x 64 tokens
+//   q4_0/..., q8_0/prefill/64   the same shapes for Q4_0 / Q8_0
+//   q4_k/..., q6_k/...  K-quant rows of 1024 inputs (Gemma 3's attn_output / ffn_down
+//                       types) through gemm_blocks_f32 (fp32 activations in both modes)
 // Counters: GMAC/s (multiply-adds per second), GB/s (weight bytes per second).
 // Activations are fp32 (the default quantized path: gemm_q_f32); int8/... the same
 // shapes with int8 activations (gemm_q, TOUCHSTONE_CPU_SIMD_ACTIVATIONS=int8).
+// TOUCHSTONE_CPU_SIMD_TARGET=<Highway target> forces a target (and caps the int8
+// level) as in the backend; the first line printed names what ran.
 #include <benchmark/benchmark.h>
 
 #include <sys/mman.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -106,6 +112,38 @@ void run_int8(benchmark::State& state, QType t, size_t rows, size_t slice, size_
   state.counters["GMAC/s"] = benchmark::Counter(macs * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// K-quant blocks (ggml type 12 = Q4_K, 144 bytes; 14 = Q6_K, 210 bytes; 256
+// elements) with valid fp16 scales, rows of kKIn inputs.
+constexpr size_t kKIn = 1024;
+void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok) {
+  const size_t bb = type == 12 ? 144 : 210, nb = kKIn / 256, row_bytes = nb * bb;
+  std::vector<uint8_t> w(rows * row_bytes);
+  std::mt19937 rng(3);
+  for (auto& b : w) b = uint8_t(rng());
+  for (size_t i = 0; i < rows * nb; ++i) {
+    uint8_t* blk = w.data() + i * bb;
+    if (type == 12) {
+      blk[1] = 0x20;  // d, dmin
+      blk[3] = 0x20;
+    } else {
+      blk[209] = 0x20;
+    }
+  }
+  std::vector<float> x(n_tok * kKIn);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> y(n_tok * rows);
+  for (auto _ : state) {
+    ts_cpu::gemm_blocks_f32(type, w.data(), row_bytes, 256, bb, 0, rows, x.data(), kKIn, n_tok,
+                            y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double macs = double(rows) * double(kKIn) * double(n_tok) * double(state.iterations());
+  state.counters["GMAC/s"] = benchmark::Counter(macs * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(
+      double(rows * row_bytes) * double(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
+}
+
 void BM_q4_1_decode_l2(benchmark::State& s) { run(s, QType::Q4_1, 1536, 1536, 1); }
 void BM_q4_1_decode_dram(benchmark::State& s) { run(s, QType::Q4_1, 196608, 1536, 1); }
 void BM_q8_0_decode_dram(benchmark::State& s) { run(s, QType::Q8_0, 49152, 49152, 1); }
@@ -124,4 +162,29 @@ BENCHMARK(BM_q4_1_decode_dram)->Name("q4_1/decode/dram");
 BENCHMARK(BM_q8_0_decode_dram)->Name("q8_0/decode/dram");
 BENCHMARK(BM_q8_0_decode_l2)->Name("q8_0/decode/l2");
 BENCHMARK(BM_q4_1_prefill_64)->Name("q4_1/prefill/64");
-BENCHMARK_MAIN();
+BENCHMARK_CAPTURE(run, q40l2, QType::Q4_0, 1536, 1536, 1)->Name("q4_0/decode/l2");
+BENCHMARK_CAPTURE(run, q40pf, QType::Q4_0, 4096, 4096, 64)->Name("q4_0/prefill/64");
+BENCHMARK_CAPTURE(run, q80pf, QType::Q8_0, 4096, 4096, 64)->Name("q8_0/prefill/64");
+BENCHMARK_CAPTURE(run_int8, q40l2, QType::Q4_0, 1536, 1536, 1)->Name("int8/q4_0/decode/l2");
+BENCHMARK_CAPTURE(run_int8, q40pf, QType::Q4_0, 4096, 4096, 64)->Name("int8/q4_0/prefill/64");
+BENCHMARK_CAPTURE(run_int8, q80pf, QType::Q8_0, 4096, 4096, 64)->Name("int8/q8_0/prefill/64");
+BENCHMARK_CAPTURE(run_k, q4kl2, 12, 512, 1)->Name("q4_k/decode/l2");
+BENCHMARK_CAPTURE(run_k, q4kpf, 12, 1024, 64)->Name("q4_k/prefill/64");
+BENCHMARK_CAPTURE(run_k, q6kl2, 14, 512, 1)->Name("q6_k/decode/l2");
+BENCHMARK_CAPTURE(run_k, q6kpf, 14, 1024, 64)->Name("q6_k/prefill/64");
+
+int main(int argc, char** argv) {
+  const ts_cpu::IsaSelection& sel = ts_cpu::select_isa_from_env();
+  if (sel.status != ts_cpu::IsaSelection::Ok) {
+    std::fprintf(stderr, "%s\n", sel.message.c_str());
+    return 1;
+  }
+  std::printf("kernels: Highway %s%s, int8 level %s\n", ts_cpu::hwy_current_target().c_str(),
+              sel.forced.empty() ? "" : " (forced by TOUCHSTONE_CPU_SIMD_TARGET)",
+              ts_cpu::qlevel_name(ts_cpu::qlevel()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -165,6 +165,73 @@ HWY_INLINE float H2F(const uint8_t* p) {
   return (h & 0x8000u) ? -f : f;
 }
 
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX2)
+// The first 4 bytes of the blocks of NR (<= 4) rows as two fp16 each, converted
+// to fp32 in one vcvtph2ps: lanes 2r, 2r+1 = row r's (d, m) (Q4_1) / (d, junk)
+// (Q4_0). Built in registers (vmovd loads, unpacks): narrow stores read back by
+// one wide load miss store forwarding (~15 cycles more latency per block).
+template <int NR>
+HWY_INLINE __m256 BlockHeadsF32(const uint8_t* const* blk) {
+  auto ld = [blk](int r) {
+    int32_t v;
+    memcpy(&v, blk[r], 4);
+    return _mm_cvtsi32_si128(v);
+  };
+  __m128i lo = ld(0), hi = _mm_setzero_si128();
+  if constexpr (NR > 1) lo = _mm_unpacklo_epi32(lo, ld(1));
+  if constexpr (NR > 2) hi = ld(2);
+  if constexpr (NR > 3) hi = _mm_unpacklo_epi32(hi, ld(3));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+}
+#endif
+
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2)
+// AVX2, Q4_0 / Q4_1, one block of NR rows x NT tokens (see QTile). Per row two
+// vpmovzxbd (bytes 0-7 and 8-15 of qs: their low nibbles are elements 0-15,
+// their high nibbles elements 16-31) instead of one per 8 weights; the NR rows'
+// fp16 scales in one vcvtph2ps, stored and read back as vbroadcastss loads
+// (load ports, not the shuffle port); one FMA per 8 weights:
+//   Q4_1: float(q)*d + m     (q*d is exact in fp32, so the FMA's single rounding
+//                             equals ggml's multiply-then-add)
+//   Q4_0: float(q)*d + (-8d) (q*d, -8d and their sum (q-8)*d are all exact, so
+//                             this is float(q-8)*d bit for bit)
+// The four 8-lane chunks are FMA'd into each accumulator in element order, as
+// the generic loop does, so every output gets the same bits as before.
+template <int T, int NR, int NT>
+HWY_ATTR HWY_INLINE void Q4BlockAVX2(const uint8_t* const* qs, const float* HWY_RESTRICT x,
+                                     size_t ldx, hn::Vec<hn::ScalableTag<float>> (&acc)[NR][NT]) {
+  constexpr size_t off = T == 3 ? 4 : 2;
+  const uint8_t* blk[NR];
+  for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
+  __m256 s = BlockHeadsF32<NR>(blk);  // [d_r, m_r] / [d_r, junk]
+  if constexpr (T == 2)
+    s = _mm256_mul_ps(_mm256_moveldup_ps(s), _mm256_setr_ps(1, -8, 1, -8, 1, -8, 1, -8));
+  alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, -8 d_r] (Q4_0) per row r
+  _mm256_store_ps(sc, s);
+  asm volatile("" : : "m"(sc) : "memory");  // reload as vbroadcastss from memory
+  const __m256i lo4 = _mm256_set1_epi32(0x0f);
+  __m256i z[NR][2];
+  for (int r = 0; r < NR; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      z[r][h] =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs[r] + 8 * h)));
+    }
+  }
+  for (int c = 0; c < 4; ++c) {  // elements 8c .. 8c+7
+    __m256 w[NR];
+    for (int r = 0; r < NR; ++r) {
+      const __m256i q = c < 2 ? _mm256_and_si256(z[r][c], lo4) : _mm256_srli_epi32(z[r][c - 2], 4);
+      w[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_broadcast_ss(sc + 2 * r),
+                             _mm256_broadcast_ss(sc + 2 * r + 1));
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + size_t(t) * ldx + size_t(8 * c));
+      for (int r = 0; r < NR; ++r) acc[r][t].raw = _mm256_fmadd_ps(w[r], xv, acc[r][t].raw);
+    }
+  }
+}
+#endif
+
 // One register tile: NR weight rows x NT tokens. Every (row, token) output has
 // its own accumulator vector and sees exactly the same operation sequence
 // (blocks in order, N-lane chunks in order, one FMA each, then SumOfLanes)
@@ -214,17 +281,16 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       // The NR rows' fp16 (d, m) (Q4_1) or d (Q4_0) in one vcvtph2ps, kept as
       // fp32 in memory so that the table FMA reads them as embedded
       // broadcasts ({1to16}) instead of shuffle-port broadcasts.
-      constexpr int kS = T == 3 ? 2 : 1;  // halves per row
-      alignas(32) uint16_t h16[8] = {};
-      alignas(32) float sc[8];
-      for (int r = 0; r < NR; ++r) memcpy(h16 + kS * r, qs[r] - off, 2 * kS);
-      _mm256_store_ps(sc, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h16))));
+      const uint8_t* blk[NR];
+      for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
+      alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, junk] (Q4_0) per row r
+      _mm256_store_ps(sc, BlockHeadsF32<NR>(blk));
       asm volatile("" : : "m"(sc) : "memory");  // reload: vbroadcastss from memory, not a shuffle
       for (int r = 0; r < NR; ++r) {
         nib[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[r])));
         if constexpr (T == 2) {
           table[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(8))),
-                                   _mm512_set1_ps(sc[r]));
+                                   _mm512_set1_ps(sc[2 * r]));
         } else {
           // k * d is exact in fp32 (k < 16, d has an 11-bit significand), so
           // the single rounding of the FMA equals ggml's mul-then-add.
@@ -244,6 +310,15 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
           for (int r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
         }
       }
+      continue;
+    }
+#endif
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2)
+    // Q4_0 decode (NT == 1) measured ~13% slower this way than lane by lane
+    // (touchstone_cpu_simd_kernels_bench, Intel Xeon host, 2026-11-26; cause
+    // not found), so it keeps the generic code; same bits either way.
+    if constexpr (T == 3 || (T == 2 && NT > 1)) {
+      Q4BlockAVX2<T, NR, NT>(qs, x + b * 32, ldx, acc);
       continue;
     }
 #endif
@@ -287,10 +362,17 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
 // Rows [r0, r1) x tokens [0, n_tok): tiles of kPR rows x kPT tokens (prefill),
 // then the remaining tokens one at a time in tiles of kDR rows (decode), row
 // tails one row at a time.
+// AVX3 has 32 vector registers: 4 x 4 accumulators; the 16-register targets
+// (AVX2, SSE4, ...) would spill those, so they take 1 row x 8 tokens (the
+// activations are FMA memory operands). The tile shape never changes results.
 template <int T>
 HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
                         const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
   constexpr int kPR = 4, kPT = 4, kDR = 4;
+#else
+  constexpr int kPR = 1, kPT = 8, kDR = 4;
+#endif
   size_t t = 0;
   for (; t + kPT <= n_tok; t += kPT) {
     size_t r = r0;

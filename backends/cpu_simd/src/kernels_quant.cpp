@@ -102,64 +102,126 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Scales of one block for the NR rows of a tile: [d_w] and [m_w] (Q4_1) /
+// [-8 d_w] (Q4_0) / [0] (Q8_0) as 4-lane vectors, all rows in one vcvtph2ps.
+// Scales of one block for the NR (<= 4) rows of a tile: [d_w] and [m_w] (Q4_1) /
+// [-8 d_w] (Q4_0) / [0] (Q8_0) as 4-lane vectors, all rows in one vcvtph2ps of
+// the blocks' first 4 bytes, gathered in registers (vmovd, unpacks: narrow
+// stores read back by one wide load would miss store forwarding).
+template <QType T, int NR>
+inline void scales_avx2(const uint8_t* const* blk, __m128* dw, __m128* mw) {
+  auto ld = [blk](int r) {
+    int32_t v;
+    std::memcpy(&v, blk[r], 4);
+    return _mm_cvtsi32_si128(v);
+  };
+  __m128i lo = ld(0), hi = _mm_setzero_si128();
+  if constexpr (NR > 1) lo = _mm_unpacklo_epi32(lo, ld(1));
+  if constexpr (NR > 2) hi = ld(2);
+  if constexpr (NR > 3) hi = _mm_unpacklo_epi32(hi, ld(3));
+  const __m256 s = _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));  // [d0 x0 d1 x1 | d2 x2 d3 x3]
+  const __m128 s0 = _mm256_castps256_ps128(s), s1 = _mm256_extractf128_ps(s, 1);
+  *dw = _mm_shuffle_ps(s0, s1, _MM_SHUFFLE(2, 0, 2, 0));
+  if constexpr (T == QType::Q4_1) *mw = _mm_shuffle_ps(s0, s1, _MM_SHUFFLE(3, 1, 3, 1));
+  if constexpr (T == QType::Q4_0) *mw = _mm_mul_ps(*dw, _mm_set1_ps(-8.0f));
+  if constexpr (T == QType::Q8_0) *mw = _mm_setzero_ps();
+}
+
+// AVX2 (llama.cpp's ggml_vec_dot_q4_1_q8_1 idea): per block and (row, token)
+// vpmaddubsw + vpmaddwd give 8 int32 partial sums, one vcvtdq2ps and one FMA
+// with d_w d_a scale them into the 8-lane accumulator. The scales are vector
+// work per block and token for all NR rows at once: d_w d_a (4 lanes, stored
+// and read back as vbroadcastss loads, no shuffle-port broadcast) and the min
+// terms m_w s_a accumulated lane r = row r. Decode (NT == 1) prefetches the
+// weight rows 4 KiB ahead. Per output: blocks in order, the same operations
+// whatever NR and NT are.
 template <QType T, int NR, int NT>
 void tile_avx2(const uint8_t* const* rows, size_t nb, const ActRow* X, float* out /*[NT][NR]*/) {
   constexpr size_t bb = kBlockBytes[tix(T)];
   __m256 acc[NR][NT];
-  float macc[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      macc[r][t] = 0.0f;
-    }
+  __m128 macc[NT];
+  for (int t = 0; t < NT; ++t) {
+    macc[t] = _mm_setzero_ps();
+    for (int r = 0; r < NR; ++r) acc[r][t] = _mm256_setzero_ps();
+  }
   const __m256i lo_mask = _mm256_set1_epi8(0x0f);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
-    __m256i w[NR];
-    float dw[NR], mw[NR];
+    __m256i w[NR], wabs[NR];
+    const uint8_t* blk[NR];
     for (int r = 0; r < NR; ++r) {
-      const uint8_t* blk = rows[r] + b * bb;
-      dw[r] = _cvtsh_ss([&] {
-        uint16_t h;
-        std::memcpy(&h, blk, 2);
-        return h;
-      }());
+      blk[r] = rows[r] + b * bb;
+      if constexpr (NT == 1) {
+        if ((b * bb) % 64 < bb) __builtin_prefetch(blk[r] + kPrefetch);
+      }
       if constexpr (T == QType::Q8_0) {
-        w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-        mw[r] = 0.0f;
+        w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 2));
+        wabs[r] = _mm256_sign_epi8(w[r], w[r]);
       } else {
         const __m128i q =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == QType::Q4_1 ? 4 : 2)));
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r] + (T == QType::Q4_1 ? 4 : 2)));
         const __m256i qq =
             _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
         w[r] = _mm256_and_si256(qq, lo_mask);
-        if constexpr (T == QType::Q4_1) {
-          uint16_t h;
-          std::memcpy(&h, blk + 2, 2);
-          mw[r] = _cvtsh_ss(h);
-        } else {
-          mw[r] = -8.0f * dw[r];
-        }
       }
     }
+    __m128 dw, mw;
+    scales_avx2<T, NR>(blk, &dw, &mw);
     for (int t = 0; t < NT; ++t) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X[t].qs + b * 32));
-      const float da = X[t].d[b], sa = X[t].s[b];
+      alignas(16) float sc[4];
+      _mm_store_ps(sc, _mm_mul_ps(dw, _mm_set1_ps(X[t].d[b])));
+      asm volatile("" : : "m"(sc) : "memory");  // reload as vbroadcastss from memory
+      if constexpr (T != QType::Q8_0)
+        macc[t] = _mm_add_ps(macc[t], _mm_mul_ps(mw, _mm_set1_ps(X[t].s[b])));
       for (int r = 0; r < NR; ++r) {
         __m256i p;
         if constexpr (T == QType::Q8_0) {
-          p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[r], w[r]), _mm256_sign_epi8(a, w[r]));
+          p = _mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(a, w[r]));
         } else {
           p = _mm256_maddubs_epi16(w[r], a);
         }
         const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-        acc[r][t] = _mm256_fmadd_ps(f, _mm256_set1_ps(dw[r] * da), acc[r][t]);
-        if constexpr (T != QType::Q8_0) macc[r][t] += mw[r] * sa;
+        acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(sc + r), acc[r][t]);
       }
     }
   }
-  for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r) out[t * NR + r] = hsum256(acc[r][t]) + macc[r][t];
+  for (int t = 0; t < NT; ++t) {
+    alignas(16) float m4[4];
+    _mm_store_ps(m4, macc[t]);
+    for (int r = 0; r < NR; ++r) out[t * NR + r] = hsum256(acc[r][t]) + m4[r];
+  }
+}
+
+// The same numbers as quantize_act_scalar (max, 1/d, x * (1/d) rounded half to
+// even by vcvtps2dq, the int32 sum), 32 values per block in 4 vectors.
+void quantize_act_avx2(const float* x, size_t n, ActRow out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (size_t b = 0; b < n / 32; ++b) {
+    __m256 v[4], mx = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(x + b * 32 + size_t(8 * k));
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
+    // packs interleave 128-bit lanes: bytes come out as dwords 0 4 1 5 2 6 3 7.
+    const __m256i p16 =
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i p8 = _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs + b * 32), p8);
+    const __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    out.d[b] = d;
+    out.s[b] = d * static_cast<float>(_mm_cvtsi128_si32(s));
+  }
 }
 #pragma GCC pop_options
 
@@ -401,6 +463,7 @@ void quantize_act_avx512(const float* x, size_t n, ActRow out) {
 
 void quantize_act(const float* x, size_t n, ActRow out) {
   if (qlevel() == QLevel::AVX512VNNI) return quantize_act_avx512(x, n, out);
+  if (qlevel() == QLevel::AVX2) return quantize_act_avx2(x, n, out);
   quantize_act_scalar(x, n, out);
 }
 

@@ -7,6 +7,7 @@
 
 #include "touchstone/test_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -249,6 +250,57 @@ INSTANTIATE_TEST_SUITE_P(AllLevels, QuantKernels, ::testing::ValuesIn(qcases()),
                                                                            : "Q8_0";
                            return std::string(qlevel_name(pi.param.level)) + "_" + ty;
                          });
+
+// Every int8 level quantizes to the same bits (scalar nearbyint, AVX2 and
+// AVX-512 vcvtps2dq: round half to even), including an all-zero block, exact
+// halves and a block whose maximum is negative.
+TEST(QuantizeAct, EveryLevelGivesTheSameBits) {
+  auto x = random_vec(32 * 7, 12, 2.0f);
+  for (size_t i = 32; i < 64; ++i) x[i] = 0.0f;
+  for (size_t i = 64; i < 96; ++i) x[i] = (float(i % 9) - 4.0f) * 0.5f * (127.0f / 4.0f) / 127.0f;
+  x[100] = -50.0f;
+  std::vector<int8_t> ref_qs(x.size()), qs(x.size());
+  std::vector<float> ref_d(7), ref_s(7), d(7), sm(7);
+  force_qlevel(QLevel::Scalar);
+  quantize_act(x.data(), x.size(), ActRow{ref_qs.data(), ref_d.data(), ref_s.data()});
+  for (int l = 1; l <= int(qlevel_best()); ++l) {
+    force_qlevel(QLevel(l));
+    quantize_act(x.data(), x.size(), ActRow{qs.data(), d.data(), sm.data()});
+    EXPECT_EQ(qs, ref_qs) << qlevel_name(QLevel(l));
+    EXPECT_EQ(std::memcmp(d.data(), ref_d.data(), 7 * sizeof(float)), 0) << qlevel_name(QLevel(l));
+    EXPECT_EQ(std::memcmp(sm.data(), ref_s.data(), 7 * sizeof(float)), 0) << qlevel_name(QLevel(l));
+  }
+  force_qlevel(qlevel_best());
+}
+
+// Which targets the kernel suites above ran: HwyTargets (fp32 kernels, Q4_0 /
+// Q4_1 / Q8_0 x fp32) and GenericBlocks (kquant_test.cpp: Q4_K, Q6_K, Q5_K,
+// Q2_K, Q5_0, F16 x fp32) take every Highway target of hwy_targets(), QuantKernels
+// (int8 activations) every level up to qlevel_best(). Printed, recorded as test
+// properties, and, unless TOUCHSTONE_CPU_SIMD_TARGET restricts them, checked to
+// be every compiled target this CPU runs and its best int8 level.
+TEST(KernelCoverage, EveryTargetThisCpuRunsIsTested) {
+  std::vector<std::string> tested;
+  std::string ran, levels;
+  for (const auto& [bit, name] : hwy_targets()) {
+    tested.push_back(name);
+    ran += " " + name;
+  }
+  for (int l = 0; l <= int(qlevel_best()); ++l) levels += std::string(" ") + qlevel_name(QLevel(l));
+  std::printf("[ targets  ] Highway:%s; int8 levels:%s%s\n", ran.c_str(), levels.c_str(),
+              select_isa_from_env().forced.empty() ? "" : " (TOUCHSTONE_CPU_SIMD_TARGET)");
+  RecordProperty("hwy_targets", ran);
+  RecordProperty("int8_levels", levels);
+  if (!select_isa_from_env().forced.empty()) return;
+  for (const IsaTarget& t : compiled_hwy_targets()) {
+    const bool in = std::find(tested.begin(), tested.end(), t.name) != tested.end();
+    EXPECT_EQ(in, t.runnable) << t.name;
+  }
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_GE(int(qlevel_best()), int(QLevel::AVX2));
+  }
+}
 
 TEST(QuantizeAct, RoundTripWithinHalfStep) {
   const auto x = random_vec(96, 11, 3.0f);
