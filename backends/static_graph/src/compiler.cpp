@@ -2,6 +2,8 @@
 #include "compiler.h"
 #include "schedule.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -283,6 +285,45 @@ std::unique_ptr<CompiledGraph> load_cached(const std::string& path, const std::s
   return g;
 }
 
+// The cached object of a graph (nullptr when absent or unusable).
+std::unique_ptr<CompiledGraph> load_from_cache(const std::string& cache_path,
+                                               const std::string& symbol, const char* key,
+                                               std::chrono::steady_clock::time_point t0) {
+  int nargs = -1;
+  {
+    std::ifstream meta(cache_path + ".nargs");
+    meta >> nargs;
+  }
+  if (nargs <= 0) return nullptr;
+  std::unique_ptr<CompiledGraph> g = load_cached(cache_path, symbol);
+  if (!g) return nullptr;
+  g->lowered_num_args = nargs;
+  g->from_cache = true;
+  g->cache_key = key;
+  g->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return g;
+}
+
+// Exclusive flock(2) on a graph's lock file in the cache directory while it is
+// compiled and written (no lock when the file cannot be opened).
+class CacheLock {
+ public:
+  CacheLock(const std::string& dir, const std::string& path) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ >= 0) ::flock(fd_, LOCK_EX);
+  }
+  ~CacheLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  CacheLock(const CacheLock&) = delete;
+  CacheLock& operator=(const CacheLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace
 
 std::string host_cpu_name() { return llvm::sys::getHostCPUName().str(); }
@@ -340,23 +381,15 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
                 static_cast<unsigned long long>(
                     fnv1a(text, fnv1a(pipeline_description(opt) + cpu + "llvm22"))));
   std::string cache_path;
+  std::unique_ptr<CacheLock> lock;
   if (!opt.cache_dir.empty()) {
     cache_path = opt.cache_dir + "/" + func_name + "-" + key + ".o";
-    int nargs = -1;
-    {
-      std::ifstream meta(cache_path + ".nargs");
-      meta >> nargs;
-    }
-    std::unique_ptr<CompiledGraph> g;
-    if (nargs > 0) g = load_cached(cache_path, symbol);
-    if (g) {
-      g->lowered_num_args = nargs;
-      g->from_cache = true;
-      g->cache_key = key;
-      g->compile_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return g;
-    }
+    if (auto g = load_from_cache(cache_path, symbol, key, t0)) return g;
+    // Another process (ctest -j, parallel parity runs) may be compiling the
+    // same graph right now: wait for it and load its object instead of
+    // compiling the graph a second time.
+    lock = std::make_unique<CacheLock>(opt.cache_dir, cache_path + ".lock");
+    if (auto g = load_from_cache(cache_path, symbol, key, t0)) return g;
   }
 
   auto ctx = make_context();

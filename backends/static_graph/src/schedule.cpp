@@ -44,7 +44,7 @@ namespace {
 // attention matmuls); the strips run on OpenMP threads (compiler.cpp). The
 // strip width is fixed at compile time and every output is still the same
 // sequential FMA chain over k, so results do not depend on the thread count.
-const char* kScheduleVersion = "v5 forall-omp";
+const char* kScheduleVersion = "v6 forall-omp gemv-vec2";
 
 const char* kScheduleHead = R"mlir(
 module attributes {transform.with_named_sequence} {
@@ -91,6 +91,31 @@ const char* kScheduleQuant = R"mlir(
       transform.apply_patterns.canonicalization
     } : !transform.any_op
     HOIST
+)mlir";
+
+// A quantized matrix-vector product (M = 1, decode): loops over (block row,
+// [nibble half,] b, n tile), n innermost, the dequantization chain fused into
+// the n loop and the whole tile (one half-block x NT columns) vectorized at
+// once, so that the dequantized values go from the producer's vectors straight
+// into the FMAs (no tile buffer: the transfer_write/transfer_read pair folds).
+// Consecutive n tiles are independent FMA chains that the core overlaps.
+const char* kScheduleQuantVec = R"mlir(
+    %qID = transform.structured.match ops{["linalg.generic"]} attributes {sg_qmm = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
+    %dqID = transform.structured.match attributes {sg_dq = ID : i64} in %root : (!transform.any_op) -> !transform.any_op
+    PARTILE%qtID, %qlID:NLOOPS = transform.structured.tile_using_for %qPID tile_sizes OUTER interchange = OORDER : (!transform.any_op) -> (!transform.any_op, LOOPTYPES)
+    %fuID, %flID = transform.structured.fuse_into_containing_op %dqPID into %qlID#LAST : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.apply_patterns to %qlID#LAST {
+      transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices
+    } : !transform.any_op
+    %ivID = transform.structured.match ops{["linalg.generic"]} in %qlID#LAST : (!transform.any_op) -> !transform.any_op
+    transform.structured.vectorize %ivID : !transform.any_op
+    transform.apply_patterns to %f {
+      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+      transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.vector.reduction_to_contract
+      transform.apply_patterns.tensor.fold_tensor_empty
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
 )mlir";
 
 const char* kScheduleTail = R"mlir(
@@ -311,6 +336,111 @@ void tag_producers(mlir::Operation* op, mlir::IntegerAttr id) {
   }
 }
 
+struct Quant {
+  mlir::linalg::GenericOp op;
+  int64_t R, M;
+  TileSizes t;
+};
+
+// PARTILE of a quantized matmul's block: its parallel column strips
+// (scf.forall, the dequantization chain fused into it) or plain handles.
+std::string quant_partile(const Quant& Q) {
+  const int64_t D = Q.R + 3, nd = Q.R + 1;
+  if (Q.t.strip <= 0) {
+    return "    %qPID = transform.merge_handles %qID : !transform.any_op\n"
+           "    %dqPID = transform.merge_handles %dqID : !transform.any_op\n";
+  }
+  std::vector<int64_t> ps(size_t(D), 0);
+  ps[size_t(nd)] = Q.t.strip;
+  std::string par = kScheduleQuantForall;
+  replace_all(par, "PSIZES", join(ps));
+  // The template's %qF2ID becomes %qF2<q>, which for q = 0..9 is the same
+  // name as %qFID of matmul 20..29 ("redefinition of SSA value '%qF20'"):
+  // a module with more than 20 quantized matmuls (several layer signatures,
+  // or the thread_order_reduction fault's split matmuls) broke the parallel
+  // schedule. Renamed here, not in the template, which is part of the
+  // object cache key (schedule_description).
+  replace_all(par, "%qF2ID", "%qFusedID");
+  return par;
+}
+
+std::string any_ops(size_t n) {
+  std::string types;
+  for (size_t i = 0; i < n; ++i) types += (i ? ", " : "") + std::string("!transform.any_op");
+  return types;
+}
+
+// Matrix-vector (M = 1) block, kScheduleQuantVec: loops (r_0 .. r_{R-2}, b, n)
+// with tile 1 each and NT columns; r_{R-1} (16 or 32 rows) and m stay whole.
+std::string quant_block_vec(const Quant& Q, size_t q) {
+  const int64_t R = Q.R, D = R + 3, bd = R - 1, nd = R + 1;
+  std::vector<int64_t> outer(size_t(D), 0), order;
+  for (int64_t i = 0; i + 1 < R; ++i) {
+    outer[size_t(i)] = 1;
+    order.push_back(i);
+  }
+  outer[size_t(bd)] = 1;
+  outer[size_t(nd)] = Q.t.n;
+  order.push_back(bd);
+  order.push_back(nd);
+  const size_t n_loops = order.size();
+  for (int64_t i = 0; i < D; ++i)
+    if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
+  std::string block = kScheduleQuantVec;
+  replace_all(block, "PARTILE", quant_partile(Q));
+  replace_all(block, "ID", std::to_string(q));
+  replace_all(block, "OUTER", join(outer));
+  replace_all(block, "OORDER", join(order));
+  replace_all(block, "NLOOPS", std::to_string(n_loops));
+  replace_all(block, "LOOPTYPES", any_ops(n_loops));
+  replace_all(block, "LAST", std::to_string(n_loops - 1));
+  return block;
+}
+
+// Block of a quantized matmul with M > 1 (kScheduleQuant): register tiles of
+// MT rows inside (b, n, block) loops, the dequantized tile in a small buffer.
+std::string quant_block_tiled(const Quant& Q, size_t q) {
+  const int64_t R = Q.R, D = R + 3, bd = R - 1, md = R, nd = R + 1, jd = R + 2;
+  std::vector<int64_t> outer(size_t(D), 0), inner(size_t(D), 0), oorder, iorder;
+  outer[0] = 1;  // one block row of the matrix per iteration
+  outer[size_t(bd)] = 1;
+  outer[size_t(nd)] = Q.t.n;
+  // M = 1: block rows outer (each block's NT-column slices are contiguous
+  // streams); else columns outer (the accumulator [M, NT] stays in cache).
+  oorder = Q.M == 1 ? std::vector<int64_t>{0, bd, nd} : std::vector<int64_t>{bd, nd, 0};
+  inner[size_t(md)] = Q.t.m;
+  iorder.push_back(md);
+  for (int64_t i = 1; i + 1 < R; ++i) {
+    inner[size_t(i)] = 1;
+    iorder.push_back(i);
+  }
+  inner[size_t(jd)] = Q.t.k;
+  iorder.push_back(jd);
+  const size_t n_inner = iorder.size();
+  for (int64_t i = 0; i < D; ++i) {
+    if (std::find(oorder.begin(), oorder.end(), i) == oorder.end()) oorder.push_back(i);
+    if (std::find(iorder.begin(), iorder.end(), i) == iorder.end()) iorder.push_back(i);
+  }
+  std::string hoist;
+  // The accumulator is invariant in every inner loop but the m loop.
+  for (size_t i = n_inner; i-- > 1;) {
+    hoist += "transform.loop.hoist_loop_invariant_subsets %il" + std::to_string(q) + "#" +
+             std::to_string(i) + " : !transform.any_op\n    ";
+  }
+  std::string block = kScheduleQuant;
+  replace_all(block, "PARTILE", quant_partile(Q));
+  replace_all(block, "ID", std::to_string(q));
+  replace_all(block, "OUTER", join(outer));
+  replace_all(block, "OORDER", join(oorder));
+  replace_all(block, "INNER", join(inner));
+  replace_all(block, "IORDER", join(iorder));
+  replace_all(block, "NLOOPS", std::to_string(n_inner));
+  replace_all(block, "LOOPTYPES", any_ops(n_inner));
+  replace_all(block, "LAST", std::to_string(n_inner - 1));
+  replace_all(block, "HOIST", hoist);
+  return block;
+}
+
 // TOUCHSTONE_STATIC_GRAPH_SCHEDULE (experiments, part of the cache key):
 // "interchange" = every matmul takes the fallback schedule; "gemv" = the
 // matrix-vector (M = 1) ones are tiled too (k outer), which measured slower than
@@ -328,11 +458,6 @@ std::string make_schedule(mlir::ModuleOp module, bool parallel) {
   std::map<TileSizes, int64_t> configs;
   std::map<std::pair<int64_t, bool>, int64_t> fb_configs;  // (strip, batch) -> id
   mlir::MLIRContext* ctx = module->getContext();
-  struct Quant {
-    mlir::linalg::GenericOp op;
-    int64_t R, M;
-    TileSizes t;
-  };
   std::vector<Quant> quants;
   if (variant != "interchange" && variant != "no-fuse") {
     llvm::SmallVector<mlir::linalg::BatchMatmulOp> mms;
@@ -353,6 +478,11 @@ std::string make_schedule(mlir::ModuleOp module, bool parallel) {
         t.n = vw;
       }
       if (t.m == 0 || t.n == 0) continue;
+      // M = 1: two vector widths of columns per tile (two independent FMA
+      // chains per iteration): 1.03 s CPU per 64 decoded tokens vs 1.25 s
+      // (one width) and 1.12 s (four), 2026-11-26.
+      const int64_t wide = variant == "qvec1" ? 1 : variant == "qvec4" ? 4 : 2;
+      if (M == 1 && N % (wide * vw) == 0) t.n = wide * vw;
       if (parallel) t.strip = strip_width(N, t.n);
       int64_t R = 0;
       mlir::linalg::GenericOp g = block_matmul(mm, R);
@@ -414,66 +544,9 @@ std::string make_schedule(mlir::ModuleOp module, bool parallel) {
                                 "#3 : !transform.any_op");
     script += block;
   }
-  for (size_t q = 0; q < quants.size(); ++q) {
-    const Quant& Q = quants[q];
-    const int64_t R = Q.R, D = R + 3, bd = R - 1, md = R, nd = R + 1, jd = R + 2;
-    std::vector<int64_t> outer(size_t(D), 0), inner(size_t(D), 0), oorder, iorder;
-    outer[0] = 1;  // one block row of the matrix per iteration
-    outer[size_t(bd)] = 1;
-    outer[size_t(nd)] = Q.t.n;
-    // M = 1: block rows outer (each block's NT-column slices are contiguous
-    // streams); else columns outer (the accumulator [M, NT] stays in cache).
-    oorder = Q.M == 1 ? std::vector<int64_t>{0, bd, nd} : std::vector<int64_t>{bd, nd, 0};
-    inner[size_t(md)] = Q.t.m;
-    iorder.push_back(md);
-    for (int64_t i = 1; i + 1 < R; ++i) {
-      inner[size_t(i)] = 1;
-      iorder.push_back(i);
-    }
-    inner[size_t(jd)] = Q.t.k;
-    iorder.push_back(jd);
-    const size_t n_inner = iorder.size();
-    for (int64_t i = 0; i < D; ++i) {
-      if (std::find(oorder.begin(), oorder.end(), i) == oorder.end()) oorder.push_back(i);
-      if (std::find(iorder.begin(), iorder.end(), i) == iorder.end()) iorder.push_back(i);
-    }
-    std::string types, hoist;
-    for (size_t i = 0; i < n_inner; ++i)
-      types += (i ? ", " : "") + std::string("!transform.any_op");
-    // The accumulator is invariant in every inner loop but the m loop.
-    for (size_t i = n_inner; i-- > 1;) {
-      hoist += "transform.loop.hoist_loop_invariant_subsets %il" + std::to_string(q) + "#" +
-               std::to_string(i) + " : !transform.any_op\n    ";
-    }
-    std::string block = kScheduleQuant;
-    std::string par =
-        "    %qPID = transform.merge_handles %qID : !transform.any_op\n"
-        "    %dqPID = transform.merge_handles %dqID : !transform.any_op\n";
-    if (Q.t.strip > 0) {
-      std::vector<int64_t> ps(size_t(D), 0);
-      ps[size_t(nd)] = Q.t.strip;
-      par = kScheduleQuantForall;
-      replace_all(par, "PSIZES", join(ps));
-      // The template's %qF2ID becomes %qF2<q>, which for q = 0..9 is the same
-      // name as %qFID of matmul 20..29 ("redefinition of SSA value '%qF20'"):
-      // a module with more than 20 quantized matmuls (several layer signatures,
-      // or the thread_order_reduction fault's split matmuls) broke the parallel
-      // schedule. Renamed here, not in the template, which is part of the
-      // object cache key (schedule_description).
-      replace_all(par, "%qF2ID", "%qFusedID");
-    }
-    replace_all(block, "PARTILE", par);
-    replace_all(block, "ID", std::to_string(q));
-    replace_all(block, "OUTER", join(outer));
-    replace_all(block, "OORDER", join(oorder));
-    replace_all(block, "INNER", join(inner));
-    replace_all(block, "IORDER", join(iorder));
-    replace_all(block, "NLOOPS", std::to_string(n_inner));
-    replace_all(block, "LOOPTYPES", types);
-    replace_all(block, "LAST", std::to_string(n_inner - 1));
-    replace_all(block, "HOIST", hoist);
-    script += block;
-  }
+  for (size_t q = 0; q < quants.size(); ++q)
+    script += quants[q].M == 1 && variant != "gemv-tiled" ? quant_block_vec(quants[q], q)
+                                                          : quant_block_tiled(quants[q], q);
   std::string fallback;
   for (const auto& [key, id] : fb_configs) {
     std::string block = kScheduleFallbackForall;
@@ -532,7 +605,8 @@ std::string schedule_description(const CompileOptions& opt) {
   return std::string("transform (") + kScheduleVersion + " " + schedule_variant() +
          (opt.parallel ? " parallel strips >= " + std::to_string(strip_count()) : " sequential") +
          ", per tile configuration, host vector " + std::to_string(host_vector_floats()) +
-         " floats): " + kScheduleHead + kScheduleTile + kScheduleQuant + kScheduleTail +
+         " floats): " + kScheduleHead + kScheduleTile + kScheduleQuant + kScheduleQuantVec +
+         kScheduleTail +
          (opt.parallel
               ? std::string(kScheduleForall) + kScheduleQuantForall + kScheduleFallbackForall
               : std::string()) +

@@ -149,6 +149,34 @@ TEST(StaticGraphIR, QuantizedDequantizationIsFused) {
   EXPECT_GT(tiles, 0) << "no dequantized tile buffer: was the fusion applied?";
 }
 
+// The decode graph (T = 1): the 4-bit matrix-vector products dequantize
+// straight into the FMAs' registers: after bufferization no buffer holds a
+// dequantized tile (one block or half-block x 1, 2 or 4 vector widths of
+// columns; the M > 1 matmuls above have one), and the packed nibbles are read
+// as vectors.
+TEST(StaticGraphIR, QuantizedDecodeDequantizesInRegisters) {
+  sg::GraphSpec spec;
+  spec.T = 1;
+  spec.W = 32;
+  spec.capacity = 32;
+  spec.mode = sg::WeightMode::Quantized;
+  const sg::ModelDims D = tiny_dims();
+  spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1);
+  spec.embd_format = sg::MatrixFormat::Q8_0;
+  sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
+  for (const bool parallel : {false, true}) {
+    sg::CompileOptions opt;
+    opt.parallel = parallel;
+    const std::string ir = sg::lower_to_buffers(g.mlir, opt);
+    std::smatch m;
+    EXPECT_FALSE(std::regex_search(
+        ir, m, std::regex(R"(memref\.alloca?\(\)[^\n]*: memref<1x[12]x16x(8|16|32|64)xf32>)")))
+        << (parallel ? "parallel" : "sequential") << ": dequantized tile in memory: " << m[0];
+    EXPECT_TRUE(std::regex_search(ir, std::regex(R"(vector<[0-9x]*xi8>)")))
+        << "packed nibbles not vectorized";
+  }
+}
+
 namespace {
 // Arguments of the lowered @step (memrefs), or -1 when it still returns values.
 int lowered_step_args(const std::string& ir) {
@@ -242,8 +270,10 @@ class StaticGraphModel : public ::testing::Test {
 };
 sg::Model* StaticGraphModel::model_ = nullptr;
 
-constexpr int32_t kCap =
-    2048;  // the backend's default capacity: same graphs (and cache) as the parity run
+// The capacity `touchstone parity` opens its sessions with for these short
+// prompts (the planned positions rounded up to 1024, cmd_parity.cpp): the same
+// graphs, hence the same cached objects, as the parity CTests.
+constexpr int32_t kCap = 1024;
 
 TEST_F(StaticGraphModel, DecodeMatchesReference) {
   const touchstone::gguf::File f = touchstone::gguf::File::open(model_path());
