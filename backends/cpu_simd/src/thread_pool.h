@@ -40,7 +40,6 @@ class ThreadPool {
   // the workers stay asleep; the engine's SoloGovernor switches it per decode
   // step. Results are the same either way (tasks never depend on their thread).
   void set_solo(bool on) { solo_ = on; }
-  bool solo() const { return solo_; }
 
   template <typename F>
   void run(size_t n_tasks, F&& fn) {

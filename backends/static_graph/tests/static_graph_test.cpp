@@ -124,19 +124,24 @@ TEST(StaticGraphIR, KvCacheUpdatedInPlace) {
   }
 }
 
-// The 4-bit path's dequantization is fused into the tiled matmuls: after
-// bufferization no buffer holds a dequantized matrix ([nb][2][16][N] fp32 with
-// N > one column tile), only per-tile buffers of one block x 16 or 8 columns.
-TEST(StaticGraphIR, QuantizedDequantizationIsFused) {
+// The tiny model's step graph with Q4_1 layers and a Q8_0 embedding, T tokens.
+static sg::BuiltGraph tiny_q4_1_graph(int32_t T) {
   sg::GraphSpec spec;
-  spec.T = 4;
+  spec.T = T;
   spec.W = 32;
   spec.capacity = 32;
   spec.mode = sg::WeightMode::Quantized;
   const sg::ModelDims D = tiny_dims();
   spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1);
   spec.embd_format = sg::MatrixFormat::Q8_0;
-  sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
+  return sg::build_step_graph(D, spec, "step");
+}
+
+// The 4-bit path's dequantization is fused into the tiled matmuls: after
+// bufferization no buffer holds a dequantized matrix ([nb][2][16][N] fp32 with
+// N > one column tile), only per-tile buffers of one block x 16 or 8 columns.
+TEST(StaticGraphIR, QuantizedDequantizationIsFused) {
+  sg::BuiltGraph g = tiny_q4_1_graph(4);
   const std::string ir = sg::lower_to_buffers(g.mlir, sg::CompileOptions{});
   const std::regex full(R"(memref\.alloc(a)?\(\)[^\n]*: memref<(\d+)x2x16x(\d+)xf32>)");
   int tiles = 0;
@@ -155,15 +160,7 @@ TEST(StaticGraphIR, QuantizedDequantizationIsFused) {
 // columns; the M > 1 matmuls above have one), and the packed nibbles are read
 // as vectors.
 TEST(StaticGraphIR, QuantizedDecodeDequantizesInRegisters) {
-  sg::GraphSpec spec;
-  spec.T = 1;
-  spec.W = 32;
-  spec.capacity = 32;
-  spec.mode = sg::WeightMode::Quantized;
-  const sg::ModelDims D = tiny_dims();
-  spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1);
-  spec.embd_format = sg::MatrixFormat::Q8_0;
-  sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
+  sg::BuiltGraph g = tiny_q4_1_graph(1);
   for (const bool parallel : {false, true}) {
     sg::CompileOptions opt;
     opt.parallel = parallel;
