@@ -12,6 +12,7 @@
 //   q4_0/..., q8_0/prefill/64   the same shapes for Q4_0 / Q8_0
 //   q4_k/..., q6_k/...  K-quant rows of 1024 inputs (Gemma 3's attn_output / ffn_down
 //                       types) through gemm_blocks_f32 (fp32 activations in both modes)
+//   q5_0/...            the same for Q5_0 (Gemma 3's attn_q/k, ffn_gate/up)
 // Counters: GMAC/s (multiply-adds per second), GB/s (weight bytes per second).
 // Activations are fp32 (the default quantized path: gemm_q_f32); int8/... the same
 // shapes with int8 activations (gemm_q, TOUCHSTONE_CPU_SIMD_ACTIVATIONS=int8).
@@ -113,10 +114,12 @@ void run_int8(benchmark::State& state, QType t, size_t rows, size_t slice, size_
 }
 
 // K-quant blocks (ggml type 12 = Q4_K, 144 bytes; 14 = Q6_K, 210 bytes; 256
-// elements) with valid fp16 scales, rows of kKIn inputs.
+// elements) and Q5_0 (type 6, 22 bytes, 32 elements) with valid fp16 scales,
+// rows of kKIn inputs.
 constexpr size_t kKIn = 1024;
 void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok) {
-  const size_t bb = type == 12 ? 144 : 210, nb = kKIn / 256, row_bytes = nb * bb;
+  const size_t be = type == 6 ? 32 : 256;
+  const size_t bb = type == 12 ? 144 : type == 14 ? 210 : 22, nb = kKIn / be, row_bytes = nb * bb;
   std::vector<uint8_t> w(rows * row_bytes);
   std::mt19937 rng(3);
   for (auto& b : w) b = uint8_t(rng());
@@ -125,6 +128,8 @@ void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok) {
     if (type == 12) {
       blk[1] = 0x20;  // d, dmin
       blk[3] = 0x20;
+    } else if (type == 6) {
+      blk[1] = 0x20;  // d
     } else {
       blk[209] = 0x20;
     }
@@ -134,7 +139,7 @@ void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok) {
   for (auto& v : x) v = nd(rng);
   std::vector<float> y(n_tok * rows);
   for (auto _ : state) {
-    ts_cpu::gemm_blocks_f32(type, w.data(), row_bytes, 256, bb, 0, rows, x.data(), kKIn, n_tok,
+    ts_cpu::gemm_blocks_f32(type, w.data(), row_bytes, be, bb, 0, rows, x.data(), kKIn, n_tok,
                             y.data(), rows);
     benchmark::DoNotOptimize(y.data());
   }
@@ -172,6 +177,8 @@ BENCHMARK_CAPTURE(run_k, q4kl2, 12, 512, 1)->Name("q4_k/decode/l2");
 BENCHMARK_CAPTURE(run_k, q4kpf, 12, 1024, 64)->Name("q4_k/prefill/64");
 BENCHMARK_CAPTURE(run_k, q6kl2, 14, 512, 1)->Name("q6_k/decode/l2");
 BENCHMARK_CAPTURE(run_k, q6kpf, 14, 1024, 64)->Name("q6_k/prefill/64");
+BENCHMARK_CAPTURE(run_k, q50l2, 6, 512, 1)->Name("q5_0/decode/l2");
+BENCHMARK_CAPTURE(run_k, q50pf, 6, 1024, 64)->Name("q5_0/prefill/64");
 
 int main(int argc, char** argv) {
   const ts_cpu::IsaSelection& sel = ts_cpu::select_isa_from_env();

@@ -395,15 +395,52 @@ HWY_ATTR void GemmQF32T(const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
 // touchstone::gguf::dequantize_row) does, same fp32 operations in the same
 // order (no FMA: this file is built with -ffp-contract=off):
 //   Q4_K: (d * sc) * float(q) - (dmin * m)      Q6_K: (d * sc) * float(q - 32)
+// and the 32-element types as dequantize_row_q4_0/_q4_1/_q5_0/_q8_0 do:
+//   Q4_0: float(q - 8) * d    Q4_1: float(q) * d + m    Q5_0: float(q - 16) * d
+//   Q8_0: float(q) * d
 // Other types: the reference routine. Returns false for no vector form.
 HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::Rebind<uint8_t, decltype(df)> du8;
+  const hn::Rebind<int8_t, decltype(df)> di8;
   const size_t N = hn::Lanes(df);
   if (N > 16) return false;  // chunks must not straddle a 16-element scale group
-  if (type == 12) {          // Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes
+  if (type == 2 || type == 3 || type == 6 || type == 8) {  // 32-element blocks
+    const size_t bb = type == 2 ? 18 : type == 3 ? 20 : type == 6 ? 22 : 34;
+    const size_t off = type == 3 ? 4 : type == 6 ? 6 : 2;
+    for (size_t i = 0; i < nb; ++i, src += bb, y += 32) {
+      const auto d = hn::Set(df, H2F(src));
+      const auto m = hn::Set(df, type == 3 ? H2F(src + 2) : 0.0f);
+      uint32_t qh = 0;  // Q5_0: bit i is element i's fifth bit
+      if (type == 6) memcpy(&qh, src + 2, 4);
+      const uint8_t* qs = src + off;
+      for (size_t l = 0; l < 32; l += N) {
+        hn::Vec<decltype(df)> w;
+        if (type == 8) {
+          const auto q = hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs) + l);
+          w = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, q)), d);
+        } else {
+          const auto raw = hn::PromoteTo(du, hn::LoadU(du8, qs + (l & 15)));
+          auto q = l < 16 ? hn::And(raw, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(raw);
+          if (type == 6) {
+            const auto hi = hn::And(hn::Set(du, qh) >> hn::Iota(du, uint32_t(l)), hn::Set(du, 1));
+            q = hn::Or(q, hn::ShiftLeft<4>(hi));
+          }
+          const auto qi = hn::BitCast(di, q);
+          if (type == 3) {
+            w = hn::Add(hn::Mul(hn::ConvertTo(df, qi), d), m);
+          } else {
+            w = hn::Mul(hn::ConvertTo(df, hn::Sub(qi, hn::Set(di, type == 2 ? 8 : 16))), d);
+          }
+        }
+        hn::StoreU(w, df, y + l);
+      }
+    }
+    return true;
+  }
+  if (type == 12) {  // Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes
     for (size_t i = 0; i < nb; ++i, src += 144) {
       const float d = H2F(src), dmin = H2F(src + 2);
       const uint8_t* scales = src + 4;
@@ -457,53 +494,104 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
 
 HWY_ATTR void DequantBlocks(int type, const uint8_t* src, float* y, size_t nb, size_t block_elems,
                             size_t block_bytes) {
-  if (DequantBlocksVec(type, src, y, nb)) return;
+  const bool natural = block_elems == (type == 12 || type == 14 ? 256u : 32u);
+  if (natural && DequantBlocksVec(type, src, y, nb)) return;
   for (size_t b = 0; b < nb; ++b) {
     touchstone::gguf::dequantize_row(touchstone::gguf::TensorType(type), src + b * block_bytes,
                                      y + b * block_elems, int64_t(block_elems));
   }
 }
 
-// Generic GGUF block types: dequantize one row block by block (reference
-// routine) once per call, then FMA it into each token's accumulator, tiles of
-// 1 row x up to 4 tokens (per output: blocks in order, N-lane chunks in order,
-// as before). Q5_0 forms its weights in registers instead (QTile<6>).
-HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t block_elems,
-                            size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
-                            size_t n_tok, float* Y, size_t ldy) {
-  if (type == 6 && block_elems == 32 && block_bytes == 22) {
-    // Q5_0: weights formed in registers (QTile), same per-output sequence.
-    return GemmQF32T<6>(W, row_bytes, row_bytes / block_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
-  }
+// ---- Panels: rows dequantized once per call, then register tiles ----
+// Each group of kGR rows is dequantized into an fp32 panel (DequantBlocks:
+// ggml's values bit for bit), then tiles of kGR rows x kGT tokens read it.
+// Per output the operation sequence is QTile's (zero; blocks in order, N-lane
+// chunks in order, one MulAdd each; SumOfLanes), so the results are bitwise
+// those of QTile and of decode. What changes is the cost: the dequantization
+// is paid once per row and call instead of once per row and token tile, which
+// is what bounded prefill for Q5_0 (~9 integer ops per weight vector) and the
+// K-quants (whose old generic loop was 1 row x 4 tokens: 5 loads per 4 FMAs).
+// AVX3 (32 registers): 4 x 4 accumulators; the 16-register targets: 2 x 4.
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
+constexpr size_t kGR = 4, kGT = 4;
+#else
+constexpr size_t kGR = 2, kGT = 4;
+#endif
+// Quantized types with a register-tile kernel use panels from this many tokens.
+constexpr size_t kPanelMinTok = 2 * kGT;
+
+template <size_t NR, size_t NT>
+HWY_ATTR HWY_INLINE void PanelTile(const float* HWY_RESTRICT P, size_t n_in,
+                                   const float* HWY_RESTRICT x, size_t ldx, float* HWY_RESTRICT out,
+                                   size_t ldo) {
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
-  const size_t nb = row_bytes / block_bytes, n_in = nb * block_elems;
-  constexpr size_t kT = 4;
-  // One dequantized row, reused by every token of the call (prefill); grown
-  // once per thread.
-  thread_local std::vector<float> buf_storage;
-  if (buf_storage.size() < n_in + 16) buf_storage.resize(n_in + 16);
-  float* buf = buf_storage.data();
-  buf += (16 - (reinterpret_cast<uintptr_t>(buf) / sizeof(float)) % 16) % 16;  // 64-byte aligned
-  for (size_t r = r0; r < r1; ++r) {
-    const uint8_t* row = W + r * row_bytes;
-    DequantBlocks(type, row, buf, nb, block_elems, block_bytes);
-    for (size_t t0 = 0; t0 < n_tok; t0 += kT) {
-      const size_t nt = n_tok - t0 < kT ? n_tok - t0 : kT;
-      hn::Vec<decltype(df)> acc[kT] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
-      for (size_t j = 0; j < n_in; j += N) {
-        const auto w = hn::Load(df, buf + j);
-        for (size_t t = 0; t < nt; ++t)
-          acc[t] = hn::MulAdd(w, hn::LoadU(df, X + (t0 + t) * ldx + j), acc[t]);
-      }
-      for (size_t t = 0; t < nt; ++t)
-        Y[(t0 + t) * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[t]));
+  hn::Vec<decltype(df)> acc[NR][NT];
+  for (size_t r = 0; r < NR; ++r)
+    for (size_t t = 0; t < NT; ++t) acc[r][t] = hn::Zero(df);
+  for (size_t j = 0; j < n_in; j += N) {
+    hn::Vec<decltype(df)> w[NR];
+    for (size_t r = 0; r < NR; ++r) w[r] = hn::LoadU(df, P + r * n_in + j);
+    for (size_t t = 0; t < NT; ++t) {
+      const auto xv = hn::LoadU(df, x + t * ldx + j);
+      for (size_t r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
+    }
+  }
+  for (size_t r = 0; r < NR; ++r)
+    for (size_t t = 0; t < NT; ++t) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
+}
+
+// One panel of NR rows (P, row stride n_in) x all tokens.
+template <size_t NR>
+HWY_ATTR void PanelRows(const float* P, size_t n_in, const float* X, size_t ldx, size_t n_tok,
+                        float* Y, size_t ldy) {
+  size_t t = 0;
+  for (; t + kGT <= n_tok; t += kGT)
+    PanelTile<NR, kGT>(P, n_in, X + t * ldx, ldx, Y + t * ldy, ldy);
+  for (; t < n_tok; ++t) PanelTile<NR, 1>(P, n_in, X + t * ldx, ldx, Y + t * ldy, ldy);
+}
+
+// Rows [r0, r1) of nb blocks each, row r at W + r * row_bytes.
+HWY_ATTR void PanelGemm(int type, const uint8_t* W, size_t row_bytes, size_t nb, size_t block_elems,
+                        size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
+                        size_t n_tok, float* Y, size_t ldy) {
+  const size_t n_in = nb * block_elems;
+  // kGR dequantized rows, grown once per thread, 64-byte aligned.
+  thread_local std::vector<float> storage;
+  if (storage.size() < kGR * n_in + 16) storage.resize(kGR * n_in + 16);
+  float* P = storage.data();
+  P += (16 - (reinterpret_cast<uintptr_t>(P) / sizeof(float)) % 16) % 16;
+  for (size_t r = r0; r < r1; r += kGR) {
+    const size_t nr = r1 - r < kGR ? r1 - r : kGR;
+    for (size_t i = 0; i < nr; ++i)
+      DequantBlocks(type, W + (r + i) * row_bytes, P + i * n_in, nb, block_elems, block_bytes);
+    if (nr == kGR) {
+      PanelRows<kGR>(P, n_in, X, ldx, n_tok, Y + r, ldy);
+    } else {
+      for (size_t i = 0; i < nr; ++i)
+        PanelRows<1>(P + i * n_in, n_in, X, ldx, n_tok, Y + r + i, ldy);
     }
   }
 }
 
+// Generic GGUF block types (K-quants, Q5_0 in prefill, F16, ...): panels.
+// Q5_0 decode (few tokens) forms its weights in registers instead (QTile<6>).
+HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t block_elems,
+                            size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
+                            size_t n_tok, float* Y, size_t ldy) {
+  if (type == 6 && block_elems == 32 && block_bytes == 22 && n_tok < kPanelMinTok) {
+    return GemmQF32T<6>(W, row_bytes, row_bytes / block_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
+  }
+  PanelGemm(type, W, row_bytes, row_bytes / block_bytes, block_elems, block_bytes, r0, r1, X, ldx,
+            n_tok, Y, ldy);
+}
+
 HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0,
                        size_t r1, const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
+  if (n_tok >= kPanelMinTok) {
+    const size_t bb = type == 2 ? 18 : type == 3 ? 20 : 34;
+    return PanelGemm(type, W, row_bytes, nb, 32, bb, r0, r1, X, ldx, n_tok, Y, ldy);
+  }
   switch (type) {
     case 2:
       return GemmQF32T<2>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);

@@ -141,6 +141,11 @@ TEST_P(HwyTargets, QuantBlocksTimesFp32MatchDequantizedReference) {
     gg::dequantize_row(gg::TensorType(int(t)), W.data(), Wf.data(), int64_t(rows * n_in));
     const auto X = random_vec(n_tok * n_in, 9);
     const size_t row_bytes = nb * qtype_block_bytes(t);
+    // The prefill panels' dequantization (vectors) is the reference's, bitwise.
+    std::vector<float> D(rows * n_in, NAN);
+    dequantize_blocks(int(t), W.data(), D.data(), rows * nb, 32, qtype_block_bytes(t));
+    EXPECT_EQ(std::memcmp(D.data(), Wf.data(), D.size() * sizeof(float)), 0) << int(t);
+    // 11 tokens: fp32 panels (>= 8 tokens, prefill) against QTile (1 token, decode) below.
     std::vector<float> Y(n_tok * rows, NAN), y1(rows, NAN);
     gemm_q_f32(t, W.data(), row_bytes, nb, 0, rows, X.data(), n_in, n_tok, Y.data(), rows);
     for (size_t k = 0; k < n_tok; ++k) {
