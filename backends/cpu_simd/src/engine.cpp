@@ -751,20 +751,16 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
       rms_norm(x_.data() + i * d, L.ffn_norm, xn_.data() + i * d, d, eps);
     const Job gu[2] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
     linears(gu, 2, xn_.data(), d, N);
-    // act(gate) * up in fp64, rounded once (act = SiLU or tanh-GELU); split
-    // into fixed slices of kActSlice so decode (one token) uses every thread too.
+    // act(gate) * up in fp64, rounded once (act = SiLU or tanh-GELU, vector
+    // fp64 tanh / exp: kernels.h gated_act_f64); split into fixed slices of
+    // kActSlice so decode (one token) uses every thread too.
     const bool gelu = c_.ffn_activation == touchstone::FfnActivation::GeluTanh;
     constexpr size_t kActSlice = 256;
     const size_t n_slices = ceil_div(ff, kActSlice);
     pool_.run(N * n_slices, [&](size_t task, int) {
       const size_t i = task / n_slices, j0 = (task % n_slices) * kActSlice;
-      float* g = gate_.data() + i * ff;
-      const float* u = up_.data() + i * ff;
-      for (size_t j = j0; j < std::min(ff, j0 + kActSlice); ++j) {
-        const double gj = g[j];
-        const double act = gelu ? touchstone::ops::gelu_tanh(gj) : gj / (1.0 + std::exp(-gj));
-        g[j] = static_cast<float>(act * double{u[j]});
-      }
+      gated_act_f64(gelu, gate_.data() + i * ff + j0, up_.data() + i * ff + j0,
+                    std::min(ff, j0 + kActSlice) - j0);
     });
     const Job dn[1] = {{&L.down, tmp_.data(), d}};
     linears(dn, 1, gate_.data(), ff, N);

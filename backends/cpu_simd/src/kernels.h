@@ -32,6 +32,19 @@ void matvec_f32(const float* W, size_t ld, const float* x, float* y, size_t n_ro
 void axpy_f32(float a, const float* x, float* y, size_t n);
 // y *= a
 void scale_f32(float a, float* y, size_t n);
+
+// Gated FFN activation, in place: g[i] = fp32(act(g[i]) * u[i]) computed in fp64
+// (x = double(g[i]), rounded to fp32 once), act one of
+//   tanh-GELU (HF gelu_pytorch_tanh): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   SiLU (SwiGLU):                   x / (1 + exp(-x))
+// with the operations in the reference's order (touchstone::ops::gelu_tanh /
+// silu) except that tanh and exp are Highway's fp64 vector Tanh / Exp
+// (hwy/contrib/math: max error 4 / 1 ulp in fp64) for |x| < 500 and std::tanh /
+// std::exp otherwise. An fp32 result therefore differs from the reference's
+// only when the fp64 value lies within a few fp64 ulp of an fp32 rounding
+// boundary (~1e-8 of elements, by 1 fp32 ulp). Deterministic per element:
+// independent of n, of the slice an element falls in and of threads.
+void gated_act_f64(bool gelu, float* g, const float* u, size_t n);
 // Causal softmax attention of one query head q[hd] over n_kv >= 1 cached
 // positions: K row t at K + t*ld, V row t at V + t*ld (the KV cache layout,
 // ld = n_head_kv * head_dim), scores[n_kv] is scratch. In fp32:

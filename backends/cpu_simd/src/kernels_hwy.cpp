@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <vector>
 
@@ -22,6 +23,22 @@
 #define TS_CPU_H2F_EXACT
 namespace ts_cpu {
 inline float h2f_exact(uint16_t h) { return touchstone::gguf::fp16_to_fp32(h); }
+}  // namespace ts_cpu
+#endif
+
+#ifndef TS_CPU_SCALAR_GATED_ACT
+#define TS_CPU_SCALAR_GATED_ACT
+namespace ts_cpu {
+// The scalar form of gated_act_f64 (lanes outside the vector range, tails):
+// Highway's Tanh / Exp replaced by std::tanh / std::exp.
+inline float ScalarGatedAct(bool gelu, float g, float u) {
+  const double x = g;
+  const double act =
+      gelu ? 0.5 * x *
+                 (1.0 + std::tanh(0.79788456080286535587989211986876 * (x + 0.044715 * x * x * x)))
+           : x / (1.0 + std::exp(-x));
+  return static_cast<float>(act * double{u});
+}
 }  // namespace ts_cpu
 #endif
 
@@ -602,6 +619,53 @@ HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, 
   }
 }
 
+// ---- gated FFN activation in fp64 (see kernels.h: gated_act_f64) ----
+// One lane's fp64 operations, in the scalar formula's order (this file is built
+// with -ffp-contract=off, so no operation is fused).
+template <class D>
+HWY_ATTR HWY_INLINE hn::Vec<D> GatedActVec(D dd, bool gelu, hn::Vec<D> x, hn::Vec<D> u) {
+  hn::Vec<D> act;
+  if (gelu) {  // 0.5 * x * (1.0 + tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)))
+    const auto cube = hn::Mul(hn::Mul(hn::Mul(hn::Set(dd, 0.044715), x), x), x);
+    const auto th =
+        hn::Tanh(dd, hn::Mul(hn::Set(dd, 0.79788456080286535587989211986876), hn::Add(x, cube)));
+    act = hn::Mul(hn::Mul(hn::Set(dd, 0.5), x), hn::Add(hn::Set(dd, 1.0), th));
+  } else {  // x / (1.0 + exp(-x))
+    act = hn::Div(x, hn::Add(hn::Set(dd, 1.0), hn::Exp(dd, hn::Neg(x))));
+  }
+  return hn::Mul(act, u);
+}
+
+HWY_ATTR void GatedActF64(int gelu, float* HWY_RESTRICT g, const float* HWY_RESTRICT u, size_t n) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const size_t N = hn::Lanes(dd);
+  // Highway's Exp / Tanh are valid on [-700, 700]; a lane outside (-500, 500)
+  // (large, inf, NaN) takes the scalar formula, which gives the reference's
+  // inf / NaN. Lanes are independent, so each element's result depends only
+  // on its own inputs (not on n or on its neighbours).
+  const auto lim = hn::Set(dd, 500.0);
+  for (size_t i = 0; i < n; i += N) {
+    if (i + N <= n) {
+      const auto x = hn::PromoteTo(dd, hn::LoadU(df, g + i));
+      if (hn::AllTrue(dd, hn::Lt(hn::Abs(x), lim))) {
+        const auto y = GatedActVec(dd, gelu != 0, x, hn::PromoteTo(dd, hn::LoadU(df, u + i)));
+        hn::StoreU(hn::DemoteTo(df, y), df, g + i);
+        continue;
+      }
+    }
+    const size_t m = n - i < N ? n - i : N;  // tail or a vector with a lane out of range
+    float gx[16] = {}, ux[16] = {}, y[16];
+    memcpy(gx, g + i, m * sizeof(float));
+    memcpy(ux, u + i, m * sizeof(float));
+    const auto v = GatedActVec(dd, gelu != 0, hn::PromoteTo(dd, hn::LoadU(df, gx)),
+                               hn::PromoteTo(dd, hn::LoadU(df, ux)));
+    hn::StoreU(hn::DemoteTo(df, v), df, y);
+    for (size_t k = 0; k < m; ++k)
+      g[i + k] = std::fabs(gx[k]) < 500.0f ? y[k] : ScalarGatedAct(gelu != 0, gx[k], ux[k]);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace ts_cpu
 HWY_AFTER_NAMESPACE();
@@ -616,6 +680,11 @@ HWY_EXPORT(AttendF32);
 HWY_EXPORT(GemmQF32);
 HWY_EXPORT(GemmBlocksF32);
 HWY_EXPORT(DequantBlocks);
+HWY_EXPORT(GatedActF64);
+
+void gated_act_f64(bool gelu, float* g, const float* u, size_t n) {
+  HWY_DYNAMIC_DISPATCH(GatedActF64)(gelu ? 1 : 0, g, u, n);
+}
 
 void dequantize_blocks(int ggml_type, const uint8_t* src, float* dst, size_t n_blocks,
                        size_t block_elems, size_t block_bytes) {

@@ -20,6 +20,7 @@
 #include "cpu_simd_backend.h"
 #include "kernels.h"
 #include "touchstone/quant.h"
+#include "touchstone/scalar_ops.h"
 
 namespace {
 
@@ -161,6 +162,50 @@ TEST_P(HwyTargets, QuantBlocksTimesFp32MatchDequantizedReference) {
           EXPECT_EQ(y1[r], Y[k * rows + r]);
         }
       }
+    }
+  }
+}
+
+// The FFN's gated activation (fp64 vector tanh / exp) against the reference's
+// scalar formula (touchstone::ops: std::tanh / std::exp): equal, or 1 fp32 ulp
+// apart in a tiny fraction of elements (GELU's saturated tail: 1e-14 |x u|); inf / NaN / huge
+// inputs exactly as the reference; every element's bits independent of the call's length and
+// offset.
+TEST_P(HwyTargets, GatedActivationMatchesReferenceFormula) {
+  for (bool gelu : {true, false}) {
+    SCOPED_TRACE(gelu ? "GELU" : "SiLU");
+    auto g = random_vec(20011, 21, 3.0f);
+    const auto u = random_vec(20011, 22);
+    g[5] = INFINITY, g[6] = -INFINITY, g[7] = NAN, g[8] = 800.0f, g[9] = -800.0f, g[10] = 0.0f;
+    std::vector<float> ref(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double x = g[i];
+      const double act = gelu ? touchstone::ops::gelu_tanh(x) : touchstone::ops::silu(x);
+      ref[i] = static_cast<float>(act * double{u[i]});
+    }
+    std::vector<float> got = g;
+    gated_act_f64(gelu, got.data(), u.data(), got.size());
+    size_t diff = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (std::isnan(ref[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << i;
+        continue;
+      }
+      if (got[i] == ref[i]) continue;
+      // GELU below x ~ -7: 1 + tanh(...) cancels to below the fp64 ulp of 1 (the
+      // reference's own value there is rounding noise of ~1e-16 |x u|).
+      const double scale = std::fabs(double{g[i]} * double{u[i]});
+      if (gelu && g[i] < -7.0f && std::fabs(double{got[i]} - ref[i]) <= 1e-14 * scale) continue;
+      ++diff;
+      EXPECT_LE(std::fabs(got[i] - ref[i]),
+                std::fabs(std::nextafter(ref[i], 0.0f) - ref[i]) * 1.01f)
+          << "element " << i << " x=" << g[i];
+    }
+    EXPECT_LE(diff, 3u) << "elements 1 ulp from the reference";
+    for (size_t off : {1u, 3u, 77u}) {  // other offsets and lengths: the same bits
+      std::vector<float> part(g.begin() + off, g.begin() + off + 1000);
+      gated_act_f64(gelu, part.data(), u.data() + off, part.size());
+      EXPECT_EQ(std::memcmp(part.data(), got.data() + off, part.size() * sizeof(float)), 0) << off;
     }
   }
 }
