@@ -572,8 +572,9 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
     // int8 activations, one row per token (shared by all jobs of this call).
     pool_.run(n_tok, [&](size_t t, int) { quantize_act(x + t * ldx, n_in, act_[t]); });
   }
-  const size_t chunk =
-      quant_ || n_tok == 1 ? 32 : 128;  // fixed: results never depend on thread count
+  // Rows per task, fixed: results never depend on thread count. Quantized
+  // prefill: a multiple of the panel tiles' 6 (AVX3) and 3 (16-register) rows.
+  const size_t chunk = n_tok == 1 ? 32 : quant_ ? 48 : 128;
   size_t first[4] = {0, 0, 0, 0};
   for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + ceil_div(jobs[j].w->n_out, chunk);
   pool_.run(first[n_jobs], [&](size_t task, int thread) {
