@@ -301,9 +301,14 @@ HWY_ATTR void AttendMultiF32(size_t G, const float* const* q, const float* HWY_R
   size_t g = 0;
   for (; g + kAttnTile <= G; g += kAttnTile)
     AttendTile<kAttnTile>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
-  for (; g + 2 <= G; g += 2)
+  // the rest (fewer than kAttnTile queries) in one tile
+  const size_t r = G - g;
+  if (kAttnTile > 3 && r == 3)
+    AttendTile<3>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
+  else if (kAttnTile > 2 && r == 2)
     AttendTile<2>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
-  if (g < G) AttendTile<1>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
+  else if (r == 1)
+    AttendTile<1>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
 }
 
 // ---- GGUF blocks x fp32 activations (weights dequantized in registers) ----
