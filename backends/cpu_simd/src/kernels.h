@@ -50,8 +50,9 @@ void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_
 // (ld_scores >= t1[g] - t0[g]). out[g] is bitwise attend_f32(q[g],
 // K + t0[g]*ld, V + t0[g]*ld, ld, hd, t1[g] - t0[g], ...): per query the same
 // operations in the same order. Queries are taken in register tiles (4 with
-// AVX-512, else 2) whose common rows are loaded once for the tile, so the
-// tile's independent dot-product and FMA chains overlap.
+// AVX-512, a remainder of 3 or 2 as one tile; else 2) whose common rows are
+// loaded once for the tile, so the tile's independent dot-product and FMA
+// chains overlap; rows a query does not share are visited alone, in order.
 void attend_multi_f32(size_t G, const float* const* q, const float* K, const float* V, size_t ld,
                       size_t hd, const size_t* t0, const size_t* t1, float scale, float* scores,
                       size_t ld_scores, float* const* out);
