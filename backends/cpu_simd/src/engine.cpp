@@ -388,6 +388,8 @@ Session::Session(Model& model, const SessionOptions& opt)
   gate_.resize(B * ff);
   up_.resize(B * ff);
   scores_.resize(size_t(pool_.size()) * size_t(max_ctx_));
+  // Not value-initialized: pages are touched only as far as the context reaches.
+  multi_scores_.reset(new float[size_t(pool_.size()) * attn_queries() * size_t(max_ctx_)]);
   // One cos/sin table per distinct (RoPE base, linear scale) of the layers.
   for (const touchstone::LayerConfig& lc : c_.layers) {
     const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
@@ -612,7 +614,63 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
   });
 }
 
+// Queries per multi-query attention task: the GQA group's heads for enough
+// consecutive tokens to make about 12 (full register tiles for groups 1-4);
+// 0 when the group alone is over kMaxAttnQueries (per-head tasks then).
+size_t Session::attn_queries() const {
+  const size_t group = size_t(c_.n_head / c_.n_head_kv);
+  if (group > kMaxAttnQueries) return 0;
+  return group * std::max<size_t>(1, 12 / group);
+}
+
 void Session::attention(int32_t layer, int32_t n) {
+  // Faults that change which rows a query attends, or how, keep the per-head path.
+  const bool faulty = faults_.softmax_no_max || faults_.gqa_mapping || faults_.kv_off_by_one ||
+                      faults_.rewind_noop || faults_.causal_mask;
+  const size_t nq = attn_queries(), group = size_t(c_.n_head / c_.n_head_kv);
+  const size_t n_tasks =
+      nq ? (size_t(n) + nq / group - 1) / (nq / group) * size_t(c_.n_head_kv) : 0;
+  // Same bits either way: the grouped tasks only when they keep every thread busy.
+  if (!faulty && nq && n_tasks >= size_t(pool_.size()))
+    attention_grouped(layer, n);
+  else
+    attention_per_head(layer, n);
+}
+
+// One task per (block of tokens, KV head): its tokens x the group's query heads
+// in one attend_multi_f32 call (each K / V row loaded once per register tile).
+void Session::attention_grouped(int32_t layer, int32_t n) {
+  const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
+               qd = size_t(c_.n_head) * hd, n_kvh = size_t(c_.n_head_kv);
+  const size_t group = size_t(c_.n_head / c_.n_head_kv), tb = attn_queries() / group;
+  const int32_t window = c_.layers[size_t(layer)].sliding_window;
+  const float scale =
+      static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
+  const float* K = k_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
+  const float* V = v_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
+  const size_t n_blocks = (size_t(n) + tb - 1) / tb;
+  pool_.run(n_blocks * n_kvh, [&](size_t task, int thread) {
+    const size_t kvh = task % n_kvh, i0 = task / n_kvh * tb, i1 = std::min(size_t(n), i0 + tb);
+    const float* q[kMaxAttnQueries];
+    float* out[kMaxAttnQueries];
+    size_t t0[kMaxAttnQueries], t1[kMaxAttnQueries], G = 0;
+    for (size_t i = i0; i < i1; ++i) {
+      const int32_t p = pos_ + int32_t(i);  // attends [t0, p] (sliding window: the last W)
+      for (size_t h = kvh * group; h < (kvh + 1) * group; ++h, ++G) {
+        q[G] = q_.data() + i * qd + h * hd;
+        out[G] = att_.data() + i * qd + h * hd;
+        t0[G] = size_t(window > 0 ? std::max(0, p - window + 1) : 0);
+        t1[G] = size_t(p) + 1;
+      }
+    }
+    // query g's scores at s + g * (pos_ + n): >= its row count
+    float* s = multi_scores_.get() + size_t(thread) * attn_queries() * size_t(max_ctx_);
+    attend_multi_f32(G, q, K + kvh * hd, V + kvh * hd, kvd, hd, t0, t1, scale, s, size_t(pos_ + n),
+                     out);
+  });
+}
+
+void Session::attention_per_head(int32_t layer, int32_t n) {
   const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
                qd = size_t(c_.n_head) * hd;
   const int32_t group = c_.n_head / c_.n_head_kv;

@@ -161,7 +161,13 @@ class Session {
   };
   void forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok);
+  // Attention of the chunk's n tokens (all query heads) into att_: grouped
+  // (attend_multi_f32) or per (token, head) (attend_f32), the same bits.
   void attention(int32_t layer, int32_t n);
+  void attention_grouped(int32_t layer, int32_t n);
+  void attention_per_head(int32_t layer, int32_t n);
+  static constexpr size_t kMaxAttnQueries = 16;
+  size_t attn_queries() const;
   // Fault-only paths (never taken without the fault): a corrupted copy of the
   // quantized blocks (quant_scale_min_swap, nibble_order) and the
   // thread_order_reduction matmul (columns split per thread, summed in order).
@@ -191,8 +197,9 @@ class Session {
   // KV cache [layer][pos][n_head_kv * head_dim] fp32 (calloc: untouched pages cost no RSS).
   float* k_cache_ = nullptr;
   float* v_cache_ = nullptr;
-  // Scratch for kMaxBatch tokens, allocated once.
+  // Scratch for kMaxBatch tokens, allocated once (scores_: max_ctx_ per thread).
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
+  std::unique_ptr<float[]> multi_scores_;  // attn_queries() x max_ctx_ per thread
   std::vector<int8_t> act_qs_;
   std::vector<float> act_d_, act_s_;
   std::vector<ActRow> act_;

@@ -57,6 +57,18 @@ void gated_act_f64(bool gelu, float* g, const float* u, size_t n);
 // split into calls.
 void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_t hd, size_t n_kv,
                 float scale, float* scores, float* out);
+// G queries over the same K / V rows (the query heads of one GQA group, for
+// one or several tokens): query g (q[g], out[g]) attends rows [t0[g], t1[g])
+// (t0 < t1) of K and V, with scores scratch at scores + g * ld_scores
+// (ld_scores >= t1[g] - t0[g]). out[g] is bitwise attend_f32(q[g],
+// K + t0[g]*ld, V + t0[g]*ld, ld, hd, t1[g] - t0[g], ...): per query the same
+// operations in the same order. Queries are taken in register tiles (4 with
+// AVX-512, a remainder of 3 or 2 as one tile; else 2) whose common rows are
+// loaded once for the tile, so the tile's independent dot-product and FMA
+// chains overlap; rows a query does not share are visited alone, in order.
+void attend_multi_f32(size_t G, const float* const* q, const float* K, const float* V, size_t ld,
+                      size_t hd, const size_t* t0, const size_t* t1, float scale, float* scores,
+                      size_t ld_scores, float* const* out);
 
 // Highway targets compiled into this library and supported by this CPU
 // (bit, name), best first; force_hwy_target(0) restores the default (the

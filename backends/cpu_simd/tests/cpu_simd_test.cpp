@@ -129,6 +129,54 @@ TEST_P(HwyTargets, AttentionMatchesFp64Softmax) {
   for (float x : out) EXPECT_TRUE(std::isnan(x));
 }
 
+// attend_multi_f32 == G separate attend_f32 calls, bit for bit: GQA groups
+// (same rows), prefill blocks (causal ends differ), sliding windows (starts
+// differ, some ranges disjoint); head dims with and without a vector tail; a
+// NaN score in one query leaves the others' bits alone.
+TEST_P(HwyTargets, MultiQueryAttentionEqualsPerQueryBits) {
+  ASSERT_EQ(hwy_current_target(), GetParam().second);
+  for (size_t hd : {64u, 256u, 72u, 40u}) {
+    for (size_t n_kv : {1u, 5u, 37u, 300u}) {
+      const size_t ld = 2 * hd, off = hd, max_g = 13;
+      const auto Q = random_vec(max_g * hd, 31, 2.0f);
+      auto K = random_vec((n_kv + max_g) * ld, 32), V = random_vec((n_kv + max_g) * ld, 33);
+      for (size_t G : {1u, 2u, 3u, 4u, 5u, 8u, 13u}) {
+        for (int shape = 0; shape < 4; ++shape) {
+          // 0: one range; 1: causal ends n_kv + g/3; 2: windows (starts g, ends
+          // n_kv + g); 3: as 0 with a NaN key row seen by query 1 only
+          std::vector<size_t> t0(G), t1(G);
+          for (size_t g = 0; g < G; ++g) {
+            t0[g] = shape == 2 ? g : 0;
+            t1[g] = n_kv + (shape == 1 ? g / 3 : shape == 2 ? g : 0);
+          }
+          auto K2 = K;
+          if (shape == 3 && G > 1) {  // query 1 attends one extra row, holding a NaN
+            t1[1] = n_kv + 1;
+            K2[n_kv * ld + off + 1] = NAN;
+          }
+          std::vector<const float*> q(G);
+          std::vector<float*> out(G);
+          std::vector<float> got(G * hd, 1.0f), want(G * hd, 2.0f), scores(G * (n_kv + max_g));
+          for (size_t g = 0; g < G; ++g) {
+            q[g] = Q.data() + g * hd;
+            out[g] = got.data() + g * hd;
+            std::vector<float> s1(t1[g] - t0[g]);
+            attend_f32(q[g], K2.data() + off + t0[g] * ld, V.data() + off + t0[g] * ld, ld, hd,
+                       t1[g] - t0[g], 0.125f, s1.data(), want.data() + g * hd);
+          }
+          attend_multi_f32(G, q.data(), K2.data() + off, V.data() + off, ld, hd, t0.data(),
+                           t1.data(), 0.125f, scores.data(), n_kv + max_g, out.data());
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), G * hd * sizeof(float)), 0)
+              << "hd=" << hd << " n_kv=" << n_kv << " G=" << G << " shape=" << shape;
+          if (shape == 3 && G > 1) {
+            EXPECT_TRUE(std::isnan(got[hd]));
+          }
+        }
+      }
+    }
+  }
+}
+
 std::vector<uint8_t> random_blocks(QType t, size_t n_rows, size_t n_in, uint32_t seed);
 
 // Blocks dequantized in registers x fp32 activations vs fp64 dot products of
