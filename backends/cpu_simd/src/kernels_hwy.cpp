@@ -18,6 +18,7 @@
 
 #include "kernels.h"
 #include "touchstone/quant.h"
+#include "touchstone/scalar_ops.h"
 
 #ifndef TS_CPU_H2F_EXACT
 #define TS_CPU_H2F_EXACT
@@ -26,19 +27,22 @@ inline float h2f_exact(uint16_t h) { return touchstone::gguf::fp16_to_fp32(h); }
 }  // namespace ts_cpu
 #endif
 
-#ifndef TS_CPU_SCALAR_GATED_ACT
-#define TS_CPU_SCALAR_GATED_ACT
+#ifndef TS_CPU_KERNELS_HWY_ONCE
+#define TS_CPU_KERNELS_HWY_ONCE
 namespace ts_cpu {
-// The scalar form of gated_act_f64 (lanes outside the vector range, tails):
-// Highway's Tanh / Exp replaced by std::tanh / std::exp.
+// The scalar form of gated_act_f64 (lanes outside the vector range): the
+// reference's own functions (std::tanh / std::exp).
 inline float ScalarGatedAct(bool gelu, float g, float u) {
   const double x = g;
-  const double act =
-      gelu ? 0.5 * x *
-                 (1.0 + std::tanh(0.79788456080286535587989211986876 * (x + 0.044715 * x * x * x)))
-           : x / (1.0 + std::exp(-x));
+  const double act = gelu ? touchstone::ops::gelu_tanh(x) : touchstone::ops::silu(x);
   return static_cast<float>(act * double{u});
 }
+// 32-element GGUF blocks (ggml type 2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0): bytes per
+// block and offset of the quants (after the fp16 d, m / qh fields).
+constexpr size_t Block32Bytes(int type) {
+  return type == 2 ? 18 : type == 3 ? 20 : type == 6 ? 22 : 34;
+}
+constexpr size_t Block32QsOffset(int type) { return type == 3 ? 4 : type == 6 ? 6 : 2; }
 }  // namespace ts_cpu
 #endif
 
@@ -386,7 +390,7 @@ HWY_INLINE __m256 BlockHeadsF32(const uint8_t* const* blk) {
 template <int T, int NR, int NT>
 HWY_ATTR HWY_INLINE void Q4BlockAVX2(const uint8_t* const* qs, const float* HWY_RESTRICT x,
                                      size_t ldx, hn::Vec<hn::ScalableTag<float>> (&acc)[NR][NT]) {
-  constexpr size_t off = T == 3 ? 4 : 2;
+  constexpr size_t off = Block32QsOffset(T);
   const uint8_t* blk[NR];
   for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
   __m256 s = BlockHeadsF32<NR>(blk);  // [d_r, m_r] / [d_r, junk]
@@ -435,8 +439,7 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
   const hn::Rebind<uint8_t, decltype(df)> du8;
   const hn::Rebind<int8_t, decltype(df)> di8;
   const hn::RebindToUnsigned<decltype(df)> du;
-  constexpr size_t bb = T == 2 ? 18 : T == 3 ? 20 : T == 6 ? 22 : 34;
-  constexpr size_t off = T == 3 ? 4 : T == 6 ? 6 : 2;
+  constexpr size_t bb = Block32Bytes(T), off = Block32QsOffset(T);
   const size_t N = hn::Lanes(df);
   hn::Vec<decltype(df)> acc[NR][NT];
   for (int r = 0; r < NR; ++r)
@@ -636,8 +639,7 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
   }
 #endif
   if (type == 2 || type == 3 || type == 6 || type == 8) {  // 32-element blocks
-    const size_t bb = type == 2 ? 18 : type == 3 ? 20 : type == 6 ? 22 : 34;
-    const size_t off = type == 3 ? 4 : type == 6 ? 6 : 2;
+    const size_t bb = Block32Bytes(type), off = Block32QsOffset(type);
     for (size_t i = 0; i < nb; ++i, src += bb, y += 32) {
       const auto d = hn::Set(df, H2F(src));
       const auto m = hn::Set(df, type == 3 ? H2F(src + 2) : 0.0f);
@@ -833,7 +835,7 @@ HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t
 HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0,
                        size_t r1, const float* X, size_t ldx, size_t n_tok, float* Y, size_t ldy) {
   if (n_tok >= kPanelMinTok) {
-    const size_t bb = type == 2 ? 18 : type == 3 ? 20 : 34;
+    const size_t bb = Block32Bytes(type);
     return PanelGemm(type, W, row_bytes, nb, 32, bb, r0, r1, X, ldx, n_tok, Y, ldy);
   }
   switch (type) {
