@@ -78,6 +78,10 @@ struct StaticGraph {
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
+    if (faults.serving()) {
+      throw StatusError(TS_ERR_UNSUPPORTED, "static_graph does not implement the serving fault '" +
+                                                faults.name + "' (docs/serving-checks.md)");
+    }
     int32_t cap = o.max_context > 0 ? o.max_context : kDefaultCapacity;
     if (m.m->n_ctx_train > 0 && cap > m.m->n_ctx_train) cap = m.m->n_ctx_train;
     const sg::WeightMode mode = o.weight_path == TS_WEIGHTS_QUANTIZED

@@ -55,7 +55,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 5
+#define TS_BACKEND_API_VERSION 6
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -72,12 +72,19 @@ typedef enum ts_status {
 /* Capability flags (ts_capabilities.flags). */
 #define TS_CAP_ALL_POSITION_LOGITS (1u << 0) /* prefill can return logits of every position */
 #define TS_CAP_DEVICE_GREEDY (1u << 1)       /* greedy argmax computed on the device      */
-#define TS_CAP_BATCHED_SESSIONS (1u << 2)    /* several sessions may run concurrently     */
-#define TS_CAP_KV_PREFIX_COPY (1u << 3)      /* a session's KV prefix can be copied       */
+#define TS_CAP_BATCHED_SESSIONS (1u << 2)    /* v6: step_batch is one forward pass        */
+#define TS_CAP_KV_PREFIX_COPY (1u << 3)      /* v6: fork_session copies a KV prefix        */
 #define TS_CAP_BITWISE_DETERMINISM (1u << 4) /* same inputs -> same bits, any thread count */
 #define TS_CAP_STATIC_SHAPES (1u << 5)       /* prefill runs in fixed shape buckets       */
 /* ---- api_version >= 5 [http / top-N logprobs] ---- */
 #define TS_CAP_TOP_N_LOGPROBS (1u << 6) /* rows hold top_n log-probs, -INFINITY elsewhere */
+/* ---- api_version >= 6 [serving] ---- */
+/* A token's logits and KV entries are bitwise independent of every other token
+ * computed in the same call: other entries of a step_batch (their number,
+ * lengths, positions and contents) and the other tokens of its own prefill
+ * chunk. So a sequence gives the same bits alone, in any batch, chunked any way
+ * and after a fork. Which weight paths the claim covers: batch_invariant_paths. */
+#define TS_CAP_BATCH_INVARIANT (1u << 7)
 
 /* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
  * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */
@@ -94,10 +101,20 @@ typedef struct ts_capabilities {
   /* ---- api_version >= 5 [http / top-N logprobs]; read only when the filled
    * struct_size covers it ---- */
   int32_t top_n; /* TS_CAP_TOP_N_LOGPROBS: finite entries per row (at most); else 0 */
+  /* ---- api_version >= 6 [serving]; read only when the filled struct_size
+   * covers it ---- */
+  /* TS_CAP_BATCH_INVARIANT: bit (1u << ts_weight_path) for each weight path the
+   * claim covers; 0 with the flag set = every path. Ignored without the flag. */
+  uint32_t batch_invariant_paths;
+  /* Most entries one step_batch call accepts (more: TS_ERR_INVALID_ARGUMENT);
+   * 0 = no limit beyond memory. */
+  int32_t max_batch;
 } ts_capabilities;
 
 /* The size of a version 1-4 ts_capabilities (everything before top_n). */
 #define TS_CAPABILITIES_V4_SIZE (offsetof(ts_capabilities, top_n))
+/* The size of a version 5 ts_capabilities (everything before batch_invariant_paths). */
+#define TS_CAPABILITIES_V5_SIZE (offsetof(ts_capabilities, batch_invariant_paths))
 
 /* Which weights the session computes with. */
 typedef enum ts_weight_path {
@@ -126,6 +143,18 @@ typedef struct ts_session_options {
 
 typedef struct ts_model ts_model;     /* opaque, backend-defined */
 typedef struct ts_session ts_session; /* opaque, backend-defined */
+
+/* One sequence's share of a step_batch call (api_version >= 6). */
+typedef struct ts_batch_entry {
+  uint32_t struct_size;  /* sizeof(ts_batch_entry), the same in every entry: the
+                            array's stride (fields may be appended later) */
+  ts_session* session;   /* distinct in every entry of one call */
+  const int32_t* tokens; /* n_tokens token ids in [0, n_vocab) */
+  int32_t n_tokens;      /* >= 1; 1 = a decode step, more = a prefill chunk */
+  int32_t all_positions; /* != 0: logits of every token (TS_CAP_ALL_POSITION_LOGITS) */
+  float* logits_out;     /* n_vocab floats, or n_tokens * n_vocab when all_positions;
+                            buffers of different entries must not overlap */
+} ts_batch_entry;
 
 typedef struct ts_backend {
   uint32_t api_version; /* == TS_BACKEND_API_VERSION */
@@ -188,6 +217,32 @@ typedef struct ts_backend {
    * set_taps(session, 0) stops recording. Recording must not change logits. */
   ts_status (*set_taps)(ts_session* session, int32_t enable);
   ts_status (*read_taps)(ts_session* session, float* out, int64_t n_floats);
+
+  /* ---- api_version >= 6 [serving] (docs/serving-checks.md) ---- */
+  /* Advances n_entries sessions (1 <= n_entries <= max_batch when max_batch > 0):
+   * entry i appends its tokens at its session's position exactly as
+   * prefill(session, tokens, n_tokens, all_positions, logits_out) would, and
+   * must give the same result within the backend's own numerics (bitwise, when
+   * it claims TS_CAP_BATCH_INVARIANT). Sequences may differ in length and
+   * position, prefill chunks and decode steps mixed. A backend that sets
+   * TS_CAP_BATCHED_SESSIONS computes them in one forward pass (each weight
+   * matrix read once for every entry's tokens); one that loops leaves it clear.
+   * Errors (no session changes position; last_error names the entry index):
+   * TS_ERR_INVALID_ARGUMENT for n_entries < 1 or over max_batch, a NULL or
+   * repeated session, sessions of different models or weight paths, a wrong
+   * struct_size, a bad token, a NULL buffer or all_positions without
+   * TS_CAP_ALL_POSITION_LOGITS; TS_ERR_CONTEXT_FULL for an entry with no room.
+   * NULL: not implemented (the harness runs the entries one prefill at a time
+   * and reports batching as emulated). */
+  ts_status (*step_batch)(const ts_batch_entry* entries, int32_t n_entries);
+  /* A new session with src's options (weight path, threads, max_context, fault)
+   * whose KV cache holds src's first n_prefix positions (0 <= n_prefix <=
+   * position(src), else TS_ERR_INVALID_ARGUMENT): copied or shared copy-on-write,
+   * the backend's choice. position(*out) == n_prefix; src is unchanged and stays
+   * usable; the two sessions are independent from then on (either may be
+   * rewound, advanced or freed first). Taps start off. Free *out with
+   * free_session. NULL: not implemented (TS_CAP_KV_PREFIX_COPY clear). */
+  ts_status (*fork_session)(ts_session* src, int32_t n_prefix, ts_session** out);
 } ts_backend;
 
 /* The one exported symbol. */

@@ -27,7 +27,15 @@
 //       // optional: int32_t prefill_greedy(std::span<const int32_t> tokens);
 //       //           (sets TS_CAP_DEVICE_GREEDY; lowest id among equal maxima)
 //       // optional: void set_taps(bool on); void read_taps(float* out, int64_t n);
+//       // optional (ABI v6): std::unique_ptr<Session> fork(int32_t n_prefix);
+//       //           (fork_session; sets TS_CAP_KV_PREFIX_COPY; 0 <= n_prefix <=
+//       //           position() checked; the result must report position() == n_prefix)
 //     };
+//     // optional (ABI v6): static void step_batch(std::span<const abi::BatchItem<Session>>);
+//     //   (step_batch; every entry already checked: distinct sessions of one model
+//     //   and weight path, tokens, room, buffers. Set TS_CAP_BATCHED_SESSIONS in
+//     //   capabilities() only when it is one forward pass. If it throws, the
+//     //   adapter rewinds every session to where it was.)
 //     static std::string device_name();
 //     static void capabilities(ts_capabilities& caps);  // zeroed, struct_size set
 //     static std::unique_ptr<Model> load_model(const std::string& gguf_path);
@@ -50,6 +58,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "touchstone/backend_abi.h"
 
@@ -157,6 +166,17 @@ inline void require(bool ok, const char* message) {
   if (!ok) throw StatusError(TS_ERR_INVALID_ARGUMENT, message);
 }
 
+// One entry of a step_batch call (ABI v6) as the backend class sees it, after
+// the adapter's checks: logits holds tokens.size() * n_vocab floats when
+// all_positions, else n_vocab.
+template <class Session>
+struct BatchItem {
+  Session* session = nullptr;
+  std::span<const int32_t> tokens;
+  bool all_positions = false;
+  float* logits = nullptr;
+};
+
 }  // namespace touchstone::abi
 
 namespace touchstone {
@@ -173,6 +193,8 @@ class BackendAdapter {
   struct SessionBox {
     std::unique_ptr<Session> session;
     int32_t n_vocab = 0;
+    const ModelBox* model = nullptr;  // step_batch: one model per call
+    int weight_path = 0;              // step_batch: one weight path per call
   };
   static ModelBox* box(ts_model* m) { return reinterpret_cast<ModelBox*>(m); }
   static const ModelBox* box(const ts_model* m) { return reinterpret_cast<const ModelBox*>(m); }
@@ -190,6 +212,12 @@ class BackendAdapter {
   };
   static constexpr bool kDecode = requires(Session & s, int32_t t, float* out) {
     s.decode(t, out);
+  };
+  static constexpr bool kFork = requires(Session & s, int32_t n) {
+    { s.fork(n) } -> std::convertible_to<std::unique_ptr<Session>>;
+  };
+  static constexpr bool kStepBatch = requires(std::span<const abi::BatchItem<Session>> items) {
+    Impl::step_batch(items);
   };
 
   static const char* architectures() {
@@ -220,6 +248,10 @@ class BackendAdapter {
       ts_capabilities c{};
       Impl::capabilities(c);
       if constexpr (kGreedy) c.flags |= TS_CAP_DEVICE_GREEDY;
+      // ABI v6: the flags say what the table holds.
+      if constexpr (kFork) c.flags |= TS_CAP_KV_PREFIX_COPY;
+      else c.flags &= ~TS_CAP_KV_PREFIX_COPY;
+      if constexpr (!kStepBatch) c.flags &= ~TS_CAP_BATCHED_SESSIONS;
       const size_t n = std::min<size_t>(out->struct_size, sizeof(ts_capabilities));
       c.struct_size = uint32_t(n);
       std::memcpy(out, &c, n);
@@ -259,7 +291,97 @@ class BackendAdapter {
       auto b = std::make_unique<SessionBox>();
       b->session = Impl::open_session(*box(m)->model, *o);
       b->n_vocab = box(m)->n_vocab;
+      b->model = box(m);
+      b->weight_path = weight_path;
       *out = reinterpret_cast<ts_session*>(b.release());
+    });
+  }
+
+  static ts_status fork_session(ts_session* src, int32_t n_prefix, ts_session** out) noexcept {
+    return abi::guard([&] {
+      abi::require(src && out, "fork_session: null argument");
+      *out = nullptr;
+      if constexpr (kFork) {
+        const SessionBox& from = *box(src);
+        const int32_t position = from.session->position();
+        if (n_prefix < 0 || n_prefix > position) {
+          throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                                 "fork_session: n_prefix " + std::to_string(n_prefix) +
+                                     " outside [0, " + std::to_string(position) + "]");
+        }
+        auto b = std::make_unique<SessionBox>();
+        b->session = from.session->fork(n_prefix);
+        b->n_vocab = from.n_vocab;
+        b->model = from.model;
+        b->weight_path = from.weight_path;
+        if (!b->session || b->session->position() != n_prefix) {
+          throw abi::StatusError(TS_ERR_INTERNAL,
+                                 "fork_session: the forked session does not hold n_prefix = " +
+                                     std::to_string(n_prefix) + " positions");
+        }
+        *out = reinterpret_cast<ts_session*>(b.release());
+      }
+    });
+  }
+
+  // Every check of step_batch before the backend sees an entry; messages name
+  // the entry ("step_batch: entry 3: token #0 = -1 outside [0, 49152)").
+  static std::vector<abi::BatchItem<Session>> batch_items(const ts_batch_entry* e, int32_t n) {
+    abi::require(e != nullptr && n >= 1, "step_batch: null entries or n_entries < 1");
+    const uint32_t stride = e->struct_size;
+    abi::require(stride >= sizeof(ts_batch_entry), "step_batch: entry 0: struct_size too small");
+    ts_capabilities caps{};
+    caps.struct_size = sizeof caps;
+    Impl::capabilities(caps);
+    if (caps.max_batch > 0 && n > caps.max_batch) {
+      throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                             "step_batch: " + std::to_string(n) + " entries, max_batch is " +
+                                 std::to_string(caps.max_batch));
+    }
+    std::vector<abi::BatchItem<Session>> items;
+    const SessionBox* first = nullptr;
+    for (int32_t i = 0; i < n; ++i) {
+      const auto& entry = *reinterpret_cast<const ts_batch_entry*>(
+          reinterpret_cast<const char*>(e) + size_t(i) * stride);
+      const std::string at = "step_batch: entry " + std::to_string(i) + ": ";
+      try {
+        abi::require(entry.struct_size == stride, "struct_size differs from entry 0's");
+        abi::require(entry.session != nullptr, "null session");
+        const SessionBox* b = box(entry.session);
+        if (!first) first = b;
+        abi::require(b->model == first->model, "a session of another model than entry 0's");
+        abi::require(b->weight_path == first->weight_path,
+                     "a session of another weight path than entry 0's");
+        for (const auto& item : items)
+          abi::require(item.session != b->session.get(), "the same session twice in one call");
+        abi::require(!entry.all_positions || (caps.flags & TS_CAP_ALL_POSITION_LOGITS),
+                     "all_positions without TS_CAP_ALL_POSITION_LOGITS");
+        Session& s = appendable(entry.session, entry.tokens, entry.n_tokens, entry.logits_out,
+                                "prefill");
+        items.push_back({&s, std::span<const int32_t>(entry.tokens, size_t(entry.n_tokens)),
+                         entry.all_positions != 0, entry.logits_out});
+      } catch (const abi::StatusError& err) {
+        throw abi::StatusError(err.status(), at + err.what());
+      }
+    }
+    return items;
+  }
+
+  static ts_status step_batch(const ts_batch_entry* e, int32_t n) noexcept {
+    return abi::guard([&] {
+      if constexpr (kStepBatch) {
+        const std::vector<abi::BatchItem<Session>> items = batch_items(e, n);
+        std::vector<int32_t> before;
+        for (const auto& item : items) before.push_back(item.session->position());
+        try {
+          Impl::step_batch(std::span<const abi::BatchItem<Session>>(items));
+        } catch (...) {
+          // No session changes position on an error.
+          for (size_t i = 0; i < items.size(); ++i)
+            if (items[i].session->position() > before[i]) items[i].session->rewind(before[i]);
+          throw;
+        }
+      }
     });
   }
 
@@ -356,6 +478,8 @@ class BackendAdapter {
         model_features(),
         kTaps ? set_taps : nullptr,
         kTaps ? read_taps : nullptr,
+        kStepBatch ? step_batch : nullptr,
+        kFork ? fork_session : nullptr,
     };
     return &t;
   }

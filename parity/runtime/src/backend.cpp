@@ -28,6 +28,14 @@ const char* status_name(ts_status s) {
   return "TS_ERR_UNKNOWN";
 }
 
+void BackendChannel::step_batch(std::span<const BatchCall> /*entries*/) {
+  throw Error("backend '{}' has no step_batch (ABI v6)", info().name);
+}
+
+Handle BackendChannel::fork_session(Handle /*src*/, int32_t /*n_prefix*/) {
+  throw Error("backend '{}' has no fork_session (ABI v6)", info().name);
+}
+
 std::shared_ptr<BackendLibrary> BackendLibrary::load(const std::string& name_or_path) {
   return std::make_shared<BackendLibrary>(open_in_process(name_or_path));
 }
@@ -56,7 +64,26 @@ Model::~Model() { lib_->channel().free_model(model_); }
 
 int32_t Model::n_vocab() const { return n_vocab_; }
 
-Session::Session(const Model& model, const SessionOptions& o) : lib_(model.library()) {
+BatchMode BackendLibrary::batch_mode() const {
+  if (!info().step_batch) return BatchMode::kHarness;
+  return (capabilities().flags & TS_CAP_BATCHED_SESSIONS) ? BatchMode::kNative
+                                                          : BatchMode::kBackendLoop;
+}
+
+const char* batch_mode_name(BatchMode mode) {
+  switch (mode) {
+    case BatchMode::kNative:
+      return "native";
+    case BatchMode::kBackendLoop:
+      return "looped by the backend";
+    case BatchMode::kHarness:
+      return "emulated by the harness";
+  }
+  return "?";
+}
+
+Session::Session(const Model& model, const SessionOptions& o)
+    : lib_(model.library()), model_(&model), options_(o) {
   ts_session_options opt{};
   opt.struct_size = sizeof(opt);
   opt.weight_path = o.weight_path;
@@ -67,18 +94,70 @@ Session::Session(const Model& model, const SessionOptions& o) : lib_(model.libra
   n_vocab_ = model.n_vocab();
 }
 
+Session::Session(const Model& model, const SessionOptions& o, Handle forked)
+    : lib_(model.library()),
+      model_(&model),
+      options_(o),
+      session_(forked),
+      n_vocab_(model.n_vocab()) {}
+
 Session::~Session() { lib_->channel().free_session(session_); }
 
 std::vector<float> Session::prefill(std::span<const int32_t> tokens) {
   std::vector<float> logits(static_cast<size_t>(n_vocab_));
   lib_->channel().prefill(session_, tokens, false, logits);
+  appended(tokens);
   return logits;
 }
 
 std::vector<float> Session::prefill_all(std::span<const int32_t> tokens) {
   std::vector<float> logits(tokens.size() * size_t(n_vocab_));
   lib_->channel().prefill(session_, tokens, true, logits);
+  appended(tokens);
   return logits;
+}
+
+void Session::step_batch(std::span<const Step> steps) {
+  if (steps.empty()) return;
+  const std::shared_ptr<BackendLibrary>& lib = steps[0].session->lib_;
+  std::vector<BatchCall> calls;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& st = steps[i];
+    if (!st.session || st.session->lib_ != lib)
+      throw Error("step_batch: step {}: no session, or one of another backend", i);
+    for (size_t j = 0; j < i; ++j)
+      if (steps[j].session == st.session) throw Error("step_batch: step {}: session repeated", i);
+    const size_t want = (st.all_positions ? st.tokens.size() : 1) * size_t(st.session->n_vocab_);
+    if (st.tokens.empty() || st.logits.size() != want) {
+      throw Error("step_batch: step {}: {} tokens, logits buffer of {} floats (expected {})", i,
+                  st.tokens.size(), st.logits.size(), want);
+    }
+    calls.push_back({st.session->session_, st.tokens, st.all_positions, st.logits});
+  }
+  if (lib->batch_mode() == BatchMode::kHarness) {
+    for (const Step& st : steps) {
+      lib->channel().prefill(st.session->session_, st.tokens, st.all_positions, st.logits);
+      st.session->appended(st.tokens);
+    }
+    return;
+  }
+  lib->channel().step_batch(calls);
+  for (const Step& st : steps) st.session->appended(st.tokens);
+}
+
+std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
+  if (n_prefix < 0 || size_t(n_prefix) > history_.size())
+    throw Error("fork: n_prefix {} outside [0, {}]", n_prefix, history_.size());
+  const std::span<const int32_t> prefix(history_.data(), size_t(n_prefix));
+  if (!lib_->has_fork()) {  // emulated: a fresh session prefills the same tokens
+    auto s = std::make_unique<Session>(*model_, options_);
+    if (n_prefix > 0) s->prefill(prefix);
+    return s;
+  }
+  const Handle h = lib_->channel().fork_session(session_, n_prefix);
+  std::unique_ptr<Session> s(new Session(*model_, options_, h));
+  s->appended(prefix);
+  return s;
 }
 
 size_t Session::max_rows() const {
@@ -94,6 +173,7 @@ void Session::prefill_all_rows(std::span<const int32_t> tokens,
     const size_t n = std::min(chunk, tokens.size() - start);
     logits.resize(n * V);
     lib_->channel().prefill(session_, tokens.subspan(start, n), true, logits);
+    appended(tokens.subspan(start, n));
     for (size_t i = 0; i < n; ++i) row(start + i, std::span<const float>(logits.data() + i * V, V));
   }
 }
@@ -103,6 +183,7 @@ void Session::decode(int32_t token, std::span<float> logits) {
     throw Error("decode: logits buffer holds {} floats, n_vocab is {}", logits.size(), n_vocab_);
   }
   lib_->channel().decode(session_, token, logits);
+  history_.push_back(token);
 }
 
 int32_t Session::prefill_greedy(std::span<const int32_t> tokens) {
@@ -111,10 +192,14 @@ int32_t Session::prefill_greedy(std::span<const int32_t> tokens) {
     throw Error("{}: prefill_greedy returned token {} outside [0, {})", lib_->name(), tok,
                 n_vocab_);
   }
+  appended(tokens);
   return tok;
 }
 
-void Session::rewind(int32_t position) { lib_->channel().rewind(session_, position); }
+void Session::rewind(int32_t position) {
+  lib_->channel().rewind(session_, position);
+  if (position >= 0 && size_t(position) < history_.size()) history_.resize(size_t(position));
+}
 
 void Session::set_taps(bool enable) { lib_->channel().set_taps(session_, enable); }
 

@@ -72,7 +72,9 @@ class InProcessChannel final : public BackendChannel {
       // capabilities now (no device) is loaded without it: its later calls fail
       // with their own status.
       ts_capabilities caps{};
-      caps.struct_size = uint32_t(api->api_version >= 5 ? sizeof(caps) : TS_CAPABILITIES_V4_SIZE);
+      caps.struct_size = uint32_t(api->api_version >= 6   ? sizeof(caps)
+                                  : api->api_version >= 5 ? TS_CAPABILITIES_V5_SIZE
+                                                          : TS_CAPABILITIES_V4_SIZE);
       const bool claims =
           api->capabilities(&caps) == TS_OK && (caps.flags & TS_CAP_DEVICE_GREEDY) != 0;
       if (claims && !api->prefill_greedy) {
@@ -94,6 +96,7 @@ class InProcessChannel final : public BackendChannel {
       }
       info_.taps = true;
     }
+    if (api->api_version >= 6) serving_members(api);
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -101,11 +104,20 @@ class InProcessChannel final : public BackendChannel {
   ts_capabilities capabilities() override {
     ts_capabilities caps{};
     // ABI v5 appended top_n: an older table gets the struct it knows.
-    caps.struct_size = uint32_t(api_->api_version >= 5 ? sizeof(caps) : TS_CAPABILITIES_V4_SIZE);
+    caps.struct_size = uint32_t(api_->api_version >= 6   ? sizeof(caps)
+                                : api_->api_version >= 5 ? TS_CAPABILITIES_V5_SIZE
+                                                         : TS_CAPABILITIES_V4_SIZE);
     check(api_->capabilities(&caps), "capabilities");
-    if (api_->api_version < 5 || caps.struct_size < sizeof(caps)) {
+    if (api_->api_version < 5 || caps.struct_size < TS_CAPABILITIES_V5_SIZE) {
       caps.top_n = 0;
       caps.flags &= ~TS_CAP_TOP_N_LOGPROBS;
+    }
+    // Flags and fields of ABI v6 mean nothing in an older table (bits 2 and 3
+    // meant something looser before v6).
+    if (api_->api_version < 6 || caps.struct_size < sizeof(caps)) {
+      caps.batch_invariant_paths = 0;
+      caps.max_batch = 0;
+      caps.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY);
     }
     caps.struct_size = sizeof(caps);
     return caps;
@@ -148,8 +160,40 @@ class InProcessChannel final : public BackendChannel {
     need_taps();
     check(api_->read_taps(session(s), out.data(), int64_t(out.size())), "read_taps");
   }
+  void step_batch(std::span<const BatchCall> entries) override {
+    if (!info_.step_batch) BackendChannel::step_batch(entries);
+    std::vector<ts_batch_entry> e(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      e[i].struct_size = sizeof(ts_batch_entry);
+      e[i].session = session(entries[i].session);
+      e[i].tokens = entries[i].tokens.data();
+      e[i].n_tokens = int32_t(entries[i].tokens.size());
+      e[i].all_positions = entries[i].all_positions ? 1 : 0;
+      e[i].logits_out = entries[i].out.data();
+    }
+    check(api_->step_batch(e.data(), int32_t(e.size())), "step_batch");
+  }
+  Handle fork_session(Handle src, int32_t n_prefix) override {
+    if (!info_.fork) return BackendChannel::fork_session(src, n_prefix);
+    ts_session* out = nullptr;
+    check(api_->fork_session(session(src), n_prefix, &out), "fork_session");
+    return reinterpret_cast<Handle>(out);
+  }
 
  private:
+  // ABI v6: a flag that claims a member the table leaves NULL is refused.
+  void serving_members(const ts_backend* api) {
+    info_.step_batch = api->step_batch != nullptr;
+    info_.fork = api->fork_session != nullptr;
+    ts_capabilities caps{};
+    caps.struct_size = sizeof(caps);
+    if (api->capabilities(&caps) != TS_OK) return;
+    if ((caps.flags & TS_CAP_BATCHED_SESSIONS) && !info_.step_batch)
+      throw Error("backend '{}' claims TS_CAP_BATCHED_SESSIONS but step_batch is NULL", info_.path);
+    if ((caps.flags & TS_CAP_KV_PREFIX_COPY) && !info_.fork)
+      throw Error("backend '{}' claims TS_CAP_KV_PREFIX_COPY but fork_session is NULL", info_.path);
+  }
+
   void need_taps() const {
     if (!info_.taps) throw Error("{}: backend has no layer taps (ABI v4)", info_.name);
   }

@@ -90,26 +90,48 @@ double noise_sign(uint64_t i) {
 
 }  // namespace
 
+namespace {
+
+// The catalog, in order: each name with what it sets (docs/metrics.md#fault-catalog-and-margins).
+struct FaultEntry {
+  const char* name;
+  void (*apply)(Faults&);
+};
+constexpr FaultEntry kFaults[] = {
+    {"rope_base_off_1pct", [](Faults& f) { f.rope_base_scale = 1.01; }},
+    {"rope_layout", [](Faults& f) { f.rope_layout = true; }},
+    {"kv_position_off_by_one", [](Faults& f) { f.kv_off_by_one = true; }},
+    {"kv_write_next", [](Faults& f) { f.kv_write_next = true; }},
+    {"gqa_mapping", [](Faults& f) { f.gqa_mapping = true; }},
+    {"attention_scale", [](Faults& f) { f.attention_scale = true; }},
+    {"softmax_no_max", [](Faults& f) { f.softmax_no_max = true; }},
+    {"rms_eps_10x", [](Faults& f) { f.rms_eps_scale = 10.0; }},
+    {"quant_scale_min_swap", [](Faults& f) { f.quant_scale_min_swap = true; }},
+    {"nibble_order", [](Faults& f) { f.nibble_order = true; }},
+    {"fp16_accumulation", [](Faults& f) { f.fp16_accumulation = true; }},
+    {"rewind_noop", [](Faults& f) { f.rewind_noop = true; }},
+    {"causal_mask", [](Faults& f) { f.causal_mask = true; }},
+    {"thread_order_reduction", [](Faults& f) { f.thread_order_reduction = true; }},
+    {"last_layer_skipped", [](Faults& f) { f.last_layer_skipped = true; }},
+    {"logits_perturb_1e-3", [](Faults& f) { f.logit_noise = 1e-3; }},
+    {"logits_row_shift", [](Faults& f) { f.logits_row_shift = true; }},
+    {"prefill_position_reset", [](Faults& f) { f.prefill_position_reset = true; }},
+    {"session_order_reduction", [](Faults& f) { f.session_order_reduction = true; }},
+    {"batch_token_count_split", [](Faults& f) { f.batch_token_count_split = true; }},
+    {"batch_kv_leak", [](Faults& f) { f.batch_kv_leak = true; }},
+    {"fork_short_copy", [](Faults& f) { f.fork_short_copy = true; }},
+    {"batch_position_offset", [](Faults& f) { f.batch_position_offset = true; }},
+    {"verify_row_shift", [](Faults& f) { f.verify_row_shift = true; }},
+};
+
+}  // namespace
+
 const std::vector<std::string>& fault_names() {
-  static const std::vector<std::string> names = {"rope_base_off_1pct",
-                                                 "rope_layout",
-                                                 "kv_position_off_by_one",
-                                                 "kv_write_next",
-                                                 "gqa_mapping",
-                                                 "attention_scale",
-                                                 "softmax_no_max",
-                                                 "rms_eps_10x",
-                                                 "quant_scale_min_swap",
-                                                 "nibble_order",
-                                                 "fp16_accumulation",
-                                                 "rewind_noop",
-                                                 "causal_mask",
-                                                 "thread_order_reduction",
-                                                 "last_layer_skipped",
-                                                 "logits_perturb_1e-3",
-                                                 "logits_row_shift",
-                                                 "prefill_position_reset",
-                                                 "session_order_reduction"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const FaultEntry& e : kFaults) n.emplace_back(e.name);
+    return n;
+  }();
   return names;
 }
 
@@ -117,38 +139,15 @@ Faults parse_fault(const std::string& name) {
   Faults f;
   f.name = name;
   if (name.empty()) return f;
-  const std::vector<std::string>& n = fault_names();
-  const auto it = std::find(n.begin(), n.end(), name);
-  if (it == n.end()) {
-    std::string known;
-    for (const auto& k : n) known += (known.empty() ? "" : ", ") + k;
-    throw Error("unknown fault '{}' (known: {})", name, known);
+  for (const FaultEntry& e : kFaults) {
+    if (name == e.name) {
+      e.apply(f);
+      return f;
+    }
   }
-  bool* flags[] = {nullptr,
-                   &f.rope_layout,
-                   &f.kv_off_by_one,
-                   &f.kv_write_next,
-                   &f.gqa_mapping,
-                   &f.attention_scale,
-                   &f.softmax_no_max,
-                   nullptr,
-                   &f.quant_scale_min_swap,
-                   &f.nibble_order,
-                   &f.fp16_accumulation,
-                   &f.rewind_noop,
-                   &f.causal_mask,
-                   &f.thread_order_reduction,
-                   &f.last_layer_skipped,
-                   nullptr,
-                   &f.logits_row_shift,
-                   &f.prefill_position_reset,
-                   &f.session_order_reduction};
-  static_assert(sizeof(flags) / sizeof(flags[0]) == 19);
-  if (bool* b = flags[it - n.begin()]) *b = true;
-  if (name == "rope_base_off_1pct") f.rope_base_scale = 1.01;
-  if (name == "logits_perturb_1e-3") f.logit_noise = 1e-3;
-  if (name == "rms_eps_10x") f.rms_eps_scale = 10.0;
-  return f;
+  std::string known;
+  for (const auto& k : fault_names()) known += (known.empty() ? "" : ", ") + k;
+  throw Error("unknown fault '{}' (known: {})", name, known);
 }
 
 ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t max_context,

@@ -18,6 +18,15 @@
 
 namespace touchstone {
 
+// How a batch of sessions advances (ABI v6 step_batch), as the report says it.
+enum class BatchMode {
+  kNative,       // step_batch with TS_CAP_BATCHED_SESSIONS: one forward pass
+  kBackendLoop,  // step_batch without it: the backend runs the entries one by one
+  kHarness       // no step_batch: the harness calls prefill for each entry in order
+};
+// "native", "looped by the backend", "emulated by the harness".
+const char* batch_mode_name(BatchMode mode);
+
 // One loaded backend: in this process (dlopen) or in a child process
 // (`touchstone-backend-runner`, see touchstone/backend_channel.h).
 class BackendLibrary {
@@ -48,6 +57,10 @@ class BackendLibrary {
   bool has_device_greedy() const { return info().device_greedy; }
   // A version >= 4 table with set_taps and read_taps (layer taps).
   bool has_taps() const { return info().taps; }
+  // ABI v6: how Session::step_batch runs here, and whether fork_session is the
+  // backend's own (else Session::fork re-prefills the prefix: emulated).
+  BatchMode batch_mode() const;
+  bool has_fork() const { return info().fork; }
   const std::string& name() const { return info().name; }
   const std::string& version() const { return info().version; }
   const std::string& path() const { return info().path; }
@@ -127,11 +140,42 @@ class Session {
   // (TS_CAP_TOP_N_LOGPROBS), else 0. Asks capabilities() once; throws its error.
   int32_t top_n_logprobs();
 
+  // ---- ABI v6 [serving] (docs/serving-checks.md) ----
+  // One sequence's share of step_batch: logits holds n_vocab floats, or
+  // tokens.size() * n_vocab when all_positions.
+  struct Step {
+    Session* session = nullptr;
+    std::span<const int32_t> tokens;
+    bool all_positions = false;
+    std::span<float> logits;
+  };
+  // Advances every step's session (distinct sessions of one model and weight
+  // path): through the backend's step_batch when it has one, else (BatchMode::
+  // kHarness) one prefill per step, in order. Each step's logits are defined as
+  // prefill's. Throws Error for a wrong buffer size or a repeated session,
+  // BackendError with the backend's message otherwise.
+  static void step_batch(std::span<const Step> steps);
+  // A new session holding this one's first n_prefix positions (0 <= n_prefix <=
+  // position()): the backend's fork_session when it has one, else a fresh
+  // session with the same options that prefills the same n_prefix tokens
+  // (emulated: the harness knows every token it appended).
+  std::unique_ptr<Session> fork(int32_t n_prefix);
+  bool fork_native() const { return lib_->has_fork(); }
+  // The tokens in the KV cache, as the harness appended them (position() of them).
+  const std::vector<int32_t>& history() const { return history_; }
+
  private:
+  Session(const Model& model, const SessionOptions& options, Handle forked);
+  void appended(std::span<const int32_t> tokens) {
+    history_.insert(history_.end(), tokens.begin(), tokens.end());
+  }
   std::shared_ptr<BackendLibrary> lib_;
+  const Model* model_ = nullptr;
+  SessionOptions options_;
   Handle session_ = 0;
   int32_t n_vocab_ = 0;
   int32_t top_n_ = -1;  // -1 = not asked yet
+  std::vector<int32_t> history_;
 };
 
 }  // namespace touchstone

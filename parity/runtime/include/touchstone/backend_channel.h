@@ -58,6 +58,15 @@ class BackendCrash : public BackendError {
 using Handle = uint64_t;
 using protocol::BackendInfo;
 
+// One entry of BackendChannel::step_batch (ABI v6 ts_batch_entry): out.size()
+// is n_vocab, or tokens.size() * n_vocab when all_positions.
+struct BatchCall {
+  Handle session = 0;
+  std::span<const int32_t> tokens;
+  bool all_positions = false;
+  std::span<float> out;
+};
+
 class BackendChannel {
  public:
   virtual ~BackendChannel() = default;
@@ -80,6 +89,11 @@ class BackendChannel {
   // !info().taps.
   virtual void set_taps(Handle session, bool enable) = 0;
   virtual void read_taps(Handle session, std::span<float> out) = 0;
+  // ABI v6 (info().step_batch / info().fork): every entry advanced in one call;
+  // a session forked from `src` holding its first n_prefix KV entries. Both
+  // throw Error when the backend lacks them (callers check info() first).
+  virtual void step_batch(std::span<const BatchCall> entries);
+  virtual Handle fork_session(Handle src, int32_t n_prefix);
   // Child process only: false once the process died or was killed; restart()
   // starts a fresh one (every handle of the old one is gone).
   virtual bool alive() const { return true; }

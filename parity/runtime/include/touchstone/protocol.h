@@ -126,6 +126,9 @@ struct BackendInfo {
   std::string architectures, model_features;
   // api_version >= 4 with both set_taps and read_taps: layer taps.
   bool taps = false;
+  // api_version >= 6 (protocol >= 4): step_batch / fork_session are set.
+  bool step_batch = false;
+  bool fork = false;
 };
 void encode(Writer& w, const BackendInfo& info);
 BackendInfo decode_info(Reader& r);

@@ -48,9 +48,28 @@ struct Faults {
   bool session_order_reduction = false;  // "session_order_reduction": dot products split at a
                                          // point that changes with every session opened
   int session_slices = 0;  // session_order_reduction: this session's slice count (set at open)
+  // Serving faults (ABI v6; one serving check each, docs/serving-checks.md):
+  bool batch_token_count_split = false;  // "batch_token_count_split": in step_batch, dot
+                                         // products split at a point set by the batch's
+                                         // total token count (batch_invariance)
+  bool batch_kv_leak = false;  // "batch_kv_leak": in step_batch, entry i > 0 also attends the
+                               // last KV entry of entry i-1's sequence (content_isolation)
+  bool fork_short_copy = false;  // "fork_short_copy": fork_session copies n_prefix - 1 KV
+                                 // entries (the last one left zero) (prefix_fork)
+  bool batch_position_offset = false;  // "batch_position_offset": in step_batch, entry i > 0
+                                       // rotates its tokens as if flattened after the
+                                       // previous entries' tokens (batch_invariance)
+  bool verify_row_shift = false;  // "verify_row_shift": an all-position prefill that continues a
+                                  // sequence (position > 0) returns row i-1 as row i
+                                  // (speculative_verify)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
+  // The serving faults (a backend without step_batch / fork_session refuses them).
+  bool serving() const {
+    return batch_token_count_split || batch_kv_leak || fork_short_copy || batch_position_offset ||
+           verify_row_shift;
+  }
 };
 
 // Every fault name parse_fault knows, in catalog order.
