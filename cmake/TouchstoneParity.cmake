@@ -34,6 +34,14 @@ endif()
 file(READ ${TOUCHSTONE_MANIFEST} _ts_manifest)
 string(JSON _ts_suite GET "${_ts_manifest}" suites full)
 string(JSON TOUCHSTONE_FIRST_MODEL GET "${_ts_manifest}" models 0 name)
+# TOUCHSTONE_MODELS: every model of the manifest, in order.
+set(TOUCHSTONE_MODELS "")
+string(JSON _n LENGTH "${_ts_manifest}" models)
+math(EXPR _last "${_n} - 1")
+foreach(i RANGE ${_last})
+  string(JSON _name GET "${_ts_manifest}" models ${i} name)
+  list(APPEND TOUCHSTONE_MODELS ${_name})
+endforeach()
 # _ts_model_of_<case or passage> = its model
 foreach(_kind cases scoring)
   string(JSON _n LENGTH "${_ts_manifest}" ${_kind})
@@ -205,6 +213,32 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
     PROCESSORS 2 SKIP_RETURN_CODE 77 TIMEOUT 1200)
 endfunction()
 
+# touchstone_add_serving_tests(<backend> <weights> MODELS m... [PLAN quick|full] [LABELS l...])
+#
+# The serving checks (touchstone/serving.h, docs/serving-checks.md) on each
+# model's first case: serving.<backend>.<weights>.<model> (PLAN full:
+# serving.<backend>.<weights>.<model>.full). One backend thread, as the
+# per-case tests.
+function(touchstone_add_serving_tests backend weights)
+  cmake_parse_arguments(PARSE_ARGV 2 _s "" "PLAN" "MODELS;LABELS")
+  if(NOT _s_PLAN)
+    set(_s_PLAN quick)
+  endif()
+  foreach(m ${_s_MODELS})
+    set(_t serving.${backend}.${weights}.${m})
+    if(_s_PLAN STREQUAL "full")
+      set(_t ${_t}.full)
+    endif()
+    add_test(NAME ${_t}
+      COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend} --weights ${weights} --model ${m}
+              --serving-only --serving-plan ${_s_PLAN} --threads 1 --manifest ${TOUCHSTONE_MANIFEST}
+              --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
+    set_tests_properties(${_t} PROPERTIES
+      LABELS "parity;serving;${backend};${weights};${m};${_s_LABELS}"
+      ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1800)
+  endforeach()
+endfunction()
+
 function(touchstone_add_unsupported_test backend weights model)
   set(_first "")
   foreach(c ${TOUCHSTONE_DEFAULT_CASES})
@@ -292,6 +326,10 @@ function(touchstone_add_fault_tests backend weights)
     elseif(_expect MATCHES "^consistency")
       set(_mode --consistency-only --consistency-tokens 8 --expect-fail --expect-step ${_expect})
       set(_procs 2)
+    elseif(_expect MATCHES "^(serving\\.[a-z_]+)")
+      # Only the named serving check runs (quick plan): the fault must fail it.
+      set(_mode --serving-only --serving-plan quick --serving-check ${CMAKE_MATCH_1} --threads 1
+                --expect-fail --expect-step ${_expect})
     else()
       set(_mode --no-scoring --no-consistency --max-steps ${_fa_MAX_STEPS} --threads 1 --expect-fail
                 --expect-step ${_expect} ${_layer})

@@ -104,7 +104,7 @@ def manifest_sha256(ctx, model):
 def check_common(ctx, r, verdict):
     if r["verdict"] != verdict:
         fail(f"verdict {r['verdict']}, expected {verdict}")
-    if r["schema_version"] != 1:
+    if r["schema_version"] != 2:
         fail(f"schema_version {r['schema_version']}")
     if not r["touchstone"]["revision"] or not r["touchstone"]["version"]:
         fail("touchstone version / revision empty")

@@ -16,7 +16,8 @@ std::vector<std::string> capability_flag_names(uint32_t flags) {
       {TS_CAP_KV_PREFIX_COPY, "kv_prefix_copy"},
       {TS_CAP_BITWISE_DETERMINISM, "bitwise_determinism"},
       {TS_CAP_STATIC_SHAPES, "static_shapes"},
-      {TS_CAP_TOP_N_LOGPROBS, "top_n_logprobs"}};
+      {TS_CAP_TOP_N_LOGPROBS, "top_n_logprobs"},
+      {TS_CAP_BATCH_INVARIANT, "batch_invariant"}};
   std::vector<std::string> out;
   for (const auto& [bit, name] : names)
     if (flags & bit) out.emplace_back(name);
@@ -45,6 +46,13 @@ BackendCapabilities describe_capabilities(const ts_capabilities& c) {
     out.shape_buckets.push_back(c.shape_buckets[i]);
   if (c.determinism_note) out.determinism_note = c.determinism_note;
   if (c.flags & TS_CAP_TOP_N_LOGPROBS) out.top_n = c.top_n;
+  if (c.flags & TS_CAP_BATCH_INVARIANT) {
+    if (c.batch_invariant_paths == 0 || (c.batch_invariant_paths & (1u << TS_WEIGHTS_FULL_PRECISION)))
+      out.batch_invariant_paths.emplace_back("full_precision");
+    if (c.batch_invariant_paths == 0 || (c.batch_invariant_paths & (1u << TS_WEIGHTS_QUANTIZED)))
+      out.batch_invariant_paths.emplace_back("quantized");
+  }
+  out.max_batch = c.max_batch;
   return out;
 }
 

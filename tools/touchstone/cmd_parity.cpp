@@ -26,6 +26,7 @@
 #include "touchstone/parity.h"
 #include "touchstone/report.h"
 #include "touchstone/report_view.h"
+#include "touchstone/serving.h"
 #include "touchstone/stale.h"
 
 namespace touchstone::cli {
@@ -41,6 +42,11 @@ struct Opts {
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   bool consistency = false, consistency_only = false, no_consistency = false;
   int consistency_tokens = 96;
+  // Serving checks (touchstone/serving.h): on by default for a backend with
+  // step_batch or fork_session; --serving runs them (emulated) for any backend.
+  bool serving = false, serving_only = false, no_serving = false;
+  std::string serving_plan;  // quick | full; "" = the suite's name when it is one, else quick
+  std::vector<std::string> serving_checks;  // --serving-check (empty = all four)
   int threads = 0, max_steps = 0, max_positions = 0;
   double timeout = 300.0;
   ReadableOutputs readable;  // --html, --summary
@@ -297,8 +303,63 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
 }
 
 bool wants_consistency(const Opts& o) {
-  if (o.no_consistency) return false;
+  if (o.no_consistency || o.serving_only) return false;
   return o.consistency || o.consistency_only || (o.cases.empty() && o.scoring.empty());
+}
+
+// Serving checks: asked for, or by default (no --case / --scoring) when the
+// backend has a serving member of its own (ABI v6).
+bool wants_serving(const Opts& o, BackendLibrary& lib) {
+  if (o.no_serving || o.consistency_only) return false;
+  if (o.serving || o.serving_only) return true;
+  return o.cases.empty() && o.scoring.empty() && (lib.batch_mode() != BatchMode::kHarness ||
+                                                  lib.has_fork());
+}
+
+// The suite's plan, except that the full plan's long fillers exercise a native
+// batch only: a looped or emulated batch runs them one at a time and gets the
+// quick plan unless --serving-plan names one.
+ServingPlan serving_plan(const Opts& o, BackendLibrary& lib) {
+  if (!o.serving_plan.empty()) return ServingPlan::named(o.serving_plan);
+  const bool native = lib.batch_mode() == BatchMode::kNative;
+  return o.suite == "full" && native ? ServingPlan::full() : ServingPlan::quick();
+}
+
+// The serving checks (touchstone/serving.h) on the first case's prompt and
+// golden continuation, as four more result rows; sessions sized for the plan.
+void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
+  const std::string& first =
+      in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
+  const GoldenCase& g = *in.golden.find_case(first);
+  BackendLibrary& lib = host.library();
+  const ServingPlan plan = serving_plan(o, lib);
+  report.info.batching = batch_mode_name(lib.batch_mode());
+  report.info.fork = lib.has_fork() ? "native" : "emulated by the harness";
+  fmt::print(stderr, "  serving checks on case '{}' (batching: {}; fork: {})\n", first,
+             report.info.batching, report.info.fork);
+  try {
+    const ts_capabilities caps = lib.capabilities();
+    SessionOptions so{in.weights, o.threads, planned_context(o, in), o.fault};
+    so.max_context = std::max(
+        so.max_context, plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
+    ServingOptions opt = serving_options(caps, so, plan);
+    opt.checks = o.serving_checks;
+    const bool verify = opt.runs("serving.speculative_verify");
+    report.n_planned += int(opt.n_checks()) - (verify && !opt.all_positions ? 1 : 0);
+    if (verify && !opt.all_positions) {
+      report.not_supported.push_back(
+          {"serving.speculative_verify",
+           "verification reads every position's logits: the backend lacks "
+           "TS_CAP_ALL_POSITION_LOGITS"});
+    }
+    for (CaseResult& r : check_serving(host.model(), g.prompt_ids, g.greedy_ids, *in.profile, opt))
+      report.cases.push_back(std::move(r));
+  } catch (const BackendError& e) {
+    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
+    host.discard();
+    report.cases.push_back(setup_failure<CaseResult>("serving", e));
+  }
+  write_reports(o, report);
 }
 
 // A top-N backend (a server): what it cannot support becomes NOT SUPPORTED
@@ -362,7 +423,9 @@ int run_parity(const Opts& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::unique_ptr<Inputs> in = load_inputs(o);
   Report report;
-  report.n_planned = o.consistency_only ? 0 : int(in->plan.cases.size() + in->plan.scoring.size());
+  report.n_planned = o.consistency_only || o.serving_only
+                         ? 0
+                         : int(in->plan.cases.size() + in->plan.scoring.size());
   if (wants_consistency(o)) report.n_planned += 5;
   report.info = run_info(o, *in);
   BackendHost host(
@@ -377,8 +440,9 @@ int run_parity(const Opts& o) {
     describe_backend(host, report.info);
     const int top_n = backend_top_n(host);
     if (top_n > 0) plan_top_n(o, *in, host, report, top_n);
-    if (!o.consistency_only) run_checks(o, *in, host, report, top_n == 0);
+    if (!o.consistency_only && !o.serving_only) run_checks(o, *in, host, report, top_n == 0);
     if (wants_consistency(o) && top_n == 0) run_consistency(o, *in, host, report);
+    if (top_n == 0 && wants_serving(o, host.library())) run_serving(o, *in, host, report);
   } catch (const BackendError& e) {  // no device here, or this model/path refused
     (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
     skip_code = e.status() == TS_ERR_DEVICE ? kExitSkip : kExitUnsupported;
@@ -440,6 +504,21 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--consistency-tokens", o->consistency_tokens,
                   "Tokens of the consistency checks' sequence (prompt + golden continuation)")
       ->check(CLI::Range(2, 4096));
+  cmd->add_flag("--serving", o->serving,
+                "Also run the serving checks (batch invariance, content isolation, prefix fork, "
+                "speculative verification; docs/serving-checks.md), emulating what the backend "
+                "lacks (default when no --case/--scoring and the backend has step_batch or "
+                "fork_session)");
+  cmd->add_flag("--serving-only", o->serving_only, "Run only the serving checks");
+  cmd->add_flag("--no-serving", o->no_serving, "Leave the serving checks out");
+  cmd->add_option("--serving-check", o->serving_checks,
+                  "Only this serving check (repeatable): serving.batch_invariance, "
+                  "serving.content_isolation, serving.prefix_fork, serving.speculative_verify")
+      ->check(CLI::IsMember(serving_check_names()));
+  cmd->add_option("--serving-plan", o->serving_plan,
+                  "Sizes of the serving checks: quick (B = 2, 4; fillers of 10-32 tokens) or full "
+                  "(B = 2, 4, 8, 16; fillers of 10-2048 tokens); default: the suite's name")
+      ->check(CLI::IsMember({"quick", "full"}));
   cmd->add_option("--weights", o->weights, "full_precision | quantized");
   cmd->add_option("--profile", o->profile,
                   "Tolerance profile (default: exact for full_precision, quantized otherwise)");

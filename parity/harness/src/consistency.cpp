@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "row_compare.h"
 #include "touchstone/metrics.h"
 
 namespace touchstone {
@@ -34,47 +35,11 @@ Rows fresh_decode_rows(const Model& m, const SessionOptions& o, std::span<const 
 // Compares `test` rows with `ref` rows at the given positions into r.
 void compare(const Rows& ref, const std::vector<std::pair<size_t, const std::vector<float>*>>& test,
              bool bitwise, const Profile& p, CaseResult& r) {
-  for (const auto& [pos, row] : test) {
-    const std::vector<float>& a = ref[pos];
-    ++r.n_steps;
-    r.n_total = r.n_steps;
-    const double nmse = metrics::nmse(a, *row), diff = metrics::max_abs_diff(a, *row);
-    r.nmse_max = std::max(r.nmse_max, nmse);
-    r.max_abs = std::max(r.max_abs, diff);
-    std::string why;
-    if (metrics::count_nonfinite(*row) != 0) {
-      why = "NaN/Inf logits";
-    } else if (bitwise && std::memcmp(a.data(), row->data(), a.size() * sizeof(float)) != 0) {
-      why = fmt::format(
-          "not bitwise identical (max |diff| {:.3g}) although the backend claims "
-          "TS_CAP_BITWISE_DETERMINISM",
-          diff);
-    } else if (p.logits_nmse_max && nmse > *p.logits_nmse_max) {
-      why = fmt::format("NMSE {:.3g} > {:.3g}", nmse, *p.logits_nmse_max);
-    } else if (p.logits_max_abs_max && diff > *p.logits_max_abs_max) {
-      why = fmt::format("max |diff| {:.3g} > {:.3g}", diff, *p.logits_max_abs_max);
-    } else if (metrics::argmax(a) != metrics::argmax(*row) &&
-               metrics::top2_margin(a) >= p.near_tie_margin) {
-      why = fmt::format("argmax {} vs {} (top-2 margin {:.3g})", metrics::argmax(*row),
-                        metrics::argmax(a), metrics::top2_margin(a));
-    } else {
-      ++r.n_matched;
-      continue;
-    }
-    if (r.first_logit_violation_step < 0) {
-      r.first_logit_violation_step = int(pos);
-      r.first_logit_violation = why;
-    }
-  }
+  for (const auto& [pos, row] : test)
+    detail::compare_row(ref[pos], *row, int(pos), bitwise, "TS_CAP_BITWISE_DETERMINISM", p, "", r);
 }
 
-void finish(CaseResult& r, const std::string& what) {
-  if (r.first_logit_violation_step >= 0) {
-    r.failures.push_back(fmt::format("{}: position {}: {}", what, r.first_logit_violation_step,
-                                     r.first_logit_violation));
-  }
-  r.passed = r.failures.empty();
-}
+void finish(CaseResult& r, const std::string& what) { detail::finish_rows(r, what); }
 
 CaseResult prefill_vs_decode(const Model& m, std::span<const int32_t> t, const Rows& ref,
                              const Profile& p, const ConsistencyOptions& o) {

@@ -149,20 +149,20 @@ std::string format_table(const Report& r) {
       "threads {}, {}\n\n",
       i.backend, i.backend_path, i.device, i.model_name, i.model_sha256, i.weight_path, i.profile,
       i.suite, i.n_threads, i.execution.empty() ? "in process" : i.execution);
-  o += fmt::format("{:<12} {:<22} {:<7} {:>9} {:>10} {:>10} {:>10}  {}\n", "backend", "case",
+  o += fmt::format("{:<12} {:<27} {:<7} {:>9} {:>10} {:>10} {:>10}  {}\n", "backend", "case",
                    "verdict", "matched", "NMSE max", "max|Δ|", "KLD mean", "first divergence");
   for (const CaseResult& c : r.cases) {
-    o += fmt::format("{:<12} {:<22} {:<7} {:>4}/{:<4} {:>10} {:>10} {:>10.2e}  {}\n", i.backend,
+    o += fmt::format("{:<12} {:<27} {:<7} {:>4}/{:<4} {:>10} {:>10} {:>10.2e}  {}\n", i.backend,
                      c.name, row_verdict(c), c.n_matched, c.n_total, metric_cell(c, c.nmse_max),
                      metric_cell(c, c.max_abs), c.kld_mean, divergence_cell(c));
   }
   for (const NotSupportedCheck& n : r.not_supported) {
-    o += fmt::format("{:<12} {:<22} {}\n", i.backend, n.check, "NOT SUPPORTED");
+    o += fmt::format("{:<12} {:<27} {}\n", i.backend, n.check, "NOT SUPPORTED");
   }
   for (const ScoringResult& s : r.scoring) {
     const auto& st = s.stats;
     o += fmt::format(
-        "{:<12} {:<22} {:<7} {:>9} {:>10.2e} {:>10.2e} {:>10.2e}  KLD p99 {:.2e} max {:.2e}, "
+        "{:<12} {:<27} {:<7} {:>9} {:>10.2e} {:>10.2e} {:>10.2e}  KLD p99 {:.2e} max {:.2e}, "
         "top-1 {:.4f}, RMS Δp {:.2e}, PPL {:.4f}/{:.4f} (ratio {:.5f}), max ref tail {:.1e}\n",
         i.backend, s.name, row_verdict(s), fmt::format("{} pos", st.n_positions), s.topk_nmse,
         s.topk_max_abs, st.kld.mean, st.kld.p99, st.kld.max, st.top1_agreement, st.rms_delta_p,

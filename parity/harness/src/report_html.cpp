@@ -109,7 +109,24 @@ std::string matrix_table(const std::vector<RunView>& runs, const std::string& mo
   return o + "</table>\n";
 }
 
+// A serving check's configurations: the needle's drift in each (docs/serving-checks.md).
+std::string drift_table(const RunView& r, const ItemView& it) {
+  std::string o = fmt::format(
+      "<p>batching: {}; fork: {}</p>\n<table class=\"ts-drift\" data-case=\"{}\">\n"
+      "<tr><th>configuration</th><th>size</th><th>rows</th><th>max |Δ|</th><th>NMSE max</th>"
+      "<th>bitwise</th></tr>\n",
+      esc(r.batching.empty() ? "?" : r.batching), esc(r.fork.empty() ? "?" : r.fork),
+      esc(it.name));
+  for (const ItemView::Drift& d : it.drift) {
+    o += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.3g}</td><td>{:.3g}</td><td>{}</td></tr>\n",
+        esc(d.label), d.size, d.rows, d.max_abs, d.nmse, d.bitwise ? "yes" : "no");
+  }
+  return o + "</table>\n";
+}
+
 std::string item_plots(const RunView& r, size_t run, const ItemView& it) {
+  if (it.kind == "serving") return drift_table(r, it);
   if (it.kl.empty()) {
     return it.kind == "consistency"
                ? ""

@@ -44,8 +44,12 @@ json backend_json(const RunInfo& i) {
                          {"max_context", c.max_context},
                          {"shape_buckets", c.shape_buckets},
                          {"determinism_note", text_or_null(c.determinism_note)},
-                         {"top_n", c.top_n}};
+                         {"top_n", c.top_n},
+                         {"batch_invariant_paths", c.batch_invariant_paths},
+                         {"max_batch", c.max_batch}};
   }
+  b["batching"] = text_or_null(i.batching);
+  b["fork"] = text_or_null(i.fork);
   return b;
 }
 
@@ -138,6 +142,7 @@ const char* item_verdict(const Result& r) {
 // "consistency.*" rows, "identity.*" rows (a server's model identity), greedy cases.
 const char* case_kind(const std::string& name) {
   if (name.starts_with("consistency")) return "consistency";
+  if (name.starts_with("serving")) return "serving";
   return name.starts_with("identity.") ? "identity" : "greedy";
 }
 
@@ -173,6 +178,15 @@ json case_json(const CaseResult& c) {
   cj["logprobs_top_n"] = c.logprobs_top_n;
   cj["not_supported"] = c.not_supported;
   cj["topn_missing_max"] = c.topn_missing_max;
+  cj["drift"] = json::array();
+  for (const DriftPoint& d : c.drift) {
+    cj["drift"].push_back({{"label", d.label},
+                           {"size", d.size},
+                           {"rows", d.rows},
+                           {"nmse_max", finite_or(d.nmse_max, -1)},
+                           {"max_abs", finite_or(d.max_abs, -1)},
+                           {"bitwise", d.bitwise}});
+  }
   return cj;
 }
 

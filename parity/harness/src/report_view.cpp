@@ -112,6 +112,18 @@ void read_series(const Reader& item, ItemView& v) {
   v.top1_match = s.bools("top1_match");
 }
 
+// Serving rows (schema_version 2): the drift of each configuration.
+void read_drift(const Reader& c, ItemView& v) {
+  const json* d = c.child("drift", true);
+  if (!d) return;
+  for (size_t i = 0; i < d->size(); ++i) {
+    if (!(*d)[i].is_object()) c.fail(fmt::format("drift/{}", i), "an object");
+    const Reader e(c.source(), (*d)[i], fmt::format("{}/drift/{}", c.ptr(), i));
+    v.drift.push_back({e.str("label"), e.integer("size"), e.integer("rows"), e.num("nmse_max"),
+                       e.num("max_abs"), e.boolean("bitwise")});
+  }
+}
+
 ItemView read_case(const Reader& c) {
   ItemView v;
   v.name = c.str("name", true);
@@ -136,6 +148,7 @@ ItemView read_case(const Reader& c) {
                     d.boolean("accepted_near_tie") ? " (accepted near-tie)" : "");
   }
   read_series(c, v);
+  read_drift(c, v);
   return v;
 }
 
@@ -207,6 +220,8 @@ RunView parse_report_view(const std::string& json_text, const std::string& sourc
   v.suite = r.str("suite");
   v.revision = r.at("touchstone").str("revision");
   v.started_at = r.str("started_at");
+  v.batching = r.at("backend").str("batching");
+  v.fork = r.at("backend").str("fork");
   v.near_tie_margin = r.at("tolerances").num("near_tie_margin", -1);
   v.seconds = r.num("seconds");
   v.checks_planned = r.integer("checks_planned");

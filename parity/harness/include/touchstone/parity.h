@@ -90,6 +90,17 @@ struct KnownDivergenceMatch {
   std::vector<Check> checks;
 };
 
+// One configuration of a serving check (touchstone/serving.h) and the drift it
+// measured: the needle's rows there vs the run it is compared with.
+struct DriftPoint {
+  std::string label;  // "B=4, fillers prefill while the needle decodes, needle in slot 2"
+  int size = 0;       // batch_invariance / content_isolation: B; prefix_fork: n_prefix;
+                      // speculative_verify: K
+  int rows = 0;       // rows compared
+  double nmse_max = 0.0, max_abs = 0.0;
+  bool bitwise = true;  // every compared row identical bit for bit
+};
+
 struct CaseResult {
   std::string name;
   bool passed = false;
@@ -127,6 +138,7 @@ struct CaseResult {
   int logprobs_top_n = 0;
   std::vector<std::string> not_supported;  // "logits_nmse", "logits_max_abs", ...
   int topn_missing_max = 0;  // most reference top-K tokens absent from one returned row
+  std::vector<DriftPoint> drift;  // serving checks: one per configuration run
 };
 
 struct ScoringResult {

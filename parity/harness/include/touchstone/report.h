@@ -13,7 +13,7 @@ namespace touchstone {
 
 // The JSON report's "schema_version" (docs/report-format.md, docs/report.schema.json):
 // additive changes keep it, renaming or removing a field bumps it.
-inline constexpr int kReportSchemaVersion = 1;
+inline constexpr int kReportSchemaVersion = 2;
 
 // What the backend declared (ts_capabilities), by name.
 struct BackendCapabilities {
@@ -23,6 +23,10 @@ struct BackendCapabilities {
   std::vector<int32_t> shape_buckets;     // static prefill lengths (TS_CAP_STATIC_SHAPES)
   std::string determinism_note;           // "" when the backend gave none
   int32_t top_n = 0;                      // ABI v5 TS_CAP_TOP_N_LOGPROBS: N; else 0
+  // ABI v6: weight paths covered by TS_CAP_BATCH_INVARIANT ("full_precision",
+  // "quantized"; empty without the flag) and the most entries per step_batch (0 = no limit).
+  std::vector<std::string> batch_invariant_paths;
+  int32_t max_batch = 0;
 };
 
 struct RunInfo {
@@ -39,6 +43,9 @@ struct RunInfo {
   // UTC ISO 8601 ("2026-11-25T18:37:00Z"); finished_at is "" until the run is complete.
   std::string started_at, finished_at;
   std::optional<Profile> tolerances;  // the profile's thresholds
+  // Serving checks (touchstone/serving.h) only, else "": how batches and forks
+  // ran ("native", "looped by the backend", "emulated by the harness").
+  std::string batching, fork;
 };
 
 // A planned check the backend cannot support (a top-N server cannot score a

@@ -2,7 +2,7 @@
 // parity --html/--summary` from its own report, by `touchstone summary` from
 // several), as the HTML and Markdown writers need it.
 //
-// Reports of schema_version 1 and older ones (no schema_version, no series)
+// Reports of schema_version 1-2 and older ones (no schema_version, no series)
 // are read; a field of the wrong type is an Error naming the source and the
 // JSON pointer ("r.json: /cases/2/series/kl/5: expected a number or null").
 #pragma once
@@ -31,6 +31,14 @@ struct ItemView {
   // the report has none.
   std::vector<double> kl, margin;
   std::vector<bool> top1_match;
+  // Serving checks: one configuration each (batch size, fork point, draft length).
+  struct Drift {
+    std::string label;
+    int size = 0, rows = 0;
+    double nmse = 0, max_abs = 0;
+    bool bitwise = true;
+  };
+  std::vector<Drift> drift;
 };
 
 struct RunView {
@@ -40,6 +48,7 @@ struct RunView {
   std::string reason;  // SKIP / UNSUPPORTED reason, or why the report could not be read
   std::string backend, backend_version, device, model, model_sha256, weights, profile, suite;
   std::string revision, started_at;
+  std::string batching, fork;  // serving checks: how batches / forks ran ("" = not run)
   double near_tie_margin = -1;  // the profile's; -1 = unknown
   double seconds = 0;
   int checks_planned = 0;

@@ -1,0 +1,88 @@
+// touchstone/serving.h - golden-free checks of a backend as engines serve
+// (ABI v6 step_batch / fork_session; docs/serving-checks.md).
+//
+// The needle is one manifest case: its prompt and its golden greedy
+// continuation (teacher-forced). Four checks, one CaseResult each:
+//   serving.batch_invariance    the needle alone vs the same needle, chunked the
+//                               same way, inside batches of B sequences (B-1
+//                               seeded fillers of filler_min..filler_max tokens),
+//                               in two schedules: fillers prefill while the needle
+//                               decodes, and the needle prefills while the fillers
+//                               decode; the needle at a seeded slot
+//   serving.content_isolation   the same batch shapes with other filler contents:
+//                               the needle's rows must not move (bitwise for a
+//                               backend claiming TS_CAP_BITWISE_DETERMINISM, else
+//                               within 4x the drift between two identical runs)
+//   serving.prefix_fork         fork the prompt's session at 1, the middle and the
+//                               end, continue the fork and the source: vs fresh
+//                               sessions prefilled from scratch
+//   serving.speculative_verify  for K in draft_lengths: drafts from the golden
+//                               continuation with a seeded wrong token, verified by
+//                               one all-position prefill, the agreeing prefix
+//                               accepted, rewind: the tokens must equal the
+//                               backend's own greedy decode, and the verify rows
+//                               its decode rows
+// Bits are demanded where the backend claims them: TS_CAP_BATCH_INVARIANT for
+// this weight path (every comparison across batch company, chunking or a fork),
+// TS_CAP_BITWISE_DETERMINISM (the same calls again, content_isolation); every
+// other comparison uses the profile's logits_nmse_max / logits_max_abs_max and
+// the near-tie rule, and the measured drift is reported per batch size
+// (CaseResult::drift). Failures name the check, the batch size, the schedule,
+// the needle's slot and the first failing position.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "touchstone/backend.h"
+#include "touchstone/manifest.h"
+#include "touchstone/parity.h"
+
+namespace touchstone {
+
+// The sizes of the serving checks. quick(): CI on every backend, the scalar
+// reference included; full(): the sizes of docs/serving-checks.md.
+struct ServingPlan {
+  std::vector<int> batch_sizes;   // B: sequences per step_batch call, needle included
+  int32_t filler_min = 10;        // filler prompt length range (tokens, seeded)
+  int32_t filler_max = 2048;
+  int32_t filler_chunk_max = 128;  // a filler's prefill chunks: 1..this many tokens (seeded)
+  int decode_steps = 16;           // needle decode steps (capped by its continuation)
+  std::vector<int> draft_lengths;  // K of speculative_verify
+  uint64_t seed = 0x5e7f1ce5ull;
+  static ServingPlan quick();
+  static ServingPlan full();
+  // "quick" or "full"; throws Error for another name.
+  static ServingPlan named(const std::string& name);
+  // The most positions any session of the plan holds, for a needle of n tokens.
+  int32_t context_needed(size_t needle_tokens) const;
+};
+
+struct ServingOptions {
+  SessionOptions session;
+  bool bitwise = false;          // TS_CAP_BITWISE_DETERMINISM
+  bool batch_invariant = false;  // TS_CAP_BATCH_INVARIANT covering session.weight_path
+  bool all_positions = false;    // TS_CAP_ALL_POSITION_LOGITS (speculative_verify needs it)
+  int32_t max_batch = 0;         // ts_capabilities.max_batch (0 = no limit)
+  ServingPlan plan;
+  std::vector<std::string> checks;  // names of serving_check_names() to run; empty = all
+  bool runs(const std::string& check) const;
+  size_t n_checks() const;  // how many of the four run
+};
+
+// The flags above from a backend's capabilities, for one weight path.
+ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions& session,
+                               ServingPlan plan);
+
+// Runs the four checks on the needle (prompt + golden continuation).
+// Backend errors propagate (BackendError), as in check_consistency.
+std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_t> prompt,
+                                      std::span<const int32_t> continuation,
+                                      const Profile& profile, const ServingOptions& opt);
+
+// The names of the four checks, in order ("serving.batch_invariance", ...).
+const std::vector<std::string>& serving_check_names();
+
+}  // namespace touchstone

@@ -1,0 +1,26 @@
+// row_compare.h - one logits row against another, for the golden-free checks
+// (consistency.cpp, serving_*.cpp): bitwise or within the profile.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "touchstone/manifest.h"
+#include "touchstone/parity.h"
+
+namespace touchstone::detail {
+
+// Compares `test` with `ref` (one logits row each) and counts it in r: a step
+// compared, NMSE / max |diff| maxima, a match or the first violation (at
+// `position`, its text followed by `where`). Rules, in order: non-finite
+// logits; not bitwise identical when `bitwise` (`claim` names why bits are
+// required); NMSE or max |diff| over the profile; a different argmax unless the
+// reference's top-2 margin is under near_tie_margin. Returns true when it matched.
+bool compare_row(std::span<const float> ref, std::span<const float> test, int position,
+                 bool bitwise, const std::string& claim, const Profile& p, const std::string& where,
+                 CaseResult& r);
+
+// Sets r.passed; a violation becomes a failure line "<what>: position N: <why>".
+void finish_rows(CaseResult& r, const std::string& what);
+
+}  // namespace touchstone::detail

@@ -1,0 +1,130 @@
+// serving.cpp - see touchstone/serving.h: the plans, the shared pieces and the
+// entry point. The checks: serving_batch.cpp, serving_fork.cpp, serving_verify.cpp.
+#include "touchstone/serving.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "row_compare.h"
+#include "serving_internal.h"
+#include "touchstone/error.h"
+#include "touchstone/metrics.h"
+
+namespace touchstone {
+
+ServingPlan ServingPlan::quick() {
+  ServingPlan p;
+  p.batch_sizes = {2, 4};
+  p.filler_min = 10;
+  p.filler_max = 32;
+  p.filler_chunk_max = 8;
+  p.decode_steps = 16;
+  p.draft_lengths = {1, 4, 16};
+  return p;
+}
+
+ServingPlan ServingPlan::full() {
+  ServingPlan p;
+  p.batch_sizes = {2, 4, 8, 16};
+  p.filler_min = 10;
+  p.filler_max = 2048;
+  p.filler_chunk_max = 128;
+  p.decode_steps = 16;
+  p.draft_lengths = {1, 2, 4, 8, 16};
+  return p;
+}
+
+ServingPlan ServingPlan::named(const std::string& name) {
+  if (name == "quick") return quick();
+  if (name == "full") return full();
+  throw Error("unknown serving plan '{}' (known: quick, full)", name);
+}
+
+int32_t ServingPlan::context_needed(size_t needle_tokens) const {
+  // A filler holds its prompt plus one token per needle step (prompt chunks + decodes).
+  const size_t filler = size_t(filler_max) + needle_tokens + size_t(decode_steps) + 2;
+  return int32_t(std::max(filler, needle_tokens + 1));
+}
+
+ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions& session,
+                               ServingPlan plan) {
+  ServingOptions o;
+  o.session = session;
+  o.bitwise = (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0;
+  const uint32_t path_bit = 1u << unsigned(session.weight_path);
+  o.batch_invariant = (caps.flags & TS_CAP_BATCH_INVARIANT) != 0 &&
+                      (caps.batch_invariant_paths == 0 || (caps.batch_invariant_paths & path_bit));
+  o.all_positions = (caps.flags & TS_CAP_ALL_POSITION_LOGITS) != 0;
+  o.max_batch = caps.max_batch;
+  o.plan = std::move(plan);
+  return o;
+}
+
+bool ServingOptions::runs(const std::string& check) const {
+  return checks.empty() || std::find(checks.begin(), checks.end(), check) != checks.end();
+}
+
+size_t ServingOptions::n_checks() const {
+  size_t n = 0;
+  for (const std::string& c : serving_check_names()) n += runs(c) ? 1 : 0;
+  return n;
+}
+
+const std::vector<std::string>& serving_check_names() {
+  static const std::vector<std::string> names = {
+      "serving.batch_invariance", "serving.content_isolation", "serving.prefix_fork",
+      "serving.speculative_verify"};
+  return names;
+}
+
+std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_t> prompt,
+                                      std::span<const int32_t> continuation,
+                                      const Profile& profile, const ServingOptions& opt) {
+  if (prompt.empty()) throw Error("serving checks: the needle case has an empty prompt");
+  std::vector<int32_t> needle(prompt.begin(), prompt.end());
+  const size_t steps = std::min(continuation.size(), size_t(opt.plan.decode_steps));
+  needle.insert(needle.end(), continuation.begin(), continuation.begin() + std::ptrdiff_t(steps));
+  std::vector<CaseResult> out;
+  if (opt.runs("serving.batch_invariance") || opt.runs("serving.content_isolation"))
+    out = detail::check_batches(model, needle, prompt.size(), profile, opt);
+  if (opt.runs("serving.prefix_fork")) {
+    out.push_back(detail::timed(
+        [&] { return detail::check_prefix_fork(model, needle, prompt.size(), profile, opt); }));
+  }
+  if (opt.all_positions && opt.runs("serving.speculative_verify")) {
+    out.push_back(detail::timed(
+        [&] { return detail::check_speculative(model, prompt, continuation, profile, opt); }));
+  }
+  return out;
+}
+
+namespace detail {
+
+void DriftMeter::add(std::span<const float> ref, std::span<const float> test) {
+  ++point.rows;
+  point.nmse_max = std::max(point.nmse_max, metrics::nmse(ref, test));
+  point.max_abs = std::max(point.max_abs, metrics::max_abs_diff(ref, test));
+  if (std::memcmp(ref.data(), test.data(), ref.size() * sizeof(float)) != 0) point.bitwise = false;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, size_t n, int32_t n_vocab) {
+  std::uniform_int_distribution<int32_t> id(0, n_vocab - 1);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = id(rng);
+  return t;
+}
+
+void compare_rows(const PositionedRows& ref, const PositionedRows& test, bool bitwise,
+                  const std::string& claim, const Profile& p, const std::string& where,
+                  CaseResult& r, DriftMeter& meter) {
+  if (ref.positions != test.positions) {
+    throw Error("serving check{}: rows at different positions (a harness bug)", where);
+  }
+  for (size_t i = 0; i < ref.rows.size(); ++i) {
+    meter.add(ref.rows[i], test.rows[i]);
+    compare_row(ref.rows[i], test.rows[i], ref.positions[i], bitwise, claim, p, where, r);
+  }
+}
+
+}  // namespace detail
+}  // namespace touchstone

@@ -1,0 +1,56 @@
+// serving_internal.h - what the serving checks (serving_*.cpp) share.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "touchstone/serving.h"
+
+namespace touchstone::detail {
+
+using Row = std::vector<float>;
+
+// Logits rows of one sequence, each with the position of the token it follows.
+struct PositionedRows {
+  std::vector<int> positions;
+  std::vector<Row> rows;
+};
+
+// Accumulates one configuration's drift (DriftPoint) while rows are compared.
+struct DriftMeter {
+  DriftPoint point;
+  void add(std::span<const float> ref, std::span<const float> test);
+};
+
+// Seeded token ids in [0, n_vocab).
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, size_t n, int32_t n_vocab);
+
+// Compares two row sets position by position into r and the meter (rows must
+// be at the same positions; `where` is appended to a violation).
+void compare_rows(const PositionedRows& ref, const PositionedRows& test, bool bitwise,
+                  const std::string& claim, const Profile& p, const std::string& where,
+                  CaseResult& r, DriftMeter& meter);
+
+// Runs fn, timing it into the result it returns.
+template <typename Fn>
+CaseResult timed(Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CaseResult r = fn();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_t> needle,
+                                      size_t prompt_len, const Profile& profile,
+                                      const ServingOptions& opt);
+CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle,
+                             size_t prompt_len, const Profile& profile, const ServingOptions& opt);
+CaseResult check_speculative(const Model& model, std::span<const int32_t> prompt,
+                             std::span<const int32_t> continuation, const Profile& profile,
+                             const ServingOptions& opt);
+
+}  // namespace touchstone::detail
