@@ -147,6 +147,14 @@ void protocol_seeds(const std::string& dir) {
   p::Writer err;
   err.i32(3).str("backend error");
   save(dir + "/seed_error", p::frame(8 | p::kReplyBit, err.bytes()));
+  p::Writer batch;
+  const int32_t a[1] = {7}, b[3] = {1, 2, 3};
+  const p::BatchEntry entries[2] = {{1, false, a}, {2, true, b}};
+  p::encode_step_batch(batch, entries);
+  save(dir + "/seed_step_batch", p::frame(uint32_t(p::Op::kStepBatch), batch.bytes()));
+  p::Writer fork;
+  p::encode(fork, p::ForkRequest{1, 2});
+  save(dir + "/seed_fork", p::frame(uint32_t(p::Op::kForkSession), fork.bytes()));
 }
 
 }  // namespace

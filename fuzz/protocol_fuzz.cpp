@@ -1,5 +1,6 @@
 // libFuzzer target: the child-process protocol decoder (touchstone/protocol.h)
-// as the harness runs it on a runner's replies: header, then each reply kind.
+// as the harness runs it on a runner's replies: header, then each reply kind;
+// and as the runner runs it on the harness's step_batch / fork_session requests.
 // Any input must decode or throw ProtocolError; nothing else.
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +30,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Reader r(body, "capabilities reply");
     (void)decode_capabilities(r, note);
     r.finish();
+  } catch (const ProtocolError&) {
+  }
+  try {  // a version-3 peer's capabilities: ends after top_n
+    std::string note;
+    Reader r(body, "capabilities reply");
+    (void)decode_capabilities(r, note, 3);
+    r.finish();
+  } catch (const ProtocolError&) {
+  }
+  // The runner's side: a step_batch request (n_entries and every n_tokens are
+  // bounded before anything is allocated) and a fork_session request.
+  try {
+    Reader r(body, "step_batch request");
+    (void)decode_step_batch(r);
+  } catch (const ProtocolError&) {
+  }
+  try {
+    Reader r(body, "fork_session request");
+    (void)decode_fork(r);
   } catch (const ProtocolError&) {
   }
   try {  // a logits reply: status, then exactly n floats

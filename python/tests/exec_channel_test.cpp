@@ -183,6 +183,39 @@ TEST(ExecBackend, GreedyAndTapsAreDeclaredFromTheSessionClass) {
   EXPECT_EQ(s.read_taps(6), std::vector<float>(6, 2.0f));
 }
 
+// ABI v6 through an exec: child: step_batch and fork reach the engine; a
+// step_batch reply of the wrong size is a protocol violation.
+TEST(ExecBackend, StepBatchAndForkAndTheReplySizeCheck) {
+  auto lib = BackendLibrary::spawn(fake("ServingEngine"), quick());
+  EXPECT_TRUE(lib->channel().info().step_batch);
+  EXPECT_TRUE(lib->has_fork());
+  EXPECT_EQ(lib->capabilities().max_batch, 3);
+  Model model(lib, "model.gguf");
+  Session a(model, {}), b(model, {});
+  a.prefill(std::vector<int32_t>{1, 2});
+  const std::vector<int32_t> ta = {3}, tb = {4, 5};
+  std::vector<float> la(8), lb(16);
+  Session::step_batch(std::vector<Session::Step>{{&a, ta, false, la}, {&b, tb, true, lb}});
+  EXPECT_FLOAT_EQ(la[0], 5.0f);  // token 3 at position 2
+  EXPECT_FLOAT_EQ(lb[8], 6.0f);  // token 5 at position 1
+  EXPECT_EQ(a.position(), 3);
+  auto f = a.fork(1);
+  EXPECT_EQ(f->position(), 1);
+  EXPECT_FLOAT_EQ(f->prefill(ta)[0], 4.0f);  // token 3 at position 1
+
+  auto extra = BackendLibrary::spawn(fake("BatchExtraFloat"), quick());
+  Model m2(extra, "model.gguf");
+  Session c(m2, {});
+  std::vector<float> lc(8);
+  const std::string msg = error_of<BackendCrash>([&] {
+    Session::step_batch(std::vector<Session::Step>{{&c, ta, false, lc}});
+  });
+  EXPECT_NE(msg.find("protocol violation in step_batch: 36 bytes of logits, expected 32"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(extra->channel().alive());
+}
+
 TEST(ExecBackend, AnEngineThatCannotStartIsALoadError) {
   const std::string msg = error_of([] { BackendLibrary::spawn(fake("FailingEngine"), quick()); });
   EXPECT_NE(msg.find("engine cannot start: RuntimeError: cannot find the accelerator"),

@@ -156,3 +156,46 @@ class FdEngine(FakeEngine):
         import os
         fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
         return "fds " + ",".join(str(f) for f in fds)
+
+
+class ServingSession(FakeSession):
+    def fork_copy(self, n_prefix):
+        s = ServingSession(self.model, self.options)
+        s.pos = n_prefix
+        return s
+
+
+class ServingEngine(FakeEngine):
+    """ABI v6: step_batch (a loop over prefill) and fork. fail_batch makes
+    step_batch raise after advancing every session; short_entry makes entry 1's
+    logits one float short."""
+
+    name = "fake_serving"
+    session_class = ServingSession
+    fail_batch = short_entry = False
+
+    def capabilities(self):
+        c = super().capabilities()
+        c.max_batch = 3
+        return c
+
+    def step_batch(self, entries):
+        out = [e.session.prefill(e.tokens, e.all_positions) for e in entries]
+        if self.fail_batch:
+            raise RuntimeError("device lost mid-batch")
+        if self.short_entry:
+            out[1] = out[1][:-1]
+        return out
+
+    def fork(self, session, n_prefix):
+        return session.fork_copy(n_prefix)
+
+
+class ClaimsServingEngine(FakeEngine):
+    """Claims both ABI v6 flags without the methods: serve() clears them."""
+
+    def capabilities(self):
+        from touchstone_engine import TS_CAP_BATCHED_SESSIONS, TS_CAP_KV_PREFIX_COPY
+        c = super().capabilities()
+        c.flags |= TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY
+        return c

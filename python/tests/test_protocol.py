@@ -90,7 +90,9 @@ class Records(unittest.TestCase):
                            max_context=512, shape_buckets=[16, 64], determinism_note="n")
         b = c.encode(P.Writer()).bytes()
         v4 = struct.pack("<IQii2i", 1, 8, 512, 2, 16, 64) + struct.pack("<I", 1) + b"n"
-        self.assertEqual(b, v4 + struct.pack("<i", 0))  # ABI v5 appended i32 top_n
+        v5 = v4 + struct.pack("<i", 0)  # ABI v5 appended i32 top_n
+        self.assertEqual(b, v5 + struct.pack("<Ii", 0, 0))  # protocol 4: ABI v6's two fields
+        self.assertEqual(c.encode(P.Writer(), 3).bytes(), v5)
         d = P.Capabilities.decode(P.Reader(b, "capabilities reply"))
         self.assertEqual((d.flags, d.weight_types, d.max_context, d.shape_buckets,
                           d.determinism_note, d.top_n), (1, 8, 512, [16, 64], "n", 0))
@@ -98,6 +100,43 @@ class Records(unittest.TestCase):
         self.assertEqual(P.Capabilities.decode(P.Reader(v4, "capabilities reply")).top_n, 0)
         t = P.Capabilities(flags=P.TS_CAP_TOP_N_LOGPROBS, top_n=64).encode(P.Writer()).bytes()
         self.assertEqual(P.Capabilities.decode(P.Reader(t, "c")).top_n, 64)
+
+    def test_capabilities_batch_fields(self):
+        flags = P.TS_CAP_V6_FLAGS | P.TS_CAP_ALL_POSITION_LOGITS
+        c = P.Capabilities(flags=flags, batch_invariant_paths=2, max_batch=8)
+        d = P.Capabilities.decode(P.Reader(c.encode(P.Writer()).bytes(), "c"))
+        self.assertEqual((d.flags, d.batch_invariant_paths, d.max_batch), (flags, 2, 8))
+        # Protocol 3, or a reply that ends before them: 0, and the v6 flags dropped.
+        old = c.encode(P.Writer(), 3).bytes()
+        for version in (3, 4):
+            d = P.Capabilities.decode(P.Reader(old, "c"), version)
+            self.assertEqual((d.flags, d.batch_invariant_paths, d.max_batch),
+                             (P.TS_CAP_ALL_POSITION_LOGITS, 0, 0))
+        bad = P.Capabilities(max_batch=-1).encode(P.Writer()).bytes()
+        with self.assertRaisesRegex(P.ProtocolError, "max_batch -1"):
+            P.Capabilities.decode(P.Reader(bad, "c"))
+
+    def test_step_batch_request(self):
+        entries = [(11, [7], False), (22, [1, 2, 3, 4, 5], False), (33, [9, 8, 7], True)]
+        b = P.encode_step_batch(P.Writer(), entries).bytes()
+        self.assertEqual(len(b), 4 + 3 * 16 + 4 * 9)
+        self.assertEqual(P.decode_step_batch(P.Reader(b, "step_batch request")), entries)
+
+    def test_step_batch_request_is_bounded_before_reading(self):
+        cases = [
+            (struct.pack("<IQiii", 0xFFFFFFFF, 1, 0, 1, 5), "n_entries 4294967295"),
+            (struct.pack("<I", 0), "n_entries 0"),
+            (struct.pack("<IQiii", 1, 1, 0, 0x7FFFFFFF, 5), "entry 0: n_tokens 2147483647"),
+            (struct.pack("<IQiiiQii", 2, 1, 0, 1, 5, 2, 0, -1), "entry 1: n_tokens -1"),
+            (struct.pack("<IQiiiI", 1, 1, 0, 1, 5, 0), "trailing"),
+        ]
+        for data, message in cases:
+            with self.assertRaisesRegex(P.ProtocolError, message):
+                P.decode_step_batch(P.Reader(data, "step_batch request"))
+
+    def test_negotiation(self):
+        self.assertEqual([P.negotiate(v) for v in (2, 3, 4, 5)], [4, 3, 4, 4])
+        self.assertEqual(P.API_VERSION_OF[3], 5)
 
     def test_capabilities_buckets_bounded(self):
         b = struct.pack("<IQii", 0, 0, 0, 17)
@@ -109,15 +148,24 @@ class Records(unittest.TestCase):
     def test_backend_info_layout(self):
         i = P.BackendInfo(name="n", version="v", path="p", device="d", device_greedy=True,
                           declares_models=True, architectures="llama", model_features="", taps=True)
+        i.fork = True
         b = i.encode(P.Writer()).bytes()
-        expect = struct.pack("<II", 3, P.API_VERSION)
+        expect = struct.pack("<II", 4, P.API_VERSION)
         for s in (b"n", b"v", b"p", b"d"):
             expect += struct.pack("<I", len(s)) + s
         expect += struct.pack("<II", 1, 1) + struct.pack("<I", 5) + b"llama" + struct.pack("<I", 0)
         expect += struct.pack("<I", 1)
-        self.assertEqual(b, expect)
+        self.assertEqual(b, expect + struct.pack("<II", 0, 1))  # protocol 4: step_batch, fork
         d = P.BackendInfo.decode(P.Reader(b, "hello reply"))
         self.assertEqual((d.name, d.architectures, d.taps, d.device_greedy), ("n", "llama", True, True))
+        self.assertEqual((d.step_batch, d.fork), (False, True))
+        i.protocol_version = 3
+        old = i.encode(P.Writer()).bytes()
+        self.assertEqual(old, struct.pack("<I", 3) + expect[4:])
+        r = P.Reader(old, "hello reply")
+        d = P.BackendInfo.decode(r)
+        r.finish()
+        self.assertEqual((d.protocol_version, d.taps, d.fork), (3, True, False))
 
     def test_backend_info_rejects_unknown_field(self):
         with self.assertRaises(TypeError):
@@ -146,13 +194,16 @@ class Records(unittest.TestCase):
         with open(proto, encoding="utf-8") as f:
             text = f.read()
         self.assertEqual(P.VERSION, int(re.search(r"kVersion = (\d+);", text).group(1)))
+        self.assertEqual(P.MIN_VERSION, int(re.search(r"kMinVersion = (\d+);", text).group(1)))
+        self.assertEqual(P.MAX_BATCH_ENTRIES, 1 << 16)
+        self.assertIn("kMaxBatchEntries = 1u << 16", text)
         self.assertEqual(P.MAX_REQUEST_PAYLOAD, 64 << 20)
         self.assertIn("kMaxRequestPayload = 64ull << 20", text)
         ops = dict(re.findall(r"k(\w+) = (\d+),?\s*//", text))
         for cname, value in ops.items():
             pyname = re.sub(r"(?<!^)([A-Z])", r"_\1", cname).upper()
             self.assertEqual(getattr(P, pyname), int(value), cname)
-        self.assertGreaterEqual(len(ops), 13)
+        self.assertGreaterEqual(len(ops), 15)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,9 @@ class ServerTest(unittest.TestCase):
 class Hello(ServerTest):
     def test_identity(self):
         i = self.info
-        self.assertEqual((i.protocol_version, i.api_version), (3, P.API_VERSION))
+        self.assertEqual((i.protocol_version, i.api_version), (4, P.API_VERSION))
+        self.assertFalse(i.step_batch)
+        self.assertFalse(i.fork)
         self.assertEqual((i.name, i.version, i.path, i.device), ("fake", "1.2.3",
                                                                  "fake command line", "fake device"))
         self.assertTrue(i.declares_models)
@@ -286,6 +288,148 @@ class GreedyAndTaps(ServerTest):
         self.assertEqual(r.f32s("taps", 6), [2.0] * 6)
         r = self.h.call(P.READ_TAPS, P.Writer().u64(s).u64(0).bytes())
         self.assertEqual(status(r), (P.TS_ERR_INTERNAL, "read_taps: n_floats 0 outside [1, 2^28]"))
+
+
+def batch(entries):
+    return P.encode_step_batch(P.Writer(), entries).bytes()
+
+
+class Serving(ServerTest):
+    engine = F.ServingEngine
+
+    def open2(self):
+        """Two sessions of one model."""
+        m, _ = self.load()
+        out = []
+        for _ in range(2):
+            r = self.open(m)
+            self.assertEqual(r.i32("status"), P.TS_OK)
+            out.append(r.u64("session"))
+        return out
+
+    def position(self, s):
+        r = self.h.call(P.POSITION, P.Writer().u64(s).bytes())
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        return r.i32("position")
+
+    def test_hello_and_capabilities(self):
+        self.assertTrue(self.info.step_batch)
+        self.assertTrue(self.info.fork)
+        r = self.h.call(P.CAPABILITIES)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        c = P.Capabilities.decode(r)
+        self.assertEqual(c.max_batch, 3)
+        self.assertTrue(c.flags & P.TS_CAP_KV_PREFIX_COPY)  # set because fork exists
+
+    def test_each_entry_gets_its_prefill(self):
+        a, b = self.open2()
+        self.prefill(a, [1, 2])
+        r = self.h.call(P.STEP_BATCH, batch([(a, [3], False), (b, [4, 5], True)]))
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        got = r.f32s("logits", 3 * F.N_VOCAB)
+        r.finish()
+        want = F.row(3, 2) + F.row(4, 0) + F.row(5, 1)
+        self.assertEqual(got, [float(F.array("f", [x])[0]) for x in want])
+        self.assertEqual((self.position(a), self.position(b)), (3, 2))
+
+    def test_errors_name_the_entry_and_move_nothing(self):
+        a, b = self.open2()
+        self.prefill(a, [1, 2])
+        other = self.session()
+        cases = [
+            ([(a, [1], False), (b, [1, F.N_VOCAB], False)], P.TS_ERR_INVALID_ARGUMENT,
+             "step_batch: entry 1: token #1 = 8 outside"),
+            ([(a, [1], False), (a, [1], False)], P.TS_ERR_INVALID_ARGUMENT,
+             "entry 1: the same session twice"),
+            ([(a, [1], False), (other, [1], False)], P.TS_ERR_INVALID_ARGUMENT,
+             "entry 1: a session of another model"),
+            ([(a, [1], False), (b, [1] * 33, False)], P.TS_ERR_CONTEXT_FULL,
+             "entry 1: position 0 \\+ 33 tokens exceeds"),
+            ([(a, [1], False)] * 4, P.TS_ERR_INVALID_ARGUMENT, "4 entries, max_batch is 3"),
+            ([(a, [1], False), (999, [1], False)], P.TS_ERR_INTERNAL,
+             "entry 1: unknown session handle 999"),
+        ]
+        for entries, want, message in cases:
+            st, msg = status(self.h.call(P.STEP_BATCH, batch(entries)))
+            self.assertEqual(st, want, msg)
+            self.assertRegex(msg, message)
+            self.assertEqual((self.position(a), self.position(b)), (2, 0))
+
+    def test_a_failing_engine_rolls_back(self):
+        a, b = self.open2()
+        self.prefill(a, [1, 2])
+        self.h.server.engine.fail_batch = True
+        st, msg = status(self.h.call(P.STEP_BATCH, batch([(a, [3], False), (b, [4], False)])))
+        self.assertEqual(st, P.TS_ERR_INTERNAL)
+        self.assertIn("device lost mid-batch", msg)
+        self.assertEqual((self.position(a), self.position(b)), (2, 0))
+        self.h.server.engine.fail_batch = False
+        self.h.server.engine.short_entry = True
+        st, msg = status(self.h.call(P.STEP_BATCH, batch([(a, [3], False), (b, [4], False)])))
+        self.assertEqual(st, P.TS_ERR_INTERNAL)
+        self.assertIn("step_batch (entry 1) returned 7 floats, expected 8", msg)
+        self.assertEqual((self.position(a), self.position(b)), (2, 0))
+
+    def test_malformed_request(self):
+        st, msg = status(self.h.call(P.STEP_BATCH, struct.pack("<I", 1 << 30)))
+        self.assertEqual(st, P.TS_ERR_INVALID_ARGUMENT)
+        self.assertIn("n_entries 1073741824", msg)
+
+    def test_fork(self):
+        a = self.session()
+        self.prefill(a, [1, 2, 3])
+        r = self.h.call(P.FORK_SESSION, P.Writer().u64(a).i32(2).bytes())
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        f = r.u64("session")
+        self.assertEqual((self.position(f), self.position(a)), (2, 3))
+        r = self.prefill(f, [5])
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(r.f32s("logits", F.N_VOCAB)[0], 7.0)  # token 5 at position 2
+        for n in (-1, 4):
+            st, msg = status(self.h.call(P.FORK_SESSION, P.Writer().u64(a).i32(n).bytes()))
+            self.assertEqual(st, P.TS_ERR_INVALID_ARGUMENT)
+            self.assertIn(f"n_prefix {n} outside [0, 3]", msg)
+        # the fork joins a batch with its source
+        r = self.h.call(P.STEP_BATCH, batch([(a, [1], False), (f, [1], False)]))
+        self.assertEqual(r.i32("status"), P.TS_OK)
+
+
+class NoServing(ServerTest):
+    engine = F.ClaimsServingEngine
+
+    def test_defaults_are_unsupported_and_flags_cleared(self):
+        self.assertFalse(self.info.step_batch)
+        self.assertFalse(self.info.fork)
+        r = self.h.call(P.CAPABILITIES)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        c = P.Capabilities.decode(r)
+        self.assertEqual(c.flags & (P.TS_CAP_BATCHED_SESSIONS | P.TS_CAP_KV_PREFIX_COPY), 0)
+        s = self.session()
+        st, msg = status(self.h.call(P.STEP_BATCH, batch([(s, [1], False)])))
+        self.assertEqual(st, P.TS_ERR_UNSUPPORTED)
+        self.assertIn("no step_batch", msg)
+        st, msg = status(self.h.call(P.FORK_SESSION, P.Writer().u64(s).i32(0).bytes()))
+        self.assertEqual(st, P.TS_ERR_UNSUPPORTED)
+        self.assertIn("no fork_session", msg)
+
+
+class OlderHarness(unittest.TestCase):
+    """A protocol-3 harness gets version 3, ABI 5 and the fields it knows."""
+
+    def test_hello_and_capabilities_of_version_3(self):
+        h = Harness(F.ServingEngine)
+        r = h.call(P.HELLO, P.Writer().u32(3).bytes())
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        info = P.BackendInfo.decode(r)
+        r.finish()
+        self.assertEqual((info.protocol_version, info.api_version), (3, 5))
+        self.assertFalse(info.fork)
+        r = h.call(P.CAPABILITIES)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        c = P.Capabilities.decode(r, 3)
+        r.finish()  # nothing after top_n
+        self.assertEqual(c.flags & P.TS_CAP_V6_FLAGS, 0)
+        self.assertEqual(h.close(), [0])
 
 
 class WrongSizes(ServerTest):

@@ -23,6 +23,9 @@ before an engine sees it, so an engine computes and nothing else:
         session_class = MySession
         def load_model(self, path): ...        # an object with n_vocab (int or method)
         def open_session(self, model, options): return MySession(...)
+        # optional (ABI v6; hello reports each only when overridden):
+        def step_batch(self, entries): ...     # [BatchEntry] -> [logits of each entry]
+        def fork(self, session, n_prefix): ... # a new Session holding session's first n_prefix
 
     serve(MyEngine)
 
@@ -90,6 +93,18 @@ class Session:
         pass
 
 
+@dataclass
+class BatchEntry:
+    """One sequence's share of Engine.step_batch (ts_batch_entry), already checked
+    by serve(): sessions distinct and of one model and weight path, token ids in
+    [0, n_vocab), room in the KV cache, all_positions only with
+    TS_CAP_ALL_POSITION_LOGITS."""
+
+    session: Session
+    tokens: list
+    all_positions: bool = False
+
+
 class Engine:
     """The backend. Subclass it; serve() takes the class (or an instance)."""
 
@@ -114,3 +129,21 @@ class Engine:
 
     def open_session(self, model, options):
         raise NotImplementedError
+
+    # ---- ABI v6 [serving]: optional; the hello reports each one only when a
+    # subclass overrides it, and the harness then calls it. ----
+
+    def step_batch(self, entries):
+        """Advances every entry's session as session.prefill(tokens, all_positions)
+        would, and returns the logits of each entry in entry order (n_vocab values,
+        or len(tokens) * n_vocab with all_positions). Set TS_CAP_BATCHED_SESSIONS in
+        capabilities() only when this is one forward pass over every entry's tokens.
+        If it raises, serve() rewinds every session to where it was."""
+        raise EngineError(protocol.TS_ERR_UNSUPPORTED, f"engine '{self.name}' has no step_batch")
+
+    def fork(self, session, n_prefix):
+        """A new session with session's options whose KV cache holds its first
+        n_prefix positions (0 <= n_prefix <= position(), checked); session is left
+        unchanged and the two are independent. Taps start off. serve() sets
+        TS_CAP_KV_PREFIX_COPY when this is overridden."""
+        raise EngineError(protocol.TS_ERR_UNSUPPORTED, f"engine '{self.name}' has no fork")

@@ -1,4 +1,4 @@
-"""The child-process protocol, version 3 (docs/protocol.md): frames and fields.
+"""The child-process protocol, version 4 (docs/protocol.md): frames and fields.
 
 Standard library only. Every frame is
 
@@ -13,8 +13,10 @@ and raises ProtocolError naming the message and the field.
 
 import struct
 
-VERSION = 3
-API_VERSION = 5  # TS_BACKEND_API_VERSION of common/include/touchstone/backend_abi.h
+VERSION = 4
+MIN_VERSION = 3  # the oldest harness an engine still answers (with that version's fields)
+API_VERSION = 6  # TS_BACKEND_API_VERSION of common/include/touchstone/backend_abi.h
+API_VERSION_OF = {3: 5, 4: API_VERSION}  # the newest ABI each protocol version carries
 MAGIC = 0x31505354  # bytes "TSP1"
 REPLY_BIT = 0x8000
 HEADER_SIZE = 16
@@ -34,6 +36,9 @@ POSITION = 10
 PREFILL_GREEDY = 11
 SET_TAPS = 12
 READ_TAPS = 13
+STEP_BATCH = 14  # version 4 (ABI v6)
+FORK_SESSION = 15  # version 4 (ABI v6)
+MAX_BATCH_ENTRIES = 1 << 16
 
 OP_NAMES = {
     HELLO: "hello",
@@ -49,6 +54,8 @@ OP_NAMES = {
     PREFILL_GREEDY: "prefill_greedy",
     SET_TAPS: "set_taps",
     READ_TAPS: "read_taps",
+    STEP_BATCH: "step_batch",
+    FORK_SESSION: "fork_session",
 }
 
 # ts_status
@@ -79,6 +86,8 @@ TS_CAP_KV_PREFIX_COPY = 1 << 3
 TS_CAP_BITWISE_DETERMINISM = 1 << 4
 TS_CAP_STATIC_SHAPES = 1 << 5
 TS_CAP_TOP_N_LOGPROBS = 1 << 6  # ABI v5: rows of top_n log-probabilities, -inf elsewhere
+TS_CAP_BATCH_INVARIANT = 1 << 7  # ABI v6: a token's bits independent of the rest of the call
+TS_CAP_V6_FLAGS = TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATCH_INVARIANT
 
 # ts_weight_path
 TS_WEIGHTS_FULL_PRECISION = 0
@@ -107,6 +116,12 @@ class ProtocolError(Exception):
 
 def op_name(op):
     return OP_NAMES.get(op & ~REPLY_BIT, "unknown op")
+
+
+def negotiate(requested):
+    """The version an engine answers a hello asking for `requested` with: an
+    older harness (>= MIN_VERSION) gets its own; any other gets VERSION."""
+    return requested if MIN_VERSION <= requested < VERSION else VERSION
 
 
 def parse_header(data, max_payload):
@@ -216,25 +231,31 @@ class Capabilities:
     """ts_capabilities: flags (TS_CAP_*), weight_types (weight_type_bit(...)),
     max_context (0 = the model's), shape_buckets (static prefill lengths, at most 16),
     determinism_note (why not bitwise deterministic, or ""), top_n (ABI v5: with
-    TS_CAP_TOP_N_LOGPROBS, log-probabilities per row; else 0)."""
+    TS_CAP_TOP_N_LOGPROBS, log-probabilities per row; else 0), batch_invariant_paths
+    (ABI v6: with TS_CAP_BATCH_INVARIANT, bit 1 << TS_WEIGHTS_* per covered path,
+    0 = all) and max_batch (ABI v6: most step_batch entries, 0 = no limit)."""
 
     def __init__(self, flags=0, weight_types=0, max_context=0, shape_buckets=(),
-                 determinism_note="", top_n=0):
+                 determinism_note="", top_n=0, batch_invariant_paths=0, max_batch=0):
         self.flags = flags
         self.weight_types = weight_types
         self.max_context = max_context
         self.shape_buckets = list(shape_buckets)
         self.determinism_note = determinism_note or ""
         self.top_n = top_n
+        self.batch_invariant_paths = batch_invariant_paths
+        self.max_batch = max_batch
 
-    def encode(self, w):
+    def encode(self, w, version=VERSION):
         buckets = self.shape_buckets[:16]
         w.u32(self.flags).u64(self.weight_types).i32(self.max_context).i32(len(buckets))
         w.i32s(buckets).str(self.determinism_note).i32(self.top_n)
+        if version >= 4:
+            w.u32(self.batch_invariant_paths).i32(self.max_batch)
         return w
 
     @staticmethod
-    def decode(r):
+    def decode(r, version=VERSION):
         c = Capabilities(flags=r.u32("flags"), weight_types=r.u64("weight_types"),
                          max_context=r.i32("max_context"))
         n = r.i32("n_shape_buckets")
@@ -243,20 +264,30 @@ class Capabilities:
         c.shape_buckets = r.i32s("shape_buckets", n)
         c.determinism_note = r.str("determinism_note", 1 << 16)
         c.top_n = r.i32("top_n") if r.remaining() >= 4 else 0  # ABI v5, optional
+        if version >= 4 and r.remaining() >= 8:  # ABI v6, optional
+            c.batch_invariant_paths = r.u32("batch_invariant_paths")
+            c.max_batch = r.i32("max_batch")
+            if c.max_batch < 0:
+                raise ProtocolError(f"capabilities reply: max_batch {c.max_batch} < 0")
+        else:
+            c.flags &= ~TS_CAP_V6_FLAGS
         return c
 
 
 class BackendInfo:
-    """The hello reply after TS_OK (protocol version 3)."""
+    """The hello reply after TS_OK; the fields a protocol version added are
+    encoded and decoded only from that version (protocol_version comes first)."""
 
     FIELDS = ("protocol_version", "api_version", "name", "version", "path", "device",
-              "device_greedy", "declares_models", "architectures", "model_features", "taps")
+              "device_greedy", "declares_models", "architectures", "model_features", "taps",
+              "step_batch", "fork")
 
     def __init__(self, **kw):
         self.protocol_version = VERSION
         self.api_version = API_VERSION
         self.name = self.version = self.path = self.device = ""
         self.device_greedy = self.declares_models = self.taps = False
+        self.step_batch = self.fork = False
         self.architectures = self.model_features = ""
         for k, v in kw.items():
             if k not in self.FIELDS:
@@ -264,28 +295,67 @@ class BackendInfo:
             setattr(self, k, v)
 
     def encode(self, w):
-        w.u32(self.protocol_version).u32(self.api_version)
+        v = self.protocol_version
+        w.u32(v).u32(self.api_version)
         w.str(self.name).str(self.version).str(self.path).str(self.device)
         w.u32(1 if self.device_greedy else 0)
-        w.u32(1 if self.declares_models else 0).str(self.architectures).str(self.model_features)
-        w.u32(1 if self.taps else 0)
+        if v >= 2:
+            w.u32(1 if self.declares_models else 0).str(self.architectures)
+            w.str(self.model_features)
+        if v >= 3:
+            w.u32(1 if self.taps else 0)
+        if v >= 4:
+            w.u32(1 if self.step_batch else 0).u32(1 if self.fork else 0)
         return w
 
     @staticmethod
     def decode(r):
         i = BackendInfo()
-        i.protocol_version = r.u32("protocol_version")
+        i.protocol_version = v = r.u32("protocol_version")
         i.api_version = r.u32("api_version")
         i.name = r.str("name", 4096)
         i.version = r.str("version", 4096)
         i.path = r.str("path", 1 << 16)
         i.device = r.str("device", 1 << 16)
         i.device_greedy = r.u32("device_greedy") != 0
-        i.declares_models = r.u32("declares_models") != 0
-        i.architectures = r.str("architectures", 4096)
-        i.model_features = r.str("model_features", 4096)
-        i.taps = r.u32("taps") != 0
+        if v >= 2:
+            i.declares_models = r.u32("declares_models") != 0
+            i.architectures = r.str("architectures", 4096)
+            i.model_features = r.str("model_features", 4096)
+        if v >= 3:
+            i.taps = r.u32("taps") != 0
+        if v >= 4:
+            i.step_batch = r.u32("step_batch") != 0
+            i.fork = r.u32("fork") != 0
         return i
+
+
+def encode_step_batch(w, entries):
+    """STEP_BATCH request: entries are (session handle, tokens, all_positions)."""
+    w.u32(len(entries))
+    for session, tokens, all_positions in entries:
+        w.u64(session).i32(1 if all_positions else 0).i32(len(tokens)).i32s(tokens)
+    return w
+
+
+def decode_step_batch(r):
+    """[(session handle, tokens, all_positions)] of a STEP_BATCH request; n_entries
+    and every n_tokens are bounded by the bytes left before anything is read."""
+    n = r.u32("n_entries")
+    if n == 0 or n > MAX_BATCH_ENTRIES or n > r.remaining() // 16:
+        raise ProtocolError(f"step_batch request: n_entries {n} outside [1, {MAX_BATCH_ENTRIES}]"
+                            f" or more than {r.remaining()} bytes of entries hold (each needs 16)")
+    out = []
+    for i in range(n):
+        session = r.u64("session")
+        all_positions = r.i32("all_positions") != 0
+        k = r.i32("n_tokens")
+        if k < 0 or k > r.remaining() // 4:
+            raise ProtocolError(f"step_batch request: entry {i}: n_tokens {k} for "
+                                f"{r.remaining()} bytes left")
+        out.append((session, r.i32s("tokens", k), all_positions))
+    r.finish()
+    return out
 
 
 def error_payload(status, message):

@@ -20,7 +20,7 @@ import traceback
 from array import array
 
 from . import protocol as P
-from .engine import Engine, EngineError, SessionOptions
+from .engine import BatchEntry, Engine, EngineError, SessionOptions
 
 
 def _index(v, what):
@@ -87,6 +87,12 @@ def _has(cls, name):
     return cls is not None and callable(getattr(cls, name, None))
 
 
+def _overrides(engine, name):
+    """True when the engine's class replaces Engine's default `name`."""
+    mine = getattr(type(engine), name, None)
+    return callable(mine) and mine is not getattr(Engine, name, None)
+
+
 class Server:
     """The request loop over one connected socket (tests drive it directly)."""
 
@@ -96,9 +102,11 @@ class Server:
         self.sock = sock
         self.command_line = command_line
         self.models = {}  # handle -> [model, n_vocab]
-        self.sessions = {}  # handle -> [session, n_vocab]
+        self.sessions = {}  # handle -> [session, n_vocab, model handle, weight path]
         self._next = 1
         self.greedy = self.taps = False
+        self.has_step_batch = self.has_fork = False  # ABI v6, protocol >= 4
+        self.version = P.VERSION  # agreed in the hello
 
     # ---- transport ----
     def _read_exact(self, n):
@@ -146,6 +154,9 @@ class Server:
         got = self._read_frame(64)
         if got is None:
             return False
+        body = got[1]
+        # The harness's version: an older one gets its own back, with its fields.
+        self.version = P.negotiate(struct.unpack("<I", body[:4])[0] if len(body) >= 4 else 0)
         reply_op = P.HELLO | P.REPLY_BIT
         try:
             info = self._start_engine()
@@ -184,12 +195,17 @@ class Server:
         except Exception as e:
             device = f"unknown device ({_last_line(e)})"
         self.engine = engine
+        serving = self.version >= 4
+        self.has_step_batch = serving and _overrides(engine, "step_batch")
+        self.has_fork = serving and _overrides(engine, "fork")
         return P.BackendInfo(
+            protocol_version=self.version, api_version=P.API_VERSION_OF[self.version],
             name=str(engine.name), version=str(engine.version), path=self.command_line,
             device=device, device_greedy=self.greedy,
             declares_models=engine.architectures is not None,
             architectures=str(engine.architectures or ""),
-            model_features=str(engine.model_features or ""), taps=self.taps)
+            model_features=str(engine.model_features or ""), taps=self.taps,
+            step_batch=self.has_step_batch, fork=self.has_fork)
 
     # ---- the loop ----
     def run(self):
@@ -249,7 +265,7 @@ class Server:
 
     def _appendable(self, h, tokens, fn):
         """check_tokens + check_room; returns (session, position before)."""
-        session, n_vocab = self.sessions[h]
+        session, n_vocab = self.sessions[h][:2]
         if not tokens:
             raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"{fn}: null buffer or n_tokens <= 0")
         for i, t in enumerate(tokens):
@@ -275,7 +291,16 @@ class Server:
         caps = self.engine.capabilities()
         if self.greedy:
             caps.flags |= P.TS_CAP_DEVICE_GREEDY
-        return caps.encode(P.Writer().i32(P.TS_OK)).bytes()
+        # ABI v6, as the C++ adapter does: the flags say what the engine has.
+        if self.has_fork:
+            caps.flags |= P.TS_CAP_KV_PREFIX_COPY
+        else:
+            caps.flags &= ~P.TS_CAP_KV_PREFIX_COPY
+        if not self.has_step_batch:
+            caps.flags &= ~P.TS_CAP_BATCHED_SESSIONS
+        if self.version < 4:
+            caps.flags &= ~P.TS_CAP_V6_FLAGS
+        return caps.encode(P.Writer().i32(P.TS_OK), self.version).bytes()
 
     def load_model(self, r):
         path = r.str("path")
@@ -316,7 +341,7 @@ class Server:
         if session is None:
             raise EngineError(P.TS_ERR_INTERNAL, "open_session returned None")
         h = self._new_handle()
-        self.sessions[h] = [session, n_vocab]
+        self.sessions[h] = [session, n_vocab, m, o.weight_path]
         return P.Writer().i32(P.TS_OK).u64(h).bytes()
 
     def free_session(self, r):
@@ -408,6 +433,102 @@ class Server:
         return [P.Writer().i32(P.TS_OK).bytes(), data]
 
 
+class _Batch:
+    """The checks of a step_batch request (touchstone/backend_adapter.hpp's
+    batch_items), each message naming the entry."""
+
+    def __init__(self, server, request):
+        caps = server.engine.capabilities()
+        if caps.max_batch > 0 and len(request) > caps.max_batch:
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"step_batch: {len(request)} entries, "
+                              f"max_batch is {caps.max_batch}")
+        self.entries, self.before, self.sizes = [], [], []
+        first = None
+        for i, (h, tokens, all_positions) in enumerate(request):
+            at = f"step_batch: entry {i}: "
+            if h not in server.sessions:
+                raise EngineError(P.TS_ERR_INTERNAL, f"{at}unknown session handle {h}")
+            _, n_vocab, model, path = server.sessions[h]
+            first = first or (model, path)
+            try:
+                if model != first[0]:
+                    raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                                      "a session of another model than entry 0's")
+                if path != first[1]:
+                    raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                                      "a session of another weight path than entry 0's")
+                if any(h == prev for prev, _, _ in request[:i]):
+                    raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                                      "the same session twice in one call")
+                if all_positions and not caps.flags & P.TS_CAP_ALL_POSITION_LOGITS:
+                    raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                                      "all_positions without TS_CAP_ALL_POSITION_LOGITS")
+                session, pos = server._appendable(h, tokens, "prefill")
+            except EngineError as e:
+                raise EngineError(e.status, at + e.message) from None
+            self.entries.append(BatchEntry(session, tokens, all_positions))
+            self.before.append(pos)
+            self.sizes.append(n_vocab * (len(tokens) if all_positions else 1))
+
+    def rollback(self):
+        """No session changes position on an error."""
+        for e, pos in zip(self.entries, self.before):
+            try:
+                if _index(e.session.position(), "position()") > pos:
+                    e.session.rewind(pos)
+            except Exception:  # the original error is the one to report
+                traceback.print_exc(file=sys.stderr)
+
+
+def step_batch(server, r):
+    """STEP_BATCH: the engine's step_batch over the checked entries; the reply is
+    every entry's logits in entry order."""
+    request = P.decode_step_batch(r)
+    if not server.has_step_batch:
+        raise EngineError(P.TS_ERR_UNSUPPORTED, "backend has no step_batch (ABI v6)")
+    batch = _Batch(server, request)
+    try:
+        out = server.engine.step_batch(batch.entries)
+        if out is None or len(out) != len(batch.entries):
+            raise EngineError(P.TS_ERR_INTERNAL, f"step_batch returned "
+                              f"{'None' if out is None else len(out)} results for "
+                              f"{len(batch.entries)} entries")
+        parts = [P.Writer().i32(P.TS_OK).bytes()]
+        for i, (e, logits, size) in enumerate(zip(batch.entries, out, batch.sizes)):
+            fn = f"step_batch (entry {i})"
+            parts.append(f32_bytes(logits, size, fn))
+            server._appended(e.session, batch.before[i], len(e.tokens), fn)
+        return parts
+    except BaseException:
+        batch.rollback()
+        raise
+
+
+def fork_session(server, r):
+    """FORK_SESSION: the engine's fork, range-checked; the new session's handle."""
+    h = server._session(r)
+    n_prefix = r.i32("n_prefix")
+    r.finish()
+    if not server.has_fork:
+        raise EngineError(P.TS_ERR_UNSUPPORTED, "backend has no fork_session (ABI v6)")
+    session, n_vocab, model, path = server.sessions[h]
+    pos = _index(session.position(), "position()")
+    if n_prefix < 0 or n_prefix > pos:
+        raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                          f"fork_session: n_prefix {n_prefix} outside [0, {pos}]")
+    forked = server.engine.fork(session, n_prefix)
+    if forked is None or forked is session:
+        raise EngineError(P.TS_ERR_INTERNAL, "fork returned " +
+                          ("None" if forked is None else "the source session"))
+    got = _index(forked.position(), "the forked session's position()")
+    if got != n_prefix:
+        raise EngineError(P.TS_ERR_INTERNAL, f"fork_session: the forked session holds {got} "
+                          f"positions, not n_prefix = {n_prefix}")
+    new = server._new_handle()
+    server.sessions[new] = [forked, n_vocab, model, path]
+    return P.Writer().i32(P.TS_OK).u64(new).bytes()
+
+
 def _size_of(values):
     """Number of values in an array-like (NumPy size, buffer or nested sequence)."""
     if hasattr(values, "size") and not callable(values.size):
@@ -432,6 +553,8 @@ _HANDLERS = {
     P.POSITION: Server.position,
     P.SET_TAPS: Server.set_taps,
     P.READ_TAPS: Server.read_taps,
+    P.STEP_BATCH: step_batch,
+    P.FORK_SESSION: fork_session,
 }
 
 

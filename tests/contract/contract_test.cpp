@@ -7,7 +7,9 @@
 // bitwise when the backend claims TS_CAP_BITWISE_DETERMINISM for repeated runs;
 // prefill(N) vs N decode steps may legitimately use different kernels (GEMM vs
 // GEMV), so they must agree to max|a-b| <= 1e-3 * max(1, max|a|) and NMSE <= 1e-8
-// (docs/contract.md), and the argmax must agree.
+// (docs/contract.md), and the argmax must agree. The same tolerance holds for a
+// step_batch entry or a forked session against its own prefill, bitwise instead
+// when the backend claims TS_CAP_BATCH_INVARIANT for the weight path.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,6 +66,13 @@ class Contract : public ::testing::Test {
   }
   bool deterministic() const {
     return (lib_->capabilities().flags & TS_CAP_BITWISE_DETERMINISM) != 0;
+  }
+  // TS_CAP_BATCH_INVARIANT covering this suite's weight path (paths 0 = all).
+  bool batch_invariant() const {
+    const ts_capabilities c = lib_->capabilities();
+    const uint32_t path = 1u << uint32_t(options().weight_path);
+    return (c.flags & TS_CAP_BATCH_INVARIANT) &&
+           (c.batch_invariant_paths == 0 || (c.batch_invariant_paths & path));
   }
 
  public:  // skip_reason_ is read by main()
@@ -266,6 +275,131 @@ TEST_F(Contract, MissingModelFileIsAnIoError) {
     EXPECT_EQ(e.status(), TS_ERR_IO) << e.what();
     EXPECT_NE(std::string(e.what()).find("/nonexistent/model.gguf"), std::string::npos) << e.what();
   }
+}
+
+// Bitwise when `bitwise`, else the suite's tolerance, row by row (rows of n_vocab).
+void expect_same_rows(std::span<const float> got, std::span<const float> want, size_t V,
+                      bool bitwise, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r * V < got.size(); ++r) {
+    const std::string at = what + ", row " + std::to_string(r);
+    if (bitwise) {
+      EXPECT_EQ(0, std::memcmp(got.data() + r * V, want.data() + r * V, V * sizeof(float)))
+          << at << ": TS_CAP_BATCH_INVARIANT claimed, so bitwise equal";
+    } else {
+      expect_close(got.subspan(r * V, V), want.subspan(r * V, V), at);
+    }
+  }
+}
+
+// ABI v6 step_batch: a decode step, a prefill chunk of 5 and an all-positions
+// chunk of 3, at different positions, in one call: each entry's logits are the
+// ones its own prefill gives.
+TEST_F(Contract, StepBatchEntriesMatchTheirOwnPrefill) {
+  if (!lib_->channel().info().step_batch) GTEST_SKIP() << "no step_batch (ABI v6)";
+  const bool all = (lib_->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS) != 0;
+  const std::span<const int32_t> t(kTokens);
+  struct Plan {
+    size_t prefix, n;
+    bool all;
+  };
+  const Plan plan[3] = {{6, 1, false}, {2, 5, false}, {1, 3, all}};
+  std::vector<std::unique_ptr<Session>> batch, alone;
+  std::vector<std::vector<float>> got(3);
+  std::vector<Session::Step> steps;
+  const size_t V = size_t(model_->n_vocab());
+  for (size_t i = 0; i < 3; ++i) {
+    batch.push_back(std::make_unique<Session>(*model_, options()));
+    batch[i]->prefill(t.first(plan[i].prefix));
+    got[i].resize(plan[i].all ? plan[i].n * V : V);
+    steps.push_back({batch[i].get(), t.subspan(plan[i].prefix, plan[i].n), plan[i].all, got[i]});
+  }
+  Session::step_batch(steps);
+  const bool bitwise = batch_invariant();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(batch[i]->position(), int32_t(plan[i].prefix + plan[i].n)) << "entry " << i;
+    Session s(*model_, options());
+    s.prefill(t.first(plan[i].prefix));
+    const auto chunk = t.subspan(plan[i].prefix, plan[i].n);
+    const std::vector<float> want = plan[i].all ? s.prefill_all(chunk) : s.prefill(chunk);
+    expect_same_rows(got[i], want, V, bitwise, "entry " + std::to_string(i));
+  }
+}
+
+// A refused entry fails the whole call, names the entry and moves no session.
+TEST_F(Contract, StepBatchErrorsNameTheEntryAndMoveNothing) {
+  if (!lib_->channel().info().step_batch) GTEST_SKIP() << "no step_batch (ABI v6)";
+  SessionOptions small = options();
+  small.max_context = 8;
+  Session a(*model_, options()), b(*model_, options()), c(*model_, small);
+  a.prefill(std::span<const int32_t>(kTokens.data(), 3));
+  c.prefill(std::span<const int32_t>(kTokens.data(), 6));
+  const size_t V = size_t(model_->n_vocab());
+  std::vector<float> la(V), lb(V), lc(V);
+  const std::vector<int32_t> ok = {kTokens[3]}, bad = {1, int32_t(V)}, three = {5, 6, 7};
+  auto refused = [&](const std::vector<Session::Step>& steps, ts_status want, const char* entry) {
+    try {
+      Session::step_batch(steps);
+      ADD_FAILURE() << "refused batch accepted (" << entry << ")";
+    } catch (const BackendError& e) {
+      EXPECT_EQ(e.status(), want) << e.what();
+      EXPECT_NE(std::string(e.what()).find(entry), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(a.position(), 3);
+    EXPECT_EQ(b.position(), 0);
+    EXPECT_EQ(c.position(), 6);
+  };
+  refused({{&a, ok, false, la}, {&b, bad, false, lb}}, TS_ERR_INVALID_ARGUMENT, "entry 1");
+  refused({{&a, ok, false, la}, {&b, ok, false, lb}, {&c, three, false, lc}}, TS_ERR_CONTEXT_FULL,
+          "entry 2");
+  // The sessions are still usable.
+  Session::step_batch(std::vector<Session::Step>{{&a, ok, false, la}, {&b, ok, false, lb}});
+  EXPECT_EQ(a.position(), 4);
+  EXPECT_EQ(b.position(), 1);
+}
+
+// ABI v6 fork_session: the fork holds the first n_prefix positions, continues
+// like a fresh session fed the same tokens, and the source is untouched and
+// outlives nothing it needs (either may be freed first).
+TEST_F(Contract, ForkContinuesLikeAFreshSession) {
+  if (!lib_->has_fork()) GTEST_SKIP() << "no fork_session (ABI v6)";
+  const std::span<const int32_t> t(kTokens);
+  const std::span<const int32_t> cont = t.subspan(9, 3);
+  const size_t V = size_t(model_->n_vocab());
+  auto src = std::make_unique<Session>(*model_, options());
+  src->prefill(t.first(8));
+  for (int32_t n : {5, 8, 0}) {
+    auto f = src->fork(n);
+    ASSERT_EQ(f->position(), n);
+    EXPECT_EQ(src->position(), 8);
+    if (n == 0) src.reset();  // the source freed first
+    Session fresh(*model_, options());
+    if (n > 0) fresh.prefill(t.first(size_t(n)));
+    // A partial prefix was computed in a chunk of 8 by the source, in a chunk of
+    // n by the fresh session: bitwise only when batch invariant.
+    const bool bitwise = (n == 0 || n == 8) ? deterministic() : batch_invariant();
+    expect_same_rows(f->prefill(cont), fresh.prefill(cont), V, bitwise,
+                     "fork at " + std::to_string(n));
+  }
+}
+
+TEST_F(Contract, ForkLeavesTheSourceUsable) {
+  if (!lib_->has_fork()) GTEST_SKIP() << "no fork_session (ABI v6)";
+  const std::span<const int32_t> t(kTokens);
+  Session src(*model_, options());
+  src.prefill(t.first(8));
+  {
+    auto f = src.fork(4);
+    f->prefill(t.subspan(9, 3));  // the fork advances; the source must not see it
+    f->rewind(2);
+  }  // the fork freed first
+  EXPECT_EQ(src.position(), 8);
+  Session ref(*model_, options());
+  ref.prefill(t.first(8));
+  const std::vector<float> got = src.prefill(t.subspan(8, 4)), want = ref.prefill(t.subspan(8, 4));
+  const size_t V = size_t(model_->n_vocab());
+  expect_same_rows(got, want, V, deterministic(), "the source after a fork");
+  EXPECT_THROW(src.fork(src.position() + 1), Error);
 }
 
 }  // namespace

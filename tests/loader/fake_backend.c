@@ -1,6 +1,7 @@
 /* A minimal backend used to test the loader: built several times with
  * FAKE_API_VERSION / FAKE_NULL_ENTRY / FAKE_MISSING_FN / FAKE_CLAIMS_GREEDY /
- * FAKE_GREEDY_FN to exercise every refusal path of BackendLibrary::load and
+ * FAKE_GREEDY_FN / FAKE_V4_CAPS / FAKE_V5_CAPS / FAKE_CLAIMS_BATCHED /
+ * FAKE_CLAIMS_FORK to exercise every refusal path of BackendLibrary::load and
  * the version-1 compatibility rule. Every session call fails loudly. */
 #include <stddef.h>
 #include <stdlib.h>
@@ -20,6 +21,13 @@ static ts_status capabilities(ts_capabilities* c) {
    * v4), must not be taken for a top-N backend. */
   if (!c || c->struct_size != TS_CAPABILITIES_V4_SIZE) return TS_ERR_INVALID_ARGUMENT;
   c->flags = TS_CAP_TOP_N_LOGPROBS;
+#elif defined(FAKE_V5_CAPS)
+  /* Built against the version-5 header: knows the struct up to top_n, and sets
+   * bits 2, 3 and 7, which meant something looser (or nothing) before ABI v6:
+   * the harness must not read them as step_batch / fork_session claims. */
+  if (!c || c->struct_size != TS_CAPABILITIES_V5_SIZE) return TS_ERR_INVALID_ARGUMENT;
+  c->flags = TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATCH_INVARIANT;
+  c->top_n = 0;
 #else
   if (!c || c->struct_size < sizeof(*c)) return TS_ERR_INVALID_ARGUMENT;
 #ifdef FAKE_CLAIMS_GREEDY
@@ -30,6 +38,12 @@ static ts_status capabilities(ts_capabilities* c) {
 #ifdef FAKE_TOP_N
   c->flags |= TS_CAP_TOP_N_LOGPROBS;
   c->top_n = FAKE_TOP_N;
+#endif
+#ifdef FAKE_CLAIMS_BATCHED
+  c->flags |= TS_CAP_BATCHED_SESSIONS;
+#endif
+#ifdef FAKE_CLAIMS_FORK
+  c->flags |= TS_CAP_KV_PREFIX_COPY;
 #endif
 #endif
   c->weight_types = TS_WEIGHT_TYPE_BIT(0);
@@ -128,17 +142,55 @@ static ts_status read_taps_trap(ts_session* s, float* out, int64_t n) {
 #define FAKE_READ_TAPS NULL
 #endif
 
+/* Version 6 members; an older table carries entries here that a loader must
+ * neither read nor call (they abort). A version-6 table leaves them NULL. */
+static ts_status step_batch_trap(const ts_batch_entry* e, int32_t n) {
+  (void)e;
+  (void)n;
+  abort();
+}
+static ts_status fork_session_trap(ts_session* src, int32_t n, ts_session** out) {
+  (void)src;
+  (void)n;
+  (void)out;
+  abort();
+}
+#if FAKE_API_VERSION < 6
+#define FAKE_STEP_BATCH step_batch_trap
+#define FAKE_FORK fork_session_trap
+#else
+#define FAKE_STEP_BATCH NULL
+#define FAKE_FORK NULL
+#endif
+
 #ifdef FAKE_MISSING_FN
 #define FAKE_POSITION NULL
 #else
 #define FAKE_POSITION position
 #endif
 
-static const ts_backend kFake = {
-    FAKE_API_VERSION, "fake",        "0",           last_error,   device_name,        capabilities,
-    load_model,       free_model,    n_vocab,       open_session, free_session,       prefill,
-    decode,           rewind_to,     FAKE_POSITION, FAKE_GREEDY,  FAKE_ARCHITECTURES, FAKE_FEATURES,
-    FAKE_SET_TAPS,    FAKE_READ_TAPS};
+static const ts_backend kFake = {FAKE_API_VERSION,
+                                 "fake",
+                                 "0",
+                                 last_error,
+                                 device_name,
+                                 capabilities,
+                                 load_model,
+                                 free_model,
+                                 n_vocab,
+                                 open_session,
+                                 free_session,
+                                 prefill,
+                                 decode,
+                                 rewind_to,
+                                 FAKE_POSITION,
+                                 FAKE_GREEDY,
+                                 FAKE_ARCHITECTURES,
+                                 FAKE_FEATURES,
+                                 FAKE_SET_TAPS,
+                                 FAKE_READ_TAPS,
+                                 FAKE_STEP_BATCH,
+                                 FAKE_FORK};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

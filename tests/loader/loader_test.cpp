@@ -91,6 +91,44 @@ TEST(Loader, Version5TopNReachesTheHarness) {
   EXPECT_EQ(old->capabilities().top_n, 0);
 }
 
+// Version 5 tables load; the version-6 members (step_batch, fork_session: traps
+// that abort here) are neither read nor called, and the bits 2, 3 and 7 its
+// capabilities set (looser or no meaning before ABI v6) do not reach the harness.
+TEST(Loader, AcceptsVersion5WithoutReadingVersion6Members) {
+  auto lib = BackendLibrary::load(fake("v5"));
+  EXPECT_EQ(lib->api_version(), 5u);
+  EXPECT_FALSE(lib->channel().info().step_batch);
+  EXPECT_FALSE(lib->has_fork());
+  EXPECT_EQ(lib->batch_mode(), BatchMode::kHarness);
+  const uint32_t v6 = TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATCH_INVARIANT;
+  EXPECT_EQ(lib->capabilities().flags & v6, 0u);
+  // Through the child process too.
+  auto child = BackendLibrary::spawn(fake("v5"), ChildOptions{});
+  EXPECT_FALSE(child->channel().info().step_batch);
+  EXPECT_FALSE(child->has_fork());
+  EXPECT_EQ(child->capabilities().flags & v6, 0u);
+  EXPECT_THROW(child->channel().fork_session(1, 0), Error);
+}
+
+TEST(Loader, Version6FlagsNeedTheirMembers) {
+  auto ok = BackendLibrary::load(fake("ok"));
+  EXPECT_FALSE(ok->channel().info().step_batch);
+  EXPECT_FALSE(ok->has_fork());
+  std::string msg = load_error(fake("fork_null"));
+  EXPECT_NE(msg.find("TS_CAP_KV_PREFIX_COPY"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fork_session is NULL"), std::string::npos) << msg;
+  msg = load_error(fake("batched_null"));
+  EXPECT_NE(msg.find("TS_CAP_BATCHED_SESSIONS"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("step_batch is NULL"), std::string::npos) << msg;
+  // The runner loads with the same checks: the hello carries the refusal.
+  try {
+    BackendLibrary::spawn(fake("fork_null"), ChildOptions{});
+    ADD_FAILURE() << "the runner loaded a table the loader refuses";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fork_session is NULL"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Loader, LayerTapsNeedBothEntries) {
   EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_taps());
   const std::string msg = load_error(fake("taps_half"));

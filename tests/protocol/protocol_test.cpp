@@ -137,7 +137,152 @@ TEST(Protocol, BackendInfoRoundTrip) {
   EXPECT_EQ(d.architectures, "llama,gemma3");
   EXPECT_EQ(d.model_features, "neox_rope,qk_norm");
   EXPECT_TRUE(d.taps);
+  EXPECT_FALSE(d.step_batch);
+  EXPECT_FALSE(d.fork);
   r.finish();
+}
+
+TEST(Protocol, BackendInfoCarriesServingMembersFromVersion4) {
+  BackendInfo i;
+  i.api_version = 6;
+  i.name = "x";
+  i.step_batch = true;
+  i.fork = true;
+  Writer w;
+  encode(w, i);
+  Reader r(bytes(w.bytes()), "hello reply");
+  const BackendInfo d = decode_info(r);
+  r.finish();
+  EXPECT_EQ(d.protocol_version, kVersion);
+  EXPECT_TRUE(d.step_batch);
+  EXPECT_TRUE(d.fork);
+  // A version-3 peer's hello ends after taps: it decodes, with neither member.
+  i.protocol_version = 3;
+  Writer old;
+  encode(old, i);
+  EXPECT_EQ(old.bytes().size() + 8, w.bytes().size());
+  Reader ro(bytes(old.bytes()), "hello reply");
+  const BackendInfo o = decode_info(ro);
+  ro.finish();
+  EXPECT_EQ(o.protocol_version, 3u);
+  EXPECT_FALSE(o.step_batch);
+  EXPECT_FALSE(o.fork);
+}
+
+TEST(Protocol, VersionNegotiation) {
+  EXPECT_EQ(negotiate(kVersion), kVersion);
+  EXPECT_EQ(negotiate(3), 3u);
+  EXPECT_EQ(negotiate(kVersion + 1), kVersion);  // a newer harness decides
+  EXPECT_EQ(negotiate(2), kVersion);             // too old: it will refuse ours
+  EXPECT_STREQ(op_name(uint32_t(Op::kStepBatch) | kReplyBit), "step_batch");
+  EXPECT_STREQ(op_name(uint32_t(Op::kForkSession)), "fork_session");
+}
+
+ts_capabilities serving_caps() {
+  ts_capabilities c{};
+  c.struct_size = sizeof c;
+  c.flags = TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
+            TS_CAP_ALL_POSITION_LOGITS;
+  c.weight_types = TS_WEIGHT_TYPE_BIT(0);
+  c.batch_invariant_paths = 1u << TS_WEIGHTS_QUANTIZED;
+  c.max_batch = 32;
+  return c;
+}
+
+TEST(Protocol, CapabilitiesCarryBatchFieldsFromVersion4) {
+  const ts_capabilities c = serving_caps();
+  std::string note;
+  Writer w;
+  encode(w, c);
+  Reader r(bytes(w.bytes()), "capabilities reply");
+  const ts_capabilities d = decode_capabilities(r, note);
+  r.finish();
+  EXPECT_EQ(d.flags, c.flags);
+  EXPECT_EQ(d.batch_invariant_paths, c.batch_invariant_paths);
+  EXPECT_EQ(d.max_batch, 32);
+  // Protocol 3 ends after top_n: the v6 fields are 0 and the v6 flags dropped.
+  Writer old;
+  encode(old, c, 3);
+  Reader ro(bytes(old.bytes()), "capabilities reply");
+  const ts_capabilities o = decode_capabilities(ro, note, 3);
+  ro.finish();
+  EXPECT_EQ(o.flags, uint32_t(TS_CAP_ALL_POSITION_LOGITS));
+  EXPECT_EQ(o.batch_invariant_paths, 0u);
+  EXPECT_EQ(o.max_batch, 0);
+  // A version-4 reply that ends before them (a Python engine built earlier): the same.
+  Reader rs(bytes(old.bytes()), "capabilities reply");
+  EXPECT_EQ(decode_capabilities(rs, note).flags, uint32_t(TS_CAP_ALL_POSITION_LOGITS));
+  ts_capabilities neg = c;
+  neg.max_batch = -1;
+  Writer wn;
+  encode(wn, neg);
+  Reader rn(bytes(wn.bytes()), "capabilities reply");
+  EXPECT_NE(error_of([&] { decode_capabilities(rn, note); }).find("max_batch"), std::string::npos);
+}
+
+TEST(Protocol, StepBatchRequestRoundTrip) {
+  const std::vector<int32_t> a = {7}, b = {1, 2, 3, 4, 5}, c = {9, 8, 7};
+  const std::vector<BatchEntry> in = {{11, false, a}, {22, false, b}, {33, true, c}};
+  Writer w;
+  encode_step_batch(w, in);
+  EXPECT_EQ(w.bytes().size(), 4 + 3 * 16 + 4 * (1 + 5 + 3));
+  Reader r(bytes(w.bytes()), "step_batch request");
+  const std::vector<DecodedBatchEntry> out = decode_step_batch(r);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].session, 11u);
+  EXPECT_FALSE(out[0].all_positions);
+  EXPECT_EQ(out[0].tokens, a);
+  EXPECT_EQ(out[1].tokens, b);
+  EXPECT_EQ(out[2].session, 33u);
+  EXPECT_TRUE(out[2].all_positions);
+  EXPECT_EQ(out[2].tokens, c);
+}
+
+std::string batch_error(const Writer& w) {
+  Reader r(bytes(w.bytes()), "step_batch request");
+  return error_of([&] { decode_step_batch(r); });
+}
+
+TEST(Protocol, MalformedStepBatchIsRefusedBeforeAllocating) {
+  Writer huge_n;  // 4 billion entries announced, one entry's bytes present
+  huge_n.u32(0xFFFFFFFFu).u64(1).i32(0).i32(1).i32(5);
+  std::string msg = batch_error(huge_n);
+  EXPECT_NE(msg.find("n_entries 4294967295"), std::string::npos) << msg;
+  Writer zero;
+  zero.u32(0);
+  EXPECT_NE(batch_error(zero).find("n_entries 0"), std::string::npos);
+  Writer huge_tokens;  // 2^31 - 1 tokens announced, one present
+  huge_tokens.u32(1).u64(1).i32(0).i32(0x7FFFFFFF).i32(5);
+  msg = batch_error(huge_tokens);
+  EXPECT_NE(msg.find("entry 0: n_tokens 2147483647"), std::string::npos) << msg;
+  Writer negative;
+  negative.u32(2).u64(1).i32(0).i32(1).i32(5).u64(2).i32(0).i32(-1);
+  msg = batch_error(negative);
+  EXPECT_NE(msg.find("entry 1: n_tokens -1"), std::string::npos) << msg;
+  Writer trailing;
+  trailing.u32(1).u64(1).i32(0).i32(1).i32(5).u32(0);
+  EXPECT_NE(batch_error(trailing).find("trailing"), std::string::npos);
+  Writer short_entry;  // the second entry's header is cut short
+  short_entry.u32(2).u64(1).i32(0).i32(0).u64(2).i32(0);
+  EXPECT_FALSE(batch_error(short_entry).empty());
+}
+
+TEST(Protocol, ForkRequestRoundTripAndShortPayload) {
+  Writer w;
+  encode(w, ForkRequest{0x1234, 7});
+  Reader r(bytes(w.bytes()), "fork_session request");
+  const ForkRequest f = decode_fork(r);
+  EXPECT_EQ(f.session, 0x1234u);
+  EXPECT_EQ(f.n_prefix, 7);
+  Writer s;
+  s.u64(1);
+  Reader rs(bytes(s.bytes()), "fork_session request");
+  const std::string msg = error_of([&] { decode_fork(rs); });
+  EXPECT_NE(msg.find("n_prefix"), std::string::npos) << msg;
+  Writer t;
+  t.u64(1).i32(2).i32(3);
+  Reader rt(bytes(t.bytes()), "fork_session request");
+  EXPECT_NE(error_of([&] { decode_fork(rt); }).find("trailing"), std::string::npos);
 }
 
 }  // namespace

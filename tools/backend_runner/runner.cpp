@@ -66,7 +66,9 @@ std::string error_payload(int32_t status, const std::string& msg) {
 
 class Runner {
  public:
-  explicit Runner(std::unique_ptr<BackendChannel> ch) : ch_(std::move(ch)) {}
+  // `version`: the protocol version agreed in the hello.
+  Runner(std::unique_ptr<BackendChannel> ch, uint32_t version)
+      : ch_(std::move(ch)), version_(version) {}
   // Answers one request; `payload` is the request body.
   std::string handle(Op op, Reader& r);
   bool poisoned() const { return poisoned_; }
@@ -74,6 +76,16 @@ class Runner {
  private:
   std::vector<float>& guarded(size_t n);
   void check_guard(size_t n, const char* what);
+  void check_guard_at(size_t begin, size_t end, size_t n, const char* what);
+  std::string step_batch(Reader& r);
+  std::string fork_session(Reader& r);
+  // ABI v6 members are called only when the table has them (version >= 6, non-NULL).
+  void need(bool has, const char* member) const {
+    if (!has || version_ < 4) {
+      throw BackendError(TS_ERR_UNSUPPORTED,
+                         fmt::format("backend '{}' has no {} (ABI v6)", ch_->info().name, member));
+    }
+  }
   Handle model(Reader& r) {
     const Handle h = r.u64("model");
     if (!models_.count(h)) throw Error("runner: unknown model handle {}", h);
@@ -91,6 +103,7 @@ class Runner {
   }
 
   std::unique_ptr<BackendChannel> ch_;
+  uint32_t version_;
   std::map<Handle, int32_t> models_;    // -> n_vocab
   std::map<Handle, int32_t> sessions_;  // -> n_vocab
   std::vector<float> buf_;
@@ -105,8 +118,12 @@ std::vector<float>& Runner::guarded(size_t n) {
   return buf_;
 }
 
-void Runner::check_guard(size_t n, const char* what) {
-  for (size_t i = n; i < buf_.size(); ++i) {
+void Runner::check_guard(size_t n, const char* what) { check_guard_at(n, buf_.size(), n, what); }
+
+// buf_[begin, end) must still hold the sentinel: what wrote there went past the
+// end of a buffer of n floats.
+void Runner::check_guard_at(size_t begin, size_t end, size_t n, const char* what) {
+  for (size_t i = begin; i < end; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &buf_[i], sizeof bits);
     if (bits != kGuardBits) {
@@ -114,9 +131,64 @@ void Runner::check_guard(size_t n, const char* what) {
       throw protocol::ProtocolError(
           "{} wrote past the end of its logits buffer: the buffer holds {} floats (n_vocab x "
           "positions), float {} was changed",
-          what, n, i);
+          what, n, i - (begin - n));
     }
   }
+}
+
+// Every entry's logits get their own region of buf_, each followed by a
+// sentinel tail of kGuardFloats, so a backend writing past one entry's buffer
+// is caught, as for prefill.
+std::string Runner::step_batch(Reader& r) {
+  need(ch_->info().step_batch, "step_batch");
+  const std::vector<protocol::DecodedBatchEntry> req = protocol::decode_step_batch(r);
+  std::vector<size_t> offset(req.size() + 1, 0);
+  for (size_t i = 0; i < req.size(); ++i) {
+    if (!sessions_.count(req[i].session))
+      throw Error("runner: step_batch: entry {}: unknown session handle {}", i, req[i].session);
+    const size_t n = size_t(sessions_[req[i].session]) *
+                     (req[i].all_positions ? req[i].tokens.size() : size_t(1));
+    offset[i + 1] = offset[i] + n + kGuardFloats;
+  }
+  float guard;
+  std::memcpy(&guard, &kGuardBits, sizeof guard);
+  buf_.assign(offset.back(), guard);
+  std::vector<BatchCall> calls(req.size());
+  for (size_t i = 0; i < req.size(); ++i) {
+    const size_t n = offset[i + 1] - offset[i] - kGuardFloats;
+    std::fill_n(buf_.begin() + std::ptrdiff_t(offset[i]), n, 0.0f);
+    calls[i] = {req[i].session, req[i].tokens, req[i].all_positions,
+                std::span<float>(buf_.data() + offset[i], n)};
+  }
+  ch_->step_batch(calls);
+  Writer w;
+  w.i32(TS_OK);
+  for (size_t i = 0; i < req.size(); ++i) {
+    const size_t n = calls[i].out.size();
+    const std::string what = fmt::format("step_batch (entry {})", i);
+    check_guard_at(offset[i] + n, offset[i + 1], n, what.c_str());
+    w.f32s(calls[i].out);
+  }
+  return w.bytes();
+}
+
+std::string Runner::fork_session(Reader& r) {
+  need(ch_->info().fork, "fork_session");
+  const protocol::ForkRequest f = protocol::decode_fork(r);
+  if (!sessions_.count(f.session))
+    throw Error("runner: fork_session: unknown session handle {}", f.session);
+  const Handle h = ch_->fork_session(f.session, f.n_prefix);
+  if (h == 0 || sessions_.count(h) || models_.count(h)) {
+    // TS_OK with no session, or with one that already exists: the backend broke
+    // the contract and its state can no longer be trusted.
+    poisoned_ = true;
+    throw protocol::ProtocolError("fork_session returned TS_OK with {} session handle 0x{:x}",
+                                  h == 0 ? "a NULL" : "an already open", h);
+  }
+  sessions_[h] = sessions_[f.session];
+  Writer w;
+  w.i32(TS_OK).u64(h);
+  return w.bytes();
 }
 
 std::string Runner::handle(Op op, Reader& r) {
@@ -125,7 +197,7 @@ std::string Runner::handle(Op op, Reader& r) {
   switch (op) {
     case Op::kCapabilities:
       r.finish();
-      protocol::encode(w, ch_->capabilities());
+      protocol::encode(w, ch_->capabilities(), version_);
       return w.bytes();
     case Op::kLoadModel: {
       const std::string path = r.str("path");
@@ -232,6 +304,10 @@ std::string Runner::handle(Op op, Reader& r) {
       check_guard(size_t(n), "read_taps");
       return floats_reply(size_t(n));
     }
+    case Op::kStepBatch:
+      return step_batch(r);
+    case Op::kForkSession:
+      return fork_session(r);
     case Op::kHello:
       break;
   }
@@ -247,12 +323,17 @@ std::unique_ptr<Runner> hello(int fd, const std::string& library) {
   if (!read_exact(fd, body.data(), body.size())) std::_Exit(3);
   const uint32_t reply_op = uint32_t(Op::kHello) | protocol::kReplyBit;
   try {
+    // The harness's version; an older one gets its own back (and the fields it knows).
+    Reader r(body, "hello request");
+    const uint32_t version = protocol::negotiate(r.u32("protocol_version"));
     auto ch = open_in_process(library);
+    BackendInfo info = ch->info();
+    info.protocol_version = version;
     Writer w;
     w.i32(TS_OK);
-    protocol::encode(w, ch->info());
+    protocol::encode(w, info);
     write_all(fd, protocol::frame(reply_op, w.bytes()));
-    return std::make_unique<Runner>(std::move(ch));
+    return std::make_unique<Runner>(std::move(ch), version);
   } catch (const std::exception& e) {
     write_all(fd, protocol::frame(reply_op, error_payload(TS_ERR_INTERNAL, e.what())));
     std::_Exit(0);

@@ -100,8 +100,14 @@ class ChildChannel final : public BackendChannel {
     auto reply = call(Op::kCapabilities, Writer{}, kMaxErrorReply);
     Reader r(reply, "capabilities reply");
     ok_or_throw(r, "capabilities");
-    ts_capabilities c = protocol::decode_capabilities(r, note_);
-    r.finish();
+    ts_capabilities c{};
+    try {
+      c = protocol::decode_capabilities(r, note_, info_.protocol_version);
+      r.finish();
+    } catch (const ProtocolError& e) {
+      violation("capabilities", e.what());
+    }
+    check_serving_flags(c.flags);
     return c;
   }
   Handle load_model(const std::string& path, int32_t* n_vocab) override {
@@ -176,8 +182,11 @@ class ChildChannel final : public BackendChannel {
     w.u64(s).u64(out.size());
     floats_call(Op::kReadTaps, w, "read_taps", out);
   }
+  void step_batch(std::span<const BatchCall> entries) override;
+  Handle fork_session(Handle src, int32_t n_prefix) override;
 
  private:
+  void check_serving_flags(uint32_t flags);
   // The program to execute (checked, resolved on PATH) and its argv.
   std::pair<std::string, std::vector<std::string>> child_command() const;
   void spawn(const std::string& program, std::vector<std::string> args);
@@ -245,6 +254,58 @@ class ChildChannel final : public BackendChannel {
   int fd_ = -1;
 };
 
+// ABI v6: every entry's logits in one reply, concatenated in entry order; the
+// size must be exactly the sum of the buffers (else a protocol violation).
+void ChildChannel::step_batch(std::span<const BatchCall> entries) {
+  if (!info_.step_batch) BackendChannel::step_batch(entries);
+  std::vector<protocol::BatchEntry> req;
+  size_t floats = 0, tokens = 0;
+  for (const BatchCall& e : entries) {
+    req.push_back({e.session, e.all_positions, e.tokens});
+    floats += e.out.size();
+    tokens += e.tokens.size();
+  }
+  Writer w;
+  protocol::encode_step_batch(w, req);
+  const LongCall scaled(*this, tokens);
+  auto reply =
+      call(Op::kStepBatch, w, std::max<uint64_t>(kMaxErrorReply, 4 + floats * sizeof(float)));
+  Reader r(reply, "step_batch reply");
+  ok_or_throw(r, "step_batch");
+  if (r.remaining() != floats * sizeof(float)) {
+    violation("step_batch",
+              fmt::format("{} bytes of logits, expected {} ({} floats for {} entries)",
+                          r.remaining(), floats * sizeof(float), floats, entries.size()));
+  }
+  for (const BatchCall& e : entries) r.f32s("logits", e.out);
+}
+
+Handle ChildChannel::fork_session(Handle src, int32_t n_prefix) {
+  if (!info_.fork) return BackendChannel::fork_session(src, n_prefix);
+  Writer w;
+  protocol::encode(w, protocol::ForkRequest{src, n_prefix});
+  auto reply = call(Op::kForkSession, w, kMaxErrorReply);
+  Reader r(reply, "fork_session reply");
+  ok_or_throw(r, "fork_session");
+  Handle h = 0;
+  try {
+    h = r.u64("session");
+    r.finish();
+  } catch (const ProtocolError& e) {
+    violation("fork_session", e.what());
+  }
+  return h;
+}
+
+// A capability flag of ABI v6 that claims a call the hello said is missing is a
+// table the loader would refuse.
+void ChildChannel::check_serving_flags(uint32_t flags) {
+  if ((flags & TS_CAP_BATCHED_SESSIONS) && !info_.step_batch)
+    violation("capabilities", "TS_CAP_BATCHED_SESSIONS claimed without step_batch");
+  if ((flags & TS_CAP_KV_PREFIX_COPY) && !info_.fork)
+    violation("capabilities", "TS_CAP_KV_PREFIX_COPY claimed without fork_session");
+}
+
 // The child: the runner for a library, the command itself for "exec:" (argv[0]
 // as written, the program resolved on PATH).
 std::pair<std::string, std::vector<std::string>> ChildChannel::child_command() const {
@@ -280,9 +341,11 @@ void ChildChannel::start() {
   } catch (const ProtocolError& e) {
     violation("hello", e.what());
   }
-  if (info_.protocol_version != protocol::kVersion) {
-    violation("hello", fmt::format("the backend process speaks protocol version {}, the harness {}",
-                                   info_.protocol_version, protocol::kVersion));
+  if (info_.protocol_version < protocol::kMinVersion ||
+      info_.protocol_version > protocol::kVersion) {
+    violation("hello",
+              fmt::format("the backend process speaks protocol version {}, the harness {}..{}",
+                          info_.protocol_version, protocol::kMinVersion, protocol::kVersion));
   }
   if (exec_) check_exec_info();
 }
@@ -300,6 +363,9 @@ void ChildChannel::check_exec_info() {
     bad = fmt::format("architectures declared by an api_version {} backend (needs 3)", v);
   } else if (info_.taps && v < 4) {
     bad = fmt::format("layer taps claimed by an api_version {} backend (needs 4)", v);
+  } else if ((info_.step_batch || info_.fork) && v < 6) {
+    bad =
+        fmt::format("step_batch / fork_session claimed by an api_version {} backend (needs 6)", v);
   } else if (info_.name.empty()) {
     bad = "empty backend name";
   }

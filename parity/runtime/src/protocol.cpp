@@ -46,8 +46,18 @@ const char* op_name(uint32_t op) {
       return "set_taps";
     case Op::kReadTaps:
       return "read_taps";
+    case Op::kStepBatch:
+      return "step_batch";
+    case Op::kForkSession:
+      return "fork_session";
   }
   return "unknown op";
+}
+
+uint32_t negotiate(uint32_t requested) {
+  // An older harness gets its own version back; a newer one, or one older than
+  // kMinVersion, gets ours and decides (it refuses a version it cannot speak).
+  return requested >= kMinVersion && requested < kVersion ? requested : kVersion;
 }
 
 FrameHeader parse_header(std::span<const uint8_t> bytes, uint64_t max_payload) {
@@ -152,39 +162,49 @@ void Reader::finish() {
 }
 
 void encode(Writer& w, const BackendInfo& info) {
-  w.u32(info.protocol_version).u32(info.api_version);
+  const uint32_t v = info.protocol_version;
+  w.u32(v).u32(info.api_version);
   w.str(info.name).str(info.version).str(info.path).str(info.device);
   w.u32(info.device_greedy ? 1 : 0);
-  w.u32(info.declares_models ? 1 : 0).str(info.architectures).str(info.model_features);
-  w.u32(info.taps ? 1 : 0);
+  if (v >= 2) w.u32(info.declares_models ? 1 : 0).str(info.architectures).str(info.model_features);
+  if (v >= 3) w.u32(info.taps ? 1 : 0);
+  if (v >= 4) w.u32(info.step_batch ? 1 : 0).u32(info.fork ? 1 : 0);
 }
 
 BackendInfo decode_info(Reader& r) {
   BackendInfo i;
   i.protocol_version = r.u32("protocol_version");
+  const uint32_t v = i.protocol_version;
   i.api_version = r.u32("api_version");
   i.name = r.str("name", 4096);
   i.version = r.str("version", 4096);
   i.path = r.str("path", 1u << 16);
   i.device = r.str("device", 1u << 16);
   i.device_greedy = r.u32("device_greedy") != 0;
-  i.declares_models = r.u32("declares_models") != 0;
-  i.architectures = r.str("architectures", 4096);
-  i.model_features = r.str("model_features", 4096);
-  i.taps = r.u32("taps") != 0;
+  if (v >= 2) {
+    i.declares_models = r.u32("declares_models") != 0;
+    i.architectures = r.str("architectures", 4096);
+    i.model_features = r.str("model_features", 4096);
+  }
+  if (v >= 3) i.taps = r.u32("taps") != 0;
+  if (v >= 4) {
+    i.step_batch = r.u32("step_batch") != 0;
+    i.fork = r.u32("fork") != 0;
+  }
   return i;
 }
 
-void encode(Writer& w, const ts_capabilities& c) {
+void encode(Writer& w, const ts_capabilities& c, uint32_t version) {
   w.u32(c.flags).u64(c.weight_types).i32(c.max_context);
   const int32_t n = c.n_shape_buckets < 0 ? 0 : (c.n_shape_buckets > 16 ? 16 : c.n_shape_buckets);
   w.i32(n);
   w.i32s(std::span<const int32_t>(c.shape_buckets, size_t(n)));
   w.str(c.determinism_note ? c.determinism_note : "");
   w.i32(c.top_n);  // ABI v5; optional on the wire (a Python engine may end before it)
+  if (version >= 4) w.u32(c.batch_invariant_paths).i32(c.max_batch);  // ABI v6
 }
 
-ts_capabilities decode_capabilities(Reader& r, std::string& note_storage) {
+ts_capabilities decode_capabilities(Reader& r, std::string& note_storage, uint32_t version) {
   ts_capabilities c{};
   c.struct_size = sizeof(c);
   c.flags = r.u32("flags");
@@ -201,7 +221,57 @@ ts_capabilities decode_capabilities(Reader& r, std::string& note_storage) {
   // ABI v5 top_n: present when the sender knows it; absent = 0, flag dropped.
   c.top_n = r.remaining() >= 4 ? r.i32("top_n") : 0;
   if (c.top_n <= 0) c.flags &= ~TS_CAP_TOP_N_LOGPROBS;
+  // ABI v6 (protocol 4): absent = 0, and the v6 meanings of flags 2, 3 and 7 dropped.
+  if (version >= 4 && r.remaining() >= 8) {
+    c.batch_invariant_paths = r.u32("batch_invariant_paths");
+    c.max_batch = r.i32("max_batch");
+    if (c.max_batch < 0) throw ProtocolError("capabilities reply: max_batch {} < 0", c.max_batch);
+  } else {
+    c.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY);
+  }
   return c;
+}
+
+void encode_step_batch(Writer& w, std::span<const BatchEntry> entries) {
+  w.u32(uint32_t(entries.size()));
+  for (const BatchEntry& e : entries) {
+    w.u64(e.session).i32(e.all_positions ? 1 : 0).i32(int32_t(e.tokens.size())).i32s(e.tokens);
+  }
+}
+
+std::vector<DecodedBatchEntry> decode_step_batch(Reader& r) {
+  constexpr size_t kEntryHeader = 8 + 4 + 4;  // session, all_positions, n_tokens
+  const uint32_t n = r.u32("n_entries");
+  if (n == 0 || n > kMaxBatchEntries || n > r.remaining() / kEntryHeader) {
+    throw ProtocolError(
+        "step_batch request: n_entries {} outside [1, {}] or more than {} bytes of entries hold "
+        "(each needs {})",
+        n, kMaxBatchEntries, r.remaining(), kEntryHeader);
+  }
+  std::vector<DecodedBatchEntry> out(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    out[i].session = r.u64("session");
+    out[i].all_positions = r.i32("all_positions") != 0;
+    const int32_t k = r.i32("n_tokens");
+    if (k < 0 || size_t(k) > r.remaining() / 4) {
+      throw ProtocolError("step_batch request: entry {}: n_tokens {} for {} bytes left", i, k,
+                          r.remaining());
+    }
+    out[i].tokens.resize(size_t(k));
+    r.i32s("tokens", out[i].tokens);
+  }
+  r.finish();
+  return out;
+}
+
+void encode(Writer& w, const ForkRequest& f) { w.u64(f.session).i32(f.n_prefix); }
+
+ForkRequest decode_fork(Reader& r) {
+  ForkRequest f;
+  f.session = r.u64("session");
+  f.n_prefix = r.i32("n_prefix");
+  r.finish();
+  return f;
 }
 
 }  // namespace touchstone::protocol

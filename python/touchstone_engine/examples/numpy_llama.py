@@ -36,7 +36,8 @@ import os
 
 import numpy as np
 
-from touchstone_engine import (TS_CAP_ALL_POSITION_LOGITS, TS_ERR_INVALID_ARGUMENT, TS_ERR_IO,
+from touchstone_engine import (TS_CAP_ALL_POSITION_LOGITS, TS_CAP_BATCHED_SESSIONS,
+                               TS_ERR_INVALID_ARGUMENT, TS_ERR_IO,
                                TS_ERR_UNSUPPORTED, Capabilities, Engine, EngineError, Session,
                                serve, weight_type_bit)
 from touchstone_engine.examples.gguf_reader import GGUFError, GGUFFile
@@ -210,13 +211,15 @@ class LlamaSession(Session):
 
     def prefill(self, tokens, all_positions):
         x = self.forward(np.asarray(tokens, dtype=np.int64))
-        m = self.m
-        rows = x if all_positions else x[-1:]
-        out = np.empty((rows.shape[0], m.n_vocab), F32)
-        for i in range(0, rows.shape[0], QUERY_BLOCK):  # bounds the float64 temporaries
-            h = rms_norm(rows[i:i + QUERY_BLOCK], m.output_norm, m.c.eps)
-            out[i:i + QUERY_BLOCK] = self._mm(h, m.output)
-        return out
+        return output_logits(self.m, x if all_positions else x[-1:])
+
+    def fork(self, n_prefix):
+        """A new session whose cache holds this one's first n_prefix positions (copied)."""
+        s = LlamaSession(self.m, self.max_ctx)
+        s.k_cache[:, :n_prefix] = self.k_cache[:, :n_prefix]
+        s.v_cache[:, :n_prefix] = self.v_cache[:, :n_prefix]
+        s.pos = n_prefix
+        return s
 
     def _mm(self, h, w):
         """h [n, in] @ w[out, in].T, accumulated in the model's matmul dtype, rounded to f32."""
@@ -264,31 +267,59 @@ class LlamaSession(Session):
         return out
 
     def forward(self, tokens):
-        m, c = self.m, self.m.c
-        n, p0 = len(tokens), self.pos
-        positions = np.arange(p0, p0 + n)
-        x = m.tok_embd[tokens].astype(F32)
-        taps = np.zeros((c.n_layer, 3, c.n_embd), F32) if self.taps_on else None
-        for li, L in enumerate(m.layers):
-            h = rms_norm(x, L["attn_norm"], c.eps)
-            q = self._rope(self._mm(h, L["attn_q"]), positions)
-            self.k_cache[li, p0:p0 + n] = self._rope(self._mm(h, L["attn_k"]), positions)
-            self.v_cache[li, p0:p0 + n] = self._mm(h, L["attn_v"])
-            a = self._mm(self._attention(q, li, p0, n), L["attn_output"])
-            x = (x.astype(F64) + a).astype(F32)
-            h = rms_norm(x, L["ffn_norm"], c.eps)
-            g = self._mm(h, L["ffn_gate"]).astype(F64)
-            u = self._mm(h, L["ffn_up"]).astype(F64)
-            with np.errstate(over="ignore"):  # exp(-g) = inf for g << 0: SiLU(g) = -0.0
-                act = g / (1.0 + np.exp(-g))
-            f = self._mm((act * u).astype(F32), L["ffn_down"])
-            x = (x.astype(F64) + f).astype(F32)
-            if taps is not None:
-                taps[li] = (a[-1], f[-1], x[-1])
-        self.pos = p0 + n
-        if taps is not None:
-            self.taps = taps.reshape(-1)
-        return x
+        return forward_segments(self.m, [(self, len(tokens))], tokens)
+
+
+def output_logits(m, rows):
+    """Logits [n, n_vocab] of the final hidden rows."""
+    out = np.empty((rows.shape[0], m.n_vocab), F32)
+    for i in range(0, rows.shape[0], QUERY_BLOCK):  # bounds the float64 temporaries
+        h = rms_norm(rows[i:i + QUERY_BLOCK], m.output_norm, m.c.eps)
+        out[i:i + QUERY_BLOCK] = (h.astype(m.output.dtype, copy=False) @ m.output.T).astype(F32)
+    return out
+
+
+def forward_segments(m, segments, tokens):
+    """The hidden rows of the concatenated tokens of several sequences in one pass:
+    segments = [(session, n_tokens)] in order, each appended at its own position.
+    Every matrix product runs once over all the rows; attention runs per sequence
+    over its own cache. Advances each session; returns x [len(tokens), n_embd]."""
+    c, s0 = m.c, segments[0][0]
+    spans, o = [], 0
+    for session, n in segments:
+        spans.append((session, session.pos, n, o))
+        o += n
+    positions = np.concatenate([np.arange(p0, p0 + n) for _, p0, n, _ in spans])
+    x = m.tok_embd[np.asarray(tokens, dtype=np.int64)].astype(F32)
+    taps = {i: np.zeros((c.n_layer, 3, c.n_embd), F32)
+            for i, (s, _, _, _) in enumerate(spans) if s.taps_on}
+    for li, L in enumerate(m.layers):
+        h = rms_norm(x, L["attn_norm"], c.eps)
+        q = s0._rope(s0._mm(h, L["attn_q"]), positions)
+        k = s0._rope(s0._mm(h, L["attn_k"]), positions)
+        v = s0._mm(h, L["attn_v"])
+        att = np.empty((x.shape[0], c.n_head * c.head_dim), F32)
+        for session, p0, n, o in spans:
+            session.k_cache[li, p0:p0 + n] = k[o:o + n]
+            session.v_cache[li, p0:p0 + n] = v[o:o + n]
+            att[o:o + n] = session._attention(q[o:o + n], li, p0, n)
+        a = s0._mm(att, L["attn_output"])
+        x = (x.astype(F64) + a).astype(F32)
+        h = rms_norm(x, L["ffn_norm"], c.eps)
+        g = s0._mm(h, L["ffn_gate"]).astype(F64)
+        u = s0._mm(h, L["ffn_up"]).astype(F64)
+        with np.errstate(over="ignore"):  # exp(-g) = inf for g << 0: SiLU(g) = -0.0
+            act = g / (1.0 + np.exp(-g))
+        f = s0._mm((act * u).astype(F32), L["ffn_down"])
+        x = (x.astype(F64) + f).astype(F32)
+        for i, t in taps.items():
+            last = spans[i][3] + spans[i][2] - 1
+            t[li] = (a[last], f[last], x[last])
+    for i, (session, p0, n, _) in enumerate(spans):
+        session.pos = p0 + n
+        if i in taps:
+            session.taps = taps[i].reshape(-1)
+    return x
 
 
 class NumpyLlama(Engine):
@@ -316,7 +347,10 @@ class NumpyLlama(Engine):
         bits = 0
         for t in self.WEIGHT_TYPES:
             bits |= weight_type_bit(t)
-        return Capabilities(flags=TS_CAP_ALL_POSITION_LOGITS, weight_types=bits,
+        # step_batch is one pass (TS_CAP_BATCHED_SESSIONS), not batch invariant:
+        # BLAS blocks a product of more rows differently.
+        return Capabilities(flags=TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BATCHED_SESSIONS,
+                            weight_types=bits,
                             determinism_note="BLAS GEMM (prefill) and GEMV (decode) sum in "
                             "different orders; OpenBLAS threads may split sums")
 
@@ -328,6 +362,24 @@ class NumpyLlama(Engine):
             raise _unsupported("numpy_llama computes with weights dequantized to float32 only "
                                "(--weights full_precision); it has no quantized path")
         return LlamaSession(model, options.max_context)
+
+    def step_batch(self, entries):
+        """Every entry in one forward pass (forward_segments), then one output
+        product over the rows asked for; each entry's logits as its prefill's."""
+        m = entries[0].session.m
+        tokens = np.concatenate([np.asarray(e.tokens, dtype=np.int64) for e in entries])
+        x = forward_segments(m, [(e.session, len(e.tokens)) for e in entries], tokens)
+        picks, o = [], 0
+        for e in entries:
+            n = len(e.tokens)
+            picks.append(x[o:o + n] if e.all_positions else x[o + n - 1:o + n])
+            o += n
+        out = output_logits(m, np.concatenate(picks))
+        bounds = np.cumsum([0] + [p.shape[0] for p in picks])
+        return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def fork(self, session, n_prefix):
+        return session.fork(n_prefix)
 
 
 def _cpu_model():

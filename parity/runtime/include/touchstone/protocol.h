@@ -30,8 +30,16 @@
 
 namespace touchstone::protocol {
 
-// 2: BackendInfo carries the declared models; 3: layer taps (kSetTaps, kReadTaps).
-inline constexpr uint32_t kVersion = 3;
+// 2: BackendInfo carries the declared models; 3: layer taps (kSetTaps, kReadTaps);
+// 4: ABI v6 serving calls (kStepBatch, kForkSession), BackendInfo.step_batch /
+// fork, ts_capabilities.batch_invariant_paths / max_batch.
+inline constexpr uint32_t kVersion = 4;
+// The oldest version either end still speaks: the hello reply carries
+// min(the harness's version, the child's), and an older peer simply has none of
+// the newer ops or fields (the harness never sends them).
+inline constexpr uint32_t kMinVersion = 3;
+// The version a child answers a hello asking for `requested` with.
+uint32_t negotiate(uint32_t requested);
 inline constexpr uint32_t kMagic = 0x31505354;  // bytes "TSP1"
 inline constexpr uint32_t kReplyBit = 0x8000;
 inline constexpr size_t kHeaderSize = 16;
@@ -54,7 +62,12 @@ enum class Op : uint32_t {
   kPosition = 10,       // -> u64 session; reply: i32 position
   kPrefillGreedy = 11,  // -> u64 session, i32 n, i32 tokens[n]; reply: i32 token
   kSetTaps = 12,        // -> u64 session, i32 enable; reply: status only
-  kReadTaps = 13        // -> u64 session, u64 n_floats; reply: f32 taps[n_floats]
+  kReadTaps = 13,       // -> u64 session, u64 n_floats; reply: f32 taps[n_floats]
+  // ---- version 4 (ABI v6) ----
+  kStepBatch = 14,   // -> u32 n_entries, then per entry: u64 session, i32 all_positions,
+                     //    i32 n_tokens, i32 tokens[n_tokens]; reply: the entries' logits
+                     //    concatenated in entry order (n_vocab or n_tokens * n_vocab f32 each)
+  kForkSession = 15  // -> u64 src session, i32 n_prefix; reply: u64 session
 };
 const char* op_name(uint32_t op);
 
@@ -130,13 +143,45 @@ struct BackendInfo {
   bool step_batch = false;
   bool fork = false;
 };
+// The fields a version added are written and read only when
+// info.protocol_version (the first field) is at least that version.
 void encode(Writer& w, const BackendInfo& info);
 BackendInfo decode_info(Reader& r);
 
 // ts_capabilities on the wire: u32 flags, u64 weight_types, i32 max_context,
-// i32 n_shape_buckets (0..16), i32 buckets[n], str determinism_note ("" = NULL).
-// decode_capabilities keeps the note's bytes in `note_storage`.
-void encode(Writer& w, const ts_capabilities& caps);
-ts_capabilities decode_capabilities(Reader& r, std::string& note_storage);
+// i32 n_shape_buckets (0..16), i32 buckets[n], str determinism_note ("" = NULL),
+// i32 top_n (ABI v5), then with protocol >= 4: u32 batch_invariant_paths, i32
+// max_batch (ABI v6). decode_capabilities keeps the note's bytes in
+// `note_storage`; fields a reply ends before are 0 and drop their flags
+// (top_n: TS_CAP_TOP_N_LOGPROBS; the v6 fields: TS_CAP_BATCH_INVARIANT,
+// TS_CAP_BATCHED_SESSIONS and TS_CAP_KV_PREFIX_COPY, which meant something
+// looser before ABI v6).
+void encode(Writer& w, const ts_capabilities& caps, uint32_t version = kVersion);
+ts_capabilities decode_capabilities(Reader& r, std::string& note_storage,
+                                    uint32_t version = kVersion);
+
+// kStepBatch request. The decoder bounds n_entries (1..kMaxBatchEntries) and
+// every n_tokens by the bytes left before allocating anything.
+inline constexpr uint32_t kMaxBatchEntries = 1u << 16;
+struct BatchEntry {
+  uint64_t session = 0;
+  bool all_positions = false;
+  std::span<const int32_t> tokens;
+};
+struct DecodedBatchEntry {
+  uint64_t session = 0;
+  bool all_positions = false;
+  std::vector<int32_t> tokens;
+};
+void encode_step_batch(Writer& w, std::span<const BatchEntry> entries);
+std::vector<DecodedBatchEntry> decode_step_batch(Reader& r);
+
+// kForkSession request.
+struct ForkRequest {
+  uint64_t session = 0;
+  int32_t n_prefix = 0;
+};
+void encode(Writer& w, const ForkRequest& f);
+ForkRequest decode_fork(Reader& r);
 
 }  // namespace touchstone::protocol
