@@ -6,6 +6,8 @@
   schema-fail         a FAIL run (--fault) validates; first failing step 0 in the JSON
   schema-unsupported  an UNSUPPORTED run (reference --weights quantized) validates
   schema-consistency  a consistency-only run validates
+  schema-serving      a serving-checks run (prefix_fork only) validates; drift per fork point,
+                      batching / fork modes named
   schema-negative     a valid report with any required field removed (top level, a
                       case, a passage) or a wrong type fails validation
   markdown            --summary of a FAIL run: verdict line, matrix, first failing step + why
@@ -178,6 +180,24 @@ def mode_schema_consistency(ctx):
     check_series(r)
     if not r["cases"] or any(c["kind"] != "consistency" for c in r["cases"]):
         fail("a consistency-only run must list only consistency checks")
+
+
+def mode_schema_serving(ctx):
+    out = ctx.path("json")
+    ctx.parity("--backend", ctx.backend, "--weights", ctx.weights, "--case", "narrative",
+               "--serving-only", "--serving-plan", "quick", "--serving-check",
+               "serving.prefix_fork", "--json", out, expect_rc=0)
+    with open(out) as f:
+        r = json.load(f)
+    validate(ctx, r)
+    check_common(ctx, r, "PASS")
+    if [c["name"] for c in r["cases"]] != ["serving.prefix_fork"]:
+        fail(f"expected only serving.prefix_fork, got {[c['name'] for c in r['cases']]}")
+    c = r["cases"][0]
+    if c["kind"] != "serving" or len(c["drift"]) < 2 or any(d["rows"] < 1 for d in c["drift"]):
+        fail(f"serving row without drift per fork point: {c['drift']}")
+    if r["backend"]["batching"] is None or r["backend"]["fork"] is None:
+        fail("a serving run must name how batches and forks ran")
 
 
 def mode_schema_negative(ctx):

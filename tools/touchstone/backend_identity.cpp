@@ -47,7 +47,8 @@ BackendCapabilities describe_capabilities(const ts_capabilities& c) {
   if (c.determinism_note) out.determinism_note = c.determinism_note;
   if (c.flags & TS_CAP_TOP_N_LOGPROBS) out.top_n = c.top_n;
   if (c.flags & TS_CAP_BATCH_INVARIANT) {
-    if (c.batch_invariant_paths == 0 || (c.batch_invariant_paths & (1u << TS_WEIGHTS_FULL_PRECISION)))
+    if (c.batch_invariant_paths == 0 ||
+        (c.batch_invariant_paths & (1u << TS_WEIGHTS_FULL_PRECISION)))
       out.batch_invariant_paths.emplace_back("full_precision");
     if (c.batch_invariant_paths == 0 || (c.batch_invariant_paths & (1u << TS_WEIGHTS_QUANTIZED)))
       out.batch_invariant_paths.emplace_back("quantized");

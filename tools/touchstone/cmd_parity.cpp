@@ -312,8 +312,8 @@ bool wants_consistency(const Opts& o) {
 bool wants_serving(const Opts& o, BackendLibrary& lib) {
   if (o.no_serving || o.consistency_only) return false;
   if (o.serving || o.serving_only) return true;
-  return o.cases.empty() && o.scoring.empty() && (lib.batch_mode() != BatchMode::kHarness ||
-                                                  lib.has_fork());
+  return o.cases.empty() && o.scoring.empty() &&
+         (lib.batch_mode() != BatchMode::kHarness || lib.has_fork());
 }
 
 // The suite's plan, except that the full plan's long fillers exercise a native
@@ -340,8 +340,8 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
   try {
     const ts_capabilities caps = lib.capabilities();
     SessionOptions so{in.weights, o.threads, planned_context(o, in), o.fault};
-    so.max_context = std::max(
-        so.max_context, plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
+    so.max_context = std::max(so.max_context,
+                              plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
     ServingOptions opt = serving_options(caps, so, plan);
     opt.checks = o.serving_checks;
     const bool verify = opt.runs("serving.speculative_verify");

@@ -249,8 +249,10 @@ class BackendAdapter {
       Impl::capabilities(c);
       if constexpr (kGreedy) c.flags |= TS_CAP_DEVICE_GREEDY;
       // ABI v6: the flags say what the table holds.
-      if constexpr (kFork) c.flags |= TS_CAP_KV_PREFIX_COPY;
-      else c.flags &= ~TS_CAP_KV_PREFIX_COPY;
+      if constexpr (kFork)
+        c.flags |= TS_CAP_KV_PREFIX_COPY;
+      else
+        c.flags &= ~TS_CAP_KV_PREFIX_COPY;
       if constexpr (!kStepBatch) c.flags &= ~TS_CAP_BATCHED_SESSIONS;
       const size_t n = std::min<size_t>(out->struct_size, sizeof(ts_capabilities));
       c.struct_size = uint32_t(n);
@@ -334,9 +336,9 @@ class BackendAdapter {
     caps.struct_size = sizeof caps;
     Impl::capabilities(caps);
     if (caps.max_batch > 0 && n > caps.max_batch) {
-      throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
-                             "step_batch: " + std::to_string(n) + " entries, max_batch is " +
-                                 std::to_string(caps.max_batch));
+      throw abi::StatusError(TS_ERR_INVALID_ARGUMENT, "step_batch: " + std::to_string(n) +
+                                                          " entries, max_batch is " +
+                                                          std::to_string(caps.max_batch));
     }
     std::vector<abi::BatchItem<Session>> items;
     const SessionBox* first = nullptr;
@@ -356,8 +358,8 @@ class BackendAdapter {
           abi::require(item.session != b->session.get(), "the same session twice in one call");
         abi::require(!entry.all_positions || (caps.flags & TS_CAP_ALL_POSITION_LOGITS),
                      "all_positions without TS_CAP_ALL_POSITION_LOGITS");
-        Session& s = appendable(entry.session, entry.tokens, entry.n_tokens, entry.logits_out,
-                                "prefill");
+        Session& s =
+            appendable(entry.session, entry.tokens, entry.n_tokens, entry.logits_out, "prefill");
         items.push_back({&s, std::span<const int32_t>(entry.tokens, size_t(entry.n_tokens)),
                          entry.all_positions != 0, entry.logits_out});
       } catch (const abi::StatusError& err) {

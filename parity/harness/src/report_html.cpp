@@ -115,8 +115,7 @@ std::string drift_table(const RunView& r, const ItemView& it) {
       "<p>batching: {}; fork: {}</p>\n<table class=\"ts-drift\" data-case=\"{}\">\n"
       "<tr><th>configuration</th><th>size</th><th>rows</th><th>max |Δ|</th><th>NMSE max</th>"
       "<th>bitwise</th></tr>\n",
-      esc(r.batching.empty() ? "?" : r.batching), esc(r.fork.empty() ? "?" : r.fork),
-      esc(it.name));
+      esc(r.batching.empty() ? "?" : r.batching), esc(r.fork.empty() ? "?" : r.fork), esc(it.name));
   for (const ItemView::Drift& d : it.drift) {
     o += fmt::format(
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.3g}</td><td>{:.3g}</td><td>{}</td></tr>\n",

@@ -71,15 +71,15 @@ size_t ServingOptions::n_checks() const {
 }
 
 const std::vector<std::string>& serving_check_names() {
-  static const std::vector<std::string> names = {
-      "serving.batch_invariance", "serving.content_isolation", "serving.prefix_fork",
-      "serving.speculative_verify"};
+  static const std::vector<std::string> names = {"serving.batch_invariance",
+                                                 "serving.content_isolation", "serving.prefix_fork",
+                                                 "serving.speculative_verify"};
   return names;
 }
 
 std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_t> prompt,
-                                      std::span<const int32_t> continuation,
-                                      const Profile& profile, const ServingOptions& opt) {
+                                      std::span<const int32_t> continuation, const Profile& profile,
+                                      const ServingOptions& opt) {
   if (prompt.empty()) throw Error("serving checks: the needle case has an empty prompt");
   std::vector<int32_t> needle(prompt.begin(), prompt.end());
   const size_t steps = std::min(continuation.size(), size_t(opt.plan.decode_steps));

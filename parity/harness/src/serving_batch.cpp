@@ -165,9 +165,8 @@ std::vector<Shape> shapes(const ServingOptions& o, size_t needle_len, size_t pro
 
 // content_isolation without a bitwise claim: rows within 4x the drift of two
 // identical runs (0 drift: bitwise).
-void compare_isolated(const PositionedRows& x, const PositionedRows& again,
-                      const PositionedRows& y, const std::string& where, CaseResult& r,
-                      DriftMeter& meter) {
+void compare_isolated(const PositionedRows& x, const PositionedRows& again, const PositionedRows& y,
+                      const std::string& where, CaseResult& r, DriftMeter& meter) {
   DriftMeter noise;
   for (size_t i = 0; i < x.rows.size(); ++i) noise.add(x.rows[i], again.rows[i]);
   const double allowed = 4.0 * noise.point.max_abs;
@@ -182,10 +181,10 @@ void compare_isolated(const PositionedRows& x, const PositionedRows& again,
       ++r.n_matched;
     } else if (r.first_logit_violation_step < 0) {
       r.first_logit_violation_step = x.positions[i];
-      r.first_logit_violation =
-          fmt::format("max |diff| {:.3g} with other filler contents > 4 x {:.3g}, the drift of "
-                      "two identical runs{}",
-                      d, noise.point.max_abs, where);
+      r.first_logit_violation = fmt::format(
+          "max |diff| {:.3g} with other filler contents > 4 x {:.3g}, the drift of "
+          "two identical runs{}",
+          d, noise.point.max_abs, where);
     }
   }
 }
@@ -209,8 +208,8 @@ std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_
     if (invariance) {
       const PositionedRows alone = run_alone(model, opt.session, x[size_t(s.needle_slot)]);
       DriftMeter m{{s.label(), s.batch}};
-      compare_rows(alone, in_x, opt.batch_invariant, "TS_CAP_BATCH_INVARIANT", profile, where,
-                   inv, m);
+      compare_rows(alone, in_x, opt.batch_invariant, "TS_CAP_BATCH_INVARIANT", profile, where, inv,
+                   m);
       inv.drift.push_back(m.point);
     }
     const auto t1 = std::chrono::steady_clock::now();
@@ -225,8 +224,7 @@ std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_
                    "TS_CAP_BITWISE_DETERMINISM (other sequences' contents changed this one)",
                    profile, where, iso, mi);
     } else {
-      compare_isolated(in_x, run_batch(model, opt.session, x, s.needle_slot), in_y, where, iso,
-                       mi);
+      compare_isolated(in_x, run_batch(model, opt.session, x, s.needle_slot), in_y, where, iso, mi);
     }
     iso.drift.push_back(mi.point);
     iso.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();

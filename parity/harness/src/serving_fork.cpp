@@ -35,8 +35,8 @@ PositionedRows continue_from(Session& s, std::span<const int32_t> needle, size_t
 }
 
 // A fresh session that prefills needle[0..n) in one chunk and continues the same way.
-PositionedRows fresh_from(const Model& m, const SessionOptions& so,
-                          std::span<const int32_t> needle, size_t n, size_t prompt_len) {
+PositionedRows fresh_from(const Model& m, const SessionOptions& so, std::span<const int32_t> needle,
+                          size_t n, size_t prompt_len) {
   Session s(m, so);
   if (n > 0) s.prefill(needle.first(n));
   return continue_from(s, needle, n, prompt_len);
@@ -50,9 +50,8 @@ PositionedRows fresh_from(const Model& m, const SessionOptions& so,
 // a fresh session. Bits are required where the computation is the same call
 // sequence (a fork at the end of the prompt, the source) on a bitwise backend,
 // and everywhere on a batch-invariant one.
-CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle,
-                             size_t prompt_len, const Profile& profile,
-                             const ServingOptions& opt) {
+CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
+                             const Profile& profile, const ServingOptions& opt) {
   CaseResult r;
   r.name = "serving.prefix_fork";
   const std::string mode = model.library()->has_fork() ? "fork_session" : "emulated by the harness";
@@ -70,7 +69,8 @@ CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle
     const PositionedRows want = fresh_from(model, opt.session, needle, n, prompt_len);
     const bool same_calls = n == prompt_len;  // both prefilled the prompt in one chunk
     const bool bits = opt.batch_invariant || (opt.bitwise && same_calls);
-    const std::string label = fmt::format("fork at n_prefix {} of a {}-token prompt", n, prompt_len);
+    const std::string label =
+        fmt::format("fork at n_prefix {} of a {}-token prompt", n, prompt_len);
     DriftMeter m{{label, int(n)}};
     compare_rows(want, got, bits,
                  opt.batch_invariant ? "TS_CAP_BATCH_INVARIANT" : "TS_CAP_BITWISE_DETERMINISM",

@@ -47,8 +47,8 @@ CaseResult timed(Fn&& fn) {
 std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_t> needle,
                                       size_t prompt_len, const Profile& profile,
                                       const ServingOptions& opt);
-CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle,
-                             size_t prompt_len, const Profile& profile, const ServingOptions& opt);
+CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
+                             const Profile& profile, const ServingOptions& opt);
 CaseResult check_speculative(const Model& model, std::span<const int32_t> prompt,
                              std::span<const int32_t> continuation, const Profile& profile,
                              const ServingOptions& opt);

@@ -50,8 +50,9 @@ bool verify_run(const VerifyRun& v, int k, std::mt19937_64& rng, CaseResult& r, 
   if (out[0] != v.plain.tokens[0]) {  // the same prefill call as the plain run
     if (r.first_logit_violation_step < 0) {
       r.first_logit_violation_step = int(P) - 1;
-      r.first_logit_violation = fmt::format(
-          "the prompt's greedy token is {}, {} in the plain run{}", out[0], v.plain.tokens[0], where);
+      r.first_logit_violation =
+          fmt::format("the prompt's greedy token is {}, {} in the plain run{}", out[0],
+                      v.plain.tokens[0], where);
     }
     return false;
   }
@@ -86,9 +87,9 @@ bool verify_run(const VerifyRun& v, int k, std::mt19937_64& rng, CaseResult& r, 
         if (metrics::top2_margin(v.plain.rows[g]) < v.p.near_tie_margin) return true;  // near tie
         if (r.first_logit_violation_step < 0) {
           r.first_logit_violation_step = int(P + g) - 1;
-          r.first_logit_violation = fmt::format(
-              "token #{} is {} after verification, {} in plain greedy decoding{}", g, tok,
-              v.plain.tokens[g], where);
+          r.first_logit_violation =
+              fmt::format("token #{} is {} after verification, {} in plain greedy decoding{}", g,
+                          tok, v.plain.tokens[g], where);
         }
         return false;
       }

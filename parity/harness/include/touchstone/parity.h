@@ -137,7 +137,7 @@ struct CaseResult {
   // profile check that needs full rows is named in not_supported.
   int logprobs_top_n = 0;
   std::vector<std::string> not_supported;  // "logits_nmse", "logits_max_abs", ...
-  int topn_missing_max = 0;  // most reference top-K tokens absent from one returned row
+  int topn_missing_max = 0;       // most reference top-K tokens absent from one returned row
   std::vector<DriftPoint> drift;  // serving checks: one per configuration run
 };
 

@@ -48,7 +48,7 @@ struct RunView {
   std::string reason;  // SKIP / UNSUPPORTED reason, or why the report could not be read
   std::string backend, backend_version, device, model, model_sha256, weights, profile, suite;
   std::string revision, started_at;
-  std::string batching, fork;  // serving checks: how batches / forks ran ("" = not run)
+  std::string batching, fork;   // serving checks: how batches / forks ran ("" = not run)
   double near_tie_margin = -1;  // the profile's; -1 = unknown
   double seconds = 0;
   int checks_planned = 0;

@@ -45,8 +45,8 @@ namespace touchstone {
 // The sizes of the serving checks. quick(): CI on every backend, the scalar
 // reference included; full(): the sizes of docs/serving-checks.md.
 struct ServingPlan {
-  std::vector<int> batch_sizes;   // B: sequences per step_batch call, needle included
-  int32_t filler_min = 10;        // filler prompt length range (tokens, seeded)
+  std::vector<int> batch_sizes;  // B: sequences per step_batch call, needle included
+  int32_t filler_min = 10;       // filler prompt length range (tokens, seeded)
   int32_t filler_max = 2048;
   int32_t filler_chunk_max = 128;  // a filler's prefill chunks: 1..this many tokens (seeded)
   int decode_steps = 16;           // needle decode steps (capped by its continuation)
@@ -79,8 +79,8 @@ ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions
 // Runs the four checks on the needle (prompt + golden continuation).
 // Backend errors propagate (BackendError), as in check_consistency.
 std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_t> prompt,
-                                      std::span<const int32_t> continuation,
-                                      const Profile& profile, const ServingOptions& opt);
+                                      std::span<const int32_t> continuation, const Profile& profile,
+                                      const ServingOptions& opt);
 
 // The names of the four checks, in order ("serving.batch_invariance", ...).
 const std::vector<std::string>& serving_check_names();

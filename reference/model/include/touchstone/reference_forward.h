@@ -52,8 +52,8 @@ struct Faults {
   bool batch_token_count_split = false;  // "batch_token_count_split": in step_batch, dot
                                          // products split at a point set by the batch's
                                          // total token count (batch_invariance)
-  bool batch_kv_leak = false;  // "batch_kv_leak": in step_batch, entry i > 0 also attends the
-                               // last KV entry of entry i-1's sequence (content_isolation)
+  bool batch_kv_leak = false;    // "batch_kv_leak": in step_batch, entry i > 0 also attends the
+                                 // last KV entry of entry i-1's sequence (content_isolation)
   bool fork_short_copy = false;  // "fork_short_copy": fork_session copies n_prefix - 1 KV
                                  // entries (the last one left zero) (prefix_fork)
   bool batch_position_offset = false;  // "batch_position_offset": in step_batch, entry i > 0
