@@ -257,7 +257,15 @@ void ReferenceTransformer::step_batch(std::span<const BatchEntry> entries) {
     for (size_t j = 0; j < i; ++j) {
       if (entries[j].ref == r) throw Error("step_batch: entry {}: same transformer as {}", i, j);
     }
-    total += int64_t(entries[i].tokens.size());
+    // Checked before any entry runs, so a refused call changes no transformer.
+    const size_t n = entries[i].tokens.size();
+    const size_t rows = entries[i].all_positions ? n : 1;
+    if (n < 1 || entries[i].logits.size() != rows * size_t(r->n_vocab()) ||
+        int64_t(r->pos_) + int64_t(n) > int64_t(r->max_ctx_)) {
+      throw Error("step_batch: entry {}: no tokens, a logits buffer of the wrong size or no room",
+                  i);
+    }
+    total += int64_t(n);
   }
   int32_t before = 0;  // tokens of the entries before entry i
   for (size_t i = 0; i < entries.size(); ++i) {

@@ -156,13 +156,20 @@ TEST(Serving, StepBatchIsEachSessionsOwnPrefillBitwise) {
   }
 }
 
-TEST(Serving, StepBatchRefusesARepeatedSession) {
+TEST(Serving, StepBatchRefusesBadEntriesBeforeRunningAny) {
   const ModelWeights w = load("llama");
   auto s = open(w);
   Logits a(size_t(w.config.n_vocab)), b(a.size());
   const Tokens t = {3};
   const ReferenceTransformer::BatchEntry e[] = {{s.get(), t, false, a}, {s.get(), t, false, b}};
   EXPECT_THROW(ReferenceTransformer::step_batch(e), Error);
+  EXPECT_EQ(s->position(), 0);
+  // A wrong buffer in a later entry: refused before entry 0 runs.
+  auto other = open(w);
+  Logits short_buffer(a.size() - 1);
+  const ReferenceTransformer::BatchEntry f[] = {{s.get(), t, false, a},
+                                                {other.get(), t, false, short_buffer}};
+  EXPECT_THROW(ReferenceTransformer::step_batch(f), Error);
   EXPECT_EQ(s->position(), 0);
 }
 

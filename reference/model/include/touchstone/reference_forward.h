@@ -113,8 +113,10 @@ class ReferenceTransformer {
   // entry.ref->prefill(...) would. The reference computes one token at a time,
   // so an entry's bits do not depend on the batch (batch invariant by
   // construction); it is a loop, not one forward pass. Entries must hold
-  // distinct transformers of the same weights (throws touchstone::Error
-  // otherwise). Faults applied here only: batch_token_count_split,
+  // distinct transformers of the same weights, tokens, logits of prefill's
+  // size and room in the cache (else throws touchstone::Error before any entry
+  // runs; a bad token id still throws midway, as forward() does). Faults
+  // applied here only: batch_token_count_split,
   // batch_kv_leak, batch_position_offset (each entry's own faults decide).
   static void step_batch(std::span<const BatchEntry> entries);
 
