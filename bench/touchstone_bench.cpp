@@ -1,7 +1,8 @@
 // touchstone_bench - performance of any backend behind the session contract.
 //
 //   touchstone_bench --backend cpu_simd [--backend vulkan,...] [--weights quantized,full_precision]
-//                    [--model PATH] [--threads N] [--noisy-neighbour] [google benchmark flags, e.g.
+//                    [--model PATH] [--threads N] [--noisy-neighbour] [--decode-batch-looped]
+//                    [google benchmark flags, e.g.
 //                    --benchmark_out=r.json --benchmark_out_format=json --benchmark_filter=decode]
 //
 // Benchmarks, registered per backend x weight path (names <backend>/<weights>/...):
@@ -20,6 +21,17 @@
 //                    stored: GGUF bytes for `quantized`, fp32 for `full_precision`,
 //                    plus the fp32 KV cache read), GB/s (= tok/s * bytes/token).
 //   ttft/N           open_session + prefill(N) until the first token's logits (ms).
+//   decode_batch/B   B = 1, 4, 8, 16 sessions (prompts of different lengths,
+//                    16 + 8 * (i % 8) tokens, different contents), then 16
+//                    steps in which every session decodes one token, all B in
+//                    one step_batch call (ABI v6). Counters tok/s (aggregate:
+//                    B tokens per step), ms/step (each sequence's latency per
+//                    token), batch. Registered only for backends whose
+//                    step_batch is one forward pass (TS_CAP_BATCHED_SESSIONS,
+//                    BatchMode::kNative); for the others it says why, on stderr
+//                    and in the JSON context (decode_batch.<backend>), unless
+//                    --decode-batch-looped registers it anyway (then it times B
+//                    separate decodes per step: a baseline, not batching).
 //   every benchmark: peak_rss_MB = the process's peak RSS since this
 //                    (backend, weights) group loaded its model (VmHWM reset
 //                    through /proc/self/clear_refs; one model loaded at a time).
@@ -40,6 +52,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -58,6 +71,7 @@ struct Options {
   std::string model;
   int threads = 0;
   bool noisy_neighbour = false;
+  bool decode_batch_looped = false;  // decode_batch also without TS_CAP_BATCHED_SESSIONS
 } g_opt;
 
 std::vector<std::string> split(const std::string& s) {
@@ -117,9 +131,10 @@ touchstone::SessionOptions session_options(const std::string& weights, int32_t m
   return o;
 }
 
-std::vector<int32_t> prompt(size_t n, int32_t n_vocab) {
+// A deterministic prompt; another salt gives other tokens.
+std::vector<int32_t> prompt(size_t n, int32_t n_vocab, size_t salt = 0) {
   std::vector<int32_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 7919 + 17) % size_t(n_vocab));
+  for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 7919 + 17 + salt * 131) % size_t(n_vocab));
   return t;
 }
 
@@ -246,6 +261,54 @@ void bm_decode_threads(benchmark::State& state, std::string backend, std::string
   }
 }
 
+// decode_batch/B: B sessions advanced together, one decode token each per
+// step_batch call (greedy, each session its own sequence).
+void bm_decode_batch(benchmark::State& state, std::string backend, std::string weights, int batch) {
+  constexpr int kSteps = 16;
+  try {
+    auto& model = use(backend, weights);
+    const auto n = size_t(batch);
+    const FirstCall first;  // the B prefills + the warm-up step
+    std::vector<std::unique_ptr<touchstone::Session>> sessions;
+    std::vector<int32_t> start, next(n, 1);
+    std::vector<std::vector<float>> logits(n, std::vector<float>(size_t(model.n_vocab())));
+    for (size_t i = 0; i < n; ++i) {
+      const size_t len = 16 + 8 * (i % 8);  // different lengths and contents
+      sessions.push_back(std::make_unique<touchstone::Session>(
+          model, session_options(weights, int32_t(len) + kSteps + 8)));
+      sessions.back()->prefill(prompt(len, model.n_vocab(), i));
+      start.push_back(sessions.back()->position());
+    }
+    std::vector<touchstone::Session::Step> steps(n);
+    auto step = [&] {
+      for (size_t i = 0; i < n; ++i)
+        steps[i] = {sessions[i].get(), std::span<const int32_t>(&next[i], 1), false, logits[i]};
+      touchstone::Session::step_batch(steps);
+      for (size_t i = 0; i < n; ++i)  // greedy
+        next[i] = int32_t(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin());
+    };
+    step();  // warm-up, not timed: lazy graph compilation
+    first.done(state, backend + "/" + weights + "/decode_batch/" + std::to_string(batch));
+    std::chrono::duration<double, std::milli> stepping{0};
+    for (auto _ : state) {
+      for (size_t i = 0; i < n; ++i) {
+        sessions[i]->rewind(start[i]);
+        next[i] = 1;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int k = 0; k < kSteps; ++k) step();
+      stepping += std::chrono::steady_clock::now() - t0;
+      benchmark::DoNotOptimize(logits.data());
+    }
+    const double n_steps = double(state.iterations()) * kSteps;
+    finish(state, n_steps * batch);
+    state.counters["ms/step"] = stepping.count() / n_steps;  // each sequence's ms per token
+    state.counters["batch"] = batch;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void bm_ttft(benchmark::State& state, std::string backend, std::string weights, int n) {
   try {
     auto& model = use(backend, weights);
@@ -292,8 +355,22 @@ void bm_membw(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
+// Why decode_batch is not registered for this backend ("" = it is): it
+// measures one forward pass for B sequences, which only a backend with
+// TS_CAP_BATCHED_SESSIONS computes (a looped step_batch is B decodes).
+std::string decode_batch_skip(const touchstone::BackendLibrary& lib) {
+  try {
+    const touchstone::BatchMode mode = lib.batch_mode();
+    if (mode == touchstone::BatchMode::kNative) return "";
+    return std::string("skipped: step_batch is ") + touchstone::batch_mode_name(mode) +
+           ", not one forward pass (no TS_CAP_BATCHED_SESSIONS)";
+  } catch (const std::exception& e) {
+    return std::string("skipped: capabilities() failed: ") + e.what();
+  }
+}
+
 // Every benchmark of one backend, per weight path.
-void register_backend(const std::string& b) {
+void register_backend(const std::string& b, bool batched) {
   for (const auto& w : g_opt.weights) {
     const std::string p = b + "/" + w + "/";
     for (int n : {64, 256, 512}) {
@@ -310,6 +387,13 @@ void register_backend(const std::string& b) {
     }
     for (int n : {64, 256}) {
       benchmark::RegisterBenchmark((p + "ttft/" + std::to_string(n)).c_str(), bm_ttft, b, w, n)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+    for (int batch : {1, 4, 8, 16}) {
+      if (!batched) break;
+      benchmark::RegisterBenchmark((p + "decode_batch/" + std::to_string(batch)).c_str(),
+                                   bm_decode_batch, b, w, batch)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }
@@ -355,6 +439,8 @@ int main(int argc, char** argv) {
       g_opt.threads = std::atoi(v4);
     } else if (a == "--noisy-neighbour") {
       g_opt.noisy_neighbour = true;
+    } else if (a == "--decode-batch-looped") {
+      g_opt.decode_batch_looped = true;
     } else {
       rest.push_back(argv[i]);
     }
@@ -369,14 +455,23 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("model", g_opt.model);
   benchmark::AddCustomContext("threads", std::to_string(g_opt.threads));
   for (const auto& b : g_opt.backends) {
+    std::string skip;
     try {
       auto lib = touchstone::BackendLibrary::load(b);
       benchmark::AddCustomContext("device." + b, lib->device_name());
+      skip = decode_batch_skip(*lib);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "touchstone_bench: %s\n", e.what());
       return 1;
     }
-    register_backend(b);
+    if (!skip.empty() && g_opt.decode_batch_looped) {
+      skip = "";
+      benchmark::AddCustomContext("decode_batch." + b, "looped: B separate decodes per step");
+    } else if (!skip.empty()) {
+      std::fprintf(stderr, "touchstone_bench: %s/decode_batch %s\n", b.c_str(), skip.c_str());
+      benchmark::AddCustomContext("decode_batch." + b, skip);
+    }
+    register_backend(b, skip.empty());
   }
   benchmark::RegisterBenchmark("membw/read", bm_membw)
       ->Unit(benchmark::kMillisecond)

@@ -32,9 +32,6 @@ struct Reference {
 
   struct Session {
     std::unique_ptr<touchstone::ReferenceTransformer> ref;
-    bool causal_mask_fault = false;
-    bool row_shift_fault = false;       // logits_row_shift
-    bool position_reset_fault = false;  // prefill_position_reset
 
     int32_t position() const { return ref->position(); }
     int32_t max_context() const { return ref->max_context(); }
@@ -46,8 +43,33 @@ struct Reference {
     void decode(int32_t token, float* logits) {
       ref->forward(token, std::span<float>(logits, size_t(ref->n_vocab())));
     }
-    void prefill(std::span<const int32_t> tokens, bool all, float* logits);
+    // The prefill-level faults (causal_mask, prefill_position_reset,
+    // logits_row_shift, verify_row_shift) live in ReferenceTransformer::prefill.
+    void prefill(std::span<const int32_t> tokens, bool all, float* logits) {
+      ref->prefill(tokens, all, std::span<float>(logits, rows(tokens, all)));
+    }
+    // ABI v6 fork_session: a new transformer holding the first n_prefix KV rows.
+    std::unique_ptr<Session> fork(int32_t n_prefix) {
+      auto s = std::make_unique<Session>();
+      s->ref = ref->fork(n_prefix);
+      return s;
+    }
+    size_t rows(std::span<const int32_t> tokens, bool all) const {
+      return (all ? tokens.size() : 1) * size_t(ref->n_vocab());
+    }
   };
+
+  // ABI v6 step_batch: the entries one after another, each exactly its own
+  // prefill (so no TS_CAP_BATCHED_SESSIONS: a loop, not one forward pass).
+  static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
+    std::vector<touchstone::ReferenceTransformer::BatchEntry> entries;
+    for (const auto& item : items) {
+      entries.push_back(
+          {item.session->ref.get(), item.tokens, item.all_positions,
+           std::span<float>(item.logits, item.session->rows(item.tokens, item.all_positions))});
+    }
+    touchstone::ReferenceTransformer::step_batch(entries);
+  }
 
   static std::string device_name() {
     return "CPU (scalar reference, fp64 accumulation, " +
@@ -55,7 +77,11 @@ struct Reference {
   }
 
   static void capabilities(ts_capabilities& c) {
-    c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
+    // One token at a time in fp64 whatever the call: a token's bits never depend
+    // on the other tokens of a prefill chunk or a step_batch call, on its only
+    // (full-precision) path (batch_invariant_paths 0 = every path).
+    c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM | TS_CAP_BATCH_INVARIANT;
+    c.batch_invariant_paths = 0;
     // Everything the dequantizer understands; all are converted to fp32 at load.
     for (int t : {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 30})
       c.weight_types |= TS_WEIGHT_TYPE_BIT(t);
@@ -89,40 +115,11 @@ struct Reference {
     const int threads =
         o.n_threads > 0 ? o.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
     auto s = std::make_unique<Session>();
-    s->causal_mask_fault = faults.causal_mask;
-    s->row_shift_fault = faults.logits_row_shift;
-    s->position_reset_fault = faults.prefill_position_reset;
     s->ref = std::make_unique<touchstone::ReferenceTransformer>(m.weights, o.max_context, threads,
                                                                 faults);
     return s;
   }
 };
-
-void Reference::Session::prefill(std::span<const int32_t> tokens, bool all, float* logits) {
-  const auto n = int32_t(tokens.size());
-  const size_t v = size_t(ref->n_vocab());
-  if (causal_mask_fault && n > 1) {
-    // The causal_mask fault: one token at a time, the reference has no chunk to
-    // mask. A first, causal pass fills the chunk's KV entries; the second pass
-    // then lets every position also attend to the chunk's later entries.
-    const int32_t p0 = ref->position();
-    std::vector<float> scratch(v);
-    for (int32_t i = 0; i < n; ++i) ref->forward(tokens[size_t(i)], scratch);
-    ref->rewind(p0);
-    ref->set_chunk_end(p0 + n);
-  }
-  // prefill_position_reset fault: a prefill continuing a sequence rotates its
-  // tokens as positions 0, 1, ... (their K/V still go to the right slots).
-  if (position_reset_fault && n > 1) ref->set_rope_origin(ref->position());
-  for (int32_t i = 0; i < n; ++i) {
-    float* row = all ? logits + size_t(i) * v : logits;
-    ref->forward(tokens[size_t(i)], std::span<float>(row, v));
-  }
-  ref->set_chunk_end(0);
-  ref->set_rope_origin(0);
-  if (row_shift_fault && all && n > 1)  // the fault: row i holds row i-1
-    std::memmove(logits + v, logits, size_t(n - 1) * v * sizeof(float));
-}
 
 }  // namespace
 

@@ -35,7 +35,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <new>
+#include <span>
+#include <vector>
 
 #include "touchstone/error.h"
 #include "touchstone/quant.h"
@@ -59,7 +62,8 @@ double dot_per_thread(const float* a, const float* b, int64_t n, int n_threads) 
 
 // y[o] = W[o, :] . x (+ bias[o]) for a row-major W of shape [n_out][n_in]; rows split
 // across the pool. bias may be empty. Faults: fp16_accumulation (y rounded to fp16),
-// thread_order_reduction (dot_per_thread).
+// thread_order_reduction, session_order_reduction and batch_token_count_split
+// (dot_per_thread with their slice counts).
 void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_out, int64_t n_in,
             const Faults& f, const std::vector<float>& bias = {}) {
   pool.run(n_out, [&](int64_t begin, int64_t end) {
@@ -67,6 +71,7 @@ void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_o
       const double acc =
           f.thread_order_reduction    ? dot_per_thread(W + o * n_in, x, n_in, pool.size())
           : f.session_order_reduction ? dot_per_thread(W + o * n_in, x, n_in, f.session_slices)
+          : f.batch_slices > 0        ? dot_per_thread(W + o * n_in, x, n_in, f.batch_slices)
                                       : ops::dot(W + o * n_in, x, n_in);
       y[o] = static_cast<float>(bias.empty() ? acc : acc + double{bias[size_t(o)]});
       if (f.fp16_accumulation) y[o] = gguf::fp16_to_fp32(gguf::fp32_to_fp16(y[o]));
@@ -152,7 +157,7 @@ Faults parse_fault(const std::string& name) {
 
 ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t max_context,
                                            int n_threads, Faults faults)
-    : w_(weights), faults_(faults), pool_(n_threads) {
+    : w_(weights), faults_(faults), n_threads_(n_threads), pool_(n_threads) {
   const ModelConfig& c = w_.config;
   max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
   if (faults_.session_order_reduction) {
@@ -190,6 +195,145 @@ void ReferenceTransformer::rewind(int32_t p) {
   if (!faults_.rewind_noop) kv_len_ = p;
 }
 
+void ReferenceTransformer::prefill(std::span<const int32_t> tokens, bool all_positions,
+                                   std::span<float> logits) {
+  prefill_in_batch(tokens, all_positions, logits, BatchFaults{});
+}
+
+// prefill() with the step_batch faults of one entry (BatchFaults{} = none).
+void ReferenceTransformer::prefill_in_batch(std::span<const int32_t> tokens, bool all_positions,
+                                            std::span<float> logits, const BatchFaults& batch) {
+  const auto n = int32_t(tokens.size());
+  const size_t v = size_t(n_vocab());
+  if (n < 1) throw Error("prefill of no tokens");
+  const size_t want = all_positions ? size_t(n) * v : v;
+  if (logits.size() != want) {
+    throw Error("prefill: logits buffer holds {} floats, expected {}", logits.size(), want);
+  }
+  // The per-call fault state is cleared however the call ends.
+  struct Clear {
+    ReferenceTransformer& r;
+    ~Clear() {
+      r.chunk_end_ = 0;
+      r.rope_origin_ = 0;
+      r.leak_from_ = nullptr;
+      r.faults_.batch_slices = 0;
+    }
+  } clear{*this};
+  const int32_t p0 = pos_;
+  if (faults_.causal_mask && n > 1) {
+    // The causal_mask fault: one token at a time, the reference has no chunk to
+    // mask. A first, causal pass fills the chunk's KV entries; the second pass
+    // then lets every position also attend to the chunk's later entries.
+    std::vector<float> scratch(v);
+    for (int32_t t : tokens) forward(t, scratch);
+    rewind(p0);
+    chunk_end_ = p0 + n;
+  }
+  // prefill_position_reset fault: a prefill continuing a sequence rotates its
+  // tokens as positions 0, 1, ... (their K/V still go to the right slots).
+  // batch_position_offset fault: shifted by the batch's earlier tokens.
+  rope_origin_ = (faults_.prefill_position_reset && n > 1 ? p0 : 0) - batch.rope_offset;
+  leak_from_ = batch.leak_from;
+  faults_.batch_slices = batch.slices;
+  for (int32_t i = 0; i < n; ++i) {
+    forward(tokens[size_t(i)], logits.subspan(all_positions ? size_t(i) * v : 0, v));
+  }
+  // logits_row_shift fault: row i holds row i-1. verify_row_shift fault: the
+  // same, only for a prefill continuing a sequence (a speculative verify).
+  const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && p0 > 0);
+  if (shift && all_positions && n > 1)
+    std::memmove(logits.data() + v, logits.data(), size_t(n - 1) * v * sizeof(float));
+}
+
+void ReferenceTransformer::step_batch(std::span<const BatchEntry> entries) {
+  int64_t total = 0;  // tokens of the whole call
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ReferenceTransformer* r = entries[i].ref;
+    if (!r) throw Error("step_batch: entry {}: no transformer", i);
+    if (&r->w_ != &entries[0].ref->w_) {
+      throw Error("step_batch: entry {}: other weights than entry 0's", i);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (entries[j].ref == r) throw Error("step_batch: entry {}: same transformer as {}", i, j);
+    }
+    // Checked before any entry runs, so a refused call changes no transformer.
+    const size_t n = entries[i].tokens.size();
+    const size_t rows = entries[i].all_positions ? n : 1;
+    if (n < 1 || entries[i].logits.size() != rows * size_t(r->n_vocab()) ||
+        int64_t(r->pos_) + int64_t(n) > int64_t(r->max_ctx_)) {
+      throw Error("step_batch: entry {}: no tokens, a logits buffer of the wrong size or no room",
+                  i);
+    }
+    total += int64_t(n);
+  }
+  int32_t before = 0;  // tokens of the entries before entry i
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const BatchEntry& e = entries[i];
+    const Faults& f = e.ref->faults_;
+    BatchFaults batch;
+    // batch_token_count_split: the split point follows the call's token count.
+    if (f.batch_token_count_split) batch.slices = 2 + int(total % 16);
+    // batch_position_offset: positions numbered as if the entries were one flat sequence.
+    if (f.batch_position_offset) batch.rope_offset = before;
+    // batch_kv_leak: the previous entry's newest KV entry is attended too.
+    if (f.batch_kv_leak && i > 0) batch.leak_from = entries[i - 1].ref;
+    e.ref->prefill_in_batch(e.tokens, e.all_positions, e.logits, batch);
+    before += int32_t(e.tokens.size());
+  }
+}
+
+std::unique_ptr<ReferenceTransformer> ReferenceTransformer::fork(int32_t n_prefix) const {
+  auto out = std::make_unique<ReferenceTransformer>(w_, max_ctx_, n_threads_, faults_);
+  out->copy_prefix(*this, n_prefix);
+  return out;
+}
+
+void ReferenceTransformer::copy_prefix(const ReferenceTransformer& src, int32_t n_prefix) {
+  if (&src == this) throw Error("copy_prefix: the source is this transformer");
+  if (&src.w_ != &w_) throw Error("copy_prefix: the source computes with other weights");
+  if (n_prefix < 0 || n_prefix > src.pos_ || n_prefix > max_ctx_) {
+    throw Error("copy_prefix: n_prefix {} outside [0, min(source position {}, max context {})]",
+                n_prefix, src.pos_, max_ctx_);
+  }
+  const size_t kv_dim = size_t(w_.config.n_head_kv) * size_t(w_.config.head_dim);
+  // fork_short_copy fault: the prefix's last row is not copied and stays zero.
+  const int32_t rows = faults_.fork_short_copy ? std::max(0, n_prefix - 1) : n_prefix;
+  const size_t copied = size_t(rows) * kv_dim, zeroed = size_t(n_prefix - rows) * kv_dim;
+  for (int32_t l = 0; l < w_.config.n_layer; ++l) {
+    std::memcpy(k_layer(l), src.k_layer(l), copied * sizeof(float));
+    std::memcpy(v_layer(l), src.v_layer(l), copied * sizeof(float));
+    std::memset(k_layer(l) + copied, 0, zeroed * sizeof(float));
+    std::memset(v_layer(l) + copied, 0, zeroed * sizeof(float));
+  }
+  pos_ = n_prefix;
+  kv_len_ = n_prefix;
+}
+
+float* ReferenceTransformer::k_layer(int32_t l) const {
+  const size_t kv_dim = size_t(w_.config.n_head_kv) * size_t(w_.config.head_dim);
+  return k_cache_.get() + size_t(l) * size_t(max_ctx_) * kv_dim;
+}
+
+float* ReferenceTransformer::v_layer(int32_t l) const {
+  const size_t kv_dim = size_t(w_.config.n_head_kv) * size_t(w_.config.head_dim);
+  return v_cache_.get() + size_t(l) * size_t(max_ctx_) * kv_dim;
+}
+
+std::span<const float> ReferenceTransformer::k_row(int32_t l, int32_t p) const {
+  if (l < 0 || l >= w_.config.n_layer || p < 0 || p >= max_ctx_)
+    throw Error("k_row: layer {} position {} out of range", l, p);
+  const size_t kv_dim = size_t(w_.config.n_head_kv) * size_t(w_.config.head_dim);
+  return {k_layer(l) + size_t(p) * kv_dim, kv_dim};
+}
+
+std::span<const float> ReferenceTransformer::v_row(int32_t l, int32_t p) const {
+  if (l < 0 || l >= w_.config.n_layer || p < 0 || p >= max_ctx_)
+    throw Error("v_row: layer {} position {} out of range", l, p);
+  const size_t kv_dim = size_t(w_.config.n_head_kv) * size_t(w_.config.head_dim);
+  return {v_layer(l) + size_t(p) * kv_dim, kv_dim};
+}
+
 // Attention block of layer l at position pos: reads x_, adds the block's output to x_.
 void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const ModelConfig& c = w_.config;
@@ -197,10 +341,7 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const LayerWeights& L = w_.layers[size_t(l)];
   const int64_t d = c.n_embd, hd = c.head_dim;
   const int64_t q_dim = int64_t{c.n_head} * hd, kv_dim = int64_t{c.n_head_kv} * hd;
-  const int32_t group = c.n_head / c.n_head_kv;  // query heads per KV head (GQA)
   const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
-  float* k_layer = k_cache_.get() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
-  float* v_layer = v_cache_.get() + size_t(l) * size_t(max_ctx_) * size_t(kv_dim);
 
   ops::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), d, eps);
   matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, faults_, L.bq);
@@ -216,7 +357,7 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const float* ff = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
   const bool neox = (c.rope_style == RopeStyle::NeoX) != faults_.rope_layout;
   auto rope = neox ? ops::rope_neox : ops::rope_interleaved;
-  const int32_t rope_pos = pos - rope_origin_;  // prefill_position_reset fault: origin > 0
+  const int32_t rope_pos = pos - rope_origin_;  // 0 origin unless a fault sets one
   for (int32_t h = 0; h < c.n_head; ++h)
     rope(q_.data() + h * hd, c.n_rot, rope_pos, base, lc.rope_scale, ff);
   for (int32_t h = 0; h < c.n_head_kv; ++h)
@@ -224,8 +365,10 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   // kv_write_next fault: the entry goes to pos + 1 (dropped at the cache's end).
   const int32_t at = faults_.kv_write_next ? pos + 1 : pos;
   if (at < max_ctx_) {
-    std::memcpy(k_layer + size_t(at) * size_t(kv_dim), k_.data(), size_t(kv_dim) * sizeof(float));
-    std::memcpy(v_layer + size_t(at) * size_t(kv_dim), v_.data(), size_t(kv_dim) * sizeof(float));
+    std::memcpy(k_layer(l) + size_t(at) * size_t(kv_dim), k_.data(),
+                size_t(kv_dim) * sizeof(float));
+    std::memcpy(v_layer(l) + size_t(at) * size_t(kv_dim), v_.data(),
+                size_t(kv_dim) * sizeof(float));
   }
 
   // Positions attended: [t0, pos] (causal; a sliding window W keeps the last W).
@@ -235,36 +378,57 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   if (faults_.rewind_noop) n_kv = std::max(n_kv, kv_len_);
   if (faults_.causal_mask) n_kv = std::max(n_kv, std::min(chunk_end_, max_ctx_));
   const int32_t t0 = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
-  const double scale = faults_.attention_scale ? 1.0 / double(hd) : c.attn_scale;
-  for (int32_t h = 0; h < c.n_head; ++h) {
-    const float* qh = q_.data() + h * hd;
-    const int64_t kv_off = int64_t{faults_.gqa_mapping ? h % c.n_head_kv : h / group} * hd;
-    double max_s = -INFINITY;
-    for (int32_t t = t0; t < n_kv; ++t) {
-      scores_[size_t(t)] = ops::dot(qh, k_layer + int64_t{t} * kv_dim + kv_off, hd) * scale;
-      max_s = std::max(max_s, scores_[size_t(t)]);
-    }
-    // softmax_no_max fault: exp(s) in fp32 without subtracting the max (inf
-    // once a score exceeds ~88.7, then inf/inf = NaN).
-    if (faults_.softmax_no_max) max_s = 0.0;
-    double sum = 0.0;
-    for (int32_t t = t0; t < n_kv; ++t) {
-      scores_[size_t(t)] = faults_.softmax_no_max
-                               ? double{std::exp(static_cast<float>(scores_[size_t(t)]))}
-                               : std::exp(scores_[size_t(t)] - max_s);
-      sum += scores_[size_t(t)];
-    }
-    for (int64_t i = 0; i < hd; ++i) {
-      double acc = 0.0;
-      for (int32_t t = t0; t < n_kv; ++t) {
-        acc += scores_[size_t(t)] * double{v_layer[int64_t{t} * kv_dim + kv_off + i]};
-      }
-      att_out_[size_t(h * hd + i)] = static_cast<float>(acc / sum);
-    }
-  }
+  for (int32_t h = 0; h < c.n_head; ++h) attend_head(l, h, t0, n_kv);
   matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim, faults_);
   if (c.post_norms) ops::rms_norm(xn_.data(), L.post_attn_norm.data(), xn_.data(), d, eps);
   add_into(x_, xn_, d);
+}
+
+// Query head h of layer l (in q_) attends KV entries [t0, n_kv); writes its
+// slice of att_out_. batch_kv_leak fault: when leak_from_ is set, that
+// transformer's newest KV entry of layer l is attended too, first, as if it
+// were the entry before t0.
+void ReferenceTransformer::attend_head(int32_t l, int32_t h, int32_t t0, int32_t n_kv) {
+  const ModelConfig& c = w_.config;
+  const int64_t hd = c.head_dim, kv_dim = int64_t{c.n_head_kv} * hd;
+  const int32_t group = c.n_head / c.n_head_kv;  // query heads per KV head (GQA)
+  const float* k_l = k_layer(l);
+  const float* v_l = v_layer(l);
+  const double scale = faults_.attention_scale ? 1.0 / double(hd) : c.attn_scale;
+  const float* qh = q_.data() + h * hd;
+  const int64_t kv_off = int64_t{faults_.gqa_mapping ? h % c.n_head_kv : h / group} * hd;
+  const float *leak_k = nullptr, *leak_v = nullptr;
+  if (leak_from_) {
+    const size_t row = size_t(leak_from_->pos_ - 1) * size_t(kv_dim);
+    leak_k = leak_from_->k_layer(l) + row + kv_off;
+    leak_v = leak_from_->v_layer(l) + row + kv_off;
+  }
+  double max_s = -INFINITY, leak_s = 0.0;
+  if (leak_k) max_s = leak_s = ops::dot(qh, leak_k, hd) * scale;
+  for (int32_t t = t0; t < n_kv; ++t) {
+    scores_[size_t(t)] = ops::dot(qh, k_l + int64_t{t} * kv_dim + kv_off, hd) * scale;
+    max_s = std::max(max_s, scores_[size_t(t)]);
+  }
+  // softmax_no_max fault: exp(s) in fp32 without subtracting the max (inf
+  // once a score exceeds ~88.7, then inf/inf = NaN).
+  if (faults_.softmax_no_max) max_s = 0.0;
+  auto weight = [&](double score) {
+    return faults_.softmax_no_max ? double{std::exp(static_cast<float>(score))}
+                                  : std::exp(score - max_s);
+  };
+  double sum = 0.0;
+  if (leak_k) sum = leak_s = weight(leak_s);
+  for (int32_t t = t0; t < n_kv; ++t) {
+    scores_[size_t(t)] = weight(scores_[size_t(t)]);
+    sum += scores_[size_t(t)];
+  }
+  for (int64_t i = 0; i < hd; ++i) {
+    double acc = leak_v ? leak_s * double{leak_v[i]} : 0.0;
+    for (int32_t t = t0; t < n_kv; ++t) {
+      acc += scores_[size_t(t)] * double{v_l[int64_t{t} * kv_dim + kv_off + i]};
+    }
+    att_out_[size_t(h * hd + i)] = static_cast<float>(acc / sum);
+  }
 }
 
 // Gated FFN of layer l (SwiGLU or GeGLU): reads x_, adds the block's output to x_.

@@ -48,6 +48,8 @@ struct Faults {
   bool session_order_reduction = false;  // "session_order_reduction": dot products split at a
                                          // point that changes with every session opened
   int session_slices = 0;  // session_order_reduction: this session's slice count (set at open)
+  int batch_slices = 0;    // batch_token_count_split: the current step_batch call's slice
+                           // count (set by step_batch for the call only, else 0)
   // Serving faults (ABI v6; one serving check each, docs/serving-checks.md):
   bool batch_token_count_split = false;  // "batch_token_count_split": in step_batch, dot
                                          // products split at a point set by the batch's
@@ -92,16 +94,52 @@ class ReferenceTransformer {
   // does not hold n_vocab floats.
   void forward(int32_t token, std::span<float> logits);
 
+  // backend_abi.h prefill: appends `tokens` at position(), one forward() per
+  // token, and writes the logits of the last token (n_vocab floats) or, when
+  // all_positions, of every token (tokens.size() * n_vocab, row-major). Throws
+  // touchstone::Error when logits has another size (and as forward() does).
+  // Faults applied here: causal_mask, prefill_position_reset, logits_row_shift,
+  // verify_row_shift.
+  void prefill(std::span<const int32_t> tokens, bool all_positions, std::span<float> logits);
+
+  // One sequence's share of step_batch: as the arguments of prefill().
+  struct BatchEntry {
+    ReferenceTransformer* ref = nullptr;
+    std::span<const int32_t> tokens;
+    bool all_positions = false;
+    std::span<float> logits;
+  };
+  // backend_abi.h step_batch: runs the entries in order, each exactly as
+  // entry.ref->prefill(...) would. The reference computes one token at a time,
+  // so an entry's bits do not depend on the batch (batch invariant by
+  // construction); it is a loop, not one forward pass. Entries must hold
+  // distinct transformers of the same weights, tokens, logits of prefill's
+  // size and room in the cache (else throws touchstone::Error before any entry
+  // runs; a bad token id still throws midway, as forward() does). Faults
+  // applied here only: batch_token_count_split,
+  // batch_kv_leak, batch_position_offset (each entry's own faults decide).
+  static void step_batch(std::span<const BatchEntry> entries);
+
+  // backend_abi.h fork_session: a new transformer with this one's weights,
+  // capacity, thread count and faults whose KV cache holds this one's first
+  // n_prefix entries (copy_prefix). Taps start off.
+  std::unique_ptr<ReferenceTransformer> fork(int32_t n_prefix) const;
+  // Makes this transformer hold src's first n_prefix KV entries of every layer
+  // (only those rows are copied) at position() == n_prefix. src must use the
+  // same weights; 0 <= n_prefix <= src.position() and n_prefix <= max_context()
+  // (throws touchstone::Error otherwise). fork_short_copy fault (this one's
+  // faults): row n_prefix - 1 is not copied and is left zero.
+  void copy_prefix(const ReferenceTransformer& src, int32_t n_prefix);
+
   int32_t position() const { return pos_; }
   int32_t max_context() const { return max_ctx_; }
   int32_t n_vocab() const { return w_.config.n_vocab; }
   // Drops KV entries at positions >= p. Throws if p > position() or p < 0.
   void rewind(int32_t p);
-  // The causal_mask fault only: attention at any position also reads the KV
-  // entries up to `end` (exclusive), the end of the prefill chunk being run.
-  void set_chunk_end(int32_t end) { chunk_end_ = end; }
-  // The prefill_position_reset fault only: RoPE rotates position p as p - origin.
-  void set_rope_origin(int32_t origin) { rope_origin_ = origin; }
+  // The cached K (RoPE applied) and V of layer l at position p < max_context()
+  // (n_head_kv * head_dim floats each), for tests.
+  std::span<const float> k_row(int32_t l, int32_t p) const;
+  std::span<const float> v_row(int32_t l, int32_t p) const;
 
   // Layer taps (backend_abi.h, ABI v4). While enabled, forward() records for the
   // token it runs, per layer: the attention output and the FFN output (what is
@@ -113,16 +151,38 @@ class ReferenceTransformer {
   const std::vector<float>& taps() const { return taps_; }
 
  private:
+  // What step_batch sets for one entry's prefill (all zero / null outside it).
+  struct BatchFaults {
+    int slices = 0;                                   // batch_token_count_split
+    int32_t rope_offset = 0;                          // batch_position_offset
+    const ReferenceTransformer* leak_from = nullptr;  // batch_kv_leak
+  };
+  void prefill_in_batch(std::span<const int32_t> tokens, bool all_positions,
+                        std::span<float> logits, const BatchFaults& batch);
   void attention(int32_t l, int32_t pos);
+  void attend_head(int32_t l, int32_t h, int32_t t0, int32_t n_kv);
   void feed_forward(int32_t l);
+  float* k_layer(int32_t l) const;
+  float* v_layer(int32_t l) const;
 
   const ModelWeights& w_;
   Faults faults_;
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
-  int32_t kv_len_ = 0;       // rewind_noop fault: entries [0, kv_len_) are attended
-  int32_t chunk_end_ = 0;    // causal_mask fault: see set_chunk_end
-  int32_t rope_origin_ = 0;  // prefill_position_reset fault: see set_rope_origin
+  int32_t kv_len_ = 0;  // rewind_noop fault: entries [0, kv_len_) are attended
+  int n_threads_ = 1;   // as given to the constructor (fork)
+  // causal_mask fault: attention at any position also reads the KV entries up
+  // to chunk_end_ (exclusive), the end of the prefill chunk being run.
+  int32_t chunk_end_ = 0;
+  // RoPE rotates position p as p - rope_origin_ (0 without a fault). Faults:
+  // prefill_position_reset (origin = the prefill's first position, so a
+  // continuing prefill numbers its tokens from 0) and batch_position_offset
+  // (origin = -(tokens of the step_batch entries before this one)).
+  int32_t rope_origin_ = 0;
+  // batch_kv_leak fault, inside step_batch only: the previous entry's
+  // transformer, whose newest KV entry of each layer every attention here also
+  // reads, as if it were the entry before position 0. Null otherwise.
+  const ReferenceTransformer* leak_from_ = nullptr;
   RowPool pool_;
   bool taps_on_ = false;
   std::vector<float> taps_;
