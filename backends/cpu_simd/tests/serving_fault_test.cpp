@@ -1,7 +1,8 @@
 // serving_fault_test.cpp - the five serving faults of the catalog
 // (touchstone/reference_forward.h: Faults) on cpu_simd, quantized path (batch
 // invariant, so a clean batch equals the sessions alone bit for bit): each
-// changes the result it names and nothing else. Real model; skipped without it.
+// changes the result it names and nothing else; also layer taps in a batch and
+// sessions of different faults in one call. Real model; skipped without it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,6 +12,8 @@
 
 #include "cpu_simd_backend.h"
 #include "touchstone/backend_abi.h"
+#include "touchstone/gguf.h"
+#include "touchstone/model_config.h"
 #include "touchstone/test_model.h"
 
 namespace {
@@ -94,6 +97,59 @@ class ServingFaults : public ::testing::Test {
   static inline ts_model* model_ = nullptr;
   static inline size_t V_ = 0;
 };
+
+// Sessions of different faults cannot share one pass: each runs alone (no
+// leak from the clean entry 0 into the faulty entry 1).
+TEST_F(ServingFaults, MixedFaultsRunEachSessionAlone) {
+  const Plan p = plan3();
+  const auto alone = run("", p, false);
+  std::vector<ts_session*> s = {open("", 5, 0), open("batch_kv_leak", 9, 1)};
+  std::vector<std::vector<float>> out = {std::vector<float>(6 * V_), std::vector<float>(V_)};
+  std::vector<ts_batch_entry> e(2);
+  for (size_t k = 0; k < 2; ++k) {
+    e[k] = {sizeof(ts_batch_entry), s[k],         p.tok[k].data(), int32_t(p.tok[k].size()),
+            int32_t(p.all[k]),      out[k].data()};
+  }
+  ASSERT_EQ(api_->step_batch(e.data(), 2), TS_OK) << api_->last_error();
+  for (size_t k = 0; k < 2; ++k) EXPECT_TRUE(same(out[k], alone[k])) << k;
+  for (ts_session* x : s) api_->free_session(x);
+}
+
+// Layer taps in step_batch: each session that records them gets its own
+// entry's last token, bitwise as its own prefill (quantized path).
+TEST_F(ServingFaults, TapsRecordEachEntrysLastToken) {
+  const touchstone::ModelConfig c = touchstone::read_model_config(
+      touchstone::gguf::File::open(touchstone::test::real_model_path()));
+  const size_t n = size_t(c.n_layer) * TS_TAP_POINTS * size_t(c.n_embd);
+  const Plan p = plan3();
+  std::vector<std::vector<float>> want(3, std::vector<float>(n)), got = want;
+  std::vector<float> scratch(6 * V_);
+  for (size_t k = 0; k < 3; k += 2) {  // entries 0 and 2 record taps, 1 does not
+    ts_session* s = open("", p.prefix[k], uint32_t(k));
+    ASSERT_EQ(api_->set_taps(s, 1), TS_OK);
+    prefill(s, p.tok[k], p.all[k]);
+    ASSERT_EQ(api_->read_taps(s, want[k].data(), int64_t(n)), TS_OK) << api_->last_error();
+    api_->free_session(s);
+  }
+  std::vector<ts_session*> s(3);
+  std::vector<std::vector<float>> out(3, std::vector<float>(6 * V_));
+  std::vector<ts_batch_entry> e(3);
+  for (size_t k = 0; k < 3; ++k) {
+    s[k] = open("", p.prefix[k], uint32_t(k));
+    if (k != 1) {
+      ASSERT_EQ(api_->set_taps(s[k], 1), TS_OK);
+    }
+    e[k] = {sizeof(ts_batch_entry), s[k],         p.tok[k].data(), int32_t(p.tok[k].size()),
+            int32_t(p.all[k]),      out[k].data()};
+  }
+  ASSERT_EQ(api_->step_batch(e.data(), 3), TS_OK) << api_->last_error();
+  for (size_t k = 0; k < 3; k += 2) {
+    ASSERT_EQ(api_->read_taps(s[k], got[k].data(), int64_t(n)), TS_OK) << api_->last_error();
+    EXPECT_TRUE(same(got[k], want[k])) << k;
+  }
+  EXPECT_EQ(api_->read_taps(s[1], got[1].data(), int64_t(n)), TS_ERR_INVALID_ARGUMENT);
+  for (ts_session* x : s) api_->free_session(x);
+}
 
 // The clean batch is each session alone, and a batch fault leaves calls
 // outside step_batch alone.
