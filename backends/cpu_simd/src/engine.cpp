@@ -1,16 +1,13 @@
-// engine.cpp - the cpu_simd forward pass, every family of ModelConfig
-// (touchstone/model_config.h) in one pass, like the reference
-// (reference/model/src/reference_forward.cpp): RMSNorm, optional Q/K/V biases,
-// optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
-// dimensions (per-layer base / linear scale, rope_freqs divisors), GQA with an
-// optional sliding window and the model's attention scale, optional
-// post-attention / post-FFN norms, SwiGLU or GeGLU, embedding scale, optional
-// final logit soft-capping; batched over the tokens of a prefill chunk.
+// engine.cpp - the cpu_simd model views (GGUF blocks or fp32 copies), the
+// session's setup (KV cache, scratch, fault copies) and the matmul dispatch
+// (linears). The forward pass itself: engine_pass.cpp (layers),
+// engine_attention.cpp, engine_batch.cpp (prefill / decode / step_batch / fork).
 //
 // Numerics (see docs/backends/cpu_simd.md):
 //  * matrices: full precision = fp32 weights, fp32 accumulation (OpenBLAS sgemm
 //    for several tokens, the Highway matvec for one); quantized = GGUF blocks x
-//    fp32 activations (or opt-in int8 activations, kernels_quant.cpp).
+//    fp32 activations (or opt-in int8 activations, kernels_quant.cpp), the
+//    same bits for any token count (F32 matrices there: the matvec per token).
 //  * RMSNorm sums (also QK-norm and post-norms), RoPE angles and rotation,
 //    SiLU / GELU, embedding scale, soft-capping: fp64 like the reference,
 //    rounded once to fp32.
