@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "engine.h"
 #include "touchstone/backend_impl.h"
@@ -79,11 +80,30 @@ struct CpuSimd {
       return touchstone::abi::greedy_argmax(logits, n_vocab);
     }
     void rewind(int32_t p) { s->rewind(p); }
+    // ABI v6: a session with src's options and its first n_prefix KV entries.
+    std::unique_ptr<Session> fork(int32_t n_prefix) {
+      auto f = std::make_unique<Session>();
+      f->s = s->fork(n_prefix);
+      f->n_vocab = n_vocab;
+      return f;
+    }
     void set_taps(bool on) { s->set_taps(on); }
     void read_taps(float* out, int64_t n) {
       touchstone::abi::copy_taps(s->taps().data(), s->taps().size(), out, n);
     }
   };
+
+  // ABI v6: every entry in passes of up to 128 tokens, each weight matrix read
+  // once per pass (engine.h: Session::step_batch).
+  static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
+    std::vector<BatchEntry> entries;
+    entries.reserve(items.size());
+    for (const auto& it : items) {
+      entries.push_back({it.session->s.get(), it.tokens.data(), int32_t(it.tokens.size()),
+                         it.all_positions, it.logits});
+    }
+    ts_cpu::Session::step_batch(entries);
+  }
 
   static std::string device_name() {
     const IsaSelection& isa = select_isa_from_env();
@@ -106,7 +126,17 @@ struct CpuSimd {
     // work is split by output rows / (token, head) pairs in fixed-size chunks,
     // never inside one reduction (tested in cpu_simd_test). TS_CAP_DEVICE_GREEDY
     // is set by the adapter (prefill_greedy).
-    c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM;
+    c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM | TS_CAP_BATCHED_SESSIONS;
+    // Batch invariance (ABI v6): the quantized path's kernels give every
+    // output the same operation sequence for any token count (register tiles
+    // for decode, fp32 panels for prefill; F32 matrices through the matvec),
+    // in fp32 and int8 activation mode, on every Highway target; attention,
+    // norms and RoPE are per token. Full precision is not covered: OpenBLAS
+    // sgemm (several tokens) and the Highway matvec (one) sum in different
+    // orders. Tested: BatchTest.* in cpu_simd_test (docs/backends/cpu_simd.md).
+    c.flags |= TS_CAP_BATCH_INVARIANT;
+    c.batch_invariant_paths = kBatchInvariantPaths;
+    c.max_batch = 0;  // any number of entries (passes of up to 128 tokens)
     // Both paths: every type the reference dequantizer knows. quantized:
     // dedicated kernels for Q4_0/Q4_1/Q8_0, the generic block kernel (dequantize
     // one block in the kernel) for the others (Q4_K, Q6_K, Q5_x, F16, ...).

@@ -1,16 +1,13 @@
-// engine.cpp - the cpu_simd forward pass, every family of ModelConfig
-// (touchstone/model_config.h) in one pass, like the reference
-// (reference/model/src/reference_forward.cpp): RMSNorm, optional Q/K/V biases,
-// optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
-// dimensions (per-layer base / linear scale, rope_freqs divisors), GQA with an
-// optional sliding window and the model's attention scale, optional
-// post-attention / post-FFN norms, SwiGLU or GeGLU, embedding scale, optional
-// final logit soft-capping; batched over the tokens of a prefill chunk.
+// engine.cpp - the cpu_simd model views (GGUF blocks or fp32 copies), the
+// session's setup (KV cache, scratch, fault copies) and the matmul dispatch
+// (linears). The forward pass itself: engine_pass.cpp (layers),
+// engine_attention.cpp, engine_batch.cpp (prefill / decode / step_batch / fork).
 //
 // Numerics (see docs/backends/cpu_simd.md):
 //  * matrices: full precision = fp32 weights, fp32 accumulation (OpenBLAS sgemm
 //    for several tokens, the Highway matvec for one); quantized = GGUF blocks x
-//    fp32 activations (or opt-in int8 activations, kernels_quant.cpp).
+//    fp32 activations (or opt-in int8 activations, kernels_quant.cpp), the
+//    same bits for any token count (F32 matrices there: the matvec per token).
 //  * RMSNorm sums (also QK-norm and post-norms), RoPE angles and rotation,
 //    SiLU / GELU, embedding scale, soft-capping: fp64 like the reference,
 //    rounded once to fp32.
@@ -32,6 +29,7 @@
 #include <cstring>
 #include <limits>
 
+#include "engine_ops.h"
 #include "touchstone/backend_impl.h"
 #include "touchstone/error.h"
 #include "touchstone/quant.h"
@@ -43,8 +41,6 @@ using touchstone::abi::StatusError;
 namespace gg = touchstone::gguf;
 
 namespace {
-
-size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 bool env_is(const char* name, const char* value) {
   const char* e = std::getenv(name);
@@ -125,28 +121,6 @@ Linear make_fp(const std::vector<float>& w, size_t n_in, size_t n_out) {
   L.n_in = n_in;
   L.n_out = n_out;
   return L;
-}
-
-// out = x / sqrt(mean(x^2) + eps) * w, fp64 sum like the reference.
-void rms_norm(const float* x, const float* w, float* out, size_t n, double eps) {
-  double ss = 0.0;
-  for (size_t i = 0; i < n; ++i) ss += double{x[i]} * double{x[i]};
-  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(double{x[i]} * inv * double{w[i]});
-}
-
-// x += b (Qwen2 Q/K/V biases). fp32 sum of the rounded matmul output and the
-// bias; the reference adds the bias to the fp64 dot product before its one
-// rounding, so the two differ by at most one extra rounding.
-void add_bias(float* x, const float* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] += b[i];
-}
-
-double noise_sign(uint64_t i) {  // identical to the reference's fault
-  uint64_t z = i + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return ((z ^ (z >> 31)) & 1u) ? 1.0 : -1.0;
 }
 
 }  // namespace
@@ -361,6 +335,7 @@ Session::Session(Model& model, const SessionOptions& opt)
       int8_(opt.quantized && opt.int8_activations),
       faults_(opt.faults),
       max_ctx_(opt.max_context > 0 ? opt.max_context : model.config().n_ctx_train),
+      opt_(opt),
       pool_(opt.n_threads > 0 ? opt.n_threads
                               : int(std::max(1u, std::thread::hardware_concurrency()))),
       // The reduction-order faults split work by thread: never governed.
@@ -387,9 +362,9 @@ Session::Session(Model& model, const SessionOptions& opt)
   tmp_.resize(B * d);
   gate_.resize(B * ff);
   up_.resize(B * ff);
-  scores_.resize(size_t(pool_.size()) * size_t(max_ctx_));
-  // Not value-initialized: pages are touched only as far as the context reaches.
-  multi_scores_.reset(new float[size_t(pool_.size()) * attn_queries() * size_t(max_ctx_)]);
+  reserve_scores(max_ctx_);
+  tok_seg_.resize(B);
+  blocks_.reserve(2 * B);
   // One cos/sin table per distinct (RoPE base, linear scale) of the layers.
   for (const touchstone::LayerConfig& lc : c_.layers) {
     const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
@@ -404,7 +379,8 @@ Session::Session(Model& model, const SessionOptions& opt)
     static std::atomic<int> sessions{0};
     faults_.session_slices = 2 + sessions.fetch_add(1) % 16;
   }
-  if (faults_.thread_order_reduction || faults_.session_order_reduction)
+  if (faults_.thread_order_reduction || faults_.session_order_reduction ||
+      faults_.batch_token_count_split)
     partial_.resize(size_t(pool_.size()) * B * 128);
   if (faults_.quantized_only() && quant_) corrupt_quantized_copy(*w_);
   const size_t max_in = std::max({d, qd, ff});
@@ -501,11 +477,14 @@ void Session::corrupt_quantized_copy(const WeightSet& src) {
 // thread_order_reduction: rows [r0, r1) of W x with the input columns split into
 // one slice per thread of the pool (whole 32-blocks), each slice's partial sums
 // rounded to fp32 and added in thread order: the result depends on the thread
-// count (one thread: the ordinary kernel's value).
+// count (one thread: the ordinary kernel's value). session_order_reduction:
+// the session's slice count instead; batch_token_count_split (in step_batch):
+// 2 + the batch's token count % 16 slices.
 void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const float* x, size_t ldx,
                                 size_t n_tok, float* y, size_t ldy, int thread) {
-  const size_t T =
-      faults_.session_order_reduction ? size_t(faults_.session_slices) : size_t(pool_.size());
+  const size_t T = split_slices_ > 0                 ? size_t(split_slices_)
+                   : faults_.session_order_reduction ? size_t(faults_.session_slices)
+                                                     : size_t(pool_.size());
   const size_t be = W.f ? 1 : W.generic ? W.block_elems : 32;  // slice granularity
   const size_t nb = W.n_in / be, rows = r1 - r0;
   float* part = partial_.data() + size_t(thread) * kMaxBatch * 128;
@@ -537,36 +516,6 @@ void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const flo
   }
 }
 
-void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
-  if (governed_ && n == 1) {  // a decode step: parallel or solo, as measured (solo_governor.h)
-    const bool solo = model_.governor_choose(governor_key_);
-    pool_.set_solo(solo);
-    const auto t0 = std::chrono::steady_clock::now();
-    forward_chunk(tokens, 1, all_positions, logits);
-    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-    model_.governor_record(governor_key_, solo, dt.count());
-    pool_.set_solo(false);
-    ++decode_steps_[solo];
-    return;
-  }
-  const size_t V = size_t(c_.n_vocab);
-  // prefill_position_reset fault: a prefill continuing a sequence rotates its
-  // tokens as positions 0, 1, ... (K/V still written at the right slots).
-  rope_origin_ = faults_.prefill_position_reset && n > 1 ? pos_ : 0;
-  for (int32_t i = 0; i < n; i += kMaxBatch) {
-    const int32_t m = std::min(kMaxBatch, n - i);
-    const bool last = i + m == n;
-    if (!all_positions && !last) {
-      forward_chunk(tokens + i, m, false, nullptr);
-    } else {
-      forward_chunk(tokens + i, m, all_positions, all_positions ? logits + size_t(i) * V : logits);
-    }
-  }
-  rope_origin_ = 0;
-  if (faults_.logits_row_shift && all_positions && n > 1)  // the fault: row i holds row i-1
-    std::memmove(logits + V, logits, size_t(n - 1) * V * sizeof(float));
-}
-
 // y_j[t][:] = W_j x[t] for every job j, all row chunks of all jobs in one pool run.
 void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok) {
   const size_t n_in = jobs[0].w->n_in;
@@ -578,18 +527,23 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
   // prefill: a multiple of the panel tiles' 6 (AVX3) and 3 (16-register) rows.
   const size_t chunk = n_tok == 1 ? 32 : quant_ ? 48 : 128;
   size_t first[4] = {0, 0, 0, 0};
-  for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + ceil_div(jobs[j].w->n_out, chunk);
+  for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + ops::ceil_div(jobs[j].w->n_out, chunk);
   pool_.run(first[n_jobs], [&](size_t task, int thread) {
     int j = 0;
     while (task >= first[j + 1]) ++j;
     const Job& job = jobs[j];
     const Linear& W = *job.w;
     const size_t r0 = (task - first[j]) * chunk, r1 = std::min(W.n_out, r0 + chunk);
-    if (faults_.thread_order_reduction || faults_.session_order_reduction) {
+    if (faults_.thread_order_reduction || faults_.session_order_reduction || split_slices_ > 0) {
       linear_per_thread(W, r0, r1, x, ldx, n_tok, job.y, job.ldy, thread);
     } else if (W.f) {
-      if (n_tok == 1) {
-        matvec_f32(W.f + r0 * W.n_in, W.n_in, x, job.y + r0, r1 - r0, W.n_in);
+      if (n_tok == 1 || quant_) {
+        // The quantized path's F32 matrices (tiny models) take the matvec for
+        // every token count: a token's bits never depend on the other tokens
+        // of the pass (batch invariance, docs/backends/cpu_simd.md).
+        for (size_t t = 0; t < n_tok; ++t)
+          matvec_f32(W.f + r0 * W.n_in, W.n_in, x + t * ldx, job.y + t * job.ldy + r0, r1 - r0,
+                     W.n_in);
       } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), int(r1 - r0), int(W.n_in),
                     1.0f, x, int(ldx), W.f + r0 * W.n_in, int(W.n_in), 0.0f, job.y + r0,
@@ -612,265 +566,6 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
         }
     }
   });
-}
-
-// Queries per multi-query attention task: the GQA group's heads for enough
-// consecutive tokens to make about 12 (full register tiles for groups 1-4);
-// 0 when the group alone is over kMaxAttnQueries (per-head tasks then).
-size_t Session::attn_queries() const {
-  const size_t group = size_t(c_.n_head / c_.n_head_kv);
-  if (group > kMaxAttnQueries) return 0;
-  return group * std::max<size_t>(1, 12 / group);
-}
-
-void Session::attention(int32_t layer, int32_t n) {
-  // Faults that change which rows a query attends, or how, keep the per-head path.
-  const bool faulty = faults_.softmax_no_max || faults_.gqa_mapping || faults_.kv_off_by_one ||
-                      faults_.rewind_noop || faults_.causal_mask;
-  const size_t nq = attn_queries(), group = size_t(c_.n_head / c_.n_head_kv);
-  const size_t n_tasks =
-      nq ? (size_t(n) + nq / group - 1) / (nq / group) * size_t(c_.n_head_kv) : 0;
-  // Same bits either way: the grouped tasks only when they keep every thread busy.
-  if (!faulty && nq && n_tasks >= size_t(pool_.size()))
-    attention_grouped(layer, n);
-  else
-    attention_per_head(layer, n);
-}
-
-// One task per (block of tokens, KV head): its tokens x the group's query heads
-// in one attend_multi_f32 call (each K / V row loaded once per register tile).
-void Session::attention_grouped(int32_t layer, int32_t n) {
-  const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
-               qd = size_t(c_.n_head) * hd, n_kvh = size_t(c_.n_head_kv);
-  const size_t group = size_t(c_.n_head / c_.n_head_kv), tb = attn_queries() / group;
-  const int32_t window = c_.layers[size_t(layer)].sliding_window;
-  const float scale =
-      static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
-  const float* K = k_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
-  const float* V = v_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
-  const size_t n_blocks = (size_t(n) + tb - 1) / tb;
-  pool_.run(n_blocks * n_kvh, [&](size_t task, int thread) {
-    const size_t kvh = task % n_kvh, i0 = task / n_kvh * tb, i1 = std::min(size_t(n), i0 + tb);
-    const float* q[kMaxAttnQueries];
-    float* out[kMaxAttnQueries];
-    size_t t0[kMaxAttnQueries], t1[kMaxAttnQueries], G = 0;
-    for (size_t i = i0; i < i1; ++i) {
-      const int32_t p = pos_ + int32_t(i);  // attends [t0, p] (sliding window: the last W)
-      for (size_t h = kvh * group; h < (kvh + 1) * group; ++h, ++G) {
-        q[G] = q_.data() + i * qd + h * hd;
-        out[G] = att_.data() + i * qd + h * hd;
-        t0[G] = size_t(window > 0 ? std::max(0, p - window + 1) : 0);
-        t1[G] = size_t(p) + 1;
-      }
-    }
-    // query g's scores at s + g * (pos_ + n): >= its row count
-    float* s = multi_scores_.get() + size_t(thread) * attn_queries() * size_t(max_ctx_);
-    attend_multi_f32(G, q, K + kvh * hd, V + kvh * hd, kvd, hd, t0, t1, scale, s, size_t(pos_ + n),
-                     out);
-  });
-}
-
-void Session::attention_per_head(int32_t layer, int32_t n) {
-  const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
-               qd = size_t(c_.n_head) * hd;
-  const int32_t group = c_.n_head / c_.n_head_kv;
-  const int32_t window = c_.layers[size_t(layer)].sliding_window;
-  const float scale =
-      static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
-  const float* K = k_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
-  const float* V = v_cache_ + size_t(layer) * size_t(max_ctx_) * kvd;
-  pool_.run(size_t(n) * size_t(c_.n_head), [&](size_t task, int thread) {
-    const size_t i = task / size_t(c_.n_head), h = task % size_t(c_.n_head);
-    const int32_t p = pos_ + int32_t(i);
-    // Faults: kv_off_by_one drops the newest entry; rewind_noop also reads the
-    // stale entries up to kv_len_; causal_mask reads up to the chunk's end.
-    int32_t n_kv = (faults_.kv_off_by_one && p > 0) ? p : p + 1;
-    if (faults_.rewind_noop) n_kv = std::max(n_kv, kv_len_);
-    if (faults_.causal_mask) n_kv = pos_ + n;
-    // Positions attended: [t0, n_kv) (a sliding window W keeps the last W: HF's
-    // mask, i - W < j <= i).
-    const int32_t t0 = window > 0 ? std::max(0, p - window + 1) : 0;
-    const float* qh = q_.data() + i * qd + h * hd;
-    float* out = att_.data() + i * qd + h * hd;
-    if (n_kv <= t0) {  // nothing to attend (only with the kv fault and W = 1): 0/0 as the reference
-      std::fill(out, out + hd, std::numeric_limits<float>::quiet_NaN());
-      return;
-    }
-    const int32_t kv_head = faults_.gqa_mapping ? int32_t(h) % c_.n_head_kv : int32_t(h) / group;
-    const size_t off = size_t(t0) * kvd + size_t(kv_head) * hd;
-    float* s = scores_.data() + size_t(thread) * size_t(max_ctx_);
-    if (faults_.softmax_no_max) {  // the fault: fp32 exp(s) without the max subtraction
-      const size_t m = size_t(n_kv - t0);
-      float sum = 0.0f;
-      for (size_t t = 0; t < m; ++t) {
-        s[t] = std::exp(dot_f32(qh, K + off + t * kvd, hd) * scale);
-        sum += s[t];
-      }
-      std::fill(out, out + hd, 0.0f);
-      for (size_t t = 0; t < m; ++t) axpy_f32(s[t] / sum, V + off + t * kvd, out, hd);
-      return;
-    }
-    attend_f32(qh, K + off, V + off, kvd, hd, size_t(n_kv - t0), scale, s, out);
-  });
-}
-
-void Session::tap(int32_t layer, int point, const float* row) {
-  const size_t d = size_t(c_.n_embd);
-  if (taps_.empty()) taps_.resize(size_t(c_.n_layer) * 3 * d);
-  std::copy(row, row + d, taps_.data() + (size_t(layer) * 3 + size_t(point)) * d);
-}
-
-void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
-  const size_t d = size_t(c_.n_embd), hd = size_t(c_.head_dim), ff = size_t(c_.n_ff);
-  const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
-  const size_t N = size_t(n), B = kMaxBatch;
-  const size_t half = size_t(c_.n_rot) / 2;
-  const double eps = c_.rms_norm_eps * faults_.rms_eps_scale;
-  const bool neox = (c_.rope_style == touchstone::RopeStyle::NeoX) != faults_.rope_layout;
-  const float* freq_factors = model_.rope_freqs();
-
-  for (size_t i = 0; i < N; ++i) model_.embed(tokens[i], !quant_, x_.data() + i * d);
-  if (c_.embd_scale != 1.0) {  // Gemma: x * fp32(sqrt(n_embd)), fp64 product rounded once
-    for (size_t i = 0; i < N * d; ++i) x_[i] = static_cast<float>(double{x_[i]} * c_.embd_scale);
-  }
-  // RoPE angles depend on the position and the layer's (base, scale) only:
-  // cos/sin once per chunk and table, not per layer and head (the reference's
-  // fp64 formula, ops::rope_theta, same values).
-  pool_.run(rope_params_.size() * N, [&](size_t task, int) {
-    const size_t k = task / N, i = task % N;
-    const auto [base, scale] = rope_params_[k];
-    const int32_t pos = pos_ - rope_origin_ + int32_t(i);
-    double* cs_sn = rope_cs_.data() + (k * B + i) * 2 * half;
-    for (size_t j = 0; j < half; ++j) {
-      const double fj = freq_factors ? double{freq_factors[j]} : 1.0;
-      const double theta = touchstone::ops::rope_theta(pos, int64_t(j), c_.n_rot, base, scale, fj);
-      cs_sn[2 * j] = std::cos(theta);
-      cs_sn[2 * j + 1] = std::sin(theta);
-    }
-  });
-
-  const int32_t n_layer = faults_.last_layer_skipped ? c_.n_layer - 1 : c_.n_layer;
-  for (int32_t l = 0; l < n_layer; ++l) {
-    const LayerView& L = w_->layers[size_t(l)];
-    float* Kl = k_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
-    float* Vl = v_cache_ + size_t(l) * size_t(max_ctx_) * kvd;
-    const double* rope_table = rope_cs_.data() + size_t(layer_rope_[size_t(l)]) * B * 2 * half;
-
-    for (size_t i = 0; i < N; ++i)
-      rms_norm(x_.data() + i * d, L.attn_norm, xn_.data() + i * d, d, eps);
-    const Job qkv[3] = {{&L.wq, q_.data(), qd}, {&L.wk, k_.data(), kvd}, {&L.wv, v_.data(), kvd}};
-    linears(qkv, 3, xn_.data(), d, N);
-    // Per token: biases, QK-norm, RoPE (fp64 rotation of the first n_rot
-    // dimensions, interleaved or NeoX pairs), KV append.
-    pool_.run(N, [&](size_t i, int) {
-      float* q = q_.data() + i * qd;
-      float* k = k_.data() + i * kvd;
-      float* v = v_.data() + i * kvd;
-      if (L.bq) {
-        add_bias(q, L.bq, qd);
-        add_bias(k, L.bk, kvd);
-        add_bias(v, L.bv, kvd);
-      }
-      if (L.q_norm) {
-        for (int32_t h = 0; h < c_.n_head; ++h) rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, eps);
-        for (int32_t h = 0; h < c_.n_head_kv; ++h)
-          rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, eps);
-      }
-      const double* cs_sn = rope_table + i * 2 * half;
-      auto rope = [&](float* x) {
-        // pairs (2j, 2j+1) (interleaved) or (j, j + n_rot/2) (NeoX)
-        const size_t stride = neox ? 1 : 2, other = neox ? half : 1;
-        for (size_t j = 0; j < half; ++j) {
-          const double cs = cs_sn[2 * j], sn = cs_sn[2 * j + 1];
-          float* a = x + j * stride;
-          const double x0 = a[0], x1 = a[other];
-          a[0] = static_cast<float>(x0 * cs - x1 * sn);
-          a[other] = static_cast<float>(x0 * sn + x1 * cs);
-        }
-      };
-      for (int32_t h = 0; h < c_.n_head; ++h) rope(q + size_t(h) * hd);
-      for (int32_t h = 0; h < c_.n_head_kv; ++h) rope(k + size_t(h) * hd);
-      const size_t p = size_t(pos_) + i + (faults_.kv_write_next ? 1 : 0);  // the fault: p + 1
-      if (p < size_t(max_ctx_)) {
-        std::memcpy(Kl + p * kvd, k, kvd * sizeof(float));
-        std::memcpy(Vl + p * kvd, v, kvd * sizeof(float));
-      }
-    });
-    attention(l, n);
-    const Job o[1] = {{&L.wo, tmp_.data(), d}};
-    linears(o, 1, att_.data(), qd, N);
-    if (L.post_attn_norm) {
-      for (size_t i = 0; i < N; ++i)
-        rms_norm(tmp_.data() + i * d, L.post_attn_norm, tmp_.data() + i * d, d, eps);
-    }
-    for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
-    if (taps_on_) tap(l, TS_TAP_ATTN_OUT, tmp_.data() + (N - 1) * d);
-
-    for (size_t i = 0; i < N; ++i)
-      rms_norm(x_.data() + i * d, L.ffn_norm, xn_.data() + i * d, d, eps);
-    const Job gu[2] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
-    linears(gu, 2, xn_.data(), d, N);
-    // act(gate) * up in fp64, rounded once (act = SiLU or tanh-GELU, vector
-    // fp64 tanh / exp: kernels.h gated_act_f64); split into fixed slices of
-    // kActSlice so decode (one token) uses every thread too.
-    const bool gelu = c_.ffn_activation == touchstone::FfnActivation::GeluTanh;
-    constexpr size_t kActSlice = 256;
-    const size_t n_slices = ceil_div(ff, kActSlice);
-    pool_.run(N * n_slices, [&](size_t task, int) {
-      const size_t i = task / n_slices, j0 = (task % n_slices) * kActSlice;
-      gated_act_f64(gelu, gate_.data() + i * ff + j0, up_.data() + i * ff + j0,
-                    std::min(ff, j0 + kActSlice) - j0);
-    });
-    const Job dn[1] = {{&L.down, tmp_.data(), d}};
-    linears(dn, 1, gate_.data(), ff, N);
-    if (L.post_ffn_norm) {
-      for (size_t i = 0; i < N; ++i)
-        rms_norm(tmp_.data() + i * d, L.post_ffn_norm, tmp_.data() + i * d, d, eps);
-    }
-    for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
-    if (taps_on_) {
-      tap(l, TS_TAP_FFN_OUT, tmp_.data() + (N - 1) * d);
-      tap(l, TS_TAP_RESIDUAL, x_.data() + (N - 1) * d);
-    }
-  }
-  if (taps_on_) {  // a skipped layer (fault) adds nothing: zero outputs, residual unchanged
-    const std::vector<float> zero(d, 0.0f);
-    for (int32_t l = n_layer; l < c_.n_layer; ++l) {
-      tap(l, TS_TAP_ATTN_OUT, zero.data());
-      tap(l, TS_TAP_FFN_OUT, zero.data());
-      tap(l, TS_TAP_RESIDUAL, x_.data() + (N - 1) * d);
-    }
-  }
-
-  if (logits) {
-    const size_t V = size_t(c_.n_vocab);
-    const size_t first = all_positions ? 0 : N - 1, rows = N - first;
-    for (size_t i = first; i < N; ++i) {
-      rms_norm(x_.data() + i * d, w_->output_norm, xn_.data() + (i - first) * d, d, eps);
-    }
-    const Job head[1] = {{&w_->lm_head, logits, V}};
-    linears(head, 1, xn_.data(), d, rows);
-    if (c_.final_logit_softcap != 0.0) {
-      const double cap = c_.final_logit_softcap;
-      pool_.run(rows, [&](size_t r, int) {
-        float* row = logits + r * V;
-        for (size_t i = 0; i < V; ++i)
-          row[i] = static_cast<float>(touchstone::ops::softcap(row[i], cap));
-      });
-    }
-    if (faults_.logit_noise != 0.0) {
-      for (size_t r = 0; r < rows; ++r) {
-        const uint64_t base = uint64_t(pos_ + int32_t(first + r)) * uint64_t(V);
-        float* row = logits + r * V;
-        for (size_t i = 0; i < V; ++i) {
-          row[i] = static_cast<float>(double{row[i]} *
-                                      (1.0 + faults_.logit_noise * noise_sign(base + i)));
-        }
-      }
-    }
-  }
-  pos_ += n;
-  kv_len_ = std::max(kv_len_, pos_);
 }
 
 }  // namespace ts_cpu

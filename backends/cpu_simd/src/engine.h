@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,19 @@ struct SessionOptions {
   touchstone::Faults faults;
 };
 
+class Session;
+
+// One sequence's share of a step_batch call (ABI v6), after the adapter's
+// checks: n tokens appended at session->position(); logits holds n rows of
+// n_vocab floats (all_positions) or one.
+struct BatchEntry {
+  Session* session = nullptr;
+  const int32_t* tokens = nullptr;
+  int32_t n = 0;
+  bool all_positions = false;
+  float* logits = nullptr;
+};
+
 class Session {
  public:
   Session(Model& model, const SessionOptions& opt);
@@ -131,6 +145,15 @@ class Session {
   // Runs n tokens at positions position()..; writes logits of every position
   // (all_positions) or of the last one, n_vocab floats per row.
   void forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  // ABI v6 step_batch (engine_batch.cpp): every entry exactly as its session's
+  // own forward(), in passes of at most kMaxBatch tokens (the entries' tokens
+  // concatenated) on the first entry's pool and scratch; each weight matrix is
+  // read once per pass. Sessions of other options (faults, int8 mode) than the
+  // first's run one forward() each instead.
+  static void step_batch(std::span<const BatchEntry> entries);
+  // A new session with this one's options holding its KV entries [0, n_prefix)
+  // (0 <= n_prefix <= position(), checked by the adapter).
+  std::unique_ptr<Session> fork(int32_t n_prefix);
   int32_t position() const { return pos_; }
   // A session-owned [n_vocab] buffer for prefill_greedy (allocated once).
   float* greedy_logits() {
@@ -151,7 +174,7 @@ class Session {
   }
   const std::vector<float>& taps() const { return taps_; }
 
-  static constexpr int32_t kMaxBatch = 128;  // prefill is processed in chunks of this many tokens
+  static constexpr int32_t kMaxBatch = 128;  // tokens per forward pass (prefill chunk)
 
  private:
   struct Job {
@@ -159,13 +182,49 @@ class Session {
     float* y;
     size_t ldy;
   };
-  void forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  // A run of one session's tokens inside a forward pass: pass tokens
+  // [first, first + n), at positions pos.. of s's KV cache. A single-session
+  // chunk is a pass of one Seg.
+  struct Seg {
+    Session* s = nullptr;
+    const int32_t* tokens = nullptr;
+    int32_t first = 0, n = 0;
+    int32_t pos = 0;       // position of its first token (s->pos_)
+    int32_t rope_pos = 0;  // RoPE position of its first token
+    bool all_positions = false;
+    float* logits = nullptr;        // all_positions: n rows; else the last token's row; or none
+    const Session* leak = nullptr;  // batch_kv_leak fault: entry i-1's session (else none)
+    int32_t leak_pos = -1;          // and the position of its last KV entry
+    int32_t rows() const { return logits ? (all_positions ? n : 1) : 0; }
+  };
+  // Grouped attention's token blocks: pass tokens [i0, i1) of segs_[seg].
+  struct Block {
+    int32_t seg, i0, i1;
+  };
+  void forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits,
+                     int32_t rope_origin);
+  // One forward pass over the segments' tokens (at most kMaxBatch), on this
+  // session's pool and scratch; advances every segment's session (engine_pass.cpp).
+  void forward_pass(const Seg* segs, int n_segs);
+  void embed_and_rope();
+  void attention_block(int32_t layer);
+  void ffn_block(int32_t layer);
+  void taps_last_token(int32_t layer, int point, const float* rows);
+  void logits_head();
   void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok);
-  // Attention of the chunk's n tokens (all query heads) into att_: grouped
+  // Attention of the pass's tokens (all query heads) into att_: grouped
   // (attend_multi_f32) or per (token, head) (attend_f32), the same bits.
-  void attention(int32_t layer, int32_t n);
-  void attention_grouped(int32_t layer, int32_t n);
-  void attention_per_head(int32_t layer, int32_t n);
+  void attention(int32_t layer);
+  void attention_grouped(int32_t layer);
+  void attention_per_head(int32_t layer);
+  // The KV rows of `layer` in this session's cache.
+  float* k_rows(int32_t layer) const;
+  float* v_rows(int32_t layer) const;
+  // Scratch for attention scores of contexts up to ctx (a batch's longest).
+  void reserve_scores(int32_t ctx);
+  // logits_row_shift / verify_row_shift: row i of an all-position call holds row i-1.
+  void shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits) const;
+  bool batchable_with(const Session& lead) const;
   static constexpr size_t kMaxAttnQueries = 16;
   size_t attn_queries() const;
   // Fault-only paths (never taken without the fault): a corrupted copy of the
@@ -183,8 +242,8 @@ class Session {
   touchstone::Faults faults_;
   int32_t max_ctx_;
   int32_t pos_ = 0;
-  int32_t kv_len_ = 0;       // KV entries written so far (rewind_noop fault: never truncated)
-  int32_t rope_origin_ = 0;  // prefill_position_reset fault: RoPE position = pos - origin
+  int32_t kv_len_ = 0;  // KV entries written so far (rewind_noop fault: never truncated)
+  SessionOptions opt_;  // fork: the same options
   ThreadPool pool_;
   // Decode steps: parallel or solo, whichever is measured faster (solo_governor.h);
   // off with TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK=0.
@@ -194,6 +253,16 @@ class Session {
   WeightSet faulty_w_;                          // quantized-only faults: w_ points here
   std::vector<std::vector<uint8_t>> faulty_q_;  // its corrupted GGUF blocks
   std::vector<float> partial_;                  // thread_order_reduction scratch
+  // The current pass (forward_pass): its segments, each token's segment, the
+  // grouped attention blocks; batch_token_count_split's slices in step_batch.
+  const Seg* segs_ = nullptr;
+  int n_segs_ = 0;
+  int32_t n_tok_ = 0;
+  std::vector<int32_t> tok_seg_;
+  std::vector<Block> blocks_;
+  int32_t split_slices_ = 0;
+  int32_t scores_ctx_ = 0;           // contexts scores_ / multi_scores_ hold
+  std::vector<float> batch_logits_;  // a pass's logits rows when several segments want some
   // KV cache [layer][pos][n_head_kv * head_dim] fp32 (calloc: untouched pages cost no RSS).
   float* k_cache_ = nullptr;
   float* v_cache_ = nullptr;

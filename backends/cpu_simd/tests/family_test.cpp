@@ -161,6 +161,55 @@ TEST(Families, EveryFamilyMatchesTheReferenceOnBothPaths) {
   }
 }
 
+// step_batch on every family (sliding windows shorter than the sequences,
+// soft-capping, QK-norm, biases, partial rotary, F32 matrices through the
+// matvec): three sessions at positions 0, 5 and 2 advanced together (a chunk
+// with all positions, a decode step, a chunk) == each session alone, bitwise
+// on the quantized path (batch invariant: cpu_simd_backend.h).
+TEST(Families, StepBatchEqualsEachSessionAloneOnEveryFamily) {
+  const ts_backend* api = ts_cpu::backend_table();
+  const std::vector<int32_t> prefix = {3, 1, 4, 1, 5};
+  const std::vector<std::vector<int32_t>> step = {{9, 2, 6, 5}, {3}, {5, 8, 9, 7, 9, 3}};
+  const std::vector<size_t> at = {0, 5, 2};
+  const std::vector<bool> all = {true, false, true};
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    gg::testing::TempFile f(c.gguf, c.name);
+    ts_model* model = nullptr;
+    ASSERT_EQ(api->load_model(f.path().c_str(), &model), TS_OK) << api->last_error();
+    const size_t V = size_t(api->n_vocab(model));
+    std::vector<std::vector<float>> batched(3), alone(3);
+    std::vector<ts_batch_entry> e(3);
+    std::vector<ts_session*> s(6);
+    for (size_t k = 0; k < 6; ++k) {
+      ts_session_options o{};
+      o.struct_size = sizeof(o);
+      o.weight_path = TS_WEIGHTS_QUANTIZED;
+      o.n_threads = 2;
+      o.max_context = 64;
+      ASSERT_EQ(api->open_session(model, &o, &s[k]), TS_OK) << api->last_error();
+      std::vector<float> scratch(V);
+      if (at[k % 3] > 0) {
+        ASSERT_EQ(api->prefill(s[k], prefix.data(), int32_t(at[k % 3]), 0, scratch.data()), TS_OK);
+      }
+    }
+    for (size_t k = 0; k < 3; ++k) {
+      const auto& t = step[k];
+      batched[k].resize((all[k] ? t.size() : 1) * V);
+      alone[k].resize(batched[k].size());
+      e[k] = {sizeof(ts_batch_entry), s[k], t.data(), int32_t(t.size()), int32_t(all[k]),
+              batched[k].data()};
+      ASSERT_EQ(
+          api->prefill(s[k + 3], t.data(), int32_t(t.size()), int32_t(all[k]), alone[k].data()),
+          TS_OK);
+    }
+    ASSERT_EQ(api->step_batch(e.data(), 3), TS_OK) << api->last_error();
+    for (size_t k = 0; k < 3; ++k) EXPECT_EQ(batched[k], alone[k]) << "entry " << k;
+    for (ts_session* x : s) api->free_session(x);
+    api->free_model(model);
+  }
+}
+
 // A sliding window changes the result only once the sequence is longer than the
 // window (guards against a window that is silently ignored).
 TEST(Families, SlidingWindowForgetsOldTokens) {

@@ -1,0 +1,133 @@
+// engine_batch.cpp - the entry points that drive forward passes: one
+// session's forward() (prefill chunks, governed decode steps), step_batch
+// (several sessions in passes of at most kMaxBatch tokens) and fork.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "engine.h"
+
+namespace ts_cpu {
+
+void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+  if (governed_ && n == 1) {  // a decode step: parallel or solo, as measured (solo_governor.h)
+    const bool solo = model_.governor_choose(governor_key_);
+    pool_.set_solo(solo);
+    const auto t0 = std::chrono::steady_clock::now();
+    forward_chunk(tokens, 1, all_positions, logits, 0);
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    model_.governor_record(governor_key_, solo, dt.count());
+    pool_.set_solo(false);
+    ++decode_steps_[solo];
+    return;
+  }
+  const size_t V = size_t(c_.n_vocab);
+  const int32_t start = pos_;
+  // prefill_position_reset fault: a prefill continuing a sequence rotates its
+  // tokens as positions 0, 1, ... (K/V still written at the right slots).
+  const int32_t rope_origin = faults_.prefill_position_reset && n > 1 ? pos_ : 0;
+  for (int32_t i = 0; i < n; i += kMaxBatch) {
+    const int32_t m = std::min(kMaxBatch, n - i);
+    const bool last = i + m == n;
+    float* out = all_positions ? logits + size_t(i) * V : last ? logits : nullptr;
+    forward_chunk(tokens + i, m, all_positions, out, rope_origin);
+  }
+  shift_rows(start, n, all_positions, logits);
+}
+
+// The faults: logits_row_shift (any all-position call) and verify_row_shift
+// (one that continues a sequence) return row i-1 as row i.
+void Session::shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits) const {
+  const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && start_pos > 0);
+  if (!shift || !all_positions || n <= 1) return;
+  const size_t V = size_t(c_.n_vocab);
+  std::memmove(logits + V, logits, size_t(n - 1) * V * sizeof(float));
+}
+
+// One pass computes with the lead's weights, kernels and faults: sessions
+// that differ there (fault, int8 mode) cannot share it.
+bool Session::batchable_with(const Session& lead) const {
+  return &model_ == &lead.model_ && quant_ == lead.quant_ && int8_ == lead.int8_ &&
+         faults_.name == lead.faults_.name;
+}
+
+void Session::step_batch(std::span<const BatchEntry> e) {
+  Session& lead = *e[0].session;
+  const bool one_pass = std::all_of(
+      e.begin(), e.end(), [&](const BatchEntry& x) { return x.session->batchable_with(lead); });
+  if (!one_pass) {
+    for (const BatchEntry& x : e) x.session->forward(x.tokens, x.n, x.all_positions, x.logits);
+    return;
+  }
+  const touchstone::Faults& f = lead.faults_;
+  const size_t V = size_t(lead.c_.n_vocab), n = e.size();
+  // Per entry: start position and the RoPE position of its first token
+  // (prefill_position_reset: from 0; batch_position_offset: + the tokens of
+  // the entries before it).
+  std::vector<int32_t> start(n), rope0(n);
+  int64_t total = 0;
+  int32_t ctx = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Session& s = *e[i].session;
+    start[i] = s.pos_;
+    const int32_t origin = f.prefill_position_reset && e[i].n > 1 ? s.pos_ : 0;
+    rope0[i] = s.pos_ - origin + (f.batch_position_offset ? int32_t(total) : 0);
+    total += e[i].n;
+    ctx = std::max(ctx, s.max_ctx_);
+  }
+  lead.reserve_scores(ctx);
+  struct SplitOff {
+    Session& s;
+    ~SplitOff() { s.split_slices_ = 0; }
+  } split_off{lead};
+  lead.split_slices_ = f.batch_token_count_split ? int32_t(2 + total % 16) : 0;
+  // Passes over consecutive ranges of the concatenated tokens.
+  std::vector<Seg> segs;
+  segs.reserve(kMaxBatch);
+  size_t i = 0;
+  int32_t off = 0;  // tokens of entry i already run
+  while (i < n) {
+    segs.clear();
+    int32_t used = 0;
+    while (i < n && used < kMaxBatch) {
+      const BatchEntry& x = e[i];
+      Seg g;
+      g.s = x.session;
+      g.tokens = x.tokens + off;
+      g.first = used;
+      g.n = std::min(x.n - off, kMaxBatch - used);
+      g.pos = x.session->pos_;
+      g.rope_pos = rope0[i] + off;
+      g.all_positions = x.all_positions;
+      const bool last = off + g.n == x.n;
+      g.logits = x.all_positions ? x.logits + size_t(off) * V : last ? x.logits : nullptr;
+      if (f.batch_kv_leak && i > 0) {  // the fault: entry i-1's newest KV entry
+        g.leak = e[i - 1].session;
+        g.leak_pos = start[i - 1] + e[i - 1].n - 1;
+      }
+      segs.push_back(g);
+      used += g.n;
+      off = last ? 0 : off + g.n;
+      i += last ? 1 : 0;
+    }
+    lead.forward_pass(segs.data(), int(segs.size()));
+  }
+  for (size_t k = 0; k < n; ++k)
+    e[k].session->shift_rows(start[k], e[k].n, e[k].all_positions, e[k].logits);
+}
+
+std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
+  auto f = std::make_unique<Session>(model_, opt_);
+  // the fork_short_copy fault: the last entry is left zero
+  const int32_t n = faults_.fork_short_copy ? std::max(0, n_prefix - 1) : n_prefix;
+  const size_t bytes = size_t(n) * size_t(c_.n_head_kv) * size_t(c_.head_dim) * sizeof(float);
+  for (int32_t l = 0; l < c_.n_layer; ++l) {
+    std::memcpy(f->k_rows(l), k_rows(l), bytes);
+    std::memcpy(f->v_rows(l), v_rows(l), bytes);
+  }
+  f->pos_ = f->kv_len_ = n_prefix;
+  return f;
+}
+
+}  // namespace ts_cpu
