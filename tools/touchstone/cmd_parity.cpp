@@ -309,11 +309,21 @@ bool wants_consistency(const Opts& o) {
 
 // Serving checks: asked for, or by default (no --case / --scoring) when the
 // backend has a serving member of its own (ABI v6).
-bool wants_serving(const Opts& o, BackendLibrary& lib) {
+// A backend that cannot start (crash, protocol violation) has its failure in
+// the rows already: asking it about serving members must not turn the run
+// into UNSUPPORTED; with --serving / --serving-only run_serving records it.
+bool wants_serving(const Opts& o, BackendHost& host) {
   if (o.no_serving || o.consistency_only) return false;
   if (o.serving || o.serving_only) return true;
-  return o.cases.empty() && o.scoring.empty() &&
-         (lib.batch_mode() != BatchMode::kHarness || lib.has_fork());
+  if (!o.cases.empty() || !o.scoring.empty()) return false;
+  try {
+    BackendLibrary& lib = host.library();
+    return lib.batch_mode() != BatchMode::kHarness || lib.has_fork();
+  } catch (const BackendError& e) {
+    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
+    host.discard();
+    return false;
+  }
 }
 
 // The suite's plan, except that the full plan's long fillers exercise a native
@@ -331,13 +341,13 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
   const std::string& first =
       in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
   const GoldenCase& g = *in.golden.find_case(first);
-  BackendLibrary& lib = host.library();
-  const ServingPlan plan = serving_plan(o, lib);
-  report.info.batching = batch_mode_name(lib.batch_mode());
-  report.info.fork = lib.has_fork() ? "native" : "emulated by the harness";
-  fmt::print(stderr, "  serving checks on case '{}' (batching: {}; fork: {})\n", first,
-             report.info.batching, report.info.fork);
   try {
+    BackendLibrary& lib = host.library();
+    const ServingPlan plan = serving_plan(o, lib);
+    report.info.batching = batch_mode_name(lib.batch_mode());
+    report.info.fork = lib.has_fork() ? "native" : "emulated by the harness";
+    fmt::print(stderr, "  serving checks on case '{}' (batching: {}; fork: {})\n", first,
+               report.info.batching, report.info.fork);
     const ts_capabilities caps = lib.capabilities();
     SessionOptions so{in.weights, o.threads, planned_context(o, in), o.fault};
     so.max_context = std::max(so.max_context,
@@ -442,7 +452,7 @@ int run_parity(const Opts& o) {
     if (top_n > 0) plan_top_n(o, *in, host, report, top_n);
     if (!o.consistency_only && !o.serving_only) run_checks(o, *in, host, report, top_n == 0);
     if (wants_consistency(o) && top_n == 0) run_consistency(o, *in, host, report);
-    if (top_n == 0 && wants_serving(o, host.library())) run_serving(o, *in, host, report);
+    if (top_n == 0 && wants_serving(o, host)) run_serving(o, *in, host, report);
   } catch (const BackendError& e) {  // no device here, or this model/path refused
     (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
     skip_code = e.status() == TS_ERR_DEVICE ? kExitSkip : kExitUnsupported;
