@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct BatchConfig {
   std::string name;
   bool best;  // hwy is the best target here (or the forced one)
 };
+
+// gtest prints a parameter in the test's description (CTest's name): its name,
+// not a dump of its bytes.
+void PrintTo(const BatchConfig& c, std::ostream* os) { *os << c.name; }
 
 std::vector<BatchConfig> batch_configs() {
   select_isa_from_env();
