@@ -1,5 +1,5 @@
 # touchstone_add_parity_tests(BACKEND WEIGHTS TIER [EXTRA_LABELS...] [MODELS model...]
-#                             [SLOW_TAGS tag...] [PROFILE name]
+#                             [SLOW_TAGS tag...] [PROFILE name] [CI_SUITE suite]
 #                             [KNOWN_DIVERGENCES file.json])
 #
 # One CTest test per case and scoring passage of the manifest's "full" suite that
@@ -8,6 +8,10 @@
 # plus parity.<backend>.<weights>.consistency (the golden-free checks).
 # PROFILE: judge them by that manifest profile (--profile, also a label) instead
 # of the weight path's default (exact / quantized).
+# CI_SUITE: the items that manifest suite does not name are labelled slow too
+# (ci/test runs the suite's items and the consistency test; `ctest -L slow` the
+# rest): for backends whose every item costs tens of seconds here (lavapipe,
+# MLIR compiles), each item's check is the same code path on another prompt.
 # KNOWN_DIVERGENCES: reviewed expected failures (--known-divergences;
 # docs/known-divergences.md): an item that fails exactly as an entry records
 # passes as KNOWN_DIVERGENCE, one that fails otherwise or now passes fails.
@@ -100,7 +104,8 @@ function(touchstone_add_parity_tests)
     _touchstone_parity_tests_for_target(${_rest})
     return()
   endif()
-  cmake_parse_arguments(PARSE_ARGV 3 _a "" "PROFILE;KNOWN_DIVERGENCES" "MODELS;SLOW_TAGS")
+  cmake_parse_arguments(PARSE_ARGV 3 _a "" "PROFILE;KNOWN_DIVERGENCES;CI_SUITE" "MODELS;SLOW_TAGS")
+  _touchstone_ci_suite_items("${_a_CI_SUITE}" _ts_ci_items)  # read by _touchstone_parity_tests
   _touchstone_parity_tests(${ARGV0} ${ARGV0} ${ARGV1} "${ARGV2};${_a_UNPARSED_ARGUMENTS}"
                            "${_a_MODELS}" "${_a_SLOW_TAGS}" "${_a_PROFILE}" "${_a_KNOWN_DIVERGENCES}")
 endfunction()
@@ -118,6 +123,7 @@ endfunction()
 # unless SLOW_TAGS says otherwise.
 function(_touchstone_parity_tests_for_target target)
   cmake_parse_arguments(PARSE_ARGV 1 _a "NO_CONTRACT" "KNOWN_DIVERGENCES" "WEIGHTS;MODELS;LABELS;SLOW_TAGS")
+  set(_ts_ci_items "")
   if(NOT _a_WEIGHTS)
     set(_a_WEIGHTS full_precision)
   endif()
@@ -139,6 +145,28 @@ function(_touchstone_parity_tests_for_target target)
       _touchstone_contract_test(${target} $<TARGET_FILE:${target}> ${w} "${_a_LABELS}")
     endif()
   endforeach()
+endfunction()
+
+# _touchstone_ci_suite_items(SUITE OUT): the cases and scoring passages of the
+# manifest's SUITE ("" = none; OUT is then empty, meaning "every item").
+function(_touchstone_ci_suite_items suite out)
+  set(_items "")
+  if(NOT suite STREQUAL "")
+    foreach(_kind cases scoring)
+      string(JSON _n ERROR_VARIABLE _err LENGTH "${_ts_manifest}" suites ${suite} ${_kind})
+      if(_err)
+        message(FATAL_ERROR "CI_SUITE ${suite}: no such suite (or no ${_kind}) in ${TOUCHSTONE_MANIFEST}")
+      endif()
+      if(_n GREATER 0)
+        math(EXPR _last "${_n} - 1")
+        foreach(i RANGE ${_last})
+          string(JSON _name GET "${_ts_manifest}" suites ${suite} ${_kind} ${i})
+          list(APPEND _items ${_name})
+        endforeach()
+      endif()
+    endforeach()
+  endif()
+  set(${out} "${_items}" PARENT_SCOPE)
 endfunction()
 
 # Per-case, per-passage and consistency tests of one backend (name: in the test
@@ -192,6 +220,9 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
           break()
         endif()
       endforeach()
+      if(_ts_ci_items AND NOT c IN_LIST _ts_ci_items AND NOT slow IN_LIST _extra)
+        list(APPEND _extra slow)
+      endif()
       add_test(NAME ${_t}
         COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend_arg} --weights ${weights} ${_profile} ${_sel}
                 --threads 1 --manifest ${TOUCHSTONE_MANIFEST} --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
@@ -304,12 +335,19 @@ endfunction()
 # the first divergent layer tap (--expect-layer; golden layer taps, ABI v4).
 # MAX_STEPS N (optional, default 4): greedy steps of the golden and "pass" runs
 # (static_graph: 1, so that only the prefill graphs are compiled).
+# SLOW fault=EXPECT...: these entries are labelled slow as well (left out of
+# ci/test, run by `ctest -L slow`), for backends where each fault test costs
+# tens of seconds of CI.
 function(touchstone_add_fault_tests backend weights)
-  cmake_parse_arguments(PARSE_ARGV 2 _fa "" "MAX_STEPS" "")
+  cmake_parse_arguments(PARSE_ARGV 2 _fa "" "MAX_STEPS" "SLOW")
   if(NOT _fa_MAX_STEPS)
     set(_fa_MAX_STEPS 4)
   endif()
-  foreach(entry ${_fa_UNPARSED_ARGUMENTS})
+  foreach(entry ${_fa_UNPARSED_ARGUMENTS} ${_fa_SLOW})
+    set(_slow "")
+    if(entry IN_LIST _fa_SLOW)
+      set(_slow ";slow")
+    endif()
     string(REPLACE "=" ";" _kv "${entry}")
     list(GET _kv 0 _fault)
     list(GET _kv 1 _expect)
@@ -337,7 +375,7 @@ function(touchstone_add_fault_tests backend weights)
     add_test(NAME ${_t}
       COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend} --weights ${weights} --fault ${_fault}
               --case narrative ${_mode} --manifest ${TOUCHSTONE_MANIFEST})
-    set_tests_properties(${_t} PROPERTIES LABELS "fault;${backend};${weights}"
+    set_tests_properties(${_t} PROPERTIES LABELS "fault;${backend};${weights}${_slow}"
       ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" PROCESSORS ${_procs} SKIP_RETURN_CODE 77
       TIMEOUT 300)
   endforeach()

@@ -90,18 +90,26 @@ void write_and_pin(const Manifest& m, const ManifestModel& mm, const GoldenFile&
   }
 }
 
-// True when `tags` holds one of `skip`.
-bool skipped(const std::vector<std::string>& tags, const std::vector<std::string>& skip) {
-  for (const std::string& t : tags)
-    if (std::find(skip.begin(), skip.end(), t) != skip.end()) return true;
-  return false;
-}
+// What --check leaves out: items with a tag in skip_tags (--skip-tag), and,
+// with a suite (--suite), the items that suite does not name.
+struct CheckSelection {
+  std::vector<std::string> skip_tags;
+  const Suite* suite = nullptr;
+
+  bool skipped(const std::string& name, const std::vector<std::string>& tags, bool scoring) const {
+    for (const std::string& t : tags)
+      if (std::find(skip_tags.begin(), skip_tags.end(), t) != skip_tags.end()) return true;
+    if (suite == nullptr) return false;
+    const std::vector<std::string>& names = scoring ? suite->scoring : suite->cases;
+    return std::find(names.begin(), names.end(), name) == names.end();
+  }
+};
 
 // Runs every case and scoring passage of `mm` through the recording backend,
-// but those with a tag in `skip` (--check --skip-tag), whose names go to *left_out.
+// but those `sel` leaves out (--check --skip-tag / --suite), whose names go to *left_out.
 GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manifest& m,
                         const ManifestModel& mm, const std::string& revision, int threads,
-                        const std::vector<std::string>& skip, std::vector<std::string>* left_out) {
+                        const CheckSelection& sel, std::vector<std::string>* left_out) {
   const std::string model_path = resolve_model(mm);
   Tokenizer tok = load_tokenizer(model_path);
   const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(model_path));
@@ -120,7 +128,7 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   }
   for (const ManifestCase& c : m.cases) {
     if (c.model != mm.name) continue;
-    if (skipped(c.tags, skip)) {
+    if (sel.skipped(c.name, c.tags, false)) {
       left_out->push_back(c.name);
       continue;
     }
@@ -129,7 +137,7 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   }
   for (const ManifestScoring& s : m.scoring) {
     if (s.model != mm.name) continue;
-    if (skipped(s.tags, skip)) {
+    if (sel.skipped(s.name, s.tags, true)) {
       left_out->push_back(s.name);
       continue;
     }
@@ -152,7 +160,7 @@ bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool 
   std::erase_if(old.cases, left);
   std::erase_if(old.scoring, left);
   for (const std::string& n : left_out)
-    fmt::print("{}: '{}' not checked (--skip-tag)\n", committed, n);
+    fmt::print("{}: '{}' not checked (--skip-tag / --suite)\n", committed, n);
   if (old.reference_revision != g.reference_revision)
     fmt::print(stderr, "note: goldens recorded at revision {}, checking at {}\n",
                old.reference_revision, g.reference_revision);
@@ -167,7 +175,8 @@ bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool 
 
 void add_golden(CLI::App& app, int& exit_code) {
   struct Opts {
-    std::string manifest = default_manifest_path(), backend = "reference", out, model, cases, name;
+    std::string manifest = default_manifest_path(), backend = "reference", out, model, cases, name,
+                suite;
     bool check = false, trust_goldens = false, allow_dirty = false;
     int threads = 0;
     std::vector<std::string> skip_tags;
@@ -196,6 +205,10 @@ void add_golden(CLI::App& app, int& exit_code) {
                   "--check: leave out the cases and passages with this tag (repeatable; e.g. "
                   "long_context: ~10-25 min each on the reference)")
       ->needs(cmd->get_option("--check"));
+  cmd->add_option("--suite", o->suite,
+                  "--check: only the cases and passages this manifest suite names, each checked "
+                  "whole (the suite's step and position trims do not apply)")
+      ->needs(cmd->get_option("--check"));
   cmd->add_flag("--allow-dirty", o->allow_dirty,
                 "Record from a checkout with uncommitted changes (the golden says '-dirty')");
   cmd->callback([o, &exit_code] {
@@ -215,12 +228,13 @@ void add_golden(CLI::App& app, int& exit_code) {
     auto lib = BackendLibrary::load(o->backend);
     bool all_same = true;
     if (!o->model.empty()) m.find_model(o->model);  // an unknown name is an error
+    CheckSelection sel{o->skip_tags, o->suite.empty() ? nullptr : &m.find_suite(o->suite)};
     for (const ManifestModel& mm : m.models) {
       if (!o->model.empty() && mm.name != o->model) continue;
       fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording",
                  mm.name, lib->name(), lib->device_name());
       std::vector<std::string> left_out;
-      GoldenFile g = record_model(lib, m, mm, revision, o->threads, o->skip_tags, &left_out);
+      GoldenFile g = record_model(lib, m, mm, revision, o->threads, sel, &left_out);
       if (o->check)
         all_same = check_model(m, mm, std::move(g), o->trust_goldens, left_out) && all_same;
       else
