@@ -244,16 +244,26 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
     PROCESSORS 2 SKIP_RETURN_CODE 77 TIMEOUT 1200)
 endfunction()
 
-# touchstone_add_serving_tests(<backend> <weights> MODELS m... [PLAN quick|full] [LABELS l...])
+# touchstone_add_serving_tests(<backend> <weights> MODELS m... [PLAN quick|full]
+#                              [PROFILE name] [KNOWN_DIVERGENCES file.json] [LABELS l...])
 #
 # The serving checks (touchstone/serving.h, docs/serving-checks.md) on each
 # model's first case: serving.<backend>.<weights>.<model> (PLAN full:
 # serving.<backend>.<weights>.<model>.full). One backend thread, as the
-# per-case tests.
+# per-case tests. PROFILE: the tolerance profile (default: the weight path's).
+# KNOWN_DIVERGENCES: reviewed entries whose item is a serving check's name.
 function(touchstone_add_serving_tests backend weights)
-  cmake_parse_arguments(PARSE_ARGV 2 _s "" "PLAN" "MODELS;LABELS")
+  cmake_parse_arguments(PARSE_ARGV 2 _s "" "PLAN;PROFILE;KNOWN_DIVERGENCES" "MODELS;LABELS")
   if(NOT _s_PLAN)
     set(_s_PLAN quick)
+  endif()
+  set(_profile "")
+  if(_s_PROFILE)
+    set(_profile --profile ${_s_PROFILE})
+  endif()
+  if(_s_KNOWN_DIVERGENCES)
+    get_filename_component(_kd "${_s_KNOWN_DIVERGENCES}" ABSOLUTE)
+    list(APPEND _profile --known-divergences ${_kd})
   endif()
   foreach(m ${_s_MODELS})
     set(_t serving.${backend}.${weights}.${m})
@@ -262,7 +272,7 @@ function(touchstone_add_serving_tests backend weights)
     endif()
     add_test(NAME ${_t}
       COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend} --weights ${weights} --model ${m}
-              --serving-only --serving-plan ${_s_PLAN} --threads 1 --manifest ${TOUCHSTONE_MANIFEST}
+              ${_profile} --serving-only --serving-plan ${_s_PLAN} --threads 1 --manifest ${TOUCHSTONE_MANIFEST}
               --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
     set_tests_properties(${_t} PROPERTIES
       LABELS "parity;serving;${backend};${weights};${m};${_s_LABELS}"
@@ -287,20 +297,28 @@ function(touchstone_add_unsupported_test backend weights model)
     TIMEOUT 300)
 endfunction()
 
-# touchstone_add_contract_tests(BACKEND WEIGHTS)
+# touchstone_add_contract_tests(BACKEND WEIGHTS [PROFILE name])
 #
 # The contract conformance suite (tests/contract) against one backend + weight
-# path. Exits 77 (SKIP) when the backend has no device here.
+# path. Exits 77 (SKIP) when the backend has no device here. PROFILE: its
+# step_batch and fork comparisons (not bitwise for a backend without
+# TS_CAP_BATCH_INVARIANT) take that manifest profile's tolerance, as the
+# serving checks do (TOUCHSTONE_CONTRACT_PROFILE).
 function(touchstone_add_contract_tests backend weights)
-  _touchstone_contract_test(${backend} ${backend} ${weights} "")
+  cmake_parse_arguments(PARSE_ARGV 2 _c "" "PROFILE" "")
+  _touchstone_contract_test(${backend} ${backend} ${weights} "" "${_c_PROFILE}")
 endfunction()
 
 function(_touchstone_contract_test backend backend_arg weights labels)
   set(_t contract.${backend}.${weights})
+  set(_env "TOUCHSTONE_CONTRACT_BACKEND=${backend_arg};TOUCHSTONE_CONTRACT_WEIGHTS=${weights};TOUCHSTONE_MODEL_PATH=${TOUCHSTONE_MODEL_PATH}")
+  if(ARGC GREATER 4 AND NOT "${ARGV4}" STREQUAL "")
+    list(APPEND _env "TOUCHSTONE_CONTRACT_PROFILE=${ARGV4}" "TOUCHSTONE_MANIFEST=${TOUCHSTONE_MANIFEST}")
+  endif()
   add_test(NAME ${_t} COMMAND ${TOUCHSTONE_CONTRACT_TEST})
   set_tests_properties(${_t} PROPERTIES
     LABELS "contract;${backend};${weights};${labels}" SKIP_RETURN_CODE 77 TIMEOUT 600
-    ENVIRONMENT "TOUCHSTONE_CONTRACT_BACKEND=${backend_arg};TOUCHSTONE_CONTRACT_WEIGHTS=${weights};TOUCHSTONE_MODEL_PATH=${TOUCHSTONE_MODEL_PATH}")
+    ENVIRONMENT "${_env}")
 endfunction()
 
 # touchstone_gtest_labels(TARGET LABEL...)

@@ -362,8 +362,13 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
            "verification reads every position's logits: the backend lacks "
            "TS_CAP_ALL_POSITION_LOGITS"});
     }
-    for (CaseResult& r : check_serving(host.model(), g.prompt_ids, g.greedy_ids, *in.profile, opt))
+    const KnownDivergenceKey key{report.info.backend, report.info.model_name,
+                                 report.info.weight_path, report.info.profile};
+    for (CaseResult& r :
+         check_serving(host.model(), g.prompt_ids, g.greedy_ids, *in.profile, opt)) {
+      in.known.apply(key, r);  // item: the check's name, e.g. serving.prefix_fork
       report.cases.push_back(std::move(r));
+    }
   } catch (const BackendError& e) {
     if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
     host.discard();

@@ -4,12 +4,22 @@
 //
 //   load_model    llama_model_load_from_file (CPU, n_gpu_layers 0, mmap)
 //   open_session  llama_init_from_model: n_ctx = max_context (0: the model's
-//                 n_ctx_train), one sequence, F32 KV cache, full-size SWA cache
-//                 (so rewind works on Gemma 3's sliding-window layers)
+//                 n_ctx_train), a unified KV cache for up to kMaxSequences
+//                 sequence ids of which the session holds one, F32 KV cache,
+//                 full-size SWA cache (so rewind works on Gemma 3's
+//                 sliding-window layers)
 //   prefill       llama_decode over llama_batch chunks of n_batch tokens, logits
 //                 flags on every position (all_positions) or the last one,
 //                 llama_get_logits_ith
-//   rewind        llama_memory_seq_rm(llama_get_memory(ctx), 0, p, -1)
+//   rewind        llama_memory_seq_rm(llama_get_memory(ctx), seq, p, -1)
+//   fork_session  a free sequence id of the same context,
+//                 llama_memory_seq_cp(seq, new seq, 0, n_prefix): the cells are
+//                 shared, as llama-server's slots share a cached prefix
+//   step_batch    every entry's session moved into the first entry's context
+//                 (llama_state_seq_get_data / _set_data: the KV bits are copied),
+//                 then the entries' tokens as sequence ids of one llama_batch
+//                 per n_batch tokens: one llama_decode for all of them, as
+//                 llama-server's continuous batching does
 //   full_precision  an F32 copy written by llama_model_quantize (f32_copy.h)
 #include <ggml-cpu.h>
 #include <ggml.h>
@@ -24,6 +34,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "f32_copy.h"
 #include "touchstone/backend_adapter.hpp"
@@ -174,31 +185,58 @@ struct LlamaCpp {
     }
   };
 
+  class Session;
+
+  // One llama_context (a unified KV cache) and the sessions that hold its
+  // sequence ids. A session opens its own; fork and step_batch put several
+  // sessions in one, so that their tokens can share a llama_batch.
+  struct Context {
+    static constexpr int32_t kMaxSequences = 32;
+    ContextPtr ctx;
+    llama_batch batch{};
+    int32_t n_batch = 0;
+    int32_t cap = 0;
+    int32_t n_vocab = 0;
+    std::vector<bool> in_use;  // per sequence id: held by a session
+
+    Context(llama_model* m, int32_t cap, int32_t n_threads, const Knobs& k);
+    ~Context() { llama_batch_free(batch); }
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+    llama_memory_t memory() const { return llama_get_memory(ctx.get()); }
+    llama_seq_id acquire();  // a free sequence id (throws when none is left)
+    void release(llama_seq_id seq);
+    // Runs the first `n` tokens of `batch`; a status error names `what`.
+    void decode(int32_t n, const std::string& what);
+  };
+
   class Session {
    public:
-    Session(llama_model* m, int32_t cap, int32_t n_threads, const Knobs& k);
-    ~Session() { llama_batch_free(batch_); }
+    Session(std::shared_ptr<Context> c, llama_seq_id seq, int32_t pos)
+        : ctx_(std::move(c)), seq_(seq), pos_(pos) {}
+    ~Session() { ctx_->release(seq_); }
     Session(const Session&) = delete;
     Session& operator=(const Session&) = delete;
 
     int32_t position() const { return pos_; }
-    int32_t max_context() const { return cap_; }
+    int32_t max_context() const { return ctx_->cap; }
     void prefill(std::span<const int32_t> t, bool all, float* logits);
     int32_t prefill_greedy(std::span<const int32_t> t);
     void rewind(int32_t p);
+    std::unique_ptr<Session> fork(int32_t n_prefix);
+    // Copies this session's KV cells into `to` under a new sequence id and
+    // leaves its old context (a step_batch with sessions of other contexts).
+    void move_to(const std::shared_ptr<Context>& to);
+    static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items);
 
    private:
     // Appends the tokens; calls row(i, logits of token i) for every output row.
     template <typename Row>
     void append(std::span<const int32_t> t, bool all, Row&& row);
-    void decode_chunk(std::span<const int32_t> t, int32_t first, bool all, bool last_chunk);
     void undo(int32_t to);
 
-    ContextPtr ctx_;
-    llama_batch batch_{};
-    int32_t n_vocab_ = 0;
-    int32_t cap_ = 0;
-    int32_t n_batch_ = 0;
+    std::shared_ptr<Context> ctx_;
+    llama_seq_id seq_ = 0;
     int32_t pos_ = 0;
   };
 
@@ -232,6 +270,12 @@ struct LlamaCpp {
       if (ggml_get_type_traits_cpu(ggml_type(t))->vec_dot) c.weight_types |= TS_WEIGHT_TYPE_BIT(t);
     }
     c.max_context = 0;
+    // ABI v6: step_batch is one llama_decode per n_batch tokens of every entry
+    // (continuous batching), fork_session shares the KV cells of the prefix.
+    // No batch-invariance claim: the serving checks measure what llama.cpp does
+    // (docs/backends/llamacpp.md#serving).
+    c.flags |= TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY;
+    c.max_batch = 16;
   }
 
   static std::unique_ptr<Model> load_model(const std::string& path) {
@@ -254,19 +298,28 @@ struct LlamaCpp {
     if (m.n_ctx_train > 0) cap = std::min(cap, m.n_ctx_train);
     if (cap <= 0) throw StatusError(TS_ERR_INVALID_ARGUMENT, "model has no context length");
     llama_model* w = m.weights(o.weight_path == TS_WEIGHTS_QUANTIZED);
-    return std::make_unique<Session>(w, cap, o.n_threads, k);
+    auto c = std::make_shared<Context>(w, cap, o.n_threads, k);
+    const llama_seq_id seq = c->acquire();
+    return std::make_unique<Session>(std::move(c), seq, 0);
+  }
+
+  static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
+    Session::step_batch(items);
   }
 };
 
-LlamaCpp::Session::Session(llama_model* m, int32_t cap, int32_t n_threads, const Knobs& k)
-    : n_vocab_(llama_vocab_n_tokens(llama_model_get_vocab(m))), cap_(cap) {
+LlamaCpp::Context::Context(llama_model* m, int32_t cap_tokens, int32_t n_threads, const Knobs& k)
+    : cap(cap_tokens), n_vocab(llama_vocab_n_tokens(llama_model_get_vocab(m))) {
   const int32_t threads =
       n_threads > 0 ? n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
   llama_context_params p = llama_context_default_params();
   p.n_ctx = uint32_t(cap);
   p.n_batch = 512;
   p.n_ubatch = 512;
-  p.n_seq_max = 1;
+  // llama.cpp reserves an output row per sequence within n_batch = min(n_ctx, 512).
+  in_use.assign(size_t(std::min(kMaxSequences, cap)), false);
+  p.n_seq_max = uint32_t(in_use.size());
+  p.kv_unified = true;  // one cell pool: a fork shares its prefix's cells
   p.n_threads = threads;
   p.n_threads_batch = threads;
   p.type_k = k.kv_type;
@@ -277,40 +330,50 @@ LlamaCpp::Session::Session(llama_model* m, int32_t cap, int32_t n_threads, const
   p.offload_kqv = false;
   p.op_offload = false;
   take_log_errors();
-  ctx_.reset(llama_init_from_model(m, p));
-  if (!ctx_) {
+  ctx.reset(llama_init_from_model(m, p));
+  if (!ctx) {
     throw StatusError(TS_ERR_OUT_OF_MEMORY,
                       with_log("llama_init_from_model failed (n_ctx " + std::to_string(cap) + ")"));
   }
-  n_batch_ = int32_t(std::min(llama_n_batch(ctx_.get()), llama_n_ubatch(ctx_.get())));
-  if (n_batch_ <= 0) throw StatusError(TS_ERR_INTERNAL, "llama.cpp reports n_batch 0");
-  batch_ = llama_batch_init(n_batch_, 0, 1);
+  n_batch = int32_t(std::min(llama_n_batch(ctx.get()), llama_n_ubatch(ctx.get())));
+  if (n_batch <= 0) throw StatusError(TS_ERR_INTERNAL, "llama.cpp reports n_batch 0");
+  batch = llama_batch_init(n_batch, 0, 1);
 }
 
-// Drops every KV cell at positions >= `to` (after a failed decode, or rewind).
-void LlamaCpp::Session::undo(int32_t to) {
-  if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, to, -1)) {
-    throw StatusError(TS_ERR_INTERNAL, with_log("llama_memory_seq_rm(seq 0, " + std::to_string(to) +
-                                                ", -1) failed"));
+llama_seq_id LlamaCpp::Context::acquire() {
+  for (size_t i = 0; i < in_use.size(); ++i) {
+    if (!in_use[i]) {
+      in_use[i] = true;
+      return llama_seq_id(i);
+    }
   }
+  throw StatusError(TS_ERR_OUT_OF_MEMORY, "llama.cpp context: all " +
+                                              std::to_string(in_use.size()) +
+                                              " sequence ids are held by live sessions");
 }
 
-void LlamaCpp::Session::decode_chunk(std::span<const int32_t> t, int32_t first, bool all,
-                                     bool last_chunk) {
-  batch_.n_tokens = int32_t(t.size());
-  for (int32_t i = 0; i < batch_.n_tokens; ++i) {
-    batch_.token[i] = t[size_t(i)];
-    batch_.pos[i] = first + i;
-    batch_.n_seq_id[i] = 1;
-    batch_.seq_id[i][0] = 0;
-    batch_.logits[i] = int8_t(all || (last_chunk && i == batch_.n_tokens - 1));
-  }
+void LlamaCpp::Context::release(llama_seq_id seq) {
+  llama_memory_seq_rm(memory(), seq, -1, -1);
+  in_use[size_t(seq)] = false;
+}
+
+void LlamaCpp::Context::decode(int32_t n, const std::string& what) {
+  batch.n_tokens = n;
   take_log_errors();
-  const int32_t rc = llama_decode(ctx_.get(), batch_);
+  const int32_t rc = llama_decode(ctx.get(), batch);
   if (rc != 0) {
+    // 1: no KV slot for the batch (the cells are shared by the context's sessions).
     const ts_status st = rc == 1 ? TS_ERR_CONTEXT_FULL : TS_ERR_INTERNAL;
-    throw StatusError(st, with_log("llama_decode returned " + std::to_string(rc) + " at position " +
-                                   std::to_string(first)));
+    throw StatusError(st, with_log("llama_decode returned " + std::to_string(rc) + " " + what));
+  }
+}
+
+// Drops every KV cell of this session at positions >= `to` (after a failed
+// decode, or rewind).
+void LlamaCpp::Session::undo(int32_t to) {
+  if (!llama_memory_seq_rm(ctx_->memory(), seq_, to, -1)) {
+    throw StatusError(TS_ERR_INTERNAL, with_log("llama_memory_seq_rm(seq " + std::to_string(seq_) +
+                                                ", " + std::to_string(to) + ", -1) failed"));
   }
 }
 
@@ -318,27 +381,35 @@ template <typename Row>
 void LlamaCpp::Session::append(std::span<const int32_t> t, bool all, Row&& row) {
   const int32_t start = pos_;
   const int32_t n = int32_t(t.size());
+  Context& c = *ctx_;
   try {
-    for (int32_t done = 0; done < n; done += n_batch_) {
-      const int32_t take = std::min(n_batch_, n - done);
+    for (int32_t done = 0; done < n; done += c.n_batch) {
+      const int32_t take = std::min(c.n_batch, n - done);
       const bool last_chunk = done + take == n;
-      decode_chunk(t.subspan(size_t(done), size_t(take)), start + done, all, last_chunk);
+      for (int32_t i = 0; i < take; ++i) {
+        c.batch.token[i] = t[size_t(done + i)];
+        c.batch.pos[i] = start + done + i;
+        c.batch.n_seq_id[i] = 1;
+        c.batch.seq_id[i][0] = seq_;
+        c.batch.logits[i] = int8_t(all || (last_chunk && i == take - 1));
+      }
+      c.decode(take, "at position " + std::to_string(start + done));
       for (int32_t i = all ? 0 : take - 1; i < take && (all || last_chunk); ++i) {
-        const float* logits = llama_get_logits_ith(ctx_.get(), i);
+        const float* logits = llama_get_logits_ith(c.ctx.get(), i);
         if (!logits) throw StatusError(TS_ERR_INTERNAL, with_log("llama_get_logits_ith failed"));
         row(done + i, logits);
       }
     }
   } catch (...) {
     // A failed call leaves the session as it was (best effort: the first error wins).
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, start, -1);
+    llama_memory_seq_rm(c.memory(), seq_, start, -1);
     throw;
   }
   pos_ = start + n;
 }
 
 void LlamaCpp::Session::prefill(std::span<const int32_t> t, bool all, float* logits) {
-  const size_t V = size_t(n_vocab_);
+  const size_t V = size_t(ctx_->n_vocab);
   append(t, all, [&](int32_t i, const float* row) {
     float* out = all ? logits + size_t(i) * V : logits;
     std::memcpy(out, row, V * sizeof(float));
@@ -348,14 +419,90 @@ void LlamaCpp::Session::prefill(std::span<const int32_t> t, bool all, float* log
 // The "device" is the CPU: the argmax runs on llama.cpp's own logits buffer.
 int32_t LlamaCpp::Session::prefill_greedy(std::span<const int32_t> t) {
   int32_t token = -1;
-  append(t, false,
-         [&](int32_t, const float* row) { token = touchstone::abi::greedy_argmax(row, n_vocab_); });
+  append(t, false, [&](int32_t, const float* row) {
+    token = touchstone::abi::greedy_argmax(row, ctx_->n_vocab);
+  });
   return token;
 }
 
 void LlamaCpp::Session::rewind(int32_t p) {
   undo(p);
   pos_ = p;
+}
+
+std::unique_ptr<LlamaCpp::Session> LlamaCpp::Session::fork(int32_t n_prefix) {
+  const llama_seq_id seq = ctx_->acquire();
+  auto out = std::make_unique<Session>(ctx_, seq, n_prefix);
+  if (n_prefix > 0) llama_memory_seq_cp(ctx_->memory(), seq_, seq, 0, n_prefix);
+  return out;
+}
+
+void LlamaCpp::Session::move_to(const std::shared_ptr<Context>& to) {
+  const llama_seq_id seq = to->acquire();
+  try {
+    const size_t n = llama_state_seq_get_size(ctx_->ctx.get(), seq_);
+    std::vector<uint8_t> state(n);
+    take_log_errors();
+    if (llama_state_seq_get_data(ctx_->ctx.get(), state.data(), n, seq_) != n ||
+        llama_state_seq_set_data(to->ctx.get(), state.data(), n, seq) == 0) {
+      throw StatusError(TS_ERR_CONTEXT_FULL,
+                        with_log("step_batch: cannot move a session's " + std::to_string(pos_) +
+                                 " KV cells into the first entry's llama.cpp context (its " +
+                                 std::to_string(to->cap) + " cells are shared)"));
+    }
+  } catch (...) {
+    to->release(seq);
+    throw;
+  }
+  ctx_->release(seq_);
+  ctx_ = to;
+  seq_ = seq;
+}
+
+// Every entry's tokens, entry after entry, in llama_batch chunks of n_batch
+// tokens (each token tagged with its session's sequence id and position): one
+// llama_decode per chunk for all the sessions, as continuous batching does.
+void LlamaCpp::Session::step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
+  const std::shared_ptr<Context> shared = items[0].session->ctx_;
+  for (const auto& it : items)
+    if (it.session->ctx_ != shared) it.session->move_to(shared);
+  struct Slot {
+    size_t entry;
+    int32_t token;
+  };
+  std::vector<Slot> order;
+  for (size_t e = 0; e < items.size(); ++e)
+    for (int32_t j = 0; j < int32_t(items[e].tokens.size()); ++j) order.push_back({e, j});
+  Context& c = *shared;
+  const size_t V = size_t(c.n_vocab);
+  try {
+    for (size_t done = 0; done < order.size(); done += size_t(c.n_batch)) {
+      const int32_t take = int32_t(std::min(order.size() - done, size_t(c.n_batch)));
+      for (int32_t i = 0; i < take; ++i) {
+        const auto& [e, j] = order[done + size_t(i)];
+        const auto& it = items[e];
+        c.batch.token[i] = it.tokens[size_t(j)];
+        c.batch.pos[i] = it.session->pos_ + j;
+        c.batch.n_seq_id[i] = 1;
+        c.batch.seq_id[i][0] = it.session->seq_;
+        c.batch.logits[i] = int8_t(it.all_positions || j + 1 == int32_t(it.tokens.size()));
+      }
+      c.decode(take, "in step_batch (" + std::to_string(items.size()) + " entries)");
+      for (int32_t i = 0; i < take; ++i) {
+        if (!c.batch.logits[i]) continue;
+        const auto& [e, j] = order[done + size_t(i)];
+        const float* row = llama_get_logits_ith(c.ctx.get(), i);
+        if (!row) throw StatusError(TS_ERR_INTERNAL, with_log("llama_get_logits_ith failed"));
+        float* out = items[e].logits + (items[e].all_positions ? size_t(j) * V : 0);
+        std::memcpy(out, row, V * sizeof(float));
+      }
+    }
+  } catch (...) {
+    for (const auto& it : items)
+      llama_memory_seq_rm(c.memory(), it.session->seq_, it.session->pos_, -1);
+    throw;
+  }
+  for (const auto& it : items) it.session->pos_ += int32_t(it.tokens.size());
 }
 
 }  // namespace

@@ -15,7 +15,10 @@ namespace touchstone::detail {
 // `position`, its text followed by `where`). Rules, in order: non-finite
 // logits; not bitwise identical when `bitwise` (`claim` names why bits are
 // required); NMSE or max |diff| over the profile; a different argmax unless the
-// reference's top-2 margin is under near_tie_margin. Returns true when it matched.
+// reference's top-2 margin is under near_tie_margin. A violation is also kept in
+// r.violations, one per kind with its worst value ("non_finite", "bitwise":
+// max |diff|, "logits_nmse", "logits_max_abs", "argmax": the top-2 margin), so
+// that a reviewed known divergence can name it. Returns true when it matched.
 bool compare_row(std::span<const float> ref, std::span<const float> test, int position,
                  bool bitwise, const std::string& claim, const Profile& p, const std::string& where,
                  CaseResult& r);
