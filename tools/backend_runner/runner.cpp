@@ -1,15 +1,21 @@
 // touchstone-backend-runner --fd N LIBRARY
+// touchstone-backend-runner --stdio LIBRARY
 //
 // The child side of the child-process protocol (touchstone/protocol.h,
 // docs/protocol.md): loads one backend library in this process, then answers
-// requests on fd N until the harness closes it. Whatever the backend does to
+// requests on fd N (or: reads them on stdin and answers on stdout, for a
+// harness on another machine, `--backend "stdio:ssh HOST
+// touchstone-backend-runner --stdio LIB"`, docs/remote-backends.md) until the
+// harness closes it. Whatever the backend does to
 // this process (crash, exit, hang, heap overflow) the harness sees as this
 // process dying or going silent, and reports it; the runner itself only
 // forwards calls, checks handles, and guards every logits buffer with a
 // sentinel tail so a backend writing past n_vocab floats is caught
 // (kStatusContractViolation) instead of silently corrupting memory.
-#include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cerrno>
 #include <cmath>
@@ -45,10 +51,11 @@ bool read_exact(int fd, uint8_t* dst, size_t n) {
   return true;
 }
 
+// A socket (--fd) or a pipe / ssh channel (--stdio); SIGPIPE is ignored.
 void write_all(int fd, const std::string& bytes) {
   size_t off = 0;
   while (off < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
     if (n > 0) {
       off += size_t(n);
     } else if (!(n < 0 && errno == EINTR)) {
@@ -315,12 +322,12 @@ std::string Runner::handle(Op op, Reader& r) {
 }
 
 // Reads the hello, loads the library, answers with BackendInfo (or the load error).
-std::unique_ptr<Runner> hello(int fd, const std::string& library) {
+std::unique_ptr<Runner> hello(int in, int fd, const std::string& library) {
   uint8_t header[protocol::kHeaderSize];
-  if (!read_exact(fd, header, sizeof header)) std::_Exit(3);
+  if (!read_exact(in, header, sizeof header)) std::_Exit(3);
   const auto h = protocol::parse_header(header, 64);
   std::vector<uint8_t> body(h.payload_len);
-  if (!read_exact(fd, body.data(), body.size())) std::_Exit(3);
+  if (!read_exact(in, body.data(), body.size())) std::_Exit(3);
   const uint32_t reply_op = uint32_t(Op::kHello) | protocol::kReplyBit;
   try {
     // The harness's version; an older one gets its own back (and the fields it knows).
@@ -340,14 +347,15 @@ std::unique_ptr<Runner> hello(int fd, const std::string& library) {
   }
 }
 
-int serve(int fd, const std::string& library) {
-  auto runner = hello(fd, library);
+// Requests on `in`, replies on `fd` (the same socket with --fd).
+int serve(int in, int fd, const std::string& library) {
+  auto runner = hello(in, fd, library);
   for (;;) {
     uint8_t header[protocol::kHeaderSize];
-    if (!read_exact(fd, header, sizeof header)) return 0;  // harness closed: done
+    if (!read_exact(in, header, sizeof header)) return 0;  // harness closed: done
     const auto h = protocol::parse_header(header, protocol::kMaxRequestPayload);
     std::vector<uint8_t> body(h.payload_len);
-    if (!read_exact(fd, body.data(), body.size())) return 0;
+    if (!read_exact(in, body.data(), body.size())) return 0;
     const Op op = Op(h.op);
     Reader r(body, fmt::format("{} request", protocol::op_name(h.op)));
     std::string reply;
@@ -370,17 +378,37 @@ int serve(int fd, const std::string& library) {
 }  // namespace
 }  // namespace touchstone
 
+namespace {
+
+// --stdio: the protocol moves to private copies of stdin and stdout; fd 0
+// becomes /dev/null and fd 1 a copy of stderr, so nothing the backend library
+// prints can reach the channel. Returns {in, out}.
+std::pair<int, int> take_stdio() {
+  const int in = ::fcntl(0, F_DUPFD_CLOEXEC, 3), out = ::fcntl(1, F_DUPFD_CLOEXEC, 3);
+  const int null_in = ::open("/dev/null", O_RDONLY);
+  if (in < 0 || out < 0 || null_in < 0 || ::dup2(null_in, 0) != 0 || ::dup2(2, 1) != 1) {
+    std::fprintf(stderr, "touchstone-backend-runner: --stdio: %s\n", std::strerror(errno));
+    std::exit(2);
+  }
+  ::close(null_in);
+  return {in, out};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 4 || std::strcmp(argv[1], "--fd") != 0) {
+  const bool stdio = argc == 3 && std::strcmp(argv[1], "--stdio") == 0;
+  if (!stdio && (argc != 4 || std::strcmp(argv[1], "--fd") != 0)) {
     std::fprintf(stderr,
-                 "usage: %s --fd N LIBRARY\n(started by the touchstone harness; see "
-                 "docs/protocol.md)\n",
+                 "usage: %s --fd N LIBRARY | --stdio LIBRARY\n(started by the touchstone "
+                 "harness; see docs/protocol.md and docs/remote-backends.md)\n",
                  argv[0]);
     return 2;
   }
-  const int fd = std::atoi(argv[2]);
+  std::signal(SIGPIPE, SIG_IGN);  // a closed channel is EPIPE: write_all exits
+  const auto [in, out] = stdio ? take_stdio() : std::pair{std::atoi(argv[2]), std::atoi(argv[2])};
   try {
-    return touchstone::serve(fd, argv[3]);
+    return touchstone::serve(in, out, argv[stdio ? 2 : 3]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "touchstone-backend-runner: %s\n", e.what());
     return 2;

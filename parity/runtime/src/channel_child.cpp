@@ -380,8 +380,10 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     throw Error("socketpair for the backend process: {}", std::strerror(errno));
   }
-  // An exec: child reads nothing from the harness's stdin.
-  const int null_in = exec_ ? ::open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
+  // An exec: child reads nothing from the harness's stdin; a stdio: child gets
+  // the socket as stdin and stdout instead of fd 3.
+  const bool stdio = is_stdio_backend(library_);
+  const int null_in = exec_ && !stdio ? ::open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
   // argv is built before fork: the child only calls async-signal-safe functions.
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -401,6 +403,14 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
     // fds 4 and up are closed.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
+    if (stdio) {
+      if (::dup2(sv[1], 0) != 0 || ::dup2(sv[1], 1) != 1) ::_exit(127);
+      if (::close_range(3, ~0u, 0) != 0) {
+        for (int fd = 3; fd < 4096; ++fd) ::close(fd);
+      }
+      ::execv(program.c_str(), argv.data());
+      ::_exit(127);
+    }
     ::dup2(2, 1);
     if (null_in >= 0) ::dup2(null_in, 0);
     if (sv[1] == 3) {

@@ -217,7 +217,10 @@ class InProcessChannel final : public BackendChannel {
 
 std::vector<std::string> exec_command(std::string_view spec) {
   std::vector<std::string> argv;
-  std::string_view rest = spec.substr(is_exec_backend(spec) ? kExecPrefix.size() : 0);
+  const std::string_view prefix = is_stdio_backend(spec)  ? kStdioPrefix
+                                  : is_exec_backend(spec) ? kExecPrefix
+                                                          : std::string_view();
+  std::string_view rest = spec.substr(prefix.size());
   constexpr std::string_view kSpace = " \t\n\r\f\v";
   while (!rest.empty()) {
     const size_t start = rest.find_first_not_of(kSpace);
@@ -228,9 +231,9 @@ std::vector<std::string> exec_command(std::string_view spec) {
   }
   if (argv.empty()) {
     throw Error(
-        "backend '{}': no command after 'exec:' (expected e.g. 'exec:python3 -m "
+        "backend '{}': no command after '{}' (expected e.g. 'exec:python3 -m "
         "touchstone_engine.examples.numpy_llama')",
-        spec);
+        spec, prefix);
   }
   return argv;
 }

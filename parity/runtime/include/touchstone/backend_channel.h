@@ -110,11 +110,19 @@ class BackendChannel {
 // it runs only as a child process).
 std::unique_ptr<BackendChannel> open_in_process(const std::string& name_or_path);
 
-// "exec:CMD ARGS...": a program that speaks the child-process protocol itself.
+// "exec:CMD ARGS...": a program that speaks the child-process protocol itself,
+// on fd 3. "stdio:CMD ARGS...": the same on CMD's stdin and stdout, for a
+// backend on another machine ("stdio:ssh HOST touchstone-backend-runner --stdio
+// LIB", docs/remote-backends.md). Both are commands ("exec backends").
 inline constexpr std::string_view kExecPrefix = "exec:";
-inline bool is_exec_backend(std::string_view spec) { return spec.starts_with(kExecPrefix); }
-// The argv of an exec: backend: the text after "exec:" split on whitespace (no
-// quoting; a wrapper script takes arguments with spaces). Throws Error when empty.
+inline constexpr std::string_view kStdioPrefix = "stdio:";
+inline bool is_stdio_backend(std::string_view spec) { return spec.starts_with(kStdioPrefix); }
+inline bool is_exec_backend(std::string_view spec) {
+  return spec.starts_with(kExecPrefix) || is_stdio_backend(spec);
+}
+// The argv of an exec: / stdio: backend: the text after the prefix split on
+// whitespace (no quoting; a wrapper script takes arguments with spaces). Throws
+// Error when empty.
 std::vector<std::string> exec_command(std::string_view spec);
 
 struct ChildOptions {
