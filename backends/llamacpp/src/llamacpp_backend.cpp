@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -195,11 +196,15 @@ struct LlamaCpp {
     ContextPtr ctx;
     llama_batch batch{};
     int32_t n_batch = 0;
-    int32_t cap = 0;
+    int32_t cells = 0;     // n_ctx: the KV cells every session of this context shares
+    int32_t reserved = 0;  // the max_context of the sessions opened in or moved here
     int32_t n_vocab = 0;
+    int32_t threads = 0;
+    llama_model* model = nullptr;
+    Knobs knobs;
     std::vector<bool> in_use;  // per sequence id: held by a session
 
-    Context(llama_model* m, int32_t cap, int32_t n_threads, const Knobs& k);
+    Context(llama_model* m, int32_t n_cells, int32_t n_threads, const Knobs& k);
     ~Context() { llama_batch_free(batch); }
     Context(const Context&) = delete;
     Context& operator=(const Context&) = delete;
@@ -212,14 +217,21 @@ struct LlamaCpp {
 
   class Session {
    public:
-    Session(std::shared_ptr<Context> c, llama_seq_id seq, int32_t pos)
-        : ctx_(std::move(c)), seq_(seq), pos_(pos) {}
-    ~Session() { ctx_->release(seq_); }
+    // reserve: count cap against the context's cells (an opened or moved
+    // session; a fork shares its source's cells and reserves none).
+    Session(std::shared_ptr<Context> c, llama_seq_id seq, int32_t pos, int32_t cap, bool reserve)
+        : ctx_(std::move(c)), seq_(seq), pos_(pos), cap_(cap), reserved_(reserve) {
+      if (reserved_) ctx_->reserved += cap_;
+    }
+    ~Session() {
+      if (reserved_) ctx_->reserved -= cap_;
+      ctx_->release(seq_);
+    }
     Session(const Session&) = delete;
     Session& operator=(const Session&) = delete;
 
     int32_t position() const { return pos_; }
-    int32_t max_context() const { return ctx_->cap; }
+    int32_t max_context() const { return cap_; }
     void prefill(std::span<const int32_t> t, bool all, float* logits);
     int32_t prefill_greedy(std::span<const int32_t> t);
     void rewind(int32_t p);
@@ -235,9 +247,16 @@ struct LlamaCpp {
     void append(std::span<const int32_t> t, bool all, Row&& row);
     void undo(int32_t to);
 
+    // The context every entry's session moves into (the first entry's when it
+    // has the cells and sequence ids to spare, else a new one sized for all).
+    static std::shared_ptr<Context> batch_context(
+        std::span<const touchstone::abi::BatchItem<Session>> items);
+
     std::shared_ptr<Context> ctx_;
     llama_seq_id seq_ = 0;
     int32_t pos_ = 0;
+    int32_t cap_ = 0;
+    bool reserved_ = false;
   };
 
   static std::string device_name() {
@@ -300,7 +319,7 @@ struct LlamaCpp {
     llama_model* w = m.weights(o.weight_path == TS_WEIGHTS_QUANTIZED);
     auto c = std::make_shared<Context>(w, cap, o.n_threads, k);
     const llama_seq_id seq = c->acquire();
-    return std::make_unique<Session>(std::move(c), seq, 0);
+    return std::make_unique<Session>(std::move(c), seq, 0, cap, true);
   }
 
   static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
@@ -308,16 +327,19 @@ struct LlamaCpp {
   }
 };
 
-LlamaCpp::Context::Context(llama_model* m, int32_t cap_tokens, int32_t n_threads, const Knobs& k)
-    : cap(cap_tokens), n_vocab(llama_vocab_n_tokens(llama_model_get_vocab(m))) {
-  const int32_t threads =
-      n_threads > 0 ? n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+LlamaCpp::Context::Context(llama_model* m, int32_t n_cells, int32_t n_threads, const Knobs& k)
+    : cells(n_cells),
+      n_vocab(llama_vocab_n_tokens(llama_model_get_vocab(m))),
+      threads(n_threads > 0 ? n_threads
+                            : int32_t(std::max(1u, std::thread::hardware_concurrency()))),
+      model(m),
+      knobs(k) {
   llama_context_params p = llama_context_default_params();
-  p.n_ctx = uint32_t(cap);
+  p.n_ctx = uint32_t(cells);
   p.n_batch = 512;
   p.n_ubatch = 512;
   // llama.cpp reserves an output row per sequence within n_batch = min(n_ctx, 512).
-  in_use.assign(size_t(std::min(kMaxSequences, cap)), false);
+  in_use.assign(size_t(std::min(kMaxSequences, cells)), false);
   p.n_seq_max = uint32_t(in_use.size());
   p.kv_unified = true;  // one cell pool: a fork shares its prefix's cells
   p.n_threads = threads;
@@ -332,8 +354,8 @@ LlamaCpp::Context::Context(llama_model* m, int32_t cap_tokens, int32_t n_threads
   take_log_errors();
   ctx.reset(llama_init_from_model(m, p));
   if (!ctx) {
-    throw StatusError(TS_ERR_OUT_OF_MEMORY,
-                      with_log("llama_init_from_model failed (n_ctx " + std::to_string(cap) + ")"));
+    throw StatusError(TS_ERR_OUT_OF_MEMORY, with_log("llama_init_from_model failed (n_ctx " +
+                                                     std::to_string(cells) + ")"));
   }
   n_batch = int32_t(std::min(llama_n_batch(ctx.get()), llama_n_ubatch(ctx.get())));
   if (n_batch <= 0) throw StatusError(TS_ERR_INTERNAL, "llama.cpp reports n_batch 0");
@@ -432,7 +454,7 @@ void LlamaCpp::Session::rewind(int32_t p) {
 
 std::unique_ptr<LlamaCpp::Session> LlamaCpp::Session::fork(int32_t n_prefix) {
   const llama_seq_id seq = ctx_->acquire();
-  auto out = std::make_unique<Session>(ctx_, seq, n_prefix);
+  auto out = std::make_unique<Session>(ctx_, seq, n_prefix, cap_, false);
   if (n_prefix > 0) llama_memory_seq_cp(ctx_->memory(), seq_, seq, 0, n_prefix);
   return out;
 }
@@ -448,22 +470,45 @@ void LlamaCpp::Session::move_to(const std::shared_ptr<Context>& to) {
       throw StatusError(TS_ERR_CONTEXT_FULL,
                         with_log("step_batch: cannot move a session's " + std::to_string(pos_) +
                                  " KV cells into the first entry's llama.cpp context (its " +
-                                 std::to_string(to->cap) + " cells are shared)"));
+                                 std::to_string(to->cells) + " cells are shared)"));
     }
   } catch (...) {
     to->release(seq);
     throw;
   }
+  if (reserved_) ctx_->reserved -= cap_;
   ctx_->release(seq_);
   ctx_ = to;
   seq_ = seq;
+  reserved_ = true;
+  ctx_->reserved += cap_;
 }
 
 // Every entry's tokens, entry after entry, in llama_batch chunks of n_batch
 // tokens (each token tagged with its session's sequence id and position): one
 // llama_decode per chunk for all the sessions, as continuous batching does.
+std::shared_ptr<LlamaCpp::Context> LlamaCpp::Session::batch_context(
+    std::span<const touchstone::abi::BatchItem<Session>> items) {
+  std::shared_ptr<Context> first = items[0].session->ctx_;
+  int64_t need = first->reserved, all = 0;
+  int32_t ids = 0;
+  for (const auto& it : items) {
+    all += it.session->cap_;
+    if (it.session->ctx_ == first) continue;
+    need += it.session->cap_;
+    ++ids;
+  }
+  if (ids == 0) return first;
+  const auto free_ids = std::count(first->in_use.begin(), first->in_use.end(), false);
+  if (need <= first->cells && ids <= free_ids) return first;
+  if (all > std::numeric_limits<int32_t>::max())
+    throw StatusError(TS_ERR_OUT_OF_MEMORY, "step_batch: the sessions' contexts add up to " +
+                                                std::to_string(all) + " KV cells");
+  return std::make_shared<Context>(first->model, int32_t(all), first->threads, first->knobs);
+}
+
 void LlamaCpp::Session::step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
-  const std::shared_ptr<Context> shared = items[0].session->ctx_;
+  const std::shared_ptr<Context> shared = batch_context(items);
   for (const auto& it : items)
     if (it.session->ctx_ != shared) it.session->move_to(shared);
   struct Slot {
