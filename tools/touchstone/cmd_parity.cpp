@@ -169,8 +169,18 @@ std::unique_ptr<Inputs> load_inputs(const Opts& o) {
   // libhdf5 reads a byte; then it must answer what the manifest asks now.
   in->golden = read_pinned_golden(m, mm, o.trust_goldens);
   if (!o.trust_goldens) {
+    // Only what this run reads: its cases and passages, and the model's first
+    // case (the consistency and serving checks' needle when none is named).
+    std::vector<std::string> used = in->plan.cases;
+    used.insert(used.end(), in->plan.scoring.begin(), in->plan.scoring.end());
+    for (const ManifestCase& c : m.cases) {
+      if (c.model == mm.name) {
+        used.push_back(c.name);
+        break;
+      }
+    }
     require_fresh_golden(m, mm, in->golden,
-                         chat_template_from_gguf(gguf::File::open(in->model_path)));
+                         chat_template_from_gguf(gguf::File::open(in->model_path)), &used);
   }
   in->tok = std::make_unique<Tokenizer>(load_tokenizer(in->model_path));
   for (const std::string& f : o.known_divergences) in->known.load(f);

@@ -113,3 +113,14 @@ TEST(StaleGolden, ChatFlagStepsModelAndPassageAreCompared) {
   m.models[0].sha256 = std::string(64, 'A');
   EXPECT_TRUE(touchstone::stale_golden_reasons(m, m.models[0], g, kChat).empty());
 }
+
+// A run checks only what it reads: a chat case whose template cannot be
+// rendered does not stop a run of the plain case.
+TEST(StaleGolden, OnlyTheSelectedCasesAreRendered) {
+  const Manifest m = manifest();
+  const GoldenFile g = recorded(m);
+  const touchstone::ChatTemplate broken{"{{ raise_exception('no user role') }}", "", ""};
+  const std::vector<std::string> only = {"plain", "passage"};
+  EXPECT_TRUE(touchstone::stale_golden_reasons(m, m.models[0], g, broken, &only).empty());
+  EXPECT_THROW(touchstone::stale_golden_reasons(m, m.models[0], g, broken), touchstone::Error);
+}

@@ -5,9 +5,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
@@ -46,9 +54,28 @@ except Exception as e:
 sys.stdout.write(out)
 )py";
 
-std::string python_for_jinja() {
-  if (const char* p = std::getenv("TOUCHSTONE_PYTHON"); p && *p) return p;
-  return ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+// The interpreters to try, in order: TOUCHSTONE_PYTHON alone when set, else
+// the python3 on PATH (an active virtual environment's) and then
+// /usr/bin/python3 (Debian's python3-jinja2), each once.
+std::vector<std::string> pythons_for_jinja() {
+  if (const char* p = std::getenv("TOUCHSTONE_PYTHON"); p && *p) return {p};
+  std::vector<std::string> out;
+  const char* env = std::getenv("PATH");
+  const std::string path = env ? env : "";
+  for (size_t start = 0; start <= path.size();) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::string cand = (end > start ? path.substr(start, end - start) : ".") + "/python3";
+    if (::access(cand.c_str(), X_OK) == 0) {
+      out.push_back(cand);
+      break;
+    }
+    start = end + 1;
+  }
+  std::error_code ec;
+  const bool same = !out.empty() && std::filesystem::equivalent(out[0], "/usr/bin/python3", ec);
+  if (!same && ::access("/usr/bin/python3", X_OK) == 0) out.push_back("/usr/bin/python3");
+  if (out.empty()) out.push_back("python3");  // execlp's error names it
+  return out;
 }
 
 std::string read_all(int fd) {
@@ -64,9 +91,18 @@ std::string read_all(int fd) {
   return out;
 }
 
-// Runs `python -I -c script` with `input` on stdin; returns stdout, throws with stderr.
-std::string run_python(const std::string& input) {
-  const std::string py = python_for_jinja();
+struct PythonRun {
+  int status = 0;  // waitpid status
+  std::string out, err;
+  bool ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+  // 127: could not run; 3: no jinja2 (kRenderScript): worth trying another interpreter.
+  bool interpreter_unusable() const {
+    return WIFEXITED(status) && (WEXITSTATUS(status) == 127 || WEXITSTATUS(status) == 3);
+  }
+};
+
+// Runs `py -I -c script` with `input` on stdin.
+PythonRun run_python(const std::string& py, const std::string& input) {
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC))
     throw Error("chat template: pipe: {}", std::strerror(errno));
@@ -90,17 +126,33 @@ std::string run_python(const std::string& input) {
     done += size_t(n);
   }
   ::close(in[1]);
-  const std::string text = read_all(out[0]), msg = read_all(err[0]);
+  PythonRun r;
+  r.out = read_all(out[0]);
+  r.err = read_all(err[0]);
   ::close(out[0]);
   ::close(err[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (::waitpid(pid, &r.status, 0) < 0 && errno == EINTR) {
   }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return text;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-    throw Error("chat template: cannot run {} (set TOUCHSTONE_PYTHON)", py);
-  throw Error("chat template: rendering with Jinja2 ({}) failed: {}", py,
-              msg.empty() ? "exit status " + std::to_string(status) : msg);
+  return r;
+}
+
+// The rendered text from the first interpreter that has Jinja2; a template
+// error is thrown at once; no usable interpreter: an error naming each one tried.
+std::string render_with_python(const std::string& input) {
+  std::vector<std::string> tried;
+  for (const std::string& py : pythons_for_jinja()) {
+    const PythonRun r = run_python(py, input);
+    if (r.ok()) return r.out;
+    if (!r.interpreter_unusable()) {
+      throw Error("chat template: rendering with Jinja2 ({}) failed: {}", py,
+                  r.err.empty() ? "wait status " + std::to_string(r.status) : r.err);
+    }
+    tried.push_back(py + ": " + (WEXITSTATUS(r.status) == 127 ? "cannot run" : r.err));
+  }
+  throw Error(
+      "chat template: no Python with Jinja2 (tried {}); apt-get install python3-jinja2, "
+      "pip install jinja2, or set TOUCHSTONE_PYTHON",
+      fmt::join(tried, "; "));
 }
 
 }  // namespace
@@ -125,7 +177,7 @@ std::string render_chat_jinja(const ChatTemplate& t, const std::string& user) {
                               {"messages", {{{"role", "user"}, {"content", user}}}},
                               {"bos_token", t.bos_token},
                               {"eos_token", t.eos_token}};
-  return run_python(req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return render_with_python(req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 std::string render_chat(const ChatTemplate& t, const std::string& user) {

@@ -75,7 +75,11 @@ void check_case(const ManifestCase& c, const GoldenFile& g, const ChatTemplate& 
 }  // namespace
 
 std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const ManifestModel& model,
-                                              const GoldenFile& g, const ChatTemplate& chat) {
+                                              const GoldenFile& g, const ChatTemplate& chat,
+                                              const std::vector<std::string>* only) {
+  auto selected = [&](const std::string& name) {
+    return only == nullptr || std::find(only->begin(), only->end(), name) != only->end();
+  };
   std::vector<std::string> out;
   if (g.model_name != model.name)
     out.push_back(fmt::format("stale golden: recorded for model '{}', the manifest model is '{}'",
@@ -85,9 +89,9 @@ std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const Ma
         "stale golden: recorded from a model with sha256 {}, the manifest pins {} for '{}'",
         g.model_sha256, model.sha256, model.name));
   for (const ManifestCase& c : manifest.cases)
-    if (c.model == model.name) check_case(c, g, chat, out);
+    if (c.model == model.name && selected(c.name)) check_case(c, g, chat, out);
   for (const ManifestScoring& s : manifest.scoring) {
-    if (s.model != model.name) continue;
+    if (s.model != model.name || !selected(s.name)) continue;
     const GoldenScoring* gs = g.find_scoring(s.name);
     if (gs == nullptr)
       out.push_back(fmt::format(
@@ -100,8 +104,8 @@ std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const Ma
 }
 
 void require_fresh_golden(const Manifest& manifest, const ManifestModel& model, const GoldenFile& g,
-                          const ChatTemplate& chat) {
-  const std::vector<std::string> reasons = stale_golden_reasons(manifest, model, g, chat);
+                          const ChatTemplate& chat, const std::vector<std::string>* only) {
+  const std::vector<std::string> reasons = stale_golden_reasons(manifest, model, g, chat, only);
   if (reasons.empty()) return;
   std::string list;
   for (const std::string& r : reasons) list += "\n  " + r;

@@ -4,6 +4,12 @@
 // that says why.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 
 #include "touchstone/chat.h"
@@ -64,6 +70,67 @@ TEST(Chat, MissingOrFailingTemplateIsAnErrorThatSaysWhy) {
     ADD_FAILURE() << "no error for a raising template";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("only system roles here"), std::string::npos) << e.what();
+  }
+}
+
+// Sets an environment variable for one scope, restoring the old value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A python3 first on PATH: `body` is its shell script.
+std::string fake_python(const std::string& dir_name, const std::string& body) {
+  const auto dir = std::filesystem::temp_directory_path() / dir_name;
+  std::filesystem::create_directories(dir);
+  const auto exe = dir / "python3";
+  std::ofstream(exe) << "#!/bin/sh\n" << body << "\n";
+  ::chmod(exe.c_str(), 0755);
+  return dir.string();
+}
+
+// The python3 on PATH (an active environment) comes before /usr/bin/python3,
+// one without Jinja2 is skipped, and when none works the error names each.
+TEST(Chat, JinjaInterpreterIsThePathsPythonThenTheSystemOne) {
+  if (!jinja_available()) GTEST_SKIP() << "python3-jinja2 missing";
+  const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  const auto marker = std::filesystem::temp_directory_path() / "ts_chat_path_python_used";
+  std::filesystem::remove(marker);
+  {
+    const std::string dir = fake_python(
+        "ts_chat_path_python", "touch " + marker.string() + "; exec /usr/bin/python3 \"$@\"");
+    ScopedEnv p("PATH", dir + ":" + path);
+    EXPECT_EQ(render_chat_jinja(ChatTemplate{"ok", "", ""}, "x"), "ok");
+    EXPECT_TRUE(std::filesystem::exists(marker)) << "the python3 on PATH was not tried first";
+  }
+  {
+    const std::string dir = fake_python(
+        "ts_chat_no_jinja", "echo 'python3-jinja2 is not installed (fake)' >&2; exit 3");
+    ScopedEnv p("PATH", dir + ":" + path);
+    EXPECT_EQ(render_chat_jinja(ChatTemplate{"ok", "", ""}, "x"), "ok");  // /usr/bin/python3
+  }
+  {
+    ScopedEnv py("TOUCHSTONE_PYTHON", "/nonexistent/python3");
+    try {
+      render_chat_jinja(ChatTemplate{"ok", "", ""}, "x");
+      ADD_FAILURE() << "no error for a missing interpreter";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("/nonexistent/python3: cannot run"), std::string::npos)
+          << e.what();
+    }
   }
 }
 

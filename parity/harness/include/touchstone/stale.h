@@ -25,12 +25,15 @@ namespace touchstone {
 // prompt text as the recorder builds it, chat flag, n_predict = number of
 // greedy steps), every scoring passage of the model (present, text).
 // `chat` is the model's template (chat cases' prompt text is rendered with it).
+// `only`: when given, just the cases and passages of these names (a run's
+// selection: another case's template is then never rendered).
 std::vector<std::string> stale_golden_reasons(const Manifest& manifest, const ManifestModel& model,
-                                              const GoldenFile& g, const ChatTemplate& chat);
+                                              const GoldenFile& g, const ChatTemplate& chat,
+                                              const std::vector<std::string>* only = nullptr);
 
 // Throws Error "<golden path>: stale golden ... re-record with `touchstone
 // golden --manifest <manifest>`" listing every reason; no-op when fresh.
 void require_fresh_golden(const Manifest& manifest, const ManifestModel& model, const GoldenFile& g,
-                          const ChatTemplate& chat);
+                          const ChatTemplate& chat, const std::vector<std::string>* only = nullptr);
 
 }  // namespace touchstone
