@@ -7,6 +7,9 @@
  *   nan      every logit NaN from decode   error    TS_ERR_INTERNAL from decode
  *   overflow decode writes 1000 floats past n_vocab
  *   n_vocab  n_vocab() reports 10          names    name and device are not UTF-8
+ *   orphan   decode starts two grandchildren that sleep forever, one in a
+ *            session of its own (setsid), one in the runner's process group;
+ *            the run itself is correct (the harness must end both)
  * Consistency faults (always on; each breaks one golden-free check):
  *   rewind_noop      rewind returns TS_OK without truncating the KV cache
  *   prefill_all_skew all-position prefill rows but the last scaled by 1 + 1e-3
@@ -105,6 +108,14 @@ static ts_status bad_decode(ts_session* s, int32_t token, float* out) {
   if (!strcmp(m, "abort")) abort();
   if (!strcmp(m, "hang"))
     for (;;) pause();
+  if (!strcmp(m, "orphan")) {
+    for (int own_session = 0; own_session < 2; ++own_session) {
+      if (fork() == 0) {
+        if (own_session) setsid();
+        for (;;) pause();
+      }
+    }
+  }
   if (!strcmp(m, "error")) return TS_ERR_INTERNAL;
   if (!strcmp(m, "nan") || !strcmp(m, "overflow")) {
     const int extra = !strcmp(m, "overflow") ? 1000 : 0;

@@ -78,6 +78,27 @@ def killed_run(cmd, env, rj, state):
     return errors
 
 
+def orphan_run(cmd, env, state):
+    """The backend starts grandchildren (one setsid()); the run must PASS and
+    leave no process of the backend behind once `touchstone parity` returns."""
+    # Output to a file, not a pipe: a leftover grandchild would hold a pipe open.
+    log = state + ".log"
+    with open(log, "wb") as f:
+        p = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=600)
+    with open(log, encoding="utf-8", errors="replace") as f:
+        print(f.read())
+    errors = [] if p.returncode == 0 else [f"exit status {p.returncode}, expected 0"]
+    left = processes_with_env("TOUCHSTONE_BAD_STATE=" + state)
+    if left:
+        errors.append(f"processes the backend started outlived the run: {left}")
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return errors
+
+
 def main():
     touchstone, lib, manifest, out, mode, expect = sys.argv[1:7]
     os.makedirs(out, exist_ok=True)
@@ -93,6 +114,10 @@ def main():
            "--junit", rx, "--timeout", "20", "--max-steps", "8"]
     for c in CASES:
         cmd += ["--case", c]
+    if mode == "orphan":
+        errors = orphan_run(cmd, env, state)
+        print("\n".join("FAILED: " + e for e in errors) or "orphan run: PASS, nothing left running")
+        return 1 if errors else 0
     if mode == "killed":
         env["TOUCHSTONE_BAD_MODE"] = "hang"
         cmd[cmd.index("--timeout") + 1] = "600"

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -388,6 +390,9 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Orphans of the backend's process (a grandchild that calls setsid()) are
+  // handed to this process instead of init, so that end_leftovers finds them.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -403,6 +408,7 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
     // fds 4 and up are closed.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
+    ::setpgid(0, 0);  // a group of its own: end_leftovers ends what it starts
     if (stdio) {
       if (::dup2(sv[1], 0) != 0 || ::dup2(sv[1], 1) != 1) ::_exit(127);
       if (::close_range(3, ~0u, 0) != 0) {
@@ -426,11 +432,45 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
     ::execv(program.c_str(), argv.data());
     ::_exit(127);
   }
+  ::setpgid(pid, pid);  // as the child does, whichever runs first
   ::close(sv[1]);
   if (null_in >= 0) ::close(null_in);
   pid_ = pid;
   fd_ = sv[0];
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
+}
+
+// Ends what the backend process left behind once it is reaped: its process
+// group (the child leads one) and, since the harness is a child subreaper
+// (spawn), any orphan that moved to a session of its own (setsid) and was
+// handed to this process. Nothing a backend starts outlives its channel.
+void end_leftovers(pid_t group) noexcept {
+  if (group > 0) ::kill(-group, SIGKILL);
+  const pid_t self = ::getpid(), session = ::getsid(0);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    // pid (comm) state ppid pgrp session ...: fields after the last ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    char state = 0;
+    long ppid = 0, pgrp = 0, sid = 0;
+    if (!(rest >> state >> ppid >> pgrp >> sid)) continue;
+    if (ppid != self || sid == session) continue;  // not an adopted orphan of another session
+    const pid_t pid = pid_t(std::stol(name));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  }
+  // Reap the group's members adopted here (they were killed above).
+  int status = 0;
+  while (group > 0 && ::waitpid(-group, &status, WNOHANG) > 0) {
+  }
 }
 
 void ChildChannel::stop() noexcept {
@@ -441,6 +481,7 @@ void ChildChannel::stop() noexcept {
   int status = 0;
   for (int i = 0; i < 100; ++i) {
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      end_leftovers(pid_);
       pid_ = -1;
       return;
     }
@@ -448,6 +489,7 @@ void ChildChannel::stop() noexcept {
   }
   ::kill(pid_, SIGKILL);
   ::waitpid(pid_, &status, 0);
+  end_leftovers(pid_);
   pid_ = -1;
 }
 
@@ -470,6 +512,7 @@ void ChildChannel::died(const char* what, const std::string& how) {
     } else if (got == pid_) {
       cause = "the backend process " + describe_wait_status(status);
     }
+    end_leftovers(pid_);
     pid_ = -1;
   }
   throw BackendCrash(fmt::format("backend '{}': {} during {}", display_name(), cause, what));
@@ -480,6 +523,7 @@ void ChildChannel::violation(const char* what, const std::string& detail) {
     ::kill(pid_, SIGKILL);
     int status = 0;
     ::waitpid(pid_, &status, 0);
+    end_leftovers(pid_);
     pid_ = -1;
   }
   if (fd_ >= 0) ::close(fd_);
@@ -496,6 +540,7 @@ void ChildChannel::wait_for(short events, Clock::time_point deadline, const char
       ::kill(pid_, SIGKILL);
       int status = 0;
       ::waitpid(pid_, &status, 0);
+      end_leftovers(pid_);
       pid_ = -1;
       ::close(fd_);
       fd_ = -1;

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The engine x serving check x model table of docs/serving-checks.md: runs
+`touchstone parity --serving-only` (quick plan, one thread) for every engine
+below that runs here and prints one Markdown table: per check, PASS / FAIL /
+KNOWN_DIVERGENCE with the worst NMSE and max |diff| (or "bitwise"), and NOT
+SUPPORTED where the engine cannot run a check.
+
+usage: tools/serving-table/serving_table.py [BUILD_DIR] [--plan quick|full] [--out FILE.md]
+BUILD_DIR defaults to build/default; reports go to BUILD_DIR/reports/serving-table/.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHECKS = ["serving.batch_invariance", "serving.content_isolation", "serving.prefix_fork",
+          "serving.speculative_verify"]
+MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
+LLAMACPP_KD = os.path.join(ROOT, "backends/llamacpp/known_divergences.json")
+NUMPY = f"exec:{sys.executable} -m touchstone_engine.examples.numpy_llama"
+# (label, --backend, weights, profile or None, known-divergences file or None, models)
+ENGINES = [
+    ("reference", "reference", "full_precision", None, None, MODELS),
+    ("cpu_simd", "cpu_simd", "full_precision", None, None, MODELS),
+    ("cpu_simd", "cpu_simd", "quantized", None, None, MODELS),
+    ("llamacpp (C API)", "llamacpp", "full_precision", None, LLAMACPP_KD, MODELS[:1]),
+    ("llamacpp (C API)", "llamacpp", "quantized", "quantized_int8", LLAMACPP_KD, MODELS),
+    ("NumPy engine (Python)", NUMPY, "full_precision", None, None, MODELS[:1]),
+]
+
+
+def cell(row):
+    if row is None:
+        return "not run"
+    verdict = {"PASS": "PASS", "FAIL": "**FAIL**", "KNOWN_DIVERGENCE": "KNOWN"}[row["verdict"]]
+    if row.get("n_steps", 0) and row["nmse_max"] == 0 and row["max_abs"] == 0:
+        return f"{verdict}, bitwise"
+    return f"{verdict}, NMSE {row['nmse_max']:.1e}, max \\|Δ\\| {row['max_abs']:.2g}"
+
+
+def run(touchstone, backend, weights, profile, kd, model, plan, out_dir, env):
+    name = f"{backend.split()[0].split('/')[-1]}-{weights}-{model}".replace(":", "_")
+    path = os.path.join(out_dir, name + ".json")
+    cmd = [touchstone, "parity", "--backend", backend, "--weights", weights, "--model", model,
+           "--serving-only", "--serving-plan", plan, "--threads", "1", "--json", path]
+    if profile:
+        cmd += ["--profile", profile]
+    if kd:
+        cmd += ["--known-divergences", kd]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode == 3 or not os.path.exists(path):  # UNSUPPORTED (or did not start)
+        return None, p.stdout.strip().splitlines()[-1:] or [p.stderr.strip()[-200:]]
+    with open(path, encoding="utf-8") as f:
+        return json.load(f), []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build", nargs="?", default=os.path.join(ROOT, "build/default"))
+    ap.add_argument("--plan", default="quick")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    touchstone = os.path.join(a.build, "bin/touchstone")
+    out_dir = os.path.join(a.build, "reports/serving-table")
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), LP_NUM_THREADS="1",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    lines = ["| engine | weights / profile | model | batching / fork | "
+             + " | ".join(c.split(".")[1] for c in CHECKS) + " |",
+             "|---|---|---|---|" + "---|" * len(CHECKS)]
+    host = ""
+    for label, backend, weights, profile, kd, models in ENGINES:
+        for model in models:
+            report, why = run(touchstone, backend, weights, profile, kd, model, a.plan, out_dir, env)
+            print(f"{label} {weights} {model}: {'done' if report else why}", file=sys.stderr)
+            if report is None:
+                continue
+            info = report["backend"]
+            host = host or info.get("device", "")
+            rows = {r["name"]: r for r in report["cases"]}
+            unsupported = {n.get("check", n.get("name", "")) if isinstance(n, dict) else n
+                           for n in report.get("not_supported", [])}
+            cells = ["NOT SUPPORTED" if c in unsupported else cell(rows.get(c)) for c in CHECKS]
+            prof = report.get("profile", profile or "")
+            mode = f"{info.get('batching', '?')} / {info.get('fork', '?')}"
+            lines.append(f"| {label} | {weights} / {prof} | {model} | {mode} | "
+                         + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if host:
+        print(f"Device: {host}")
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
