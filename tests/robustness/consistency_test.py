@@ -20,7 +20,7 @@ def main():
                TOUCHSTONE_BAD_STATE=os.path.join(out, f"consistency-{mode}.state"),
                TOUCHSTONE_BAD_AT="-1")
     cmd = [touchstone, "parity", "--backend", lib, "--manifest", manifest, "--consistency-only",
-           "--json", rj, "--timeout", "120", "--case", "narrative", "--consistency-tokens", "20"]
+           "--json", rj, "--timeout", "120", "--case", "narrative", "--consistency-tokens", "10"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     print(p.stdout[-3000:])
     with open(rj, encoding="utf-8") as f:
