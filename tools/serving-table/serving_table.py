@@ -5,7 +5,7 @@ below that runs here and prints one Markdown table: per check, PASS / FAIL /
 KNOWN_DIVERGENCE with the worst NMSE and max |diff| (or "bitwise"), and NOT
 SUPPORTED where the engine cannot run a check.
 
-usage: tools/serving-table/serving_table.py [BUILD_DIR] [--plan quick|full] [--out FILE.md]
+usage: tools/serving-table/serving_table.py [BUILD_DIR] [--plan quick|full] [--out FILE.md] [--reuse]
 BUILD_DIR defaults to build/default; reports go to BUILD_DIR/reports/serving-table/.
 """
 import argparse
@@ -19,7 +19,9 @@ CHECKS = ["serving.batch_invariance", "serving.content_isolation", "serving.pref
           "serving.speculative_verify"]
 MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 LLAMACPP_KD = os.path.join(ROOT, "backends/llamacpp/known_divergences.json")
-NUMPY = f"exec:{sys.executable} -m touchstone_engine.examples.numpy_llama"
+# The NumPy engine's interpreter: TOUCHSTONE_PYTHON, else Debian's (python3-numpy).
+NUMPY = (f"exec:{os.environ.get('TOUCHSTONE_PYTHON', '/usr/bin/python3')} "
+         "-m touchstone_engine.examples.numpy_llama")
 # (label, --backend, weights, profile or None, known-divergences file or None, models)
 ENGINES = [
     ("reference", "reference", "full_precision", None, None, MODELS),
@@ -35,14 +37,19 @@ def cell(row):
     if row is None:
         return "not run"
     verdict = {"PASS": "PASS", "FAIL": "**FAIL**", "KNOWN_DIVERGENCE": "KNOWN"}[row["verdict"]]
-    if row.get("n_steps", 0) and row["nmse_max"] == 0 and row["max_abs"] == 0:
+    if row["nmse_max"] == 0 and row["max_abs"] == 0 and not row.get("backend_error"):
         return f"{verdict}, bitwise"
     return f"{verdict}, NMSE {row['nmse_max']:.1e}, max \\|Δ\\| {row['max_abs']:.2g}"
 
 
-def run(touchstone, backend, weights, profile, kd, model, plan, out_dir, env):
-    name = f"{backend.split()[0].split('/')[-1]}-{weights}-{model}".replace(":", "_")
+def run(touchstone, backend, weights, profile, kd, model, plan, out_dir, env, reuse):
+    name = f"{backend.split()[-1].split('.')[-1]}-{weights}-{model}".replace(":", "_")
     path = os.path.join(out_dir, name + ".json")
+    if reuse and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        if report.get("complete") and report["backend"].get("batching"):
+            return report, []
     cmd = [touchstone, "parity", "--backend", backend, "--weights", weights, "--model", model,
            "--serving-only", "--serving-plan", plan, "--threads", "1", "--json", path]
     if profile:
@@ -61,6 +68,8 @@ def main():
     ap.add_argument("build", nargs="?", default=os.path.join(ROOT, "build/default"))
     ap.add_argument("--plan", default="quick")
     ap.add_argument("--out")
+    ap.add_argument("--reuse", action="store_true",
+                    help="use a complete report of an earlier run in the reports folder")
     a = ap.parse_args()
     touchstone = os.path.join(a.build, "bin/touchstone")
     out_dir = os.path.join(a.build, "reports/serving-table")
@@ -73,7 +82,8 @@ def main():
     host = ""
     for label, backend, weights, profile, kd, models in ENGINES:
         for model in models:
-            report, why = run(touchstone, backend, weights, profile, kd, model, a.plan, out_dir, env)
+            report, why = run(touchstone, backend, weights, profile, kd, model, a.plan, out_dir,
+                               env, a.reuse)
             print(f"{label} {weights} {model}: {'done' if report else why}", file=sys.stderr)
             if report is None:
                 continue
