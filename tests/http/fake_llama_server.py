@@ -13,6 +13,9 @@ to MODE:
   wrong_vocab /v1/models says n_vocab = N_VOCAB - 1 (and /completion is fine)
   wrong_model /props names another GGUF file
   wrong_tokens /tokenize gives other ids than the golden's for every prompt
+  mixed       answers every /completion 0.2 s late, for the prompt that arrived
+              last: alone a request gets its own answer, concurrent ones
+              (step_batch) get one another's
 Every /completion request is counted in the file COUNT_FILE (one line each).
 Usage: fake_llama_server.py MODE PORT_FILE MODEL_PATH N_VOCAB COUNT_FILE [STALL]
 It binds 127.0.0.1 on a free port, writes the port to PORT_FILE and serves
@@ -21,12 +24,15 @@ until killed.
 import json
 import socket
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODE, PORT_FILE, MODEL_PATH, N_VOCAB, COUNT_FILE = sys.argv[1:6]
 N_VOCAB = int(N_VOCAB)
 STALL = float(sys.argv[6]) if len(sys.argv) > 6 else 30.0
+last_prompt = [None]
+lock = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -100,8 +106,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json({"content": "x", "tokens": [1]})
             return
         prompt = json.loads(body)["prompt"]
+        if MODE == "mixed":
+            with lock:
+                last_prompt[0] = prompt
+            time.sleep(0.2)
+            with lock:
+                prompt = last_prompt[0]
         top = [{"id": (prompt[-1] + i) % N_VOCAB, "logprob": -1.0 - i} for i in range(4)]
-        self.send_json({"completion_probabilities": [{"id": top[0]["id"], "top_logprobs": top}]})
+        self.send_json({"tokens_evaluated": len(prompt),
+                        "completion_probabilities": [{"id": top[0]["id"], "top_logprobs": top}]})
 
 
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

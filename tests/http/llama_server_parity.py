@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """http.llama_server.parity: a real llama-server judged over HTTP.
 
-Usage: llama_server_parity.py TOUCHSTONE LLAMA_SERVER GGUF WORKDIR -- PARITY_ARGS...
-Starts LLAMA_SERVER on 127.0.0.1 with a free port, -m GGUF, one
-slot, 1 thread and an 8192-token context; waits (at most 120 s) for /health; runs
+Usage: llama_server_parity.py TOUCHSTONE LLAMA_SERVER GGUF WORKDIR [SLOTS] -- PARITY_ARGS...
+Starts LLAMA_SERVER on 127.0.0.1 with a free port, -m GGUF, SLOTS parallel
+slots (-np, default 1; continuous batching), 1 thread and an 8192-token
+context; waits (at most 120 s) for /health; runs
 `TOUCHSTONE parity --backend http://127.0.0.1:PORT PARITY_ARGS...`; always
 stops the server (also on SIGTERM / SIGINT from CTest's time-out); exits with
 touchstone's status. Exit 77 (CTest SKIP) only when LLAMA_SERVER or GGUF is
@@ -20,7 +21,9 @@ import urllib.request
 
 SKIP = 77
 touchstone, server_bin, gguf, workdir = sys.argv[1:5]
-parity_args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+dash = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
+parity_args = sys.argv[dash + 1:]
+slots = sys.argv[5] if dash > 5 else "1"
 for path, why in ((server_bin, "llama-server is not built (run ci/llamacpp)"),
                   (gguf, "the model is not fetched (run ci/fetch_models.py)")):
     if not os.access(path, os.R_OK):
@@ -35,7 +38,7 @@ with socket.socket() as s:  # a free port (the server binds it right after)
 url = f"http://127.0.0.1:{port}"
 log = open(os.path.join(workdir, "llama-server.log"), "w")
 server = subprocess.Popen([server_bin, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
-                           "-t", "1", "-c", "8192", "-np", "1"],
+                           "-t", "1", "-c", "8192", "-np", slots],
                           stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -69,7 +72,7 @@ try:
         time.sleep(0.25)
     t0 = time.monotonic()
     rc = subprocess.call([touchstone, "parity", "--backend", url] + parity_args)
-    print(f"touchstone parity over HTTP: exit {rc}, {time.monotonic() - t0:.1f} s")
+    print(f"touchstone parity over HTTP (-np {slots}): exit {rc}, {time.monotonic() - t0:.1f} s")
 finally:
     stop()
 sys.exit(rc)

@@ -19,6 +19,12 @@ CHECKS = ["serving.batch_invariance", "serving.content_isolation", "serving.pref
           "serving.speculative_verify"]
 MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 LLAMACPP_KD = os.path.join(ROOT, "backends/llamacpp/known_divergences.json")
+SERVER_KD = os.path.join(ROOT, "tests/http/llama_server_known_divergences.json")
+# llama-server (built by ci/llamacpp) over HTTP: "llama-server -np N" rows start
+# it through tests/http/llama_server_parity.py with N parallel slots.
+SERVER_WRAPPER = os.path.join(ROOT, "tests/http/llama_server_parity.py")
+MODEL_DIR = os.environ.get("TOUCHSTONE_MODEL_DIR",
+                           os.path.expanduser("~/.cache/touchstone/models"))
 # The NumPy engine's interpreter: TOUCHSTONE_PYTHON, else Debian's (python3-numpy).
 NUMPY = (f"exec:{os.environ.get('TOUCHSTONE_PYTHON', '/usr/bin/python3')} "
          "-m touchstone_engine.examples.numpy_llama")
@@ -30,7 +36,28 @@ ENGINES = [
     ("llamacpp (C API)", "llamacpp", "full_precision", None, LLAMACPP_KD, MODELS[:1]),
     ("llamacpp (C API)", "llamacpp", "quantized", "quantized_int8", LLAMACPP_KD, MODELS),
     ("NumPy engine (Python)", NUMPY, "full_precision", None, None, MODELS[:1]),
+    ("llama-server -np 1 (HTTP)", "llama-server 1", "quantized", "quantized_int8", SERVER_KD,
+     MODELS),
+    ("llama-server -np 4 (HTTP)", "llama-server 4", "quantized", "quantized_int8", SERVER_KD,
+     MODELS),
 ]
+
+
+def llama_server():
+    if os.environ.get("TOUCHSTONE_LLAMA_SERVER"):
+        return os.environ["TOUCHSTONE_LLAMA_SERVER"]
+    with open(os.path.join(ROOT, "ci/llamacpp"), encoding="utf-8") as f:
+        ver = next(line.split("=", 1)[1].split()[0].strip('"') for line in f
+                   if line.startswith("LCP_VERSION="))
+    prefix = os.environ.get("TOUCHSTONE_LLAMACPP_PREFIX",
+                            os.path.expanduser(f"~/.cache/touchstone/llama.cpp-{ver}"))
+    return os.path.join(prefix, "bin/llama-server")
+
+
+def gguf_of(model):
+    with open(os.path.join(ROOT, "goldens/manifest.json"), encoding="utf-8") as f:
+        m = next(x for x in json.load(f)["models"] if x["name"] == model)
+    return os.path.join(MODEL_DIR, m["filename"])
 
 
 def cell(row):
@@ -44,14 +71,20 @@ def cell(row):
 
 def run(touchstone, backend, weights, profile, kd, model, plan, out_dir, env, reuse):
     name = f"{backend.split()[-1].split('.')[-1]}-{weights}-{model}".replace(":", "_")
+    if backend.startswith("llama-server"):
+        name = f"llama-server-np{backend.split()[1]}-{model}"
     path = os.path.join(out_dir, name + ".json")
     if reuse and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             report = json.load(f)
         if report.get("complete") and report["backend"].get("batching"):
             return report, []
-    cmd = [touchstone, "parity", "--backend", backend, "--weights", weights, "--model", model,
-           "--serving-only", "--serving-plan", plan, "--threads", "1", "--json", path]
+    args = ["--weights", weights, "--model", model, "--serving-only", "--serving-plan", plan,
+            "--threads", "1", "--json", path]
+    cmd = [touchstone, "parity", "--backend", backend] + args
+    if backend.startswith("llama-server"):
+        cmd = [sys.executable, SERVER_WRAPPER, touchstone, llama_server(), gguf_of(model),
+               os.path.join(out_dir, name), backend.split()[1], "--"] + args
     if profile:
         cmd += ["--profile", profile]
     if kd:

@@ -1,4 +1,4 @@
-// touchstone parity [--backend NAME|PATH] [--suite default] [--case C]... [--weights ...]
+// touchstone parity [--backend NAME|PATH] [--suite quick|full|smoke] [--case C]... [--weights ...]
 // Runs the backend (in a child process unless --in-process) on every case of
 // the suite, rewrites the JSON / JUnit reports after every case, prints the
 // report table, exits 0 only when the harness itself judged every check PASS.
@@ -467,7 +467,7 @@ int run_parity(const Opts& o) {
     if (top_n > 0) plan_top_n(o, *in, host, report, top_n);
     if (!o.consistency_only && !o.serving_only) run_checks(o, *in, host, report, top_n == 0);
     if (wants_consistency(o) && top_n == 0) run_consistency(o, *in, host, report);
-    if (top_n == 0 && wants_serving(o, host)) run_serving(o, *in, host, report);
+    if (wants_serving(o, host)) run_serving(o, *in, host, report);
   } catch (const BackendError& e) {  // no device here, or this model/path refused
     (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
     skip_code = e.status() == TS_ERR_DEVICE ? kExitSkip : kExitUnsupported;

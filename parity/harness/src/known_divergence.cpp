@@ -17,9 +17,9 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::array<const char*, 9> kCoverable = {"logits_nmse", "logits_max_abs", "kld_mean",
-                                                   "kld_p99",     "top1_agreement", "ppl_ratio",
-                                                   "greedy",      "bitwise",        "argmax"};
+constexpr std::array<const char*, 10> kCoverable = {
+    "logits_nmse", "logits_max_abs", "kld_mean", "kld_p99", "top1_agreement",
+    "ppl_ratio",   "greedy",         "bitwise",  "argmax",  "isolation_max_abs"};
 const std::set<std::string> kEntryKeys = {"id",          "backend", "model", "weights",
                                           "profile",     "item",    "why",   "measured_on",
                                           "reviewed_by", "checks"};

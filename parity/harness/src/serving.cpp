@@ -102,8 +102,9 @@ namespace detail {
 
 void DriftMeter::add(std::span<const float> ref, std::span<const float> test) {
   ++point.rows;
-  point.nmse_max = std::max(point.nmse_max, metrics::nmse(ref, test));
-  point.max_abs = std::max(point.max_abs, metrics::max_abs_diff(ref, test));
+  const RowDiff d = row_diff(ref, test);
+  point.nmse_max = std::max(point.nmse_max, d.nmse);
+  point.max_abs = std::max(point.max_abs, d.max_abs);
   if (std::memcmp(ref.data(), test.data(), ref.size() * sizeof(float)) != 0) point.bitwise = false;
 }
 

@@ -1,12 +1,17 @@
 // channel_http.cpp - "http://HOST:PORT": a llama.cpp llama-server (native
 // /completion API) as a backend. Each prefill / decode is one POST with the
-// whole token sequence so far, n_predict 1, temperature 0, n_probs = top_n and
-// cache_prompt (the server reuses its KV cache for the common prefix); rewind
-// truncates the client-side token list. Rows are ABI v5 top-N rows: natural-log
-// probabilities of the returned tokens, -INFINITY elsewhere
-// (TS_CAP_TOP_N_LOGPROBS). Every failure -- transport, time-out, HTTP status,
-// malformed JSON, a model other than the manifest's -- throws BackendError /
-// BackendCrash naming the URL, the request number and what was wrong.
+// whole token sequence so far, n_predict 1, temperature 0, n_probs = top_n;
+// rewind truncates the client-side token list. The server's prompt cache:
+// a session's first request asks for none (cache_prompt false: its prompt is
+// computed from scratch, a cache miss); every later request of the session, and
+// every request of a forked session, reuses what a slot holds (cache_prompt
+// true: a hit on the common prefix). step_batch sends its entries as concurrent
+// requests (a server with parallel slots batches them); fork_session copies the
+// client-side prefix. Rows are ABI v5 top-N rows: natural-log probabilities of
+// the returned tokens, -INFINITY elsewhere (TS_CAP_TOP_N_LOGPROBS). Every
+// failure -- transport, time-out, HTTP status, malformed JSON, an answer for a
+// prompt of another length, a model other than the manifest's -- throws
+// BackendError / BackendCrash naming the URL, the request number and what was wrong.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -70,6 +75,8 @@ class HttpChannel final : public BackendChannel {
     info_.version = props.value("build_info", std::string("unknown"));
     info_.device = fmt::format("llama-server at {} serving {}", url,
                                model_path_.empty() ? "(model_path not given)" : model_path_);
+    info_.step_batch = true;  // concurrent requests
+    info_.fork = true;        // the client-side prefix; the server's prompt cache reuses it
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -77,7 +84,7 @@ class HttpChannel final : public BackendChannel {
   ts_capabilities capabilities() override {
     ts_capabilities c{};
     c.struct_size = sizeof(c);
-    c.flags = TS_CAP_TOP_N_LOGPROBS;
+    c.flags = TS_CAP_TOP_N_LOGPROBS | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY;
     c.top_n = top_n_;
     c.max_context = n_ctx_;
     c.determinism_note = "a remote server: the harness cannot see how it computes";
@@ -88,6 +95,8 @@ class HttpChannel final : public BackendChannel {
   void free_model(Handle) noexcept override {}
   Handle open_session(Handle model, const ts_session_options& options) override;
   void free_session(Handle session) noexcept override { sessions_.erase(session); }
+  void step_batch(std::span<const BatchCall> entries) override;
+  Handle fork_session(Handle src, int32_t n_prefix) override;
 
   void prefill(Handle session, std::span<const int32_t> tokens, bool all_positions,
                std::span<float> out) override {
@@ -95,38 +104,41 @@ class HttpChannel final : public BackendChannel {
       throw BackendError(TS_ERR_UNSUPPORTED,
                          "http: all-position logits are not available from a completion server");
     }
-    std::vector<int32_t>& seq = tokens_of(session);
-    seq.insert(seq.end(), tokens.begin(), tokens.end());
-    step(seq, out);
+    const BatchCall call{session, tokens, false, out};
+    step_batch({&call, 1});
   }
   void decode(Handle session, int32_t token, std::span<float> out) override {
-    std::vector<int32_t>& seq = tokens_of(session);
-    seq.push_back(token);
-    step(seq, out);
+    const BatchCall call{session, {&token, 1}, false, out};
+    step_batch({&call, 1});
   }
   int32_t prefill_greedy(Handle, std::span<const int32_t>) override {
     throw BackendError(TS_ERR_UNSUPPORTED, "http: no prefill_greedy");
   }
   void rewind(Handle session, int32_t position) override {
-    std::vector<int32_t>& seq = tokens_of(session);
+    std::vector<int32_t>& seq = of(session).tokens;
     if (position < 0 || size_t(position) > seq.size()) {
       throw BackendError(TS_ERR_INVALID_ARGUMENT,
                          fmt::format("http: rewind to {} outside [0, {}]", position, seq.size()));
     }
     seq.resize(size_t(position));
   }
-  int32_t position(Handle session) override { return int32_t(tokens_of(session).size()); }
+  int32_t position(Handle session) override { return int32_t(of(session).tokens.size()); }
   void set_taps(Handle, bool) override { throw Error("http: no layer taps"); }
   void read_taps(Handle, std::span<float>) override { throw Error("http: no layer taps"); }
   std::optional<std::vector<int32_t>> tokenize(const std::string& text) override;
 
  private:
-  std::vector<int32_t>& tokens_of(Handle session) {
+  struct Seq {
+    std::vector<int32_t> tokens;
+    bool fresh = true;  // no request yet: the next one asks for no cache reuse
+  };
+  Seq& of(Handle session) {
     const auto it = sessions_.find(session);
     if (it == sessions_.end()) throw Error("http: unknown session {}", session);
     return it->second;
   }
-  void step(const std::vector<int32_t>& seq, std::span<float> out);
+  std::string request_body(const Seq& seq) const;
+  void check_room(const Seq& seq) const;
   std::vector<int32_t> tokenize_text(const std::string& text, bool special);
   void fill_row(const http::Response& r, const json& j, std::span<float> out) const;
 
@@ -134,7 +146,7 @@ class HttpChannel final : public BackendChannel {
   BackendInfo info_;
   int32_t top_n_ = 0, n_vocab_ = 0, n_ctx_ = 0, ascii_token_ = 0;
   std::string model_path_;
-  std::map<Handle, std::vector<int32_t>> sessions_;
+  std::map<Handle, Seq> sessions_;
   Handle next_session_ = 1;
 };
 
@@ -182,25 +194,71 @@ Handle HttpChannel::open_session(Handle, const ts_session_options& o) {
   return next_session_++;
 }
 
-void HttpChannel::step(const std::vector<int32_t>& seq, std::span<float> out) {
-  if (n_ctx_ > 0 && seq.size() + 1 > size_t(n_ctx_)) {
+Handle HttpChannel::fork_session(Handle src, int32_t n_prefix) {
+  const Seq& from = of(src);
+  if (n_prefix < 0 || size_t(n_prefix) > from.tokens.size()) {
+    throw BackendError(TS_ERR_INVALID_ARGUMENT,
+                       fmt::format("http: fork of {} tokens from a session holding {}", n_prefix,
+                                   from.tokens.size()));
+  }
+  Seq fork{{from.tokens.begin(), from.tokens.begin() + n_prefix}, false};
+  sessions_[next_session_] = std::move(fork);
+  return next_session_++;
+}
+
+void HttpChannel::check_room(const Seq& seq) const {
+  if (n_ctx_ > 0 && seq.tokens.size() + 1 > size_t(n_ctx_)) {
     throw BackendError(TS_ERR_CONTEXT_FULL,
                        fmt::format("{}: the server's context is {} tokens, this step needs {} "
                                    "(start llama-server with a larger -c)",
-                                   client_.base_url(), n_ctx_, seq.size() + 1));
+                                   client_.base_url(), n_ctx_, seq.tokens.size() + 1));
   }
-  const json req{{"prompt", seq},
+}
+
+std::string HttpChannel::request_body(const Seq& seq) const {
+  const json req{{"prompt", seq.tokens},
                  {"n_predict", 1},
                  {"temperature", 0.0},
                  {"n_probs", top_n_},
-                 {"cache_prompt", true},
+                 {"cache_prompt", !seq.fresh},
                  {"post_sampling_probs", false},
                  {"logit_bias", json::array({json::array({ascii_token_, 1000.0})})},
                  {"stream", false}};
-  const http::Response r = client_.post_json("/completion", req.dump());
-  const json j = answer_json(r);
-  if (j.value("truncated", false)) malformed(r, "the server truncated the prompt");
-  fill_row(r, j, out);
+  return req.dump();
+}
+
+// One request per entry, all at once; every answer must be for a prompt of
+// its request's length (a server that mixes up concurrent answers fails here).
+void HttpChannel::step_batch(std::span<const BatchCall> entries) {
+  std::vector<std::string> bodies;
+  for (const BatchCall& e : entries) {
+    if (e.all_positions) {
+      throw BackendError(TS_ERR_UNSUPPORTED,
+                         "http: all-position logits are not available from a completion server");
+    }
+    if (e.tokens.empty()) throw BackendError(TS_ERR_INVALID_ARGUMENT, "http: a step of 0 tokens");
+    Seq& seq = of(e.session);
+    seq.tokens.insert(seq.tokens.end(), e.tokens.begin(), e.tokens.end());
+    check_room(seq);
+    bodies.push_back(request_body(seq));
+    seq.fresh = false;
+  }
+  const std::vector<http::Response> answers =
+      bodies.size() == 1 ? std::vector<http::Response>{client_.post_json("/completion", bodies[0])}
+                         : client_.post_json_concurrent("/completion", bodies);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const http::Response& r = answers[i];
+    const json j = answer_json(r);
+    if (j.value("truncated", false)) malformed(r, "the server truncated the prompt");
+    const size_t n = of(entries[i].session).tokens.size();
+    if (const auto ev = j.find("tokens_evaluated");
+        ev != j.end() && ev->is_number_integer() && ev->get<int64_t>() != int64_t(n)) {
+      malformed(r, fmt::format("an answer for a prompt of {} tokens, the request sent {} (one of "
+                               "{} concurrent requests: answers mixed up?)",
+                               ev->get<int64_t>(), n, entries.size()));
+    }
+    fill_row(r, j, entries[i].out);
+  }
 }
 
 void HttpChannel::fill_row(const http::Response& r, const json& j, std::span<float> out) const {

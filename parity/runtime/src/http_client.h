@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace touchstone::http {
 
@@ -37,11 +38,18 @@ class Client {
 
   Response get(const std::string& path);
   Response post_json(const std::string& path, const std::string& body);
+  // Every body POSTed to `path` at once, each on its own connection (a server
+  // with parallel slots answers them together); answers in the bodies' order,
+  // numbered in that order. Each request has the same limits as post_json; the
+  // first transport failure throws BackendCrash once all have ended.
+  std::vector<Response> post_json_concurrent(const std::string& path,
+                                             const std::vector<std::string>& bodies);
   const std::string& base_url() const { return base_; }
   int64_t requests() const { return n_; }
 
  private:
   Response perform(const std::string& path, const std::string* body);
+  Response next_response(const std::string& path);  // numbered, within the budget
   std::string base_;
   ClientOptions o_;
   int64_t n_ = 0;
