@@ -212,11 +212,11 @@ std::string to_html(const std::vector<RunView>& runs) {
       "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
       "<title>Touchstone parity: {}</title>\n<style>{}</style>\n</head>\n<body>\n"
       "<h1>Touchstone parity report</h1>\n"
-      "<p class=\"ts-verdict ts-{}\" id=\"ts-verdict\">verdict: {} ({} run{})</p>\n",
-      verdict, kStyle, verdict, verdict, runs.size(), runs.size() == 1 ? "" : "s");
-  o += "<h2>Runs</h2>\n" + runs_table(runs);
+      "<p class=\"ts-verdict ts-{}\" id=\"ts-verdict\">verdict: {} ({})</p>\n",
+      verdict, kStyle, verdict, verdict, esc(verdict_counts(runs)));
   o += "<h2>Verdict matrix</h2>\n";
   for (const std::string& m : matrix_models(runs)) o += matrix_table(runs, m);
+  o += "<h2>Runs</h2>\n" + runs_table(runs);
   o += "<h2>Details</h2>\n";
   for (size_t i = 0; i < runs.size(); ++i) o += run_details(runs[i], i);
   o += "</body>\n</html>\n";

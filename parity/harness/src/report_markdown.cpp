@@ -119,15 +119,10 @@ std::string failing_item(const RunView& r, const ItemView& it) {
 
 std::string to_markdown(const std::vector<RunView>& runs) {
   const std::string verdict = overall_verdict(runs);
-  size_t n_pass = 0, n_fail = 0, n_other = 0;
-  for (const RunView& r : runs) {
-    (r.verdict == "PASS" ? n_pass : r.verdict == "FAIL" ? n_fail : n_other) += 1;
-  }
-  std::string o = fmt::format(
-      "### Touchstone parity: {}\n\n**verdict: {}** — {} run{}: {} PASS, {} FAIL, {} other\n\n",
-      badge(verdict), verdict, runs.size(), runs.size() == 1 ? "" : "s", n_pass, n_fail, n_other);
-  o += runs_table(runs);
+  std::string o = fmt::format("### Touchstone parity: {}\n\n**verdict: {}** — {}\n\n",
+                              badge(verdict), verdict, verdict_counts(runs));
   for (const std::string& m : matrix_models(runs)) o += matrix_table(runs, m);
+  o += runs_table(runs);
   std::string failing;
   for (const RunView& r : runs) {
     if (r.model.empty()) {  // MISSING / INVALID: the reason names the file

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -249,6 +251,22 @@ RunView read_report_view(const std::string& path) {
     v.reason = e.what();
     return v;
   }
+}
+
+std::string verdict_counts(const std::vector<RunView>& runs) {
+  static const std::array<const char*, 8> kOrder = {
+      "PASS",    "KNOWN_DIVERGENCE", "FAIL",        "INCOMPLETE",
+      "MISSING", "INVALID",          "UNSUPPORTED", "SKIP"};
+  std::string o = fmt::format("{} run{}", runs.size(), runs.size() == 1 ? "" : "s");
+  const char* sep = ": ";
+  for (const char* v : kOrder) {
+    const auto n =
+        std::count_if(runs.begin(), runs.end(), [&](const RunView& r) { return r.verdict == v; });
+    if (n == 0) continue;
+    o += fmt::format("{}{} {}", sep, n, v);
+    sep = ", ";
+  }
+  return o;
 }
 
 std::string overall_verdict(const std::vector<RunView>& runs) {

@@ -148,6 +148,20 @@ TEST(ReportMarkdown, VerdictMatrixAndFailureWithCellsEscaped) {
   EXPECT_NE(md.find("  - why: logits diverge at step 1"), std::string::npos) << md;
 }
 
+TEST(ReportHeadline, CountsEveryVerdictAndPutsTheMatrixFirst) {
+  RunView pass, refused, skipped;
+  pass.verdict = "PASS";
+  refused.verdict = "UNSUPPORTED";
+  skipped.verdict = "SKIP";
+  const std::vector<RunView> runs{pass, refused, refused, skipped};
+  EXPECT_EQ(overall_verdict(runs), "PASS");
+  EXPECT_EQ(verdict_counts(runs), "4 runs: 1 PASS, 2 UNSUPPORTED, 1 SKIP");
+  EXPECT_EQ(verdict_counts({pass}), "1 run: 1 PASS");
+  const std::string html = to_html({parse_report_view(to_json(failing_report()), "r.json")});
+  EXPECT_NE(html.find("verdict: FAIL (1 run: 1 FAIL)"), std::string::npos);
+  EXPECT_LT(html.find("<h2>Verdict matrix</h2>"), html.find("<h2>Runs</h2>"));
+}
+
 TEST(SvgPlot, EmptyAndDegenerateSeriesStillRender) {
   PlotSpec s;
   s.css_class = "ts-plot-kl";

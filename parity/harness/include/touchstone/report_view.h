@@ -67,4 +67,9 @@ RunView read_report_view(const std::string& path);
 // else PASS when any is PASS, else UNSUPPORTED / SKIP.
 std::string overall_verdict(const std::vector<RunView>& runs);
 
+// "18 runs: 10 PASS, 6 UNSUPPORTED, 2 SKIP": the count of each verdict present,
+// in the order PASS, KNOWN_DIVERGENCE, FAIL, INCOMPLETE, MISSING, INVALID,
+// UNSUPPORTED, SKIP (a headline that does not count a refusal as a pass).
+std::string verdict_counts(const std::vector<RunView>& runs);
+
 }  // namespace touchstone
