@@ -1,8 +1,9 @@
-// touchstone/llama_config.h - the configuration this repo's optimized backends compute.
+// touchstone/llama_config.h - the plain-Llama gate of the backends that compute
+// only plain Llama-family models.
 //
-// The reference reads every supported family (touchstone/model_config.h). The
-// backends (cpu_simd, vulkan, static_graph, cuda) compute only plain Llama-family
-// models: read_llama_config() gives them the same ModelConfig and refuses, with
+// The reference and cpu_simd read every supported family (touchstone/model_config.h,
+// read_model_config()). vulkan, static_graph and cuda compute only plain Llama:
+// read_llama_config() gives them the same ModelConfig and refuses, with
 // UnsupportedModel (TS_ERR_UNSUPPORTED) naming the missing features, anything else.
 #pragma once
 
