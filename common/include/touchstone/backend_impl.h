@@ -10,7 +10,6 @@
 
 #include "touchstone/backend_adapter.hpp"
 #include "touchstone/error.h"
-#include "touchstone/model_config.h"  // touchstone::UnsupportedModel
 
 namespace touchstone::abi {
 

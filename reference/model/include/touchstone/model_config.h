@@ -89,14 +89,7 @@ struct ModelConfig {
 // when unknown.
 std::string feature_description(const std::string& name);
 
-// The file describes a model this reference does not compute (an unknown key such
-// as llama.rope.scaling.type = "yarn", an extra tensor, an unknown architecture):
-// computing it while ignoring that part would silently give the wrong model, so it
-// is refused (TS_ERR_UNSUPPORTED through the ABI).
-class UnsupportedModel : public Error {
- public:
-  using Error::Error;
-};
+// UnsupportedModel (touchstone/error.h): a model this reference does not compute.
 
 // Reads and validates the config. Throws touchstone::Error naming the file and key
 // when a key is missing, has the wrong type or an impossible value (n_head_kv not
