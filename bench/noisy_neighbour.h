@@ -1,5 +1,5 @@
 // noisy_neighbour.h - a bounded background CPU load for touchstone_bench's
-// --noisy-neighbour mode (issue #15: decode threading must survive a busy machine).
+// --noisy-neighbour mode (decode threading must survive a busy machine).
 //
 // One thread, pinned to the last online CPU, alternating integer arithmetic with
 // a sweep over a 32 MiB buffer (so it competes for the core and for memory

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/models/llama-stress-f32.gguf: tests/models/llama-test-f32.gguf with its
-weights rescaled so that range bugs fail parity by design (issue #12).
+weights rescaled so that range bugs fail parity by design.
 
 * attn_q / attn_k of every layer x QK_SCALE each: q.k/sqrt(d) grows by QK_SCALE^2 and
   reaches a few hundred on the manifest's prompts, so exp(s) overflows fp32 (> 88.7)

@@ -1,7 +1,7 @@
 // solo_governor.h - picks, per decode step, whether the pool's workers take
 // part (parallel) or thread 0 runs alone (solo), from measured step times.
 //
-// Why (issue #15: 2 threads must never be slower than 1 on a busy machine):
+// Why (2 threads must never be slower than 1 on a busy machine):
 // with a neighbour on one of two cores, three threads share two cores, and
 // thread 0 (which dispatches every one of the ~180 jobs of a token) lands on
 // the busy core part of the time; measured on a 2-core Xeon, 2-thread decode

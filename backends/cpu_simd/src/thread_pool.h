@@ -13,7 +13,7 @@
 // checked in: a worker the OS has not scheduled yet (a busy machine, a noisy
 // neighbour) costs the job nothing; thread 0 steals its whole range. Each
 // range word carries the job's generation tag, so a worker that wakes late
-// can never claim a task of a later job with a stale view (issue #15).
+// can never claim a task of a later job with a stale view.
 // Workers spin briefly after a job (most jobs of a forward pass follow each
 // other within microseconds), then sleep on an atomic wait.
 #pragma once

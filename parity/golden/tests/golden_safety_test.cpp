@@ -1,4 +1,4 @@
-// Goldens that cannot be swapped or broken (issue 10): the header and the
+// Goldens that cannot be swapped or broken: the header and the
 // manifest pin refuse damaged, truncated and swapped files before libhdf5 sees
 // them; a failed or killed write leaves the previous golden byte-identical.
 #include <gtest/gtest.h>
