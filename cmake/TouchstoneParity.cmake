@@ -297,16 +297,22 @@ function(touchstone_add_unsupported_test backend weights model)
     TIMEOUT 300)
 endfunction()
 
-# touchstone_add_contract_tests(BACKEND WEIGHTS [PROFILE name])
+# touchstone_add_contract_tests(BACKEND WEIGHTS [PROFILE name] [LIBRARY path] [LABELS l...])
 #
 # The contract conformance suite (tests/contract) against one backend + weight
-# path. Exits 77 (SKIP) when the backend has no device here. PROFILE: its
-# step_batch and fork comparisons (not bitwise for a backend without
-# TS_CAP_BATCH_INVARIANT) take that manifest profile's tolerance, as the
-# serving checks do (TOUCHSTONE_CONTRACT_PROFILE).
+# path, as CTest contract.BACKEND.WEIGHTS. Exits 77 (SKIP) when the backend has no
+# device here. PROFILE: its step_batch and fork comparisons (not bitwise for a
+# backend without TS_CAP_BATCH_INVARIANT) take that manifest profile's tolerance,
+# as the serving checks do (TOUCHSTONE_CONTRACT_PROFILE). LIBRARY: what to load
+# (default: BACKEND, a name; e.g. $<TARGET_FILE:tgt> for a library built here).
+# LABELS: more CTest labels.
 function(touchstone_add_contract_tests backend weights)
-  cmake_parse_arguments(PARSE_ARGV 2 _c "" "PROFILE" "")
-  _touchstone_contract_test(${backend} ${backend} ${weights} "" "${_c_PROFILE}")
+  cmake_parse_arguments(PARSE_ARGV 2 _c "" "PROFILE;LIBRARY" "LABELS")
+  set(_lib "${backend}")
+  if(_c_LIBRARY)
+    set(_lib "${_c_LIBRARY}")
+  endif()
+  _touchstone_contract_test(${backend} "${_lib}" ${weights} "${_c_LABELS}" "${_c_PROFILE}")
 endfunction()
 
 function(_touchstone_contract_test backend backend_arg weights labels)
