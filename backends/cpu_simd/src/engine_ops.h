@@ -25,11 +25,4 @@ inline void add_bias(float* x, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] += b[i];
 }
 
-inline double noise_sign(uint64_t i) {  // identical to the reference's fault
-  uint64_t z = i + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return ((z ^ (z >> 31)) & 1u) ? 1.0 : -1.0;
-}
-
 }  // namespace ts_cpu::ops

@@ -16,6 +16,7 @@
 #include "engine.h"
 #include "engine_ops.h"
 #include "touchstone/backend_abi.h"
+#include "touchstone/faults.h"
 #include "touchstone/scalar_ops.h"
 
 namespace ts_cpu {
@@ -252,8 +253,8 @@ void Session::logits_head() {
       const uint64_t base = uint64_t(p) * uint64_t(V);
       float* row = g.logits + r * V;
       for (size_t i = 0; i < V; ++i) {
-        row[i] = static_cast<float>(double{row[i]} *
-                                    (1.0 + faults_.logit_noise * ops::noise_sign(base + i)));
+        row[i] = static_cast<float>(
+            double{row[i]} * (1.0 + faults_.logit_noise * touchstone::fault_noise_sign(base + i)));
       }
     }
   }

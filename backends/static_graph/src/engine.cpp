@@ -13,6 +13,7 @@
 
 #include "touchstone/backend_impl.h"
 #include "touchstone/error.h"
+#include "touchstone/faults.h"
 #include "touchstone/gguf.h"
 #include "touchstone/llama_config.h"
 #include "touchstone/quant.h"
@@ -543,17 +544,8 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
   kv_len_ = std::max(kv_len_, pos_);
 }
 
-namespace {
-double noise_sign(uint64_t i) {  // identical to the reference's fault
-  uint64_t z = i + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return ((z ^ (z >> 31)) & 1u) ? 1.0 : -1.0;
-}
-}  // namespace
-
 // logits_perturb_1e-3 fault (host-side post-processing of the graph's output):
-// the logit i of position p times (1 +/- 1e-3), sign noise_sign(p * V + i), as
+// the logit i of position p times (1 +/- 1e-3), sign fault_noise_sign(p * V + i), as
 // the reference does.
 void Session::perturb_logits(int32_t n_rows) {
   const int64_t V = m_.dims.n_vocab;
@@ -561,8 +553,9 @@ void Session::perturb_logits(int32_t n_rows) {
     const uint64_t base = uint64_t(pos_ + r) * uint64_t(V);
     float* row = out_.data() + r * V;
     for (int64_t i = 0; i < V; ++i) {
-      row[i] = static_cast<float>(double{row[i]} *
-                                  (1.0 + faults_.logit_noise * noise_sign(base + uint64_t(i))));
+      row[i] = static_cast<float>(
+          double{row[i]} *
+          (1.0 + faults_.logit_noise * touchstone::fault_noise_sign(base + uint64_t(i))));
     }
   }
 }

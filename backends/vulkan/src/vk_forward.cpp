@@ -16,14 +16,6 @@ namespace {
 
 using abi::StatusError;
 
-// Same deterministic +-1 as the reference's logit-noise fault.
-double noise_sign(uint64_t i) {
-  uint64_t z = i + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return ((z ^ (z >> 31)) & 1u) ? 1.0 : -1.0;
-}
-
 size_t f32(size_t n) { return n * sizeof(float); }
 
 // The faults that live in the shaders (shaders/faults.glsl). The GPU form of
@@ -188,7 +180,8 @@ void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, f
       const uint64_t base = uint64_t(pos) * uint64_t(v);
       for (size_t i = 0; i < v; ++i) {
         float& l = logits[r * v + i];
-        l = static_cast<float>(double{l} * (1.0 + faults_.logit_noise * noise_sign(base + i)));
+        l = static_cast<float>(
+            double{l} * (1.0 + faults_.logit_noise * touchstone::fault_noise_sign(base + i)));
       }
     }
   }
