@@ -35,7 +35,7 @@ ENGINES = [
     ("cpu_simd", "cpu_simd", "quantized", None, None, MODELS),
     ("llamacpp (C API)", "llamacpp", "full_precision", None, LLAMACPP_KD, MODELS[:1]),
     ("llamacpp (C API)", "llamacpp", "quantized", "quantized_int8", LLAMACPP_KD, MODELS),
-    ("NumPy engine (Python)", NUMPY, "full_precision", None, None, MODELS[:1]),
+    ("NumPy engine (Python)", NUMPY, "full_precision", None, None, MODELS),
     ("llama-server -np 1 (HTTP)", "llama-server 1", "quantized", "quantized_int8", SERVER_KD,
      MODELS),
     ("llama-server -np 4 (HTTP)", "llama-server 4", "quantized", "quantized_int8", SERVER_KD,
