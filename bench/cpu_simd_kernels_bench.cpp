@@ -33,12 +33,12 @@
 
 namespace {
 
-using ts_cpu::QType;
+using touchstone::cpu_simd::QType;
 
 constexpr size_t kIn = 576;
 
 std::vector<uint8_t> random_blocks(QType t, size_t rows, uint32_t seed) {
-  const size_t bb = ts_cpu::qtype_block_bytes(t), nb = kIn / 32;
+  const size_t bb = touchstone::cpu_simd::qtype_block_bytes(t), nb = kIn / 32;
   std::vector<uint8_t> w(rows * nb * bb);
   std::mt19937 rng(seed);
   for (auto& b : w) b = uint8_t(rng());
@@ -74,12 +74,12 @@ void run(benchmark::State& state, QType t, size_t rows, size_t slice, size_t n_t
     const uint8_t* data() const { return p; }
   } w{wp};
   const auto x = random_act(n_tok);
-  const size_t row_bytes = ts_cpu::qtype_block_bytes(t) * (kIn / 32);
+  const size_t row_bytes = touchstone::cpu_simd::qtype_block_bytes(t) * (kIn / 32);
   std::vector<float> y(n_tok * slice);
   size_t r0 = 0;
   for (auto _ : state) {
-    ts_cpu::gemm_q_f32(t, w.data() + r0 * row_bytes, row_bytes, kIn / 32, 0, slice, x.data(), kIn,
-                       n_tok, y.data(), slice);
+    touchstone::cpu_simd::gemm_q_f32(t, w.data() + r0 * row_bytes, row_bytes, kIn / 32, 0, slice,
+                                     x.data(), kIn, n_tok, y.data(), slice);
     benchmark::DoNotOptimize(y.data());
     r0 = (r0 + slice) % rows;
   }
@@ -93,19 +93,19 @@ void run(benchmark::State& state, QType t, size_t rows, size_t slice, size_t n_t
 void run_int8(benchmark::State& state, QType t, size_t rows, size_t slice, size_t n_tok) {
   const auto w0 = random_blocks(t, rows, 1);
   const auto x = random_act(n_tok);
-  const size_t nb = kIn / 32, row_bytes = ts_cpu::qtype_block_bytes(t) * nb;
+  const size_t nb = kIn / 32, row_bytes = touchstone::cpu_simd::qtype_block_bytes(t) * nb;
   std::vector<int8_t> qs(n_tok * kIn);
   std::vector<float> d(n_tok * nb), sm(n_tok * nb);
-  std::vector<ts_cpu::ActRow> X(n_tok);
+  std::vector<touchstone::cpu_simd::ActRow> X(n_tok);
   for (size_t k = 0; k < n_tok; ++k) {
-    X[k] = ts_cpu::ActRow{qs.data() + k * kIn, d.data() + k * nb, sm.data() + k * nb};
-    ts_cpu::quantize_act(x.data() + k * kIn, kIn, X[k]);
+    X[k] = touchstone::cpu_simd::ActRow{qs.data() + k * kIn, d.data() + k * nb, sm.data() + k * nb};
+    touchstone::cpu_simd::quantize_act(x.data() + k * kIn, kIn, X[k]);
   }
   std::vector<float> y(n_tok * slice);
   size_t r0 = 0;
   for (auto _ : state) {
-    ts_cpu::gemm_q(t, w0.data() + r0 * row_bytes, row_bytes, nb, 0, slice, X.data(), n_tok,
-                   y.data(), slice);
+    touchstone::cpu_simd::gemm_q(t, w0.data() + r0 * row_bytes, row_bytes, nb, 0, slice, X.data(),
+                                 n_tok, y.data(), slice);
     benchmark::DoNotOptimize(y.data());
     r0 = (r0 + slice) % rows;
   }
@@ -139,8 +139,8 @@ void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok) {
   for (auto& v : x) v = nd(rng);
   std::vector<float> y(n_tok * rows);
   for (auto _ : state) {
-    ts_cpu::gemm_blocks_f32(type, w.data(), row_bytes, be, bb, 0, rows, x.data(), kKIn, n_tok,
-                            y.data(), rows);
+    touchstone::cpu_simd::gemm_blocks_f32(type, w.data(), row_bytes, be, bb, 0, rows, x.data(),
+                                          kKIn, n_tok, y.data(), rows);
     benchmark::DoNotOptimize(y.data());
   }
   const double macs = double(rows) * double(kKIn) * double(n_tok) * double(state.iterations());
@@ -181,14 +181,15 @@ BENCHMARK_CAPTURE(run_k, q50l2, 6, 512, 1)->Name("q5_0/decode/l2");
 BENCHMARK_CAPTURE(run_k, q50pf, 6, 1024, 64)->Name("q5_0/prefill/64");
 
 int main(int argc, char** argv) {
-  const ts_cpu::IsaSelection& sel = ts_cpu::select_isa_from_env();
-  if (sel.status != ts_cpu::IsaSelection::Ok) {
+  const touchstone::cpu_simd::IsaSelection& sel = touchstone::cpu_simd::select_isa_from_env();
+  if (sel.status != touchstone::cpu_simd::IsaSelection::Ok) {
     std::fprintf(stderr, "%s\n", sel.message.c_str());
     return 1;
   }
-  std::printf("kernels: Highway %s%s, int8 level %s\n", ts_cpu::hwy_current_target().c_str(),
+  std::printf("kernels: Highway %s%s, int8 level %s\n",
+              touchstone::cpu_simd::hwy_current_target().c_str(),
               sel.forced.empty() ? "" : " (forced by TOUCHSTONE_CPU_SIMD_TARGET)",
-              ts_cpu::qlevel_name(ts_cpu::qlevel()));
+              touchstone::cpu_simd::qlevel_name(touchstone::cpu_simd::qlevel()));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -17,7 +17,7 @@
 #include "touchstone/backend_impl.h"
 #include "touchstone/quant.h"
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 namespace {
 
 using touchstone::abi::StatusError;
@@ -60,12 +60,12 @@ struct CpuSimd {
   static constexpr const char* model_features = kModelFeatures;
 
   struct Model {
-    std::unique_ptr<ts_cpu::Model> m;
+    std::unique_ptr<touchstone::cpu_simd::Model> m;
     int32_t n_vocab() const { return m->config().n_vocab; }
   };
 
   struct Session {
-    std::unique_ptr<ts_cpu::Session> s;
+    std::unique_ptr<touchstone::cpu_simd::Session> s;
     int32_t n_vocab = 0;
     int32_t position() const { return s->position(); }
     int32_t max_context() const { return s->max_context(); }
@@ -102,7 +102,7 @@ struct CpuSimd {
       entries.push_back({it.session->s.get(), it.tokens.data(), int32_t(it.tokens.size()),
                          it.all_positions, it.logits});
     }
-    ts_cpu::Session::step_batch(entries);
+    touchstone::cpu_simd::Session::step_batch(entries);
   }
 
   static std::string device_name() {
@@ -150,7 +150,8 @@ struct CpuSimd {
   static std::unique_ptr<Model> load_model(const std::string& path) {
     require_isa();
     auto m = std::make_unique<Model>();
-    m->m = touchstone::abi::load_or_status([&] { return std::make_unique<ts_cpu::Model>(path); });
+    m->m = touchstone::abi::load_or_status(
+        [&] { return std::make_unique<touchstone::cpu_simd::Model>(path); });
     return m;
   }
 
@@ -169,7 +170,7 @@ struct CpuSimd {
     // OpenBLAS runs single-threaded inside our own pool's tasks.
     openblas_set_num_threads(1);
     auto s = std::make_unique<Session>();
-    s->s = std::make_unique<ts_cpu::Session>(*m.m, so);
+    s->s = std::make_unique<touchstone::cpu_simd::Session>(*m.m, so);
     s->n_vocab = m.n_vocab();
     return s;
   }
@@ -179,4 +180,4 @@ struct CpuSimd {
 
 const ts_backend* backend_table() { return touchstone::BackendAdapter<CpuSimd>::table(); }
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

@@ -35,7 +35,7 @@
 #include "touchstone/quant.h"
 #include "touchstone/scalar_ops.h"
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 using touchstone::abi::StatusError;
 namespace gg = touchstone::gguf;
@@ -568,4 +568,4 @@ void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, s
   });
 }
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

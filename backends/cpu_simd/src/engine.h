@@ -18,7 +18,7 @@
 #include "touchstone/model_weights.h"
 #include "touchstone/reference_forward.h"
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 // One weight matrix [n_out][n_in]: either GGUF blocks (q) or fp32 (f).
 // GGUF blocks of Q4_0/Q4_1/Q8_0 have dedicated kernels (qtype); any other type
@@ -283,4 +283,4 @@ class Session {
   std::vector<double> rope_cs_;  // [table][token][n_rot/2][cos, sin] of the current chunk
 };
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

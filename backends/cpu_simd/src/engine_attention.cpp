@@ -9,7 +9,7 @@
 
 #include "engine.h"
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 float* Session::k_rows(int32_t layer) const {
   return k_cache_ + size_t(layer) * size_t(max_ctx_) * size_t(c_.n_head_kv) * size_t(c_.head_dim);
@@ -148,4 +148,4 @@ void Session::attention_per_head(int32_t layer) {
   });
 }
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

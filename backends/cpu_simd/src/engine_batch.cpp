@@ -8,7 +8,7 @@
 
 #include "engine.h"
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   if (governed_ && n == 1) {  // a decode step: parallel or solo, as measured (solo_governor.h)
@@ -130,4 +130,4 @@ std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
   return f;
 }
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ts_cpu::ops {
+namespace touchstone::cpu_simd::ops {
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -25,4 +25,4 @@ inline void add_bias(float* x, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] += b[i];
 }
 
-}  // namespace ts_cpu::ops
+}  // namespace touchstone::cpu_simd::ops

@@ -19,7 +19,7 @@
 #include "touchstone/faults.h"
 #include "touchstone/scalar_ops.h"
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 using ops::rms_norm;
 
@@ -260,4 +260,4 @@ void Session::logits_head() {
   }
 }
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

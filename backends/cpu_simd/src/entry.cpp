@@ -2,5 +2,5 @@
 #include "cpu_simd_backend.h"
 
 extern "C" __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
-  return ts_cpu::backend_table();
+  return touchstone::cpu_simd::backend_table();
 }

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 // ---------------- fp32 (Highway) ----------------
 float dot_f32(const float* a, const float* b, size_t n);
@@ -160,4 +160,4 @@ void force_qlevel(QLevel level);  // tests; must be <= qlevel_best()
 void cap_qlevel(QLevel cap);      // select_isa_from_env; also sets qlevel()
 const char* qlevel_name(QLevel level);
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

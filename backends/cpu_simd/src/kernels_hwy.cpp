@@ -22,14 +22,14 @@
 
 #ifndef TS_CPU_H2F_EXACT
 #define TS_CPU_H2F_EXACT
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 inline float h2f_exact(uint16_t h) { return touchstone::gguf::fp16_to_fp32(h); }
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd
 #endif
 
 #ifndef TS_CPU_KERNELS_HWY_ONCE
 #define TS_CPU_KERNELS_HWY_ONCE
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 // The scalar form of gated_act_f64 (lanes outside the vector range): the
 // reference's own functions (std::tanh / std::exp).
 inline float ScalarGatedAct(bool gelu, float g, float u) {
@@ -43,11 +43,11 @@ constexpr size_t Block32Bytes(int type) {
   return type == 2 ? 18 : type == 3 ? 20 : type == 6 ? 22 : 34;
 }
 constexpr size_t Block32QsOffset(int type) { return type == 3 ? 4 : type == 6 ? 6 : 2; }
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd
 #endif
 
 HWY_BEFORE_NAMESPACE();
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -927,11 +927,11 @@ HWY_ATTR void GatedActF64(int gelu, float* HWY_RESTRICT g, const float* HWY_REST
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 HWY_EXPORT(DotF32);
 HWY_EXPORT(MatvecF32);
 HWY_EXPORT(AxpyF32);
@@ -1075,5 +1075,5 @@ std::string hwy_current_target() {
   const int64_t supported = hwy::SupportedTargets() & HWY_TARGETS;
   return hwy::TargetName(supported & -supported);
 }
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd
 #endif

@@ -23,7 +23,7 @@
 
 #include "kernels.h"
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 namespace {
 
 inline float h2f(const uint8_t* p) {
@@ -514,4 +514,4 @@ const char* qlevel_name(QLevel level) {
   return "?";
 }
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

@@ -27,7 +27,7 @@
 #include <array>
 #include <cstdint>
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 class SoloGovernor {
  public:
@@ -105,4 +105,4 @@ class SoloGovernor {
   uint64_t step_ = 0;
 };
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 namespace {
 constexpr int kSpin = 4000;  // pause iterations (~10-50 us) before sleeping
@@ -115,4 +115,4 @@ void ThreadPool::worker(int id) {
   }
 }
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 
 class ThreadPool {
  public:
@@ -81,4 +81,4 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
 };
 
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

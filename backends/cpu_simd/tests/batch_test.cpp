@@ -27,7 +27,7 @@
 
 namespace {
 
-using namespace ts_cpu;
+using namespace touchstone::cpu_simd;
 
 struct BatchConfig {
   ts_weight_path path;

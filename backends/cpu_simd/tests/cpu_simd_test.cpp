@@ -25,7 +25,7 @@
 namespace {
 
 namespace gg = touchstone::gguf;
-using namespace ts_cpu;
+using namespace touchstone::cpu_simd;
 
 std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);

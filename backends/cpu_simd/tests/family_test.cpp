@@ -97,7 +97,7 @@ std::vector<float> reference_logits(const std::string& path, const std::vector<i
 // cpu_simd logits of every position: one prefill (all positions), or decode steps.
 std::vector<float> cpu_simd_logits(ts_model* model, ts_weight_path weight_path, int threads,
                                    const std::vector<int32_t>& tokens, bool prefill, size_t V) {
-  const ts_backend* api = ts_cpu::backend_table();
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
   ts_session_options o{};
   o.struct_size = sizeof(o);
   o.weight_path = weight_path;
@@ -119,7 +119,7 @@ std::vector<float> cpu_simd_logits(ts_model* model, ts_weight_path weight_path, 
 }
 
 TEST(Families, EveryFamilyMatchesTheReferenceOnBothPaths) {
-  const ts_backend* api = ts_cpu::backend_table();
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
   const std::vector<int32_t> tokens = {1, 7, 3, 31, 0, 12, 12, 5, 20, 9, 2, 17};
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
@@ -167,7 +167,7 @@ TEST(Families, EveryFamilyMatchesTheReferenceOnBothPaths) {
 // with all positions, a decode step, a chunk) == each session alone, bitwise
 // on the quantized path (batch invariant: cpu_simd_backend.h).
 TEST(Families, StepBatchEqualsEachSessionAloneOnEveryFamily) {
-  const ts_backend* api = ts_cpu::backend_table();
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
   const std::vector<int32_t> prefix = {3, 1, 4, 1, 5};
   const std::vector<std::vector<int32_t>> step = {{9, 2, 6, 5}, {3}, {5, 8, 9, 7, 9, 3}};
   const std::vector<size_t> at = {0, 5, 2};
@@ -213,7 +213,7 @@ TEST(Families, StepBatchEqualsEachSessionAloneOnEveryFamily) {
 // A sliding window changes the result only once the sequence is longer than the
 // window (guards against a window that is silently ignored).
 TEST(Families, SlidingWindowForgetsOldTokens) {
-  const ts_backend* api = ts_cpu::backend_table();
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
   Variant v;
   v.arch = "llama";
   v.n_layer = 1;  // one layer: the receptive field is exactly the window
@@ -237,10 +237,10 @@ TEST(Families, SlidingWindowForgetsOldTokens) {
 // The ABI v3 table declares exactly the engine's lists, and every declared feature
 // is a canonical ModelConfig feature name.
 TEST(Families, DeclaredFeaturesAreCanonicalNames) {
-  const ts_backend* api = ts_cpu::backend_table();
-  EXPECT_STREQ(api->architectures, ts_cpu::kArchitectures);
-  EXPECT_STREQ(api->model_features, ts_cpu::kModelFeatures);
-  std::string list = std::string(ts_cpu::kModelFeatures) + ",";
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
+  EXPECT_STREQ(api->architectures, touchstone::cpu_simd::kArchitectures);
+  EXPECT_STREQ(api->model_features, touchstone::cpu_simd::kModelFeatures);
+  std::string list = std::string(touchstone::cpu_simd::kModelFeatures) + ",";
   size_t n = 0;
   for (size_t p = 0, q; (q = list.find(',', p)) != std::string::npos; p = q + 1, ++n) {
     const std::string name = list.substr(p, q - p);
@@ -259,7 +259,7 @@ TEST(Families, Gemma3RealModelPrefillDecodeAndThreads) {
       std::filesystem::path(touchstone::test::real_model_path()).parent_path() /
       "gemma-3-270m-q4_k_m.gguf";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "model not found: " << path;
-  const ts_backend* api = ts_cpu::backend_table();
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
   ts_model* model = nullptr;
   ASSERT_EQ(api->load_model(path.c_str(), &model), TS_OK) << api->last_error();
   const size_t V = size_t(api->n_vocab(model)), N = 521;

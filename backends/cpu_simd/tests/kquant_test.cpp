@@ -91,16 +91,17 @@ TEST_P(GenericBlocks, MatchDequantizedReferenceAndAreTilingIndependent) {
   const auto X = random_vec(n_tok * n_in, 5);
   // Every Highway target compiled in and supported (Q5_0 forms its weights in
   // registers with target-specific lane counts).
-  for (const auto& [bit, name] : ts_cpu::hwy_targets()) {
+  for (const auto& [bit, name] : touchstone::cpu_simd::hwy_targets()) {
     SCOPED_TRACE(name);
-    ts_cpu::force_hwy_target(bit);
+    touchstone::cpu_simd::force_hwy_target(bit);
     // the kernel's dequantization (vectors for Q4_K / Q6_K) is the reference's, bitwise
     std::vector<float> D(rows * n_in, NAN);
-    ts_cpu::dequantize_blocks(int(t), W.data(), D.data(), rows * n_in / be, be, bbytes);
+    touchstone::cpu_simd::dequantize_blocks(int(t), W.data(), D.data(), rows * n_in / be, be,
+                                            bbytes);
     EXPECT_EQ(std::memcmp(D.data(), Wf.data(), D.size() * sizeof(float)), 0);
     std::vector<float> Y(n_tok * rows, NAN);
-    ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 0, rows, X.data(), n_in, n_tok,
-                            Y.data(), rows);
+    touchstone::cpu_simd::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 0, rows,
+                                          X.data(), n_in, n_tok, Y.data(), rows);
     for (size_t k = 0; k < n_tok; ++k) {
       for (size_t r = 0; r < rows; ++r) {
         double ref = 0, mag = 0;
@@ -115,8 +116,8 @@ TEST_P(GenericBlocks, MatchDequantizedReferenceAndAreTilingIndependent) {
     // rows): bitwise the same numbers.
     for (auto [a, b] : {std::pair<size_t, size_t>{1, 4}, {0, 5}, {2, 7}}) {
       std::vector<float> ys(n_tok * rows, NAN);
-      ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, a, b, X.data(), n_in, n_tok,
-                              ys.data(), rows);
+      touchstone::cpu_simd::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, a, b, X.data(),
+                                            n_in, n_tok, ys.data(), rows);
       for (size_t k = 0; k < n_tok; ++k)
         for (size_t r = a; r < b; ++r)
           EXPECT_EQ(ys[k * rows + r], Y[k * rows + r]) << a << ".." << b;
@@ -124,12 +125,12 @@ TEST_P(GenericBlocks, MatchDequantizedReferenceAndAreTilingIndependent) {
     // One token, a row subset: bitwise the same numbers.
     for (size_t k = 0; k < n_tok; ++k) {
       std::vector<float> y1(rows, NAN);
-      ts_cpu::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 2, 6, X.data() + k * n_in,
-                              n_in, 1, y1.data(), rows);
+      touchstone::cpu_simd::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 2, 6,
+                                            X.data() + k * n_in, n_in, 1, y1.data(), rows);
       for (size_t r = 2; r < 6; ++r) EXPECT_EQ(y1[r], Y[k * rows + r]);
     }
   }
-  ts_cpu::force_hwy_target(0);
+  touchstone::cpu_simd::force_hwy_target(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GenericBlocks,
@@ -185,7 +186,7 @@ TEST(KQuantModel, QuantizedPathMatchesFullPrecision) {
   mat("output.weight", d, V, TensorType::Q6_K);
   gg::testing::TempFile file(g.build(), "kquant");
 
-  const ts_backend* api = ts_cpu::backend_table();
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
   ts_model* model = nullptr;
   ASSERT_EQ(api->load_model(file.path().c_str(), &model), TS_OK) << api->last_error();
   const std::vector<int32_t> tokens = {1, 17, 42, 299, 5, 123, 7, 250};

@@ -32,7 +32,7 @@ class ServingFaults : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(touchstone::test::real_model_path())) return;
-    api_ = ts_cpu::backend_table();
+    api_ = touchstone::cpu_simd::backend_table();
     ASSERT_EQ(api_->load_model(touchstone::test::real_model_path().c_str(), &model_), TS_OK)
         << api_->last_error();
     V_ = size_t(api_->n_vocab(model_));

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 namespace {
 
 // Runs `steps` steps with fixed per-mode times; returns how many ran solo.
@@ -76,4 +76,4 @@ TEST(SoloGovernor, HysteresisIgnoresTinyDifferences) {
 }
 
 }  // namespace
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-namespace ts_cpu {
+namespace touchstone::cpu_simd {
 namespace {
 
 void expect_each_task_once(ThreadPool& pool, size_t n_tasks) {
@@ -50,4 +50,4 @@ TEST(ThreadPool, SlowTasksOnOneThreadDoNotLoseWork) {
 }
 
 }  // namespace
-}  // namespace ts_cpu
+}  // namespace touchstone::cpu_simd

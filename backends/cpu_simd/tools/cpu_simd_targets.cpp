@@ -28,7 +28,7 @@
 
 namespace {
 
-using ts_cpu::IsaTarget;
+using touchstone::cpu_simd::IsaTarget;
 
 int usage() {
   std::fprintf(stderr,
@@ -52,9 +52,10 @@ int list(const std::vector<IsaTarget>& ts) {
   for (const IsaTarget& t : ts) {
     std::printf("  %-8s %-24s int8 kernels up to %s\n", t.name.c_str(),
                 t.runnable ? "runs on this CPU" : "this CPU cannot run it",
-                ts_cpu::qlevel_name(ts_cpu::qlevel_cap(t.bit)));
+                touchstone::cpu_simd::qlevel_name(touchstone::cpu_simd::qlevel_cap(t.bit)));
   }
-  std::printf("this CPU: best int8 kernels %s\n", ts_cpu::qlevel_name(ts_cpu::qlevel_best()));
+  std::printf("this CPU: best int8 kernels %s\n",
+              touchstone::cpu_simd::qlevel_name(touchstone::cpu_simd::qlevel_best()));
   return 0;
 }
 
@@ -116,9 +117,11 @@ int run(const std::vector<IsaTarget>& ts, const std::string& target, const char*
   for (const IsaTarget& t : ts) {
     if (!best && t.runnable) best = &t;
   }
-  if (best == found && ts_cpu::qlevel_cap(found->bit) >= ts_cpu::qlevel_best()) {
+  if (best == found &&
+      touchstone::cpu_simd::qlevel_cap(found->bit) >= touchstone::cpu_simd::qlevel_best()) {
     std::printf("SKIP: %s with int8 kernels %s is this CPU's default; the unforced tests run it\n",
-                target.c_str(), ts_cpu::qlevel_name(ts_cpu::qlevel_best()));
+                target.c_str(),
+                touchstone::cpu_simd::qlevel_name(touchstone::cpu_simd::qlevel_best()));
     return 77;
   }
   if (setenv("TOUCHSTONE_CPU_SIMD_TARGET", target.c_str(), 1) != 0) {
@@ -127,7 +130,7 @@ int run(const std::vector<IsaTarget>& ts, const std::string& target, const char*
   }
   if (expect_device) std::remove(expect_device);
   std::printf("TOUCHSTONE_CPU_SIMD_TARGET=%s (int8 kernels up to %s)\n", target.c_str(),
-              ts_cpu::qlevel_name(ts_cpu::qlevel_cap(found->bit)));
+              touchstone::cpu_simd::qlevel_name(touchstone::cpu_simd::qlevel_cap(found->bit)));
   const int rc = run_child(cmd);
   if (rc != 0 || !expect_device) return rc;
   std::ifstream f(expect_device);
@@ -146,7 +149,7 @@ int run(const std::vector<IsaTarget>& ts, const std::string& target, const char*
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<IsaTarget> ts = ts_cpu::compiled_hwy_targets();
+  const std::vector<IsaTarget> ts = touchstone::cpu_simd::compiled_hwy_targets();
   if (argc == 1) return list(ts);
   const std::string a1 = argv[1];
   if (a1 == "--compiled" && argc == 3) return write_compiled(ts, argv[2]);

@@ -14,7 +14,7 @@
 
 #include "touchstone/backend_adapter.hpp"
 
-namespace ts_llamacpp {
+namespace touchstone::llamacpp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -80,4 +80,4 @@ std::string f32_copy(const std::string& gguf_path) {
   return dst.string();
 }
 
-}  // namespace ts_llamacpp
+}  // namespace touchstone::llamacpp

@@ -9,7 +9,7 @@
 
 #include <string>
 
-namespace ts_llamacpp {
+namespace touchstone::llamacpp {
 
 // Directory of the F32 copies: $TOUCHSTONE_LLAMACPP_CACHE, else
 // $HOME/.cache/touchstone/llamacpp.
@@ -21,4 +21,4 @@ std::string f32_cache_dir();
 // Throws touchstone::abi::StatusError (TS_ERR_IO) when it cannot be written.
 std::string f32_copy(const std::string& gguf_path);
 
-}  // namespace ts_llamacpp
+}  // namespace touchstone::llamacpp

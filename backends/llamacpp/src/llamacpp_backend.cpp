@@ -40,7 +40,7 @@
 #include "f32_copy.h"
 #include "touchstone/backend_adapter.hpp"
 
-namespace ts_llamacpp {
+namespace touchstone::llamacpp {
 namespace {
 
 using touchstone::abi::StatusError;
@@ -551,6 +551,6 @@ void LlamaCpp::Session::step_batch(std::span<const touchstone::abi::BatchItem<Se
 }
 
 }  // namespace
-}  // namespace ts_llamacpp
+}  // namespace touchstone::llamacpp
 
-TOUCHSTONE_BACKEND_ENTRY(ts_llamacpp::LlamaCpp)
+TOUCHSTONE_BACKEND_ENTRY(touchstone::llamacpp::LlamaCpp)
