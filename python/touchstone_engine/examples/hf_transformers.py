@@ -16,15 +16,24 @@ an independent implementation of the same model, compared with the reference's
 goldens. The KV cache is a DynamicCache; rewind crops it.
 TOUCHSTONE_HF_ROPE=float64 (diagnostic) computes the RoPE angles and their cos/sin
 in float64 as the reference does (docs/validation.md says why).
+
+Serving (ABI v6): step_batch runs every entry's new tokens as ONE forward call of
+batch size B, the way batched HF inference pads sequences of unequal length, on
+the left (HFTransformers.step_batch has the layout); fork copies a session's
+first n_prefix KV entries into a new DynamicCache. Capabilities: all-position
+logits and TS_CAP_BATCHED_SESSIONS (one pass), never TS_CAP_BATCH_INVARIANT: the
+products of many rows sum in another order than a single row's, so a
+sequence's logits drift with its company
+(docs/validation.md#hf-transformers-with-left-padded-batches).
 """
 
 import inspect
 import os
 import sys
 
-from touchstone_engine import (TS_CAP_ALL_POSITION_LOGITS, TS_ERR_INVALID_ARGUMENT, TS_ERR_IO,
-                               TS_ERR_UNSUPPORTED, Capabilities, Engine, EngineError, Session,
-                               serve)
+from touchstone_engine import (TS_CAP_ALL_POSITION_LOGITS, TS_CAP_BATCHED_SESSIONS,
+                               TS_ERR_INVALID_ARGUMENT, TS_ERR_IO, TS_ERR_UNSUPPORTED,
+                               Capabilities, Engine, EngineError, Session, serve)
 
 SKIP = 77
 
@@ -91,6 +100,13 @@ def rope_in_float64(hf, config):
                           f"embedding module in {type(hf).__name__}")
 
 
+def cache_kv(cache):
+    """A DynamicCache's [(keys, values)] per layer, [batch, n_kv_heads, length, head_dim]."""
+    if hasattr(cache, "layers"):  # transformers >= 4.56
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
 class HFSession(Session):
     def __init__(self, model, max_context):
         import torch
@@ -134,6 +150,25 @@ class HFSession(Session):
             self.cache.crop(position - self.pos)
         self.pos = position
 
+    def kv(self):
+        """[(keys, values)] per layer, each [1, n_kv_heads, pos, head_dim]; [] when empty."""
+        return cache_kv(self.cache) if self.pos else []
+
+    def append_kv(self, kv_new, n):
+        """Appends n positions' keys and values (one (k, v) per layer) to the cache,
+        as the model's own cache.update does in a forward pass (torch.cat: copies)."""
+        for layer, (k, v) in enumerate(kv_new):
+            self.cache.update(k, v, layer)
+        self.pos += n
+
+    def fork(self, n_prefix):
+        """A new session whose DynamicCache holds copies of this one's first n_prefix
+        positions; this one is untouched."""
+        s = HFSession(self.model, self.max_ctx)
+        if n_prefix > 0:
+            s.append_kv([(k[:, :, :n_prefix], v[:, :, :n_prefix]) for k, v in self.kv()], n_prefix)
+        return s
+
 
 class HFModel:
     def __init__(self, path):
@@ -167,6 +202,13 @@ class HFModel:
         self.takes_logits_to_keep = "logits_to_keep" in params
         self.n_vocab = int(config.vocab_size)
         self.n_ctx = int(getattr(config, "max_position_embeddings", 0) or 4096)
+        # Per layer type ("full_attention", "sliding_attention": Gemma 3) the window a
+        # layer's queries see (0 = the whole causal past); a model without layer_types
+        # (Llama: its GGUF loader drops any window, refuse_unmapped) has one full mask.
+        types = getattr(self.hf.config, "layer_types", None)
+        window = int(getattr(self.hf.config, "sliding_window", None) or 0)
+        self.mask_windows = ({t: (window if t == "sliding_attention" else 0) for t in set(types)}
+                             if types else None)
 
 
 class HFTransformers(Engine):
@@ -186,9 +228,11 @@ class HFTransformers(Engine):
                 f"float32, {torch.get_num_threads()} threads")
 
     def capabilities(self):
-        return Capabilities(flags=TS_CAP_ALL_POSITION_LOGITS,
+        # step_batch is one forward pass (TS_CAP_BATCHED_SESSIONS); not batch
+        # invariant: a product of B x N rows sums in another order than one row.
+        return Capabilities(flags=TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BATCHED_SESSIONS,
                             determinism_note="torch CPU kernels; not checked for bitwise "
-                            "determinism")
+                            "determinism; a batch's products sum in another order")
 
     def load_model(self, path):
         return HFModel(path)
@@ -201,6 +245,108 @@ class HFTransformers(Engine):
             import torch
             torch.set_num_threads(options.n_threads)
         return HFSession(model, options.max_context)
+
+    def step_batch(self, entries):
+        """Every entry's new tokens in ONE forward call of batch size B = len(entries),
+        left-padded, each session's KV cache left-padded into one batched DynamicCache:
+
+            column      0 ....... P-1 | P ........ P+N-1      (P = max past, N = max new)
+            entry b:    pad.. past_b  | pad.. new_b           (input_ids: the last N columns)
+
+        Entry b's p_b cached positions fill the last p_b of the P cache columns (zeros
+        before them), its n_b new tokens the last n_b of the N input columns (token 0
+        before them), so every entry's last token is in the last column and the
+        logits are taken as generate() does: logits_to_keep = 1, or the longest
+        all-position entry's n_b. position_ids are each token's own position
+        p_b + i (pads: 0). The attention mask is the 4D additive mask (0 / the
+        float32 minimum) that eager attention adds to the scores, built from the
+        real positions: key j is seen by query i of the same entry when neither is
+        a pad, pos(j) <= pos(i) and, in a sliding layer, pos(i) - pos(j) < window;
+        a pad query sees only itself (no all-masked row). From a 2D padding mask
+        transformers builds the same mask for Llama, but counts a sliding window in
+        columns, which the pads between an entry's past and its new tokens widen:
+        so the mask is passed built, one per layer type for Gemma 3. After the
+        call, each entry's new keys and values (its last n_b columns) are appended
+        to its own cache; pads and the batched cache are dropped. The cached
+        positions are copied into the batch, not recomputed, so a session's cache
+        holds the same values whatever batch it was in."""
+        import torch
+        m = entries[0].session.model
+        B = len(entries)
+        past = [e.session.pos for e in entries]
+        new = [len(e.tokens) for e in entries]
+        P, N = max(past), max(new)
+        T = P + N
+        ids = torch.zeros((B, N), dtype=torch.long)
+        kpos = torch.zeros((B, T), dtype=torch.long)  # each column's position in its sequence
+        kreal = torch.zeros((B, T), dtype=torch.bool)  # not a pad
+        for b, (e, p, n) in enumerate(zip(entries, past, new)):
+            ids[b, N - n:] = torch.tensor(e.tokens, dtype=torch.long)
+            kpos[b, P - p:P] = torch.arange(p)
+            kpos[b, T - n:] = torch.arange(p, p + n)
+            kreal[b, P - p:P] = True
+            kreal[b, T - n:] = True
+        qpos, qreal = kpos[:, P:], kreal[:, P:]
+        causal = kreal[:, None, :] & qreal[:, :, None] & (kpos[:, None, :] <= qpos[:, :, None])
+        pad_self = torch.zeros((B, N, T), dtype=torch.bool)
+        pad_self[:, torch.arange(N), P + torch.arange(N)] = ~qreal
+        lowest = torch.finfo(torch.float32).min
+
+        def additive(window):
+            seen = causal
+            if window > 0:
+                seen = seen & (qpos[:, :, None] - kpos[:, None, :] < window)
+            return torch.where(seen | pad_self, 0.0, lowest).to(torch.float32)[:, None]
+
+        if m.mask_windows is None:
+            mask = additive(0)
+        else:
+            mask = {t: additive(w) for t, w in m.mask_windows.items()}
+
+        cache = self._batched_cache(entries, past, P)
+        keep = max([n for e, n in zip(entries, new) if e.all_positions] or [1])
+        kwargs = {m.cache_arg: cache, "use_cache": True, "attention_mask": mask,
+                  "position_ids": qpos}
+        if m.takes_logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        if m.takes_cache_position:  # transformers < 5.x: the columns, not the positions
+            kwargs["cache_position"] = torch.arange(P, T, dtype=torch.long)
+        with torch.inference_mode():
+            out = m.hf(input_ids=ids, **kwargs)
+            logits = out.logits[:, -keep:].float()
+            batched = cache_kv(cache)
+            results = []
+            for b, (e, n) in enumerate(zip(entries, new)):
+                e.session.append_kv([(k[b:b + 1, :, T - n:], v[b:b + 1, :, T - n:])
+                                     for k, v in batched], n)
+                rows = logits[b, keep - n:] if e.all_positions else logits[b, -1]
+                results.append(rows.contiguous().numpy())
+        return results
+
+    @staticmethod
+    def _batched_cache(entries, past, P):
+        """A DynamicCache of batch B whose row b holds entry b's cached keys and values
+        in its last past[b] of P columns, zeros before them (masked)."""
+        import torch
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        if P == 0:
+            return cache
+        kvs = [e.session.kv() for e in entries]
+        ref = next(kv for kv in kvs if kv)
+        for layer in range(len(ref)):
+            k0, v0 = ref[layer]
+            keys = k0.new_zeros((len(entries), k0.shape[1], P, k0.shape[3]))
+            values = v0.new_zeros((len(entries), v0.shape[1], P, v0.shape[3]))
+            for b, (kv, p) in enumerate(zip(kvs, past)):
+                if p:
+                    keys[b, :, P - p:] = kv[layer][0][0]
+                    values[b, :, P - p:] = kv[layer][1][0]
+            cache.update(keys, values, layer)
+        return cache
+
+    def fork(self, session, n_prefix):
+        return session.fork(n_prefix)
 
 
 def main():
