@@ -37,12 +37,16 @@ inline float ScalarGatedAct(bool gelu, float g, float u) {
   const double act = gelu ? touchstone::ops::gelu_tanh(x) : touchstone::ops::silu(x);
   return static_cast<float>(act * double{u});
 }
-// 32-element GGUF blocks (ggml type 2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0): bytes per
-// block and offset of the quants (after the fp16 d, m / qh fields).
+// The ggml types (touchstone::gguf::TensorType) of the blocks these kernels read.
+inline constexpr int kQ4_0 = int(gguf::TensorType::Q4_0), kQ4_1 = int(gguf::TensorType::Q4_1),
+                     kQ5_0 = int(gguf::TensorType::Q5_0), kQ8_0 = int(gguf::TensorType::Q8_0),
+                     kQ4_K = int(gguf::TensorType::Q4_K), kQ6_K = int(gguf::TensorType::Q6_K);
+// 32-element GGUF blocks (Q4_0, Q4_1, Q5_0, Q8_0): bytes per block and offset of
+// the quants (after the fp16 d, m / qh fields).
 constexpr size_t Block32Bytes(int type) {
-  return type == 2 ? 18 : type == 3 ? 20 : type == 6 ? 22 : 34;
+  return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : 34;
 }
-constexpr size_t Block32QsOffset(int type) { return type == 3 ? 4 : type == 6 ? 6 : 2; }
+constexpr size_t Block32QsOffset(int type) { return type == kQ4_1 ? 4 : type == kQ5_0 ? 6 : 2; }
 }  // namespace touchstone::cpu_simd
 #endif
 
@@ -394,7 +398,7 @@ HWY_ATTR HWY_INLINE void Q4BlockAVX2(const uint8_t* const* qs, const float* HWY_
   const uint8_t* blk[NR];
   for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
   __m256 s = BlockHeadsF32<NR>(blk);  // [d_r, m_r] / [d_r, junk]
-  if constexpr (T == 2)
+  if constexpr (T == kQ4_0)
     s = _mm256_mul_ps(_mm256_moveldup_ps(s), _mm256_setr_ps(1, -8, 1, -8, 1, -8, 1, -8));
   alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, -8 d_r] (Q4_0) per row r
   _mm256_store_ps(sc, s);
@@ -455,12 +459,12 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       // streams, each line once per 64 bytes of blocks).
       if (NT == 1 && (b * bb) % 64 < bb) __builtin_prefetch(blk + kPrefetch);
       d[r] = hn::Set(df, H2F(blk));
-      m[r] = hn::Set(df, T == 3 ? H2F(blk + 2) : 0.0f);
+      m[r] = hn::Set(df, T == kQ4_1 ? H2F(blk + 2) : 0.0f);
       qs[r] = blk + off;
-      if constexpr (T == 6) memcpy(&qh[r], blk + 2, 4);
+      if constexpr (T == kQ5_0) memcpy(&qh[r], blk + 2, 4);
     }
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
-    if constexpr (T == 2 || T == 3) {
+    if constexpr (T == kQ4_0 || T == kQ4_1) {
       // 16 lanes: the block's 16 possible weights in one register,
       // table[k] = float(k) * d + m (Q4_1) / float(k - 8) * d (Q4_0), formed
       // exactly as below, then one vpermps per 16 weights picks them by nibble.
@@ -477,7 +481,7 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       asm volatile("" : : "m"(sc) : "memory");  // reload: vbroadcastss from memory, not a shuffle
       for (int r = 0; r < NR; ++r) {
         nib[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[r])));
-        if constexpr (T == 2) {
+        if constexpr (T == kQ4_0) {
           table[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(8))),
                                    _mm512_set1_ps(sc[2 * r]));
         } else {
@@ -506,7 +510,7 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
     // Q4_0 decode (NT == 1) measured ~13% slower this way than lane by lane
     // (touchstone_cpu_simd_kernels_bench, Intel Xeon host, 2026-11-26; cause
     // not found), so it keeps the generic code; same bits either way.
-    if constexpr (T == 3 || (T == 2 && NT > 1)) {
+    if constexpr (T == kQ4_1 || (T == kQ4_0 && NT > 1)) {
       Q4BlockAVX2<T, NR, NT>(qs, x + b * 32, ldx, acc);
       continue;
     }
@@ -514,13 +518,13 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
     for (size_t j = 0; j < 32; j += N) {
       hn::Vec<decltype(df)> w[NR];
       for (int r = 0; r < NR; ++r) {
-        if constexpr (T == 8) {
+        if constexpr (T == kQ8_0) {
           w[r] = hn::Mul(
               hn::ConvertTo(
                   df,
                   hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs[r]) + j))),
               d[r]);
-        } else if constexpr (T == 6) {
+        } else if constexpr (T == kQ5_0) {
           // ggml dequantize_row_q5_0: q = nibble | bit i of qh << 4; float(q - 16) * d
           const auto nib = hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15)));
           const auto lo = j < 16 ? hn::And(nib, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(nib);
@@ -530,7 +534,7 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
         } else {
           const auto raw = hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15))));
           const auto q = j < 16 ? hn::And(raw, mask) : hn::ShiftRight<4>(raw);
-          if constexpr (T == 2) {
+          if constexpr (T == kQ4_0) {
             w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 8))), d[r]);
           } else {
             w[r] = hn::Add(hn::Mul(hn::ConvertTo(df, q), d[r]), m[r]);
@@ -616,13 +620,13 @@ HWY_ATTR HWY_INLINE void DequantQ4Table(DF df, int type, const uint8_t* src, flo
   const hn::RebindToUnsigned<DF> du;
   const hn::Rebind<uint8_t, DF> du8;
   const size_t bb = Block32Bytes(type), off = Block32QsOffset(type);
-  const auto k = hn::ConvertTo(df, hn::Sub(hn::Iota(di, 0), hn::Set(di, type == 2 ? 8 : 0)));
+  const auto k = hn::ConvertTo(df, hn::Sub(hn::Iota(di, 0), hn::Set(di, type == kQ4_0 ? 8 : 0)));
   for (size_t i = 0; i < nb; ++i, src += bb, y += 32) {
     // The rows stream from memory once per call: prefetch ahead, once per line.
     if ((i * bb) % 64 < bb) __builtin_prefetch(src + kPrefetch);
     const auto d = hn::Set(df, H2F(src));
     const auto table =
-        type == 3 ? hn::Add(hn::Mul(k, d), hn::Set(df, H2F(src + 2))) : hn::Mul(k, d);
+        type == kQ4_1 ? hn::Add(hn::Mul(k, d), hn::Set(df, H2F(src + 2))) : hn::Mul(k, d);
     const auto raw = hn::PromoteTo(du, hn::LoadU(du8, src + off));
     const auto lo = hn::BitCast(di, hn::And(raw, hn::Set(du, 0x0f)));
     const auto hi = hn::BitCast(di, hn::ShiftRight<4>(raw));
@@ -649,7 +653,7 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
   const size_t N = hn::Lanes(df);
   if (N > 16) return false;  // chunks must not straddle a 16-element scale group
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX2)
-  if (type == 6) {  // Q5_0 with byte operations: ~0.5 instead of ~1.25 ops per weight
+  if (type == kQ5_0) {  // Q5_0 with byte operations: ~0.5 instead of ~1.25 ops per weight
     for (size_t i = 0; i < nb; ++i, src += 22, y += 32) {
       __builtin_prefetch(src + kPrefetch);  // decode streams the rows from memory once
       const __m256 d = _mm256_set1_ps(H2F(src));
@@ -664,36 +668,36 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
     return true;
   }
 #endif
-  if ((type == 2 || type == 3) && N == 16) {
+  if ((type == kQ4_0 || type == kQ4_1) && N == 16) {
     DequantQ4Table(df, type, src, y, nb);
     return true;
   }
-  if (type == 2 || type == 3 || type == 6 || type == 8) {  // 32-element blocks
+  if (type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0) {  // 32-element blocks
     const size_t bb = Block32Bytes(type), off = Block32QsOffset(type);
     for (size_t i = 0; i < nb; ++i, src += bb, y += 32) {
       if ((i * bb) % 64 < bb) __builtin_prefetch(src + kPrefetch);
       const auto d = hn::Set(df, H2F(src));
-      const auto m = hn::Set(df, type == 3 ? H2F(src + 2) : 0.0f);
+      const auto m = hn::Set(df, type == kQ4_1 ? H2F(src + 2) : 0.0f);
       uint32_t qh = 0;  // Q5_0: bit i is element i's fifth bit
-      if (type == 6) memcpy(&qh, src + 2, 4);
+      if (type == kQ5_0) memcpy(&qh, src + 2, 4);
       const uint8_t* qs = src + off;
       for (size_t l = 0; l < 32; l += N) {
         hn::Vec<decltype(df)> w;
-        if (type == 8) {
+        if (type == kQ8_0) {
           const auto q = hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs) + l);
           w = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, q)), d);
         } else {
           const auto raw = hn::PromoteTo(du, hn::LoadU(du8, qs + (l & 15)));
           auto q = l < 16 ? hn::And(raw, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(raw);
-          if (type == 6) {
+          if (type == kQ5_0) {
             const auto hi = hn::And(hn::Set(du, qh) >> hn::Iota(du, uint32_t(l)), hn::Set(du, 1));
             q = hn::Or(q, hn::ShiftLeft<4>(hi));
           }
           const auto qi = hn::BitCast(di, q);
-          if (type == 3) {
+          if (type == kQ4_1) {
             w = hn::Add(hn::Mul(hn::ConvertTo(df, qi), d), m);
           } else {
-            w = hn::Mul(hn::ConvertTo(df, hn::Sub(qi, hn::Set(di, type == 2 ? 8 : 16))), d);
+            w = hn::Mul(hn::ConvertTo(df, hn::Sub(qi, hn::Set(di, type == kQ4_0 ? 8 : 16))), d);
           }
         }
         hn::StoreU(w, df, y + l);
@@ -701,7 +705,7 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
     }
     return true;
   }
-  if (type == 12) {  // Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes
+  if (type == kQ4_K) {  // Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes
     for (size_t i = 0; i < nb; ++i, src += 144) {
       for (size_t l = 0; l < 144; l += 64) __builtin_prefetch(src + kPrefetch + l);
       const float d = H2F(src), dmin = H2F(src + 2);
@@ -727,7 +731,7 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
     }
     return true;
   }
-  if (type == 14) {  // Q6_K: {ql[128], qh[64], scales[16] (int8), d} = 210 bytes
+  if (type == kQ6_K) {  // Q6_K: {ql[128], qh[64], scales[16] (int8), d} = 210 bytes
     for (size_t i = 0; i < nb; ++i, src += 210) {
       for (size_t l = 0; l < 210; l += 64) __builtin_prefetch(src + kPrefetch + l);
       const float d = H2F(src + 208);
@@ -757,7 +761,7 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
 
 HWY_ATTR void DequantBlocks(int type, const uint8_t* src, float* y, size_t nb, size_t block_elems,
                             size_t block_bytes) {
-  const bool natural = block_elems == (type == 12 || type == 14 ? 256u : 32u);
+  const bool natural = block_elems == (type == kQ4_K || type == kQ6_K ? 256u : 32u);
   if (natural && DequantBlocksVec(type, src, y, nb)) return;
   for (size_t b = 0; b < nb; ++b) {
     touchstone::gguf::dequantize_row(touchstone::gguf::TensorType(type), src + b * block_bytes,
@@ -847,7 +851,7 @@ HWY_ATTR void PanelGemm(int type, const uint8_t* W, size_t row_bytes, size_t nb,
 }
 
 // Generic GGUF block types (K-quants, Q5_0, F16, ...): panels. On AVX3, Q5_0
-// decode (few tokens) forms its weights in registers instead (QTile<6>: Gemma 3
+// decode (few tokens) forms its weights in registers instead (QTile<kQ5_0>: Gemma 3
 // decode, 1 thread, 34-36 vs 32-33 tok/s through panels); on the other targets
 // that form is much slower than the panels with Q5Bytes and prefetch (AVX2: 9.4
 // vs 30 tok/s), so they use panels for every token count. Same bits either way.
@@ -855,8 +859,8 @@ HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t
                             size_t block_bytes, size_t r0, size_t r1, const float* X, size_t ldx,
                             size_t n_tok, float* Y, size_t ldy) {
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
-  if (type == 6 && block_elems == 32 && block_bytes == 22 && n_tok < kPanelMinTok) {
-    return GemmQF32T<6>(W, row_bytes, row_bytes / block_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
+  if (type == kQ5_0 && block_elems == 32 && block_bytes == 22 && n_tok < kPanelMinTok) {
+    return GemmQF32T<kQ5_0>(W, row_bytes, row_bytes / block_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
   }
 #endif
   PanelGemm(type, W, row_bytes, row_bytes / block_bytes, block_elems, block_bytes, r0, r1, X, ldx,
@@ -870,12 +874,12 @@ HWY_ATTR void GemmQF32(int type, const uint8_t* W, size_t row_bytes, size_t nb, 
     return PanelGemm(type, W, row_bytes, nb, 32, bb, r0, r1, X, ldx, n_tok, Y, ldy);
   }
   switch (type) {
-    case 2:
-      return GemmQF32T<2>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
-    case 3:
-      return GemmQF32T<3>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+    case kQ4_0:
+      return GemmQF32T<kQ4_0>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+    case kQ4_1:
+      return GemmQF32T<kQ4_1>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
     default:
-      return GemmQF32T<8>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
+      return GemmQF32T<kQ8_0>(W, row_bytes, nb, r0, r1, X, ldx, n_tok, Y, ldy);
   }
 }
 
