@@ -287,14 +287,14 @@ class WeightLoader {
 }  // namespace
 
 struct CudaModel {
-  CudaModel(gguf::File f, touchstone::LlamaConfig c, int dev)
+  CudaModel(gguf::File f, touchstone::ModelConfig c, int dev)
       : file(std::move(f)), cfg(std::move(c)), device(dev) {}
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
   ~CudaModel() { cudaSetDevice(device); }  // the weights are freed on their device
   int32_t n_vocab() const { return cfg.n_vocab; }
   gguf::File file;
-  touchstone::LlamaConfig cfg;
+  touchstone::ModelConfig cfg;
   int device = 0;
   std::array<std::unique_ptr<DevWeights>, 2> weights;  // by ts_weight_path
 };
@@ -304,7 +304,7 @@ namespace {
 const DevWeights& model_weights(CudaModel& m, ts_weight_path path) {
   auto& slot = m.weights[path == TS_WEIGHTS_QUANTIZED ? 1 : 0];
   if (slot) return *slot;
-  const touchstone::LlamaConfig& c = m.cfg;
+  const touchstone::ModelConfig& c = m.cfg;
   auto w = std::make_unique<DevWeights>();
   WeightLoader ld(m.file, path == TS_WEIGHTS_QUANTIZED, *w);
   const int d = c.n_embd, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
@@ -391,7 +391,7 @@ enum class Logits { None, Last, All };
 // Enqueues one forward pass of n tokens (ids and start position already in
 // s.params on the device). Logits go to s.logits.
 void enqueue_forward(CudaSession& s, int n, Logits mode) {
-  const touchstone::LlamaConfig& c = s.model->cfg;
+  const touchstone::ModelConfig& c = s.model->cfg;
   const DevWeights& w = *s.w;
   const int d = c.n_embd, hd = c.head_dim, kv_dim = c.n_head_kv * hd;
   const double eps = c.rms_norm_eps;
@@ -577,7 +577,7 @@ std::string describe_device() {
 }
 
 // Device buffers and pinned staging of a new session (sizes from the model).
-void allocate_buffers(CudaSession& s, const touchstone::LlamaConfig& c) {
+void allocate_buffers(CudaSession& s, const touchstone::ModelConfig& c) {
   const size_t hd = size_t(c.head_dim), d = size_t(c.n_embd), B = kMaxBatch;
   const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
                V = size_t(c.n_vocab);
@@ -612,7 +612,7 @@ void allocate_buffers(CudaSession& s, const touchstone::LlamaConfig& c) {
 }
 
 // RoPE table: the reference's fp64 angles, [pos][i][cos, sin].
-void upload_rope_table(CudaSession& s, const touchstone::LlamaConfig& c) {
+void upload_rope_table(CudaSession& s, const touchstone::ModelConfig& c) {
   const size_t hd = size_t(c.head_dim), half = hd / 2;
   std::vector<double> cs(size_t(s.max_ctx) * half * 2);
   const double base = double{c.rope_freq_base};
@@ -678,7 +678,7 @@ struct Cuda {
     const int dev = require_device();
     auto m = touchstone::abi::load_or_status([&] {
       gguf::File file = gguf::File::open(path);
-      touchstone::LlamaConfig cfg = touchstone::read_llama_config(file);
+      touchstone::ModelConfig cfg = touchstone::read_llama_config(file);
       return std::make_unique<CudaModel>(std::move(file), std::move(cfg), dev);
     });
     if (!tc::attention_head_dim_supported(m->cfg.head_dim)) {

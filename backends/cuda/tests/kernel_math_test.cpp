@@ -1,7 +1,7 @@
 // kernel_math_test.cpp - the CUDA kernels' per-element / per-block maths
 // (touchstone/cuda/kernel_math.h), tested on the host with g++: no GPU needed.
 // Reference: touchstone::gguf::dequantize_row and the formulas of
-// reference/model/src/llama_forward.cpp (restated here where they are private).
+// reference/model/src/reference_forward.cpp (restated here where they are private).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -175,7 +175,7 @@ TEST(CudaKernelMath, WarpDotProductOrderAndAccuracy) {
   }
 }
 
-// llama_forward.cpp rope(), restated.
+// reference_forward.cpp rope(), restated.
 void reference_rope(float* v, int64_t hd, int32_t pos, double base) {
   for (int64_t i = 0; i < hd / 2; ++i) {
     const double theta = static_cast<double>(pos) *
@@ -221,7 +221,7 @@ TEST(CudaKernelMath, OnlineSoftmaxMergeMatchesFp64Softmax) {
       std::vector<float> s(static_cast<size_t>(n_kv)), v(static_cast<size_t>(n_kv * hd));
       for (float& f : s) f = nd(rng);
       for (float& f : v) f = nd(rng) / 3.0f;
-      // fp64 reference (llama_forward.cpp order)
+      // fp64 reference (reference_forward.cpp order)
       double mx = -INFINITY, sum = 0.0;
       for (float f : s) mx = std::max(mx, double{f});
       std::vector<double> p(s.size()), ref(static_cast<size_t>(hd), 0.0);
@@ -283,7 +283,7 @@ TEST(CudaKernelMath, ElementwiseMatchReferenceFormulas) {
   std::normal_distribution<float> nd(0.0f, 4.0f);
   for (int i = 0; i < 10000; ++i) {
     const float g = nd(rng), u = nd(rng), w = nd(rng);
-    const double gd = g;  // llama_forward.cpp SwiGLU
+    const double gd = g;  // reference_forward.cpp SwiGLU
     EXPECT_EQ(bits(cm::silu_mul(g, u)),
               bits(static_cast<float>(gd / (1.0 + std::exp(-gd)) * double{u})));
     EXPECT_EQ(bits(cm::residual_add(g, u)), bits(static_cast<float>(double{g} + double{u})));

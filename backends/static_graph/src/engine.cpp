@@ -139,13 +139,13 @@ void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {
 
 // full_precision: one tensor dequantized at a time, then transposed into its
 // graph layout: the load's peak is one fp32 matrix above the packed set (a whole
-// dequantized LlamaWeights beside it doubled the peak RSS).
+// dequantized ModelWeights beside it doubled the peak RSS).
 std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const std::string& path,
                                                const ModelDims& D) {
   auto ws = std::make_unique<WeightSet>();
   ws->spec_template.mode = WeightMode::FullPrecision;
   auto put = [&](const std::string& k, HostTensor t) { put_tensor(*ws, k, std::move(t)); };
-  const LlamaConfig c = read_llama_config(f);
+  const ModelConfig c = read_llama_config(f);
   auto deq = [&](const std::string& name, int64_t n) {
     std::vector<float> v = gguf::dequantize(f, f.tensor(name));
     if (int64_t(v.size()) != n) {
@@ -278,7 +278,7 @@ std::unique_ptr<Model> load_model(const std::string& path) {
   auto m = std::make_unique<Model>();
   m->path = path;
   const gguf::File f = gguf::File::open(path);
-  const LlamaConfig c = read_llama_config(f);
+  const ModelConfig c = read_llama_config(f);
   if (c.n_rot != c.head_dim)
     throw abi::StatusError(TS_ERR_UNSUPPORTED, "partial RoPE (n_rot != head_dim) is not supported");
   if (c.n_embd % 32 || c.n_ff % 32 || (c.n_head * c.head_dim) % 32) {

@@ -18,8 +18,8 @@
 #include "engine.h"
 #include "graph.h"
 #include "touchstone/gguf.h"
-#include "touchstone/llama_forward.h"
 #include "touchstone/llama_weights.h"
+#include "touchstone/reference_forward.h"
 
 namespace sg = touchstone::static_graph;
 
@@ -274,8 +274,8 @@ constexpr int32_t kCap = 1024;
 
 TEST_F(StaticGraphModel, DecodeMatchesReference) {
   const touchstone::gguf::File f = touchstone::gguf::File::open(model_path());
-  const touchstone::LlamaWeights w = touchstone::load_llama_weights(f);
-  touchstone::LlamaReference ref(w, 64, 2);
+  const touchstone::ModelWeights w = touchstone::load_llama_weights(f);
+  touchstone::ReferenceTransformer ref(w, 64, 2);
   sg::Session s(*model_, sg::WeightMode::FullPrecision, kCap, 1);
   const int32_t V = model_->dims.n_vocab;
   std::vector<float> a(static_cast<size_t>(V)), b(static_cast<size_t>(V));

@@ -1,5 +1,5 @@
 #version 450
-// rope_store.comp - interleaved RoPE (pairs 2i, 2i+1, see llama_forward.cpp) on
+// rope_store.comp - interleaved RoPE (pairs 2i, 2i+1, see reference_forward.cpp) on
 // Q in place and on K, then K and V are stored into this layer's KV cache at
 // positions pos0 + t. cos/sin come from a table computed on the host in fp64:
 // rope[(pos * hd/2 + i)] = (cos, sin). One workgroup per token. Faults

@@ -56,7 +56,7 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
       w_(weights),
       faults_(faults),
       sets_(ctx) {
-  const LlamaConfig& c = w_.config;
+  const ModelConfig& c = w_.config;
   max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
   const size_t T = kChunk, d = size_t(c.n_embd), hd = size_t(c.head_dim);
   const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
@@ -189,7 +189,7 @@ void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, f
 
 // One transformer layer over the chunk's n tokens: x_ += attention, x_ += FFN.
 void Forward::record_layer(Recorder& r, size_t l, uint32_t n) {
-  const LlamaConfig& c = w_.config;
+  const ModelConfig& c = w_.config;
   const DeviceLayer& L = w_.layers[l];
   const uint32_t d = uint32_t(c.n_embd), hd = uint32_t(c.head_dim), n_ff = uint32_t(c.n_ff);
   const uint32_t q_dim = uint32_t(c.n_head) * hd, kv_dim = uint32_t(c.n_head_kv) * hd;
@@ -237,7 +237,7 @@ void Forward::record_layer(Recorder& r, size_t l, uint32_t n) {
 }
 
 void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax) {
-  const LlamaConfig& c = w_.config;
+  const ModelConfig& c = w_.config;
   const uint32_t d = uint32_t(c.n_embd), vocab = uint32_t(c.n_vocab);
   const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);  // rms_eps_10x fault
 

@@ -1,5 +1,5 @@
 // vk_forward.h - one sequence on the device: activations, KV cache and the
-// forward graph (same formulas as reference/model/src/llama_forward.cpp, fp32
+// forward graph (same formulas as reference/model/src/reference_forward.cpp, fp32
 // accumulation). Tokens run in chunks of up to kChunk positions per command
 // buffer; only logits come back to the host.
 #pragma once
@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "touchstone/llama_forward.h"
+#include "touchstone/reference_forward.h"
 #include "vk_buffer.h"
 #include "vk_kernels.h"
 #include "vk_weights.h"

@@ -72,7 +72,7 @@ Buffer upload_vector(Context& ctx, const gguf::File& f, const std::string& name,
 }  // namespace
 
 std::unique_ptr<DeviceWeights> upload_weights(Context& ctx, const gguf::File& f,
-                                              const LlamaConfig& c, bool quantized) {
+                                              const ModelConfig& c, bool quantized) {
   auto w = std::make_unique<DeviceWeights>();
   w->config = c;
   w->quantized = quantized;

@@ -29,7 +29,7 @@ struct DeviceLayer {
 };
 
 struct DeviceWeights {
-  LlamaConfig config;
+  ModelConfig config;
   bool quantized = false;
   DeviceMatrix token_embd;  // also the LM head when embeddings are tied
   DeviceMatrix output;      // n_out == 0 when tied
@@ -40,6 +40,6 @@ struct DeviceWeights {
 };
 
 std::unique_ptr<DeviceWeights> upload_weights(Context& ctx, const gguf::File& file,
-                                              const LlamaConfig& config, bool quantized);
+                                              const ModelConfig& config, bool quantized);
 
 }  // namespace touchstone::vk

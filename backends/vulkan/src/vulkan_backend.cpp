@@ -15,7 +15,7 @@
 #include "touchstone/backend_impl.h"
 #include "touchstone/gguf.h"
 #include "touchstone/llama_config.h"
-#include "touchstone/llama_forward.h"
+#include "touchstone/reference_forward.h"
 #include "vk_context.h"
 #include "vk_forward.h"
 #include "vk_kernels.h"
@@ -79,14 +79,14 @@ struct Vulkan {
 
   struct Model {
     Model(std::shared_ptr<touchstone::vk::Context> c, touchstone::gguf::File f,
-          touchstone::LlamaConfig cfg)
+          touchstone::ModelConfig cfg)
         : ctx(std::move(c)), file(std::move(f)), config(cfg) {
       kernels = std::make_unique<touchstone::vk::Kernels>(*ctx);
     }
     std::shared_ptr<touchstone::vk::Context> ctx;
     std::unique_ptr<touchstone::vk::Kernels> kernels;
     touchstone::gguf::File file;
-    touchstone::LlamaConfig config;
+    touchstone::ModelConfig config;
     std::mutex upload_mutex;
     std::array<std::unique_ptr<touchstone::vk::DeviceWeights>, 2> weights;  // [ts_weight_path]
     int32_t n_vocab() const { return config.n_vocab; }
@@ -127,7 +127,7 @@ struct Vulkan {
     auto ctx = touchstone::vk::Context::create();  // TS_ERR_DEVICE when there is no device
     touchstone::gguf::File file =
         touchstone::abi::load_or_status([&] { return touchstone::gguf::File::open(path); });
-    const touchstone::LlamaConfig config =
+    const touchstone::ModelConfig config =
         touchstone::abi::load_or_status([&] { return touchstone::read_llama_config(file); });
     return std::make_unique<Model>(std::move(ctx), std::move(file), config);
   }

@@ -83,7 +83,7 @@ TEST_P(GreedyTest, MatchesHostArgmaxOfLogits) {
   auto ctx = context_or_skip(&why);
   if (!ctx) GTEST_SKIP() << "no Vulkan device: " << why;
   const gguf::File file = gguf::File::open(model_path());
-  const LlamaConfig config = read_llama_config(file);
+  const ModelConfig config = read_llama_config(file);
   Kernels kernels(*ctx);
   auto weights = upload_weights(*ctx, file, config, GetParam());
   Forward a(*ctx, kernels, *weights, 128, Faults{}), b(*ctx, kernels, *weights, 128, Faults{});

@@ -256,7 +256,7 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
                AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale, pos0 + n_tok},
                n_head, n_tok);
   });
-  // CPU: rope (fp64, as llama_forward.cpp), store, attention.
+  // CPU: rope (fp64, as reference_forward.cpp), store, attention.
   auto rot = [&](std::vector<double>& x, size_t off, uint32_t pos) {
     for (uint32_t i = 0; i < hd / 2; ++i) {
       const double th = pos * std::pow(base, -2.0 * i / hd), c = std::cos(th), s = std::sin(th);

@@ -26,7 +26,7 @@ struct Reference {
   static constexpr const char* model_features = "*";
 
   struct Model {
-    touchstone::LlamaWeights weights;
+    touchstone::ModelWeights weights;
     int32_t n_vocab() const { return weights.config.n_vocab; }
   };
 

@@ -11,8 +11,6 @@
 
 namespace touchstone {
 
-using LlamaConfig = ModelConfig;
-
 // read_model_config(), then UnsupportedModel naming the file and every feature a
 // plain Llama backend lacks (e.g. "architecture 'gemma3', NeoX RoPE, QK-norm, ...")
 // unless config.is_plain_llama().

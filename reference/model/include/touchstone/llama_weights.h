@@ -7,9 +7,6 @@
 
 namespace touchstone {
 
-using LlamaLayerWeights = LayerWeights;
-using LlamaWeights = ModelWeights;
-
 // read_llama_config() (UnsupportedModel for anything but a plain Llama), then
 // load_model_weights().
 ModelWeights load_llama_weights(const gguf::File& file);

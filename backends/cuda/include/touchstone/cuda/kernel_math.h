@@ -5,7 +5,7 @@
 // functions below, and this header also compiles with g++ (no CUDA), so the
 // maths is unit-tested on the host (backends/cuda/tests/kernel_math_test.cpp)
 // against touchstone::gguf::dequantize_row and the reference formulas of
-// reference/model/src/llama_forward.cpp, on machines without a GPU.
+// reference/model/src/reference_forward.cpp, on machines without a GPU.
 //
 // Rounding: nvcc contracts a*b+c into an FMA by default, g++ in ISO mode does
 // not. Wherever the result must be bit-identical to the reference (block
@@ -261,7 +261,7 @@ TS_HD float row_dot_emulated(WType type, const void* row, const float* x, int64_
   return warp_sum_emulated(lanes);
 }
 
-// ---- RoPE (interleaved pairs (2i, 2i+1), as llama_forward.cpp) ---------------
+// ---- RoPE (interleaved pairs (2i, 2i+1), as reference_forward.cpp) ---------------
 // The angle table is built on the host with exactly the reference formula (fp64
 // pow/cos/sin) and uploaded; the rotation itself is done in fp64 and rounded
 // once, so a rotated pair is bit-identical to the reference.
