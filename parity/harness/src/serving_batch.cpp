@@ -172,14 +172,12 @@ double repeat_drift(const PositionedRows& a, const PositionedRows& b) {
 
 }  // namespace
 
-void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r,
-                     std::vector<DriftPoint>& drift) {
+void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r) {
   double noise = 0.0;
   for (const IsolationRuns& s : runs) noise = std::max(noise, s.noise);
   const double allowed = 4.0 * noise;
-  for (size_t k = 0; k < runs.size(); ++k) {
-    const IsolationRuns& s = runs[k];
-    DriftMeter meter{drift[k]};
+  for (const IsolationRuns& s : runs) {
+    DriftMeter meter{s.point};
     for (size_t i = 0; i < s.x.rows.size(); ++i) {
       meter.add(s.x.rows[i], s.y.rows[i]);
       ++r.n_steps;
@@ -205,7 +203,7 @@ void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r,
             d, noise, s.where);
       }
     }
-    drift[k] = meter.point;
+    r.drift.push_back(meter.point);
   }
 }
 
@@ -219,7 +217,6 @@ std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_
   const uint64_t content_x = opt.plan.seed * 3 + 1, content_y = opt.plan.seed * 7 + 2;
   const bool invariance = opt.runs(inv.name), isolation = opt.runs(iso.name);
   std::vector<IsolationRuns> noisy;  // content_isolation without a bitwise claim
-  std::vector<DriftPoint> noisy_drift;
   for (const Shape& s : shapes(opt, needle.size(), prompt_len)) {
     const std::string where = fmt::format(" ({}; batching {})", s.label(), mode);
     const auto t0 = std::chrono::steady_clock::now();
@@ -248,15 +245,11 @@ std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_
       const double noise =
           std::max(repeat_drift(in_x, run_batch(model, opt.session, x, s.needle_slot)),
                    repeat_drift(in_y, run_batch(model, opt.session, y, s.needle_slot)));
-      noisy.push_back({where, std::move(in_x), std::move(in_y), noise});
-      noisy_drift.push_back({s.label(), s.batch});
+      noisy.push_back({{s.label(), s.batch}, where, std::move(in_x), std::move(in_y), noise});
     }
     iso.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
-  if (!noisy.empty()) {
-    judge_isolation(noisy, iso, noisy_drift);
-    for (DriftPoint& p : noisy_drift) iso.drift.push_back(std::move(p));
-  }
+  if (!noisy.empty()) judge_isolation(noisy, iso);
   finish_rows(inv, "the needle's logits depend on its batch");
   finish_rows(iso, "another sequence's content reaches the needle");
   std::vector<CaseResult> out;

@@ -35,10 +35,11 @@ void compare_rows(const PositionedRows& ref, const PositionedRows& test, bool bi
                   const std::string& claim, const Profile& p, const std::string& where,
                   CaseResult& r, DriftMeter& meter);
 
-// content_isolation without a bitwise claim, one batch shape: the needle's
-// rows with the first filler contents (x) and with other contents (y), and the
-// largest drift between two identical runs of either (noise).
+// content_isolation without a bitwise claim, one batch shape: its drift point
+// (label and B), the needle's rows with the first filler contents (x) and with
+// other contents (y), and the largest drift between two identical runs of either.
 struct IsolationRuns {
+  DriftPoint point;
   std::string where;
   PositionedRows x, y;
   double noise = 0.0;
@@ -47,10 +48,9 @@ struct IsolationRuns {
 // Judges every shape against one baseline: 4 x the largest noise of any shape
 // (0: bitwise). A backend whose repeats differ (a server batching by arrival
 // time) has noise somewhere; one whose repeats never differ must give the needle
-// the same bits with other contents. drift[k] (labelled by the caller) receives
-// shape k's x-vs-y drift; violations "isolation_max_abs" / "non_finite".
-void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r,
-                     std::vector<DriftPoint>& drift);
+// the same bits with other contents. Appends each shape's x-vs-y drift to
+// r.drift; violations "isolation_max_abs" / "non_finite".
+void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r);
 
 // Runs fn, timing it into the result it returns.
 template <typename Fn>

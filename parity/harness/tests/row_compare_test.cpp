@@ -79,8 +79,7 @@ IsolationRuns shape(float x0, float y0, double noise) {
 
 CaseResult judge(const std::vector<IsolationRuns>& runs) {
   CaseResult r;
-  std::vector<DriftPoint> drift(runs.size());
-  judge_isolation(runs, r, drift);
+  judge_isolation(runs, r);
   finish_rows(r, "isolation");
   return r;
 }
