@@ -27,6 +27,7 @@
 #include <stdexcept>
 
 #include "touchstone/backend.h"
+#include "touchstone/faults.h"
 #include "touchstone/gguf.h"
 #include "touchstone/manifest.h"
 #include "touchstone/metrics.h"
@@ -307,6 +308,30 @@ TEST_F(Contract, UnknownFaultIsRefused) {
     ADD_FAILURE() << "unknown fault accepted";
   } catch (const BackendError& e) {
     EXPECT_EQ(e.status(), TS_ERR_UNSUPPORTED) << e.what();
+  }
+}
+
+// Every name of the fault catalog (touchstone/faults.h) is either accepted (the
+// backend implements it; its fault.* CTests prove the effect) or refused with
+// TS_ERR_UNSUPPORTED naming the fault; never another error or a crash. A name
+// added to the catalog is therefore a decision every backend makes.
+TEST_F(Contract, EveryCatalogFaultIsImplementedOrRefused) {
+  try {
+    Session plain(*model_, options());
+  } catch (const BackendError& e) {
+    if (e.status() == TS_ERR_UNSUPPORTED) GTEST_SKIP() << "weight path refused: " << e.what();
+    throw;
+  }
+  for (const std::string& name : fault_names()) {
+    SessionOptions o = options();
+    o.fault = name;
+    try {
+      Session s(*model_, o);
+    } catch (const BackendError& e) {
+      EXPECT_EQ(e.status(), TS_ERR_UNSUPPORTED) << name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos)
+          << "the refusal of fault '" << name << "' does not name it: " << e.what();
+    }
   }
 }
 
