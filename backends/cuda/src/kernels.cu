@@ -56,12 +56,13 @@ unsigned blocks_for(int64_t n, int per_block) {
 
 // ---- embedding rows ------------------------------------------------------------
 template <WType T>
-__global__ void get_rows_k(const uint8_t* table, const int32_t* tokens, int n_embd, float* x) {
+__global__ void get_rows_k(const uint8_t* table, const int32_t* tokens, int n_embd, double scale,
+                           float* x) {
   const int t = blockIdx.y;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n_embd) return;
   const uint8_t* row = table + int64_t{tokens[t]} * cm::row_bytes(T, n_embd);
-  x[int64_t{t} * n_embd + i] = cm::deq_elem(T, row, i);
+  x[int64_t{t} * n_embd + i] = cm::embd_scaled(cm::deq_elem(T, row, i), scale);
 }
 
 // ---- residual add + RMSNorm (fp64 accumulation) ----------------------------------
@@ -115,52 +116,69 @@ __global__ void dequantize_k(const uint8_t* W, float* out, int64_t total, int n_
   out[idx] = cm::deq_elem(T, W + r * cm::row_bytes(T, n_in), c);
 }
 
-// ---- RoPE + KV append ---------------------------------------------------------------
+// ---- RoPE + KV store ---------------------------------------------------------------
+// One block per token: q's heads rotated in place, k's rotated into the cache.
 __global__ void rope_store_k(float* q, const float* k, const float* v, float* k_cache,
-                             float* v_cache, const double* cs, const int32_t* d_pos, int n_head,
-                             int n_head_kv, int hd) {
+                             float* v_cache, const double* cs, const int32_t* d_params,
+                             RopeParams p) {
   const int t = blockIdx.x;
-  const int pos = *d_pos + t;
-  const int half = hd / 2, q_dim = n_head * hd, kv_dim = n_head_kv * hd;
-  const double* cs_pos = cs + int64_t{pos} * half * 2;
+  const int pos = d_params[0] + t;
+  const int hd = p.head_dim, half = p.n_rot / 2, q_dim = p.n_head * hd, kv_dim = p.n_head_kv * hd;
+  const double* cs_pos = cs + int64_t{pos - p.rope_origin} * half * 2;
   float* qt = q + int64_t{t} * q_dim;
-  for (int idx = threadIdx.x; idx < n_head * half; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < p.n_head * half; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
-    float* p = qt + h * hd + 2 * i;
-    cm::rope_rotate(p, p + 1, cs_pos[2 * i], cs_pos[2 * i + 1]);
+    int a = 0, b = 0;
+    cm::rope_pair(i, p.n_rot, p.neox, &a, &b);
+    cm::rope_rotate(qt + h * hd + a, qt + h * hd + b, cs_pos[2 * i], cs_pos[2 * i + 1]);
   }
+  const int row = pos + p.write_offset;
+  if (row >= p.max_ctx) return;  // kv_write_next at the cache's end: dropped
   const float* kt = k + int64_t{t} * kv_dim;
-  float* kc = k_cache + int64_t{pos} * kv_dim;
-  for (int idx = threadIdx.x; idx < n_head_kv * half; idx += blockDim.x) {
+  float* kc = k_cache + int64_t{row} * kv_dim;
+  for (int idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) kc[idx] = kt[idx];
+  __syncthreads();  // the block's plain copy before the rotated pairs overwrite it
+  for (int idx = threadIdx.x; idx < p.n_head_kv * half; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
-    float a = kt[h * hd + 2 * i], b = kt[h * hd + 2 * i + 1];
-    cm::rope_rotate(&a, &b, cs_pos[2 * i], cs_pos[2 * i + 1]);
-    kc[h * hd + 2 * i] = a;
-    kc[h * hd + 2 * i + 1] = b;
+    int a = 0, b = 0;
+    cm::rope_pair(i, p.n_rot, p.neox, &a, &b);
+    float x0 = kt[h * hd + a], x1 = kt[h * hd + b];
+    cm::rope_rotate(&x0, &x1, cs_pos[2 * i], cs_pos[2 * i + 1]);
+    kc[h * hd + a] = x0;
+    kc[h * hd + b] = x1;
   }
   const float* vt = v + int64_t{t} * kv_dim;
-  float* vc = v_cache + int64_t{pos} * kv_dim;
+  float* vc = v_cache + int64_t{row} * kv_dim;
   for (int idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) vc[idx] = vt[idx];
 }
 
 // ---- attention (split-K, online softmax; order documented in kernel_math.h) ------------
 constexpr int kAttnWarps = 4;
 template <int HD>
+__device__ __forceinline__ bool lane_has(int lane, int e) {
+  return HD % 32 == 0 || lane + 32 * e < HD;
+}
+template <int HD>
 __global__ void attention_k(const float* q, const float* k_cache, const float* v_cache,
-                            float* partial, const int32_t* d_pos, int n_head, int n_head_kv,
-                            float scale) {
-  constexpr int EPL = HD / 32;  // elements per lane: lane L holds L, L+32, ...
+                            float* partial, const int32_t* d_params, AttnParams prm) {
+  // Elements per lane: lane L holds L, L+32, ... (head_dim 16 / 32: lanes >= HD
+  // hold zeros and write nothing).
+  constexpr int EPL = (HD + 31) / 32;
   const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, n_split = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_dim = n_head_kv * HD, kvh = h / (n_head / n_head_kv);
-  const int n_kv = *d_pos + t + 1;  // causal: positions 0..pos
-  const int chunk = (n_kv + n_split - 1) / n_split;
-  const int t0 = sp * chunk, t1 = min(n_kv, t0 + chunk);
+  const int n_head = prm.n_head, n_head_kv = prm.n_head_kv;
+  const int kv_dim = n_head_kv * HD;
+  const int kvh = prm.gqa_modulo ? h % n_head_kv : h / (n_head / n_head_kv);
+  const int pos = d_params[0] + t;
+  const cm::KvRange r = cm::attention_range(pos, d_params[0] + int(gridDim.y), d_params[1],
+                                            prm.window, prm.drop_newest, prm.whole_chunk);
+  const int chunk = r.t1 > r.t0 ? (r.t1 - r.t0 + n_split - 1) / n_split : 0;
+  const int t0 = r.t0 + sp * chunk, t1 = min(r.t1, t0 + chunk);
 
   float qv[EPL];
   const float* qh = q + (int64_t{t} * n_head + h) * HD;
 #pragma unroll
-  for (int e = 0; e < EPL; ++e) qv[e] = qh[lane + 32 * e];
+  for (int e = 0; e < EPL; ++e) qv[e] = lane_has<HD>(lane, e) ? qh[lane + 32 * e] : 0.0f;
 
   float m = -INFINITY, l = 0.0f, acc[EPL];
 #pragma unroll
@@ -170,15 +188,21 @@ __global__ void attention_k(const float* q, const float* k_cache, const float* v
     const float* vr = v_cache + int64_t{p} * kv_dim + kvh * HD;
     float s = 0.0f;
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) s = cm::fma_rn(qv[e], kr[lane + 32 * e], s);
-    s = __fmul_rn(warp_sum(s), scale);
+    for (int e = 0; e < EPL; ++e)
+      s = cm::fma_rn(qv[e], lane_has<HD>(lane, e) ? kr[lane + 32 * e] : 0.0f, s);
+    s = __fmul_rn(warp_sum(s), prm.scale);
     float vv[EPL];
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) vv[e] = vr[lane + 32 * e];
-    cm::softmax_merge(&m, &l, acc, s, 1.0f, vv, EPL);
+    for (int e = 0; e < EPL; ++e) vv[e] = lane_has<HD>(lane, e) ? vr[lane + 32 * e] : 0.0f;
+    if (prm.softmax_no_max) {
+      float ev[EPL];
+      cm::softmax_add_no_max(&m, &l, acc, s, vv, ev, EPL);
+    } else {
+      cm::softmax_merge(&m, &l, acc, s, 1.0f, vv, EPL);
+    }
   }
 
-  __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps], sm_acc[kAttnWarps][HD];
+  __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps], sm_acc[kAttnWarps][EPL * 32];
   if (lane == 0) {
     sm_m[warp] = m;
     sm_l[warp] = l;
@@ -195,7 +219,8 @@ __global__ void attention_k(const float* q, const float* k_cache, const float* v
   }
   float* out = partial + ((int64_t{t} * n_head + h) * n_split + sp) * (HD + 2);
 #pragma unroll
-  for (int e = 0; e < EPL; ++e) out[lane + 32 * e] = acc[e];
+  for (int e = 0; e < EPL; ++e)
+    if (lane_has<HD>(lane, e)) out[lane + 32 * e] = acc[e];
   if (lane == 0) {
     out[HD] = m;
     out[HD + 1] = l;
@@ -214,9 +239,29 @@ __global__ void attention_merge_k(const float* partial, float* out, int n_head, 
   out[(int64_t{t} * n_head + h) * hd + e] = l > 0.0f ? __fdiv_rn(a, l) : 0.0f;
 }
 
-__global__ void swiglu_k(float* gate, const float* up, int64_t n) {
+__global__ void gated_act_k(float* gate, const float* up, int64_t n, bool gelu) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) gate[i] = cm::silu_mul(gate[i], up[i]);
+  if (i < n) gate[i] = gelu ? cm::gelu_mul(gate[i], up[i]) : cm::silu_mul(gate[i], up[i]);
+}
+
+__global__ void add_bias_k(float* y, const float* bias, int64_t total, int n) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < total) y[i] = cm::residual_add(y[i], bias[i % n]);
+}
+
+__global__ void softcap_k(float* x, int64_t n, double cap) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = cm::softcap(x[i], cap);
+}
+
+__global__ void round_fp16_k(float* x, int64_t n) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = cm::round_fp16(x[i]);
+}
+
+__global__ void add_fp16_partial_k(float* acc, const float* part, int64_t n, bool first) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] = cm::add_rn(first ? 0.0f : acc[i], cm::round_fp16(part[i]));
 }
 
 constexpr int kArgmaxThreads = 1024;
@@ -243,14 +288,16 @@ __global__ void argmax_k(const float* logits, int n, int32_t* out) {
 
 }  // namespace
 
-bool attention_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+bool attention_head_dim_supported(int head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
 
 cudaError_t launch_get_rows(WType type, const void* table, const int32_t* d_tokens, int n_tokens,
-                            int n_embd, float* x, cudaStream_t stream) {
+                            int n_embd, double scale, float* x, cudaStream_t stream) {
   return dispatch(type, [&](auto c) {
     get_rows_k<decltype(c)::value>
         <<<dim3(blocks_for(n_embd, 256), static_cast<unsigned>(n_tokens)), 256, 0, stream>>>(
-            static_cast<const uint8_t*>(table), d_tokens, n_embd, x);
+            static_cast<const uint8_t*>(table), d_tokens, n_embd, scale, x);
   });
 }
 
@@ -279,40 +326,74 @@ cudaError_t launch_dequantize(WType type, const void* W, float* out, int n_rows,
 }
 
 cudaError_t launch_rope_store(float* q, const float* k, const float* v, float* k_cache,
-                              float* v_cache, const double* rope_cs, const int32_t* d_pos,
-                              int n_tokens, int n_head, int n_head_kv, int head_dim,
-                              cudaStream_t stream) {
-  rope_store_k<<<static_cast<unsigned>(n_tokens), 256, 0, stream>>>(
-      q, k, v, k_cache, v_cache, rope_cs, d_pos, n_head, n_head_kv, head_dim);
+                              float* v_cache, const double* rope_cs, const int32_t* d_params,
+                              int n_tokens, const RopeParams& p, cudaStream_t stream) {
+  rope_store_k<<<static_cast<unsigned>(n_tokens), 256, 0, stream>>>(q, k, v, k_cache, v_cache,
+                                                                    rope_cs, d_params, p);
   return cudaGetLastError();
 }
 
 cudaError_t launch_attention(const float* q, const float* k_cache, const float* v_cache,
-                             float* partial, float* out, const int32_t* d_pos, int n_tokens,
-                             int n_head, int n_head_kv, int head_dim, int n_split,
-                             cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(n_tokens),
-                  static_cast<unsigned>(n_split));
-  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(head_dim)));
-  if (head_dim == 64) {
-    attention_k<64><<<grid, 32 * kAttnWarps, 0, stream>>>(q, k_cache, v_cache, partial, d_pos,
-                                                          n_head, n_head_kv, scale);
-  } else if (head_dim == 128) {
-    attention_k<128><<<grid, 32 * kAttnWarps, 0, stream>>>(q, k_cache, v_cache, partial, d_pos,
-                                                           n_head, n_head_kv, scale);
-  } else {
-    return cudaErrorInvalidValue;
+                             float* partial, float* out, const int32_t* d_params, int n_tokens,
+                             const AttnParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.n_head), static_cast<unsigned>(n_tokens),
+                  static_cast<unsigned>(p.n_split));
+  auto run = [&](auto hd) {
+    attention_k<decltype(hd)::value>
+        <<<grid, 32 * kAttnWarps, 0, stream>>>(q, k_cache, v_cache, partial, d_params, p);
+  };
+  switch (p.head_dim) {
+    case 16:
+      run(std::integral_constant<int, 16>{});
+      break;
+    case 32:
+      run(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      run(std::integral_constant<int, 64>{});
+      break;
+    case 128:
+      run(std::integral_constant<int, 128>{});
+      break;
+    case 256:
+      run(std::integral_constant<int, 256>{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  attention_merge_k<<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n_tokens)),
-                      static_cast<unsigned>(head_dim), 0, stream>>>(partial, out, n_head, head_dim,
-                                                                    n_split);
+  attention_merge_k<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(n_tokens)),
+                      static_cast<unsigned>(p.head_dim), 0, stream>>>(partial, out, p.n_head,
+                                                                      p.head_dim, p.n_split);
   return cudaGetLastError();
 }
 
-cudaError_t launch_swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
-  swiglu_k<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+cudaError_t launch_gated_act(float* gate, const float* up, int64_t n, bool gelu,
+                             cudaStream_t stream) {
+  gated_act_k<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, gelu);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream) {
+  const int64_t total = int64_t{n_rows} * n;
+  add_bias_k<<<blocks_for(total, 256), 256, 0, stream>>>(y, bias, total, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softcap(float* x, int64_t n, double cap, cudaStream_t stream) {
+  softcap_k<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, cap);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_round_fp16(float* x, int64_t n, cudaStream_t stream) {
+  round_fp16_k<<<blocks_for(n, 256), 256, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_fp16_partial(float* acc, const float* part, int64_t n, bool first,
+                                    cudaStream_t stream) {
+  add_fp16_partial_k<<<blocks_for(n, 256), 256, 0, stream>>>(acc, part, n, first);
   return cudaGetLastError();
 }
 

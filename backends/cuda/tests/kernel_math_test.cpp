@@ -1,7 +1,8 @@
 // kernel_math_test.cpp - the CUDA kernels' per-element / per-block maths
 // (touchstone/cuda/kernel_math.h), tested on the host with g++: no GPU needed.
-// Reference: touchstone::gguf::dequantize_row and the formulas of
-// reference/model/src/reference_forward.cpp (restated here where they are private).
+// Reference: touchstone::gguf::dequantize_row / fp32_to_fp16, touchstone::ops
+// (scalar_ops.h) and the formulas of reference/model/src/reference_forward.cpp
+// (restated here where they are private).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "touchstone/cuda/kernel_math.h"
 #include "touchstone/quant.h"
+#include "touchstone/scalar_ops.h"
 
 namespace {
 
@@ -198,7 +200,7 @@ TEST(CudaKernelMath, RopeFromTableIsBitIdenticalToReference) {
         std::vector<float> b = a;
         reference_rope(a.data(), hd, pos, base);
         for (int64_t i = 0; i < hd / 2; ++i) {
-          const double th = cm::rope_theta(pos, i, hd, base);
+          const double th = cm::rope_theta(pos, i, hd, base, 1.0, 1.0);
           cm::rope_rotate(&b[static_cast<size_t>(2 * i)], &b[static_cast<size_t>(2 * i + 1)],
                           std::cos(th), std::sin(th));
         }
@@ -313,6 +315,170 @@ TEST(CudaKernelMath, ArgmaxTiesNanAndReductionOrder) {
   }
   EXPECT_EQ(fold({nan, nan}, {0, 1}), -1);
   EXPECT_EQ(fold({-INFINITY, nan, -INFINITY}, {0, 1, 2}), 0);
+}
+
+TEST(CudaKernelMath, Fp32ToFp16MatchesReference) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<uint32_t> any;
+  const float edge[] = {0.0f,      -0.0f,          65504.0f,   65519.99f, 65520.0f,
+                        1e-8f,     2.9802322e-08f, 6.1e-05f,   6.2e-05f,  INFINITY,
+                        -INFINITY, std::nanf(""),  1.0f / 3.0f};
+  for (float f : edge) {
+    EXPECT_EQ(cm::fp32_to_fp16(f), gg::fp32_to_fp16(f)) << f;
+    EXPECT_EQ(bits(cm::round_fp16(f)), bits(gg::fp16_to_fp32(gg::fp32_to_fp16(f)))) << f;
+  }
+  for (int i = 0; i < 1000000; ++i) {
+    const float f = std::bit_cast<float>(any(rng));
+    ASSERT_EQ(cm::fp32_to_fp16(f), gg::fp32_to_fp16(f)) << std::bit_cast<uint32_t>(f);
+  }
+}
+
+// Partial rotary, NeoX and interleaved pairs, linear scaling and frequency
+// factors: the table angle + rope_pair + rope_rotate equal ops::rope_* bit for bit.
+TEST(CudaKernelMath, RopeVariantsAreBitIdenticalToReferenceOps) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::uniform_real_distribution<float> ud(1.0f, 8.0f);
+  for (const bool neox : {false, true}) {
+    for (const int64_t hd : {int64_t{16}, int64_t{64}, int64_t{256}}) {
+      for (const int64_t n_rot : {hd, hd / 2}) {
+        std::vector<float> ff(static_cast<size_t>(n_rot / 2));
+        for (float& f : ff) f = ud(rng);
+        for (const bool factors : {false, true}) {
+          for (const double scale : {1.0, 8.0}) {
+            for (const int32_t pos : {0, 1, 7, 255, 4095}) {
+              std::vector<float> a(static_cast<size_t>(hd));
+              for (float& f : a) f = nd(rng);
+              std::vector<float> b = a;
+              const float* fp = factors ? ff.data() : nullptr;
+              (neox ? touchstone::ops::rope_neox : touchstone::ops::rope_interleaved)(
+                  a.data(), n_rot, pos, 1e6, scale, fp);
+              for (int i = 0; i < int(n_rot / 2); ++i) {
+                const double th = cm::rope_theta(pos, i, n_rot, 1e6, scale,
+                                                 factors ? double{ff[size_t(i)]} : 1.0);
+                int x0 = 0, x1 = 0;
+                cm::rope_pair(i, int(n_rot), neox, &x0, &x1);
+                cm::rope_rotate(&b[size_t(x0)], &b[size_t(x1)], std::cos(th), std::sin(th));
+              }
+              for (size_t i = 0; i < a.size(); ++i)
+                ASSERT_EQ(bits(a[i]), bits(b[i]))
+                    << "neox " << neox << " hd " << hd << " n_rot " << n_rot << " pos " << pos;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernelMath, GeluSoftcapAndEmbeddingScaleMatchReferenceOps) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.0f, 6.0f);
+  for (int i = 0; i < 100000; ++i) {
+    const float g = nd(rng), u = nd(rng);
+    // reference_forward.cpp feed_forward: float(gelu_tanh(g) * up)
+    EXPECT_EQ(bits(cm::gelu_mul(g, u)),
+              bits(static_cast<float>(touchstone::ops::gelu_tanh(double{g}) * double{u})));
+    EXPECT_EQ(bits(cm::softcap(g * 10.0f, 30.0)),
+              bits(static_cast<float>(touchstone::ops::softcap(double{g * 10.0f}, 30.0))));
+    const double es = std::sqrt(double{640.0f});
+    EXPECT_EQ(bits(cm::embd_scaled(g, es)), bits(static_cast<float>(double{g} * es)));
+  }
+}
+
+// The KV range of one query (reference_forward.cpp attention(): causal, sliding
+// window, and the faults kv_position_off_by_one, rewind_noop and causal_mask).
+TEST(CudaKernelMath, AttentionRangeFollowsTheReference) {
+  auto range = [](int pos, int chunk_end, int floor, int window, bool drop, bool whole) {
+    const cm::KvRange r = cm::attention_range(pos, chunk_end, floor, window, drop, whole);
+    return std::pair<int, int>{r.t0, r.t1};
+  };
+  using P = std::pair<int, int>;
+  EXPECT_EQ(range(0, 1, 0, 0, false, false), P(0, 1));
+  EXPECT_EQ(range(9, 12, 0, 0, false, false), P(0, 10));   // causal: 0..pos
+  EXPECT_EQ(range(9, 12, 0, 4, false, false), P(6, 10));   // window 4: the last 4
+  EXPECT_EQ(range(2, 12, 0, 8, false, false), P(0, 3));    // window longer than the past
+  EXPECT_EQ(range(9, 12, 0, 0, true, false), P(0, 9));     // newest entry dropped
+  EXPECT_EQ(range(0, 12, 0, 0, true, false), P(0, 1));     // ... but never at position 0
+  EXPECT_EQ(range(3, 12, 20, 0, false, false), P(0, 20));  // stale entries up to the floor
+  EXPECT_EQ(range(9, 12, 0, 0, false, true), P(0, 12));    // the chunk's future tokens
+  EXPECT_EQ(range(11, 12, 0, 0, false, true), P(0, 12));
+}
+
+// softmax_no_max: exp(s) without the max, in fp32; equal to the fp64 softmax
+// for small scores, inf / NaN once a score passes ~88.7 (the fault's point).
+TEST(CudaKernelMath, SoftmaxWithoutMaxMatchesAndOverflows) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const int n = 8, T = 50;
+  float m = -INFINITY, l = 0.0f, acc[n] = {}, scratch[n];
+  double ref_l = 0.0, ref_a[n] = {};
+  for (int t = 0; t < T; ++t) {
+    const float s = nd(rng);
+    float v[n];
+    for (float& x : v) x = nd(rng);
+    cm::softmax_add_no_max(&m, &l, acc, s, v, scratch, n);
+    const double e = std::exp(double{s});
+    ref_l += e;
+    for (int i = 0; i < n; ++i) ref_a[i] += e * double{v[i]};
+  }
+  for (int i = 0; i < n; ++i)
+    EXPECT_NEAR(acc[i] / l, ref_a[i] / ref_l, 1e-5 * (1 + std::abs(ref_a[i] / ref_l)));
+  const float big[n] = {1, 1, 1, 1, 1, 1, 1, 1};
+  cm::softmax_add_no_max(&m, &l, acc, 100.0f, big, scratch, n);
+  EXPECT_TRUE(std::isinf(l));
+  EXPECT_FALSE(std::isfinite(acc[0] / l));
+}
+
+// The quantized-only faults: a corrupted block decodes as the buggy kernel
+// would read the original (nibbles swapped: element j <-> its partner in the
+// same byte; scale / min swapped: d and m exchanged).
+TEST(CudaKernelMath, QuantFaultCorruptionIsTheDocumentedBug) {
+  std::mt19937 rng(19);
+  const int64_t n = 256;
+  for (cm::WType t : {cm::WType::Q4_0, cm::WType::Q4_1, cm::WType::Q4_K}) {
+    cm::Q4Layout lay{};
+    ASSERT_TRUE(cm::q4_layout(t, &lay));
+    std::vector<uint8_t> row = random_row(t, n, rng);
+    if (t == cm::WType::Q4_K) {
+      // Every sub-block scale and min 5 (get_scale_min_k4), so that the two
+      // nibbles of a byte (sub-blocks 2c and 2c+1) decode with the same scale.
+      const uint8_t sc[12] = {5, 5, 5, 5, 5, 5, 5, 5, 0x55, 0x55, 0x55, 0x55};
+      for (size_t b = 0; b < row.size(); b += size_t(lay.block_bytes))
+        std::memcpy(row.data() + b + 4, sc, sizeof sc);
+    }
+    std::vector<uint8_t> nib = row;
+    for (size_t b = 0; b < nib.size(); b += size_t(lay.block_bytes))
+      cm::corrupt_q4_block(nib.data() + b, lay, false);
+    const int span = t == cm::WType::Q4_K ? 32 : 16;  // distance of the two nibbles of a byte
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t in_group = i % (2 * span), partner = in_group < span ? i + span : i - span;
+      ASSERT_EQ(bits(cm::deq_elem(t, nib.data(), i)), bits(cm::deq_elem(t, row.data(), partner)))
+          << gg::type_name(static_cast<gg::TensorType>(t)) << " element " << i;
+    }
+    if (!lay.has_min) {
+      EXPECT_EQ(t, cm::WType::Q4_0);
+      continue;
+    }
+    std::vector<uint8_t> sw = row;
+    for (size_t b = 0; b < sw.size(); b += size_t(lay.block_bytes))
+      cm::corrupt_q4_block(sw.data() + b, lay, true);
+    for (size_t b = 0; b < sw.size(); b += size_t(lay.block_bytes)) {
+      EXPECT_EQ(std::memcmp(sw.data() + b, row.data() + b + 2, 2), 0);
+      EXPECT_EQ(std::memcmp(sw.data() + b + 2, row.data() + b, 2), 0);
+      EXPECT_EQ(std::memcmp(sw.data() + b + 4, row.data() + b + 4, size_t(lay.block_bytes) - 4), 0);
+    }
+    if (t == cm::WType::Q4_1) {
+      const auto& b0 = *reinterpret_cast<const cm::blk_q4_1*>(row.data());
+      const int q = b0.qs[0] & 0x0F;
+      EXPECT_EQ(
+          bits(cm::deq_elem(t, sw.data(), 0)),
+          bits(cm::add_rn(cm::mul_rn(float(q), cm::fp16_to_fp32(b0.m)), cm::fp16_to_fp32(b0.d))));
+    }
+  }
+  cm::Q4Layout lay{};
+  EXPECT_FALSE(cm::q4_layout(cm::WType::Q8_0, &lay));
+  EXPECT_FALSE(cm::q4_layout(cm::WType::Q6_K, &lay));
 }
 
 }  // namespace

@@ -84,6 +84,11 @@ TS_HD float bits_to_float(uint32_t u) {
   memcpy(&f, &u, sizeof f);
   return f;
 }
+TS_HD uint32_t float_to_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
 
 // ---- ggml block layouts (ggml-common.h; identical to touchstone/quant.h,
 // static_assert'ed in the host tests). fp16 fields are raw binary16 bits. ------
@@ -133,6 +138,34 @@ TS_HD float fp16_to_fp32(uint16_t h) {
   if (exp == 0x1F) return bits_to_float(sign | 0x7F800000u | (mant << 13));
   return bits_to_float(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
 }
+
+// fp32 -> IEEE binary16 bits, round to nearest even; overflow to inf, NaN stays
+// a quiet NaN (same bits as touchstone::gguf::fp32_to_fp16).
+TS_HD uint16_t fp32_to_fp16(float f) {
+  uint32_t x = float_to_bits(f);
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7FFFFFFFu;
+  if (x >= 0x7F800000u) {
+    return static_cast<uint16_t>(sign | 0x7C00u |
+                                 (x > 0x7F800000u ? 0x200u | ((x >> 13) & 0x3FFu) : 0u));
+  }
+  if (x >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: inf
+  if (x < 0x38800000u) {                                               // below 2^-14: subnormal
+    if (x < 0x33000000u) return sign;                                  // < 2^-25: 0
+    const uint32_t m = (x & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126u - (x >> 23);  // 14..24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  const uint32_t r = x - 0x38000000u;  // rebias exponent 127 -> 15
+  return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+}
+// x rounded to the nearest fp16 value and back (the fp16_accumulation fault and
+// the fp16-staged partial sums of the split-K reduction faults).
+TS_HD float round_fp16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
 
 // ---- dequantization of one element (exact: same bits as dequantize_row) -------
 // `j` is the element index inside the block (0..31, or 0..255 for K-quants).
@@ -221,6 +254,44 @@ TS_HD int64_t row_bytes(WType type, int64_t n) {
   return 0;
 }
 
+// ---- the quantized-only faults (touchstone/faults.h), applied to the blocks --------
+// quant_scale_min_swap and nibble_order are bugs in a kernel's block decoding; the
+// backend uploads blocks corrupted so that the correct kernels read them as the
+// buggy kernel would (as cpu_simd's Session::corrupt_quantized_copy). Host only.
+struct Q4Layout {
+  int64_t block_bytes;  // bytes per block
+  int64_t qs;           // offset of the first 4-bit quant byte
+  bool has_min;         // fp16 m (Q4_1) / dmin (Q4_K) at bytes 2..3
+};
+// The layout of a type with 4-bit quants (Q4_0, Q4_1, Q4_K); false for the others.
+inline bool q4_layout(WType t, Q4Layout* out) {
+  switch (t) {
+    case WType::Q4_0:
+      *out = {static_cast<int64_t>(sizeof(blk_q4_0)), 2, false};
+      return true;
+    case WType::Q4_1:
+      *out = {static_cast<int64_t>(sizeof(blk_q4_1)), 4, true};
+      return true;
+    case WType::Q4_K:
+      *out = {static_cast<int64_t>(sizeof(blk_q4_K)), 16, true};
+      return true;
+    default:
+      return false;
+  }
+}
+// One block as the buggy kernel reads it: swap_scale_min swaps the fp16 d and
+// m / dmin (bytes 0..1 and 2..3); otherwise each quant byte's low and high
+// nibbles are swapped (nibble_order).
+inline void corrupt_q4_block(uint8_t* blk, const Q4Layout& lay, bool swap_scale_min) {
+  if (swap_scale_min) {
+    const uint8_t b0 = blk[0], b1 = blk[1];
+    blk[0] = blk[2], blk[1] = blk[3], blk[2] = b0, blk[3] = b1;
+    return;
+  }
+  for (int64_t i = lay.qs; i < lay.block_bytes; ++i)
+    blk[i] = static_cast<uint8_t>((blk[i] >> 4) | (blk[i] << 4));
+}
+
 // ---- dot-product order of the matrix-vector kernel ---------------------------
 // A row of length n is cut into chunks of 32 consecutive elements (a Q4_0/Q4_1/
 // Q8_0 block, a K-quant sub-block, or 32 floats). Lane L of a warp (32 lanes)
@@ -261,13 +332,23 @@ TS_HD float row_dot_emulated(WType type, const void* row, const float* x, int64_
   return warp_sum_emulated(lanes);
 }
 
-// ---- RoPE (interleaved pairs (2i, 2i+1), as reference_forward.cpp) ---------------
+// ---- RoPE (touchstone/scalar_ops.h: ops::rope_interleaved / ops::rope_neox) ---------
 // The angle table is built on the host with exactly the reference formula (fp64
 // pow/cos/sin) and uploaded; the rotation itself is done in fp64 and rounded
 // once, so a rotated pair is bit-identical to the reference.
-inline double rope_theta(int32_t pos, int64_t i, int64_t hd, double base) {
-  return static_cast<double>(pos) *
-         std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+// theta = pos / scale * base^(-2i / n_rot) / freq_factor (ops::rope_theta; scale:
+// linear RoPE scaling, freq_factor: rope_freqs.weight[i], 1 = none).
+inline double rope_theta(int32_t pos, int64_t i, int64_t n_rot, double base, double scale,
+                         double freq_factor) {
+  return static_cast<double>(pos) / scale *
+         std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot)) / freq_factor;
+}
+// The two elements of a head vector that rotary pair i (< n_rot / 2) rotates:
+// (i, i + n_rot/2) for NeoX, (2i, 2i+1) for interleaved; elements >= n_rot
+// (partial rotary) are never touched.
+TS_HD void rope_pair(int i, int n_rot, bool neox, int* a, int* b) {
+  *a = neox ? i : 2 * i;
+  *b = neox ? i + n_rot / 2 : 2 * i + 1;
 }
 TS_HD void rope_rotate(float* x0, float* x1, double c, double s) {
   const double a = *x0, b = *x1;
@@ -309,6 +390,34 @@ TS_HD void softmax_merge(float* m1, float* l1, float* a1, float m2, float l2, co
   for (int i = 0; i < n; ++i) a1[i] = fma_rn(a2[i], s.c2, mul_rn(a1[i], s.c1));
 }
 
+// The softmax_no_max fault: score s adds (0, e, e v) with e = expf(s) in fp32 and
+// no max subtracted (ops: exp(float(score)); inf once s > ~88.7, then NaN).
+// a2 is scratch of n floats (overwritten with e v).
+TS_HD void softmax_add_no_max(float* m1, float* l1, float* a1, float s, const float* v, float* a2,
+                              int n) {
+  const float e = exp_f(s);
+  for (int i = 0; i < n; ++i) a2[i] = mul_rn(e, v[i]);
+  softmax_merge(m1, l1, a1, 0.0f, e, a2, n);
+}
+
+// KV positions [t0, t1) that the query at `pos` attends (reference_forward.cpp,
+// ReferenceTransformer::attention): causal [0, pos]; a sliding window W > 0
+// keeps the last W (t0 = pos - W + 1). Faults: drop_newest (kv_position_off_by_one)
+// ends at pos for pos > 0; kv_floor (rewind_noop: the session's high-water mark,
+// else 0) extends t1 to it; whole_chunk (causal_mask) extends t1 to chunk_end,
+// the end of the prefill chunk.
+struct KvRange {
+  int t0, t1;
+};
+TS_HD KvRange attention_range(int pos, int chunk_end, int kv_floor, int window, bool drop_newest,
+                              bool whole_chunk) {
+  int t1 = (drop_newest && pos > 0) ? pos : pos + 1;
+  if (t1 < kv_floor) t1 = kv_floor;
+  if (whole_chunk && t1 < chunk_end) t1 = chunk_end;
+  const int t0 = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
+  return {t0, t1};
+}
+
 // ---- elementwise (fp64, rounded once: the reference formulas) ---------------
 TS_HD float silu_mul(float g, float u) {
   const double gd = g;
@@ -318,6 +427,31 @@ TS_HD float silu_mul(float g, float u) {
   const double e = std::exp(-gd);
 #endif
   return static_cast<float>(dmul_rn(gd / dadd_rn(1.0, e), static_cast<double>(u)));
+}
+TS_HD double tanh_d(double x) {
+#if defined(__CUDA_ARCH__)
+  return tanh(x);
+#else
+  return std::tanh(x);
+#endif
+}
+// GeGLU: gelu_tanh(g) * u (ops::gelu_tanh:
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), fp64, same operation order).
+TS_HD float gelu_mul(float g, float u) {
+  constexpr double kSqrt2OverPi = 0.79788456080286535587989211986876;
+  const double x = g;
+  const double cube = dmul_rn(dmul_rn(dmul_rn(0.044715, x), x), x);
+  const double t = tanh_d(dmul_rn(kSqrt2OverPi, dadd_rn(x, cube)));
+  const double act = dmul_rn(dmul_rn(0.5, x), dadd_rn(1.0, t));
+  return static_cast<float>(dmul_rn(act, static_cast<double>(u)));
+}
+// Final logit soft-capping: cap * tanh(x / cap) in fp64 (ops::softcap).
+TS_HD float softcap(float x, double cap) {
+  return static_cast<float>(dmul_rn(cap, tanh_d(static_cast<double>(x) / cap)));
+}
+// Embedding element times the model's embedding scale, fp64, rounded once.
+TS_HD float embd_scaled(float e, double scale) {
+  return static_cast<float>(dmul_rn(static_cast<double>(e), scale));
 }
 // RMSNorm output element: x * inv * w in fp64 (inv = 1 / sqrt(mean(x^2) + eps)).
 TS_HD float rms_scale(float x, double inv, float w) {
