@@ -216,6 +216,9 @@ bool device_type(gguf::TensorType t, WType* out) {
     case gguf::TensorType::Q4_1:
       *out = WType::Q4_1;
       return true;
+    case gguf::TensorType::Q5_0:
+      *out = WType::Q5_0;
+      return true;
     case gguf::TensorType::Q8_0:
       *out = WType::Q8_0;
       return true;
@@ -302,7 +305,7 @@ class WeightLoader {
           TS_ERR_UNSUPPORTED,
           fmt::format(
               "{}: tensor {} has type {}; the cuda quantized path reads F32, F16, Q4_0, Q4_1, "
-              "Q8_0, Q4_K, Q6_K (use --weights full_precision)",
+              "Q5_0, Q8_0, Q4_K, Q6_K (use --weights full_precision)",
               f_.path(), name, gguf::type_name(t.type)));
     }
     const int block = (wt == WType::Q4_K || wt == WType::Q6_K) ? cm::kQK_K : cm::kQK;
@@ -1010,8 +1013,8 @@ struct Cuda {
     // Types the quantized path reads on the device (full_precision dequantizes
     // every type touchstone::gguf knows on the host).
     c.weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
-                     TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
-                     TS_WEIGHT_TYPE_BIT(14);
+                     TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(6) | TS_WEIGHT_TYPE_BIT(8) |
+                     TS_WEIGHT_TYPE_BIT(12) | TS_WEIGHT_TYPE_BIT(14);
     c.max_context = 0;
     c.determinism_note =
         "not claimed: no atomics and fixed launch shapes, so runs repeat on one GPU with one "

@@ -29,6 +29,9 @@ cudaError_t dispatch(WType t, F&& f) {
     case WType::Q4_1:
       f(std::integral_constant<WType, WType::Q4_1>{});
       break;
+    case WType::Q5_0:
+      f(std::integral_constant<WType, WType::Q5_0>{});
+      break;
     case WType::Q8_0:
       f(std::integral_constant<WType, WType::Q8_0>{});
       break;

@@ -26,6 +26,10 @@ namespace gg = touchstone::gguf;
 // ---- block layouts -------------------------------------------------------------------
 static_assert(sizeof(cm::blk_q4_0) == sizeof(gg::block_q4_0));
 static_assert(sizeof(cm::blk_q4_1) == sizeof(gg::block_q4_1));
+static_assert(sizeof(cm::blk_q5_0) == sizeof(gg::block_q5_0));
+static_assert(offsetof(cm::blk_q5_0, qh) == offsetof(gg::block_q5_0, qh));
+static_assert(offsetof(cm::blk_q5_0, qs) == offsetof(gg::block_q5_0, qs));
+static_assert(static_cast<int>(cm::WType::Q5_0) == static_cast<int>(gg::TensorType::Q5_0));
 static_assert(sizeof(cm::blk_q8_0) == sizeof(gg::block_q8_0));
 static_assert(sizeof(cm::blk_q4_K) == sizeof(gg::block_q4_K));
 static_assert(sizeof(cm::blk_q6_K) == sizeof(gg::block_q6_K));
@@ -81,6 +85,9 @@ std::vector<uint8_t> random_row(cm::WType type, int64_t n, std::mt19937& rng) {
     case cm::WType::Q4_1:
       set_halves(20, {0, 2});
       break;
+    case cm::WType::Q5_0:
+      set_halves(22, {0});
+      break;
     case cm::WType::Q8_0:
       set_halves(34, {0});
       break;
@@ -95,7 +102,7 @@ std::vector<uint8_t> random_row(cm::WType type, int64_t n, std::mt19937& rng) {
 }
 
 const cm::WType kTypes[] = {cm::WType::F32,  cm::WType::F16,  cm::WType::Q4_0, cm::WType::Q4_1,
-                            cm::WType::Q8_0, cm::WType::Q4_K, cm::WType::Q6_K};
+                            cm::WType::Q5_0, cm::WType::Q8_0, cm::WType::Q4_K, cm::WType::Q6_K};
 
 TEST(CudaKernelMath, RowBytesMatchGgufTypeTraits) {
   for (cm::WType t : kTypes) {

@@ -104,6 +104,11 @@ struct blk_q4_1 {
   uint16_t m;
   uint8_t qs[16];
 };
+struct blk_q5_0 {
+  uint16_t d;
+  uint8_t qh[4];  // bit j: the 5th bit of element j
+  uint8_t qs[16];
+};
 struct blk_q8_0 {
   uint16_t d;
   int8_t qs[32];
@@ -121,10 +126,20 @@ struct blk_q6_K {
   uint16_t d;
 };
 static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q8_0) == 34);
+static_assert(sizeof(blk_q5_0) == 22);
 static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210);
 
 // Weight types the device kernels read (values = ggml_type numbers).
-enum class WType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum class WType : int {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q8_0 = 8,
+  Q4_K = 12,
+  Q6_K = 14
+};
 
 // IEEE binary16 -> fp32, exact (same bits as touchstone::gguf::fp16_to_fp32).
 TS_HD float fp16_to_fp32(uint16_t h) {
@@ -177,6 +192,15 @@ TS_HD float deq_q4_1(const blk_q4_1& b, int j) {
   const int q = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
   return add_rn(mul_rn(static_cast<float>(q), fp16_to_fp32(b.d)), fp16_to_fp32(b.m));
 }
+// Q5_0: element j = (4-bit quant | bit j of qh << 4) - 16, times d (ggml
+// dequantize_row_q5_0: low nibbles are elements 0..15, high nibbles 16..31).
+TS_HD float deq_q5_0(const blk_q5_0& b, int j) {
+  uint32_t qh;
+  memcpy(&qh, b.qh, sizeof qh);
+  const int lo = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+  const int q = (lo | static_cast<int>(((qh >> j) & 1u) << 4)) - 16;
+  return mul_rn(static_cast<float>(q), fp16_to_fp32(b.d));
+}
 TS_HD float deq_q8_0(const blk_q8_0& b, int j) {
   return mul_rn(static_cast<float>(b.qs[j]), fp16_to_fp32(b.d));
 }
@@ -223,6 +247,8 @@ TS_HD float deq_elem(WType type, const void* row, int64_t i) {
       return deq_q4_0(static_cast<const blk_q4_0*>(row)[i / 32], static_cast<int>(i % 32));
     case WType::Q4_1:
       return deq_q4_1(static_cast<const blk_q4_1*>(row)[i / 32], static_cast<int>(i % 32));
+    case WType::Q5_0:
+      return deq_q5_0(static_cast<const blk_q5_0*>(row)[i / 32], static_cast<int>(i % 32));
     case WType::Q8_0:
       return deq_q8_0(static_cast<const blk_q8_0*>(row)[i / 32], static_cast<int>(i % 32));
     case WType::Q4_K:
@@ -244,6 +270,8 @@ TS_HD int64_t row_bytes(WType type, int64_t n) {
       return n / 32 * 18;
     case WType::Q4_1:
       return n / 32 * 20;
+    case WType::Q5_0:
+      return n / 32 * 22;
     case WType::Q8_0:
       return n / 32 * 34;
     case WType::Q4_K:
