@@ -2,7 +2,7 @@
 // attention.comp - causal softmax attention over the KV cache with GQA: query
 // head h reads KV head h / (n_head / n_head_kv). One workgroup per (head x,
 // token y). Scores go to a scratch row, then softmax, then the weighted sum of V.
-// Token t attends entries [0, n_kv): n_kv = kv_len - (n_tok - 1 - t), the causal
+// Token t attends entries [j0, n_kv) (j0 > 0 only under a sliding window): n_kv = kv_len - (n_tok - 1 - t), the causal
 // limit counted back from the host's filled length (= pos + 1 while the host
 // keeps kv_len right; the rewind_noop fault leaves it stale). Faults
 // (faults.glsl): FAULT_CAUSAL_MASK (n_kv = kv_len), FAULT_GQA_MAPPING,
@@ -22,6 +22,7 @@ layout(push_constant) uniform PC {
   uint drop_newest;    // fault kv_position_off_by_one: skip the newest entry (pos > 0)
   float scale;         // 1 / sqrt(hd)
   uint kv_len;         // cache entries filled, this chunk included (pos0 + n_tok)
+  uint window;       // sliding window W: attend positions (pos - W, pos]; 0 = none
 } pc;
 
 void main() {
@@ -29,6 +30,8 @@ void main() {
   const uint pos = pc.pos0 + t;
   const uint n_causal = FAULT_CAUSAL_MASK ? pc.kv_len : pc.kv_len - (pc.n_tok - 1u - t);
   const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? n_causal - 1u : n_causal;
+  // Sliding window (HF sliding_window_overlay): entries [j0, n_kv) with j0 = pos - W + 1.
+  const uint j0 = (pc.window != 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
   const uint q_dim = pc.n_head * pc.hd, kv_dim = pc.n_head_kv * pc.hd;
   const uint kv_head = FAULT_GQA_MAPPING ? h % pc.n_head_kv : h / (pc.n_head / pc.n_head_kv);
   const uint kv_off = kv_head * pc.hd;
@@ -36,7 +39,7 @@ void main() {
   const uint sb = (t * pc.n_head + h) * pc.max_ctx;
 
   float m = -1.0 / 0.0;
-  for (uint j = tid; j < n_kv; j += WG) {
+  for (uint j = j0 + tid; j < n_kv; j += WG) {
     const uint kb = j * kv_dim + kv_off;
     float s = 0.0;
     for (uint i = 0; i < pc.hd; ++i) s += q[qb + i] * kc[kb + i];
@@ -47,7 +50,7 @@ void main() {
   m = wg_max(m);
   if (FAULT_SOFTMAX_NO_MAX) m = 0.0;  // exp(s) overflows to inf above ~88.7
   float sum = 0.0;
-  for (uint j = tid; j < n_kv; j += WG) {
+  for (uint j = j0 + tid; j < n_kv; j += WG) {
     const float e = exp(sc[sb + j] - m);
     sc[sb + j] = e;
     sum += e;
@@ -57,7 +60,7 @@ void main() {
   barrier();
   for (uint i = tid; i < pc.hd; i += WG) {
     float acc = 0.0;
-    for (uint j = 0; j < n_kv; ++j) acc += sc[sb + j] * vc[j * kv_dim + kv_off + i];
+    for (uint j = j0; j < n_kv; ++j) acc += sc[sb + j] * vc[j * kv_dim + kv_off + i];
     o[qb + i] = acc / sum;
   }
 }

@@ -38,6 +38,7 @@ layout(push_constant) uniform PC {
   uint drop_newest;  // fault kv_position_off_by_one: skip the newest entry (pos > 0)
   float scale;       // 1 / sqrt(hd)
   uint kv_len;       // cache entries filled, this chunk included (pos0 + n_tok)
+  uint window;       // sliding window W: attend positions (pos - W, pos]; 0 = none
 }
 pc;
 
@@ -50,6 +51,8 @@ void main() {
   const uint pos = pc.pos0 + t;
   const uint n_causal = FAULT_CAUSAL_MASK ? pc.kv_len : pc.kv_len - (pc.n_tok - 1u - t);
   const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? n_causal - 1u : n_causal;
+  // Sliding window (HF sliding_window_overlay): entries [j0, n_kv) with j0 = pos - W + 1.
+  const uint j0 = (pc.window != 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
   const uint q_dim4 = pc.n_head * HD / 4u, kv_dim4 = pc.n_head_kv * HD / 4u;
   const uint kv_head = FAULT_GQA_MAPPING ? h % pc.n_head_kv : h / (pc.n_head / pc.n_head_kv);
   const uint kv_off4 = kv_head * HD / 4u;
@@ -59,7 +62,7 @@ void main() {
   vec4 qv[HD / 4];
   [[unroll]] for (uint c = 0; c < HD / 4; ++c) qv[c] = q4[qb4 + c];
   float m = -1.0 / 0.0;
-  for (uint j = lane; j < n_kv; j += LANES) {
+  for (uint j = j0 + lane; j < n_kv; j += LANES) {
     const uint kb4 = j * kv_dim4 + kv_off4;
     float s = 0.0;
     [[unroll]] for (uint c = 0; c < HD / 4; ++c) s += dot(qv[c], floats4(kc4[kb4 + c]));
@@ -70,7 +73,7 @@ void main() {
   m = subgroupMax(m);
   if (FAULT_SOFTMAX_NO_MAX) m = 0.0;  // exp(s) overflows to inf above ~88.7
   float sum = 0.0;
-  for (uint j = lane; j < n_kv; j += LANES) {
+  for (uint j = j0 + lane; j < n_kv; j += LANES) {
     const float e = exp(sc[sb + j] - m);
     sc[sb + j] = e;
     sum += e;
@@ -80,7 +83,7 @@ void main() {
   // the 8 partial sums are added across the subgroup.
   vec4 acc[HD / 4];
   [[unroll]] for (uint c = 0; c < HD / 4; ++c) acc[c] = vec4(0.0);
-  for (uint j = lane; j < n_kv; j += LANES) {
+  for (uint j = j0 + lane; j < n_kv; j += LANES) {
     const float e = sc[sb + j];
     const uint vb4 = j * kv_dim4 + kv_off4;
     [[unroll]] for (uint c = 0; c < HD / 4; ++c) acc[c] += e * floats4(vc4[vb4 + c]);

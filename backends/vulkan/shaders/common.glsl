@@ -74,3 +74,10 @@ float wg_max(float x) {
   barrier();
   return r;
 }
+
+// tanh(x) without overflow for large |x| (exp(2x) would reach inf):
+// sign(x) (1 - e) / (1 + e), e = exp(-2|x|).
+float tanh_stable(float x) {
+  const float e = exp(-2.0 * abs(x));
+  return sign(x) * (1.0 - e) / (1.0 + e);
+}

@@ -1,15 +1,29 @@
 #version 450
-// swiglu.comp - gate[i] = SiLU(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up.
+// glu.comp - the gated FFN activation, in place in gate:
+//   SwiGLU (gelu == 0): gate[i] = SiLU(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up
+//   GeGLU  (gelu != 0): gate[i] = GELU_tanh(gate[i]) * up[i],
+//     GELU_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// (HF ACT2FN["silu"] / ACT2FN["gelu_pytorch_tanh"], touchstone/scalar_ops.h). fp32.
 #include "common.glsl"
 
 layout(std430, binding = 0) buffer G { float g[]; };
 layout(std430, binding = 1) readonly buffer U { float u[]; };
 
-layout(push_constant) uniform PC { uint n; } pc;
+layout(push_constant) uniform PC {
+  uint n;     // elements
+  uint gelu;  // 0: SiLU gate, 1: tanh-GELU gate
+} pc;
 
 void main() {
   const uint i = gl_GlobalInvocationID.x + gl_WorkGroupID.y * 65535u * WG;
   if (i >= pc.n) return;
   const float x = g[i];
-  g[i] = x / (1.0 + exp(-x)) * u[i];
+  float act;
+  if (pc.gelu != 0u) {
+    const float k = 0.7978845608028654;  // sqrt(2 / pi)
+    act = 0.5 * x * (1.0 + tanh_stable(k * (x + 0.044715 * x * x * x)));
+  } else {
+    act = x / (1.0 + exp(-x));
+  }
+  g[i] = act * u[i];
 }

@@ -1,6 +1,6 @@
-// vk_forward.cpp - the forward graph: per layer RMSNorm -> Q/K/V matmuls ->
-// RoPE + KV store -> attention -> Wo (+residual) -> RMSNorm -> gate/up ->
-// SwiGLU -> down (+residual); then the final norm and the LM head.
+// vk_forward.cpp - one sequence: buffers, RoPE tables, chunking of run() and
+// greedy(), logits and layer taps back to the host. The graph itself is
+// recorded in vk_graph.cpp.
 #include "vk_forward.h"
 
 #include <algorithm>
@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "touchstone/scalar_ops.h"
 
 namespace touchstone::vk {
 namespace {
@@ -85,21 +87,40 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
       vc_.back().zero();
     }
   }
-  // RoPE table in fp64, rounded once: (cos, sin) of pos * base^(-2i/hd).
-  const double base = double{c.rope_freq_base} * faults_.rope_base_scale;
-  std::vector<float> rope(ctx_n * hd);
-  for (size_t p = 0; p < ctx_n; ++p) {
-    for (size_t i = 0; i < hd / 2; ++i) {
-      const double theta = double(p) * std::pow(base, -2.0 * double(i) / double(hd));
-      rope[(p * hd / 2 + i) * 2] = static_cast<float>(std::cos(theta));
-      rope[(p * hd / 2 + i) * 2 + 1] = static_cast<float>(std::sin(theta));
-    }
-  }
-  rope_ = Buffer(ctx, f32(rope.size()), K::Device);
-  rope_.upload(rope.data(), f32(rope.size()));
+  blk_ = Buffer(ctx, f32(T * d), K::Device);
+  taps_buf_ = Buffer(ctx, f32(size_t(c.n_layer) * TS_TAP_POINTS * d), K::Host);
+  build_rope_tables();
   if (const char* p = std::getenv("TOUCHSTONE_VULKAN_PROFILE"); p && *p && *p != '0')
     prof_ = std::make_unique<Profiler>(ctx);
   ctx_.check_validation();
+}
+
+// One (cos, sin) table per distinct (RoPE base, linear scale) of the layers:
+// angles in fp64 as ops::rope_theta (base^(-2i / n_rot) * pos / scale /
+// freq_factor), rounded once to fp32. The rope_base_off_1pct fault scales every base.
+void Forward::build_rope_tables() {
+  const ModelConfig& c = w_.config;
+  const size_t half = size_t(c.n_rot) / 2, ctx_n = size_t(max_ctx_);
+  std::vector<std::pair<double, double>> keys;
+  for (const LayerConfig& lc : c.layers) {
+    const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
+    auto it = std::find(keys.begin(), keys.end(), key);
+    rope_of_layer_.push_back(size_t(it - keys.begin()));
+    if (it != keys.end()) continue;
+    keys.push_back(key);
+    std::vector<float> table(ctx_n * half * 2);
+    for (size_t p = 0; p < ctx_n; ++p) {
+      for (size_t i = 0; i < half; ++i) {
+        const double ff = w_.rope_freqs.empty() ? 1.0 : double{w_.rope_freqs[i]};
+        const double theta =
+            ops::rope_theta(int32_t(p), int64_t(i), c.n_rot, key.first, key.second, ff);
+        table[(p * half + i) * 2] = static_cast<float>(std::cos(theta));
+        table[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(theta));
+      }
+    }
+    rope_tables_.emplace_back(ctx_, f32(table.size()), Buffer::Kind::Device);
+    rope_tables_.back().upload(table.data(), f32(table.size()));
+  }
 }
 
 Forward::~Forward() {
@@ -127,7 +148,7 @@ int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
   rope_origin_ = faults_.prefill_position_reset && n > 1 ? uint32_t(pos_) : 0u;  // as in run()
   for (int32_t done = 0; done < n;) {
     const int32_t m = std::min(kChunk, n - done);
-    run_chunk(tokens + done, uint32_t(m), false, nullptr, done + m == n);
+    run_chunk(tokens + done, uint32_t(m), false, nullptr, done + m == n, done + m == n);
     done += m;
   }
   rope_origin_ = 0;
@@ -148,9 +169,9 @@ void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* l
     const bool last = done + m == n;
     // Logits are needed for every chunk when all_positions, else only for the last token.
     if (all_positions) {
-      run_chunk(tokens + done, uint32_t(m), true, logits + size_t(done) * v);
+      run_chunk(tokens + done, uint32_t(m), true, logits + size_t(done) * v, false, last);
     } else {
-      run_chunk(tokens + done, uint32_t(m), false, last ? logits : nullptr);
+      run_chunk(tokens + done, uint32_t(m), false, last ? logits : nullptr, false, last);
     }
     done += m;
   }
@@ -160,14 +181,21 @@ void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* l
 }
 
 void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits,
-                        bool argmax) {
+                        bool argmax, bool last) {
   std::memcpy(tokens_.mapped(), tokens, n * sizeof(int32_t));
+  const bool tap = taps_on_ && last;
+  // Block outputs of a skipped layer (last_layer_skipped fault) stay zero.
+  if (tap) std::memset(taps_buf_.mapped(), 0, taps_buf_.size());
   ctx_.run([&](VkCommandBuffer cb) {
     if (prof_) prof_->begin(cb);
     Recorder r(cb, sets_, prof_.get());
-    record(r, n, all_positions, logits != nullptr || argmax, argmax);
+    record(r, n, all_positions, logits != nullptr || argmax || tap, argmax, tap);
   });
   if (prof_) prof_->collect();
+  if (tap) {
+    const float* t = static_cast<const float*>(taps_buf_.mapped());
+    taps_.assign(t, t + taps_buf_.size() / sizeof(float));
+  }
   const int32_t pos0 = pos_;
   pos_ += int32_t(n);
   kv_len_ = std::max(kv_len_, pos_);
@@ -185,82 +213,6 @@ void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, f
       }
     }
   }
-}
-
-// One transformer layer over the chunk's n tokens: x_ += attention, x_ += FFN.
-void Forward::record_layer(Recorder& r, size_t l, uint32_t n) {
-  const ModelConfig& c = w_.config;
-  const DeviceLayer& L = w_.layers[l];
-  const uint32_t d = uint32_t(c.n_embd), hd = uint32_t(c.head_dim), n_ff = uint32_t(c.n_ff);
-  const uint32_t q_dim = uint32_t(c.n_head) * hd, kv_dim = uint32_t(c.n_head_kv) * hd;
-  const uint32_t pos0 = uint32_t(pos_);
-  const RmsNormPush norm{d, n, 0, d, 0, d, float(c.rms_norm_eps * faults_.rms_eps_scale)};
-  r.dispatch(k_.rms_norm(), {&x_, &L.attn_norm, &xn_}, norm, n);
-  r.barrier();
-  record_matmul(r, k_, L.wq.type, L.wq.buf, xn_, q_, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
-  record_matmul(r, k_, L.wk.type, L.wk.buf, xn_, k_buf_,
-                MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
-  record_matmul(r, k_, L.wv.type, L.wv.buf, xn_, v_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
-  r.barrier();
-  r.dispatch(k_.rope_store(), {&q_, &k_buf_, &v_, &kc_[l], &vc_[l], &rope_},
-             RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd, rope_origin_},
-             n);
-  r.barrier();
-  // Faults: attention_scale (1/hd), kv_position_off_by_one (drop_newest),
-  // rewind_noop (kv_len_ kept past a rewind: the stale entries are attended).
-  const double scale = faults_.attention_scale ? 1.0 / double(hd) : 1.0 / std::sqrt(double(hd));
-  const AttentionPush ap{n,
-                         pos0,
-                         uint32_t(c.n_head),
-                         uint32_t(c.n_head_kv),
-                         hd,
-                         uint32_t(max_ctx_),
-                         faults_.kv_off_by_one ? 1u : 0u,
-                         static_cast<float>(scale),
-                         uint32_t(std::max(kv_len_, pos_ + int32_t(n)))};
-  r.dispatch(k_.attention(hd), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head), n);
-  r.barrier();
-  record_matmul(r, k_, L.wo.type, L.wo.buf, att_, x_, MatmulPush{q_dim, d, n, 0, q_dim, 0, d, 1});
-  r.barrier();
-  r.dispatch(k_.rms_norm(), {&x_, &L.ffn_norm, &xn_}, norm, n);
-  r.barrier();
-  record_matmul(r, k_, L.gate.type, L.gate.buf, xn_, gate_,
-                MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-  record_matmul(r, k_, L.up.type, L.up.buf, xn_, up_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-  r.barrier();
-  r.dispatch(k_.swiglu(), {&gate_, &up_}, SwigluPush{n * n_ff},
-             (n * n_ff + kWorkgroup - 1) / kWorkgroup);
-  r.barrier();
-  record_matmul(r, k_, L.down.type, L.down.buf, gate_, x_,
-                MatmulPush{n_ff, d, n, 0, n_ff, 0, d, 1});
-  r.barrier();
-}
-
-void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax) {
-  const ModelConfig& c = w_.config;
-  const uint32_t d = uint32_t(c.n_embd), vocab = uint32_t(c.n_vocab);
-  const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);  // rms_eps_10x fault
-
-  r.dispatch(k_.get_rows(w_.token_embd.type), {&w_.token_embd.buf, &tokens_, &x_},
-             GetRowsPush{d, n, 0, w_.token_embd.n_out}, n);
-  r.barrier();
-  // The last_layer_skipped fault: the loop stops one layer early.
-  const size_t n_layer = w_.layers.size() - (faults_.last_layer_skipped ? 1 : 0);
-  for (size_t l = 0; l < n_layer; ++l) record_layer(r, l, n);
-  if (!want_logits) return;  // an inner prefill chunk: only the KV cache matters
-  // Final norm and LM head: every position, or only the last one.
-  const uint32_t rows = all_positions ? n : 1, first = all_positions ? 0 : n - 1;
-  r.dispatch(k_.rms_norm(), {&x_, &w_.output_norm, &xn_},
-             RmsNormPush{d, rows, first * d, d, 0, d, eps}, rows);
-  r.barrier();
-  const DeviceMatrix& head = w_.lm_head();
-  record_matmul(r, k_, head.type, head.buf, xn_, logits_,
-                MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
-  if (argmax) {  // of the last row written
-    r.barrier();
-    r.dispatch(k_.argmax(), {&logits_, &argmax_}, ArgmaxPush{vocab, (rows - 1) * vocab}, 1);
-  }
-  r.host_barrier();
 }
 
 }  // namespace touchstone::vk

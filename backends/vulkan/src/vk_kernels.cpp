@@ -61,10 +61,17 @@ Kernels::Kernels(Context& ctx, const ShaderFaults& faults) : ctx_(ctx), faults_(
   }
   add("rms_norm" + sg, 3, sizeof(RmsNormPush));
   add("attention" + sg, 5, sizeof(AttentionPush));
-  if (rows_ && ctx.info().subgroup_arithmetic) add("attention_rows", 5, sizeof(AttentionPush));
+  if (rows_ && ctx.info().subgroup_arithmetic) {
+    for (uint32_t hd : kAttentionRowsHeadDims)
+      add("attention_rows_" + std::to_string(hd), 5, sizeof(AttentionPush));
+  }
   add("rope_store", 6, sizeof(RopeStorePush));
-  add("swiglu", 2, sizeof(SwigluPush));
+  add("glu", 2, sizeof(GluPush));
   add("argmax", 2, sizeof(ArgmaxPush));
+  add("bias_add", 2, sizeof(BiasAddPush));
+  add("add", 2, sizeof(AddPush));
+  add("softcap", 1, sizeof(SoftcapPush));
+  add("copy", 2, sizeof(CopyPush));
   ctx.check_validation();
 }
 
@@ -147,8 +154,8 @@ const Kernel& Kernels::matmul(TensorType t, uint32_t n_tok, bool rows) const {
   return rows ? get(base + (n_tok == 1 ? "_rows1" : "_rows"), false) : get(base, true);
 }
 const Kernel& Kernels::attention(uint32_t head_dim) const {
-  if (head_dim == kAttentionRowsHeadDim && kernels_.count("attention_rows"))
-    return kernels_.at("attention_rows");
+  if (auto it = kernels_.find("attention_rows_" + std::to_string(head_dim)); it != kernels_.end())
+    return it->second;
   return get("attention", true);
 }
 const Kernel& Kernels::get_rows(TensorType t) const {

@@ -64,11 +64,16 @@ class Kernels {
   const Kernel& matmul(gguf::TensorType t, uint32_t n_tok, bool rows) const;
   const Kernel& get_rows(gguf::TensorType t) const;
   const Kernel& rms_norm() const { return get("rms_norm", true); }
-  // attention_rows.comp on CPU devices when head_dim == kAttentionRowsHeadDim, else attention.comp.
+  // attention_rows.comp on CPU devices when head_dim is one of kAttentionRowsHeadDims, else
+  // attention.comp.
   const Kernel& attention(uint32_t head_dim) const;
   const Kernel& rope_store() const { return get("rope_store", false); }
-  const Kernel& swiglu() const { return get("swiglu", false); }
+  const Kernel& glu() const { return get("glu", false); }
   const Kernel& argmax() const { return get("argmax", false); }
+  const Kernel& bias_add() const { return get("bias_add", false); }
+  const Kernel& add() const { return get("add", false); }
+  const Kernel& softcap() const { return get("softcap", false); }
+  const Kernel& copy() const { return get("copy", false); }
   Context& context() const { return ctx_; }
   // matmul strategy: matmul_rows.comp (CPU devices) instead of one workgroup per row.
   bool matmul_row_per_invocation() const { return rows_; }
@@ -130,6 +135,8 @@ struct MatmulPush {
 };
 struct GetRowsPush {
   uint32_t n, n_tok, out_off, n_rows;
+  float scale;    // embedding multiplier (ModelConfig::embd_scale)
+  uint32_t row0;  // W holds rows [row0, row0 + n_rows) of the table; other tokens are skipped
 };
 struct RmsNormPush {
   uint32_t n, n_tok, x_off, x_stride, out_off, out_stride;
@@ -138,15 +145,31 @@ struct RmsNormPush {
 struct RopeStorePush {
   uint32_t n_tok, pos0, n_head, n_head_kv, hd;
   uint32_t rope_origin;  // 0; the prefill_position_reset fault: RoPE rotates pos - rope_origin
+  uint32_t n_rot;        // rotated dims per head (<= hd; partial rotary below)
+  uint32_t neox;         // 1: NeoX pairs (i, i + n_rot/2), 0: interleaved (2i, 2i + 1)
 };
 struct AttentionPush {
   uint32_t n_tok, pos0, n_head, n_head_kv, hd, max_ctx, drop_newest;
   float scale;
   // KV entries filled, this chunk included: token t attends kv_len - (n_tok - 1 - t).
   uint32_t kv_len;
+  uint32_t window;  // sliding window W (positions pos - W + 1 .. pos), 0 = full causal
 };
-struct SwigluPush {
+struct GluPush {
+  uint32_t n, gelu;  // elements; 1: GeGLU (tanh GELU), 0: SwiGLU
+};
+struct BiasAddPush {
+  uint32_t n, n_tok;  // row length, rows
+};
+struct AddPush {
   uint32_t n;
+};
+struct SoftcapPush {
+  uint32_t n, off;
+  float cap;
+};
+struct CopyPush {
+  uint32_t n, src_off, dst_off;  // floats
 };
 struct ArgmaxPush {
   uint32_t n, off;  // argmax of x[off .. off + n); one workgroup
@@ -155,9 +178,10 @@ struct ArgmaxPush {
 inline constexpr uint32_t kMatmulTile = 8;  // tokens per matmul workgroup (TILE in matmul*.comp)
 // matmul_rows.comp: 8 invocations x 4 rows (LANES x ROWS) per workgroup.
 inline constexpr uint32_t kMatmulRowsPerGroup = 32;
-inline constexpr uint32_t kAttentionRowsHeadDim = 64;  // HD in attention_rows.comp
-inline constexpr uint32_t kWorkgroup = 64;             // WG in common.glsl
-inline constexpr uint32_t kMatmulRowsPerX = 32768;     // matmul.comp: o = group.x + group.z * 32768
+// HD of the attention_rows.comp variants (attention_rows_<HD>).
+inline constexpr uint32_t kAttentionRowsHeadDims[] = {64, 128, 256};
+inline constexpr uint32_t kWorkgroup = 64;          // WG in common.glsl
+inline constexpr uint32_t kMatmulRowsPerX = 32768;  // matmul.comp: o = group.x + group.z * 32768
 
 // Records Y (+)= W X with the right kernel and grid: matmul_rows.comp when the
 // context uses that strategy and n_in % 32 == 0, x_off % 4 == 0, x_stride % 4

@@ -1,6 +1,7 @@
-// vk_weights.cpp - GGUF tensors -> device buffers.
+// vk_weights.cpp - GGUF tensors -> device buffers (every family of ModelConfig).
 #include "vk_weights.h"
 
+#include <algorithm>
 #include <string>
 
 #include "touchstone/quant.h"
@@ -26,47 +27,142 @@ const gguf::TensorInfo& tensor(const gguf::File& f, const std::string& name, uin
   return *t;
 }
 
+Buffer device_copy(Context& ctx, const void* data, size_t bytes, uint64_t& total) {
+  Buffer b(ctx, bytes, Buffer::Kind::Device);
+  b.upload(data, bytes);
+  total += bytes;
+  return b;
+}
+
+// Rows [row0, row0 + n_rows) of tensor t (n_in elements per row, row_bytes
+// bytes in the file) in the device format of `type`: its own layout (vk_blocks.h)
+// or, for F32 targets of another type, dequantized.
+std::vector<uint8_t> device_rows(const gguf::TensorInfo& t, TensorType type, const uint8_t* first,
+                                 size_t row_bytes, size_t n_in, size_t n_rows) {
+  if (type == t.type && type == TensorType::F32)
+    return std::vector<uint8_t>(first, first + n_rows * row_bytes);
+  if (type == t.type) return to_device_blocks(type, first, n_in, n_rows);
+  std::vector<uint8_t> out(n_rows * n_in * sizeof(float));
+  float* v = reinterpret_cast<float*>(out.data());
+  for (size_t r = 0; r < n_rows; ++r)
+    gguf::dequantize_row(t.type, first + r * row_bytes, v + r * n_in, int64_t(n_in));
+  return out;
+}
+
+// Rows [row0, row0 + n_rows) of tensor t as a device matrix: in the tensor's
+// own layout when the shaders read it (and the path keeps blocks), else
+// dequantized to fp32; in parts of at most maxStorageBufferRange bytes.
+DeviceMatrix rows_to_device(Context& ctx, const gguf::File& f, const gguf::TensorInfo& t,
+                            size_t n_in, size_t row0, size_t n_rows, bool quantized,
+                            uint64_t& total) {
+  DeviceMatrix m;
+  m.n_in = uint32_t(n_in);
+  m.n_out = uint32_t(n_rows);
+  const gguf::TypeTraits& tt = gguf::type_traits(t.type);
+  const size_t row_bytes = n_in / tt.block_size * tt.type_size;
+  const uint8_t* first = f.tensor_data(t).data() + row0 * row_bytes;
+  const bool aligned = n_in % (t.type == TensorType::F32 ? 4 : size_t(tt.block_size)) == 0;
+  m.type = (quantized || t.type == TensorType::F32) && shader_reads(t.type) && aligned
+               ? t.type
+               : TensorType::F32;
+  if (m.type == TensorType::F32 && t.type != TensorType::F32) {
+    if (n_in % 4 != 0)
+      throw StatusError(TS_ERR_UNSUPPORTED, t.name + ": row length not a multiple of 4");
+    if (!gguf::can_dequantize(t.type)) {
+      throw StatusError(
+          TS_ERR_UNSUPPORTED,
+          t.name + ": type " + std::string(gguf::type_name(t.type)) + " cannot be dequantized");
+    }
+  }
+  // Device bytes per row (every layout is linear in rows), hence rows per part.
+  const size_t dev_row = device_rows(t, m.type, first, row_bytes, n_in, 1).size();
+  const size_t per_part = std::max<size_t>(1, ctx.info().max_storage_buffer_range / dev_row);
+  for (size_t r = 0; r < n_rows; r += per_part) {
+    const size_t n = std::min(per_part, n_rows - r);
+    const std::vector<uint8_t> dev =
+        device_rows(t, m.type, first + r * row_bytes, row_bytes, n_in, n);
+    m.parts.push_back(
+        MatrixPart{uint32_t(r), uint32_t(n), device_copy(ctx, dev.data(), dev.size(), total)});
+  }
+  return m;
+}
+
 DeviceMatrix upload_matrix(Context& ctx, const gguf::File& f, const std::string& name, int64_t n_in,
                            int64_t n_out, bool quantized, uint64_t& total) {
   const gguf::TensorInfo& t = tensor(f, name, uint64_t(n_in), uint64_t(n_out));
-  DeviceMatrix m;
-  m.n_in = uint32_t(n_in);
-  m.n_out = uint32_t(n_out);
-  const bool raw =
-      (quantized || t.type == TensorType::F32) && shader_reads(t.type) &&
-      n_in % int64_t(gguf::type_traits(t.type).block_size * (t.type == TensorType::F32 ? 4 : 1)) ==
-          0;
-  if (raw) {
-    const auto bytes = f.tensor_data(t);
-    m.type = t.type;
-    if (t.type == TensorType::F32) {
-      m.buf = Buffer(ctx, bytes.size(), Buffer::Kind::Device);
-      m.buf.upload(bytes.data(), bytes.size());
-    } else {
-      const std::vector<uint8_t> split =
-          to_device_blocks(t.type, bytes.data(), size_t(n_in), size_t(n_out));
-      m.buf = Buffer(ctx, split.size(), Buffer::Kind::Device);
-      m.buf.upload(split.data(), split.size());
-    }
-  } else {
-    if (n_in % 4 != 0)
-      throw StatusError(TS_ERR_UNSUPPORTED, name + ": row length not a multiple of 4");
-    const std::vector<float> v = gguf::dequantize(f, t);
-    m.type = TensorType::F32;
-    m.buf = Buffer(ctx, v.size() * sizeof(float), Buffer::Kind::Device);
-    m.buf.upload(v.data(), v.size() * sizeof(float));
+  return rows_to_device(ctx, f, t, size_t(n_in), 0, size_t(n_out), quantized, total);
+}
+
+// A fused tensor of sum(parts) rows, split into one matrix per part.
+std::vector<DeviceMatrix> upload_split(Context& ctx, const gguf::File& f, const std::string& name,
+                                       int64_t n_in, const std::vector<int64_t>& parts,
+                                       bool quantized, uint64_t& total) {
+  int64_t n_out = 0;
+  for (int64_t p : parts) n_out += p;
+  const gguf::TensorInfo& t = tensor(f, name, uint64_t(n_in), uint64_t(n_out));
+  std::vector<DeviceMatrix> out;
+  size_t row0 = 0;
+  for (int64_t p : parts) {
+    out.push_back(rows_to_device(ctx, f, t, size_t(n_in), row0, size_t(p), quantized, total));
+    row0 += size_t(p);
   }
-  total += m.buf.size();
-  return m;
+  return out;
+}
+
+std::vector<float> read_vector(const gguf::File& f, const std::string& name, int64_t n) {
+  return gguf::dequantize(f, tensor(f, name, uint64_t(n), 1));
 }
 
 Buffer upload_vector(Context& ctx, const gguf::File& f, const std::string& name, int64_t n,
                      uint64_t& total) {
-  const std::vector<float> v = gguf::dequantize(f, tensor(f, name, uint64_t(n), 1));
-  Buffer b(ctx, v.size() * sizeof(float), Buffer::Kind::Device);
-  b.upload(v.data(), v.size() * sizeof(float));
-  total += b.size();
-  return b;
+  const std::vector<float> v = read_vector(f, name, n);
+  return device_copy(ctx, v.data(), v.size() * sizeof(float), total);
+}
+
+void upload_attention(Context& ctx, const gguf::File& f, const ModelConfig& c, const std::string& p,
+                      bool quantized, DeviceLayer& L, uint64_t& total) {
+  const int64_t d = c.n_embd, hd = c.head_dim, q_dim = int64_t{c.n_head} * hd,
+                kv_dim = int64_t{c.n_head_kv} * hd;
+  L.attn_norm = upload_vector(ctx, f, p + "attn_norm.weight", d, total);
+  if (c.fused_qkv) {
+    auto qkv =
+        upload_split(ctx, f, p + "attn_qkv.weight", d, {q_dim, kv_dim, kv_dim}, quantized, total);
+    L.wq = std::move(qkv[0]);
+    L.wk = std::move(qkv[1]);
+    L.wv = std::move(qkv[2]);
+  } else {
+    L.wq = upload_matrix(ctx, f, p + "attn_q.weight", d, q_dim, quantized, total);
+    L.wk = upload_matrix(ctx, f, p + "attn_k.weight", d, kv_dim, quantized, total);
+    L.wv = upload_matrix(ctx, f, p + "attn_v.weight", d, kv_dim, quantized, total);
+  }
+  if (c.qkv_bias) {
+    L.bq = upload_vector(ctx, f, p + "attn_q.bias", q_dim, total);
+    L.bk = upload_vector(ctx, f, p + "attn_k.bias", kv_dim, total);
+    L.bv = upload_vector(ctx, f, p + "attn_v.bias", kv_dim, total);
+  }
+  if (c.qk_norm) {
+    L.q_norm = upload_vector(ctx, f, p + "attn_q_norm.weight", hd, total);
+    L.k_norm = upload_vector(ctx, f, p + "attn_k_norm.weight", hd, total);
+  }
+  L.wo = upload_matrix(ctx, f, p + "attn_output.weight", q_dim, d, quantized, total);
+  if (c.post_norms)
+    L.post_attn_norm = upload_vector(ctx, f, p + "post_attention_norm.weight", d, total);
+}
+
+void upload_ffn(Context& ctx, const gguf::File& f, const ModelConfig& c, const std::string& p,
+                bool quantized, DeviceLayer& L, uint64_t& total) {
+  const int64_t d = c.n_embd, ff = c.n_ff;
+  L.ffn_norm = upload_vector(ctx, f, p + "ffn_norm.weight", d, total);
+  if (c.fused_gate_up) {
+    auto gu = upload_split(ctx, f, p + "ffn_up.weight", d, {ff, ff}, quantized, total);
+    L.gate = std::move(gu[0]);
+    L.up = std::move(gu[1]);
+  } else {
+    L.gate = upload_matrix(ctx, f, p + "ffn_gate.weight", d, ff, quantized, total);
+    L.up = upload_matrix(ctx, f, p + "ffn_up.weight", d, ff, quantized, total);
+  }
+  L.down = upload_matrix(ctx, f, p + "ffn_down.weight", ff, d, quantized, total);
+  if (c.post_norms) L.post_ffn_norm = upload_vector(ctx, f, p + "post_ffw_norm.weight", d, total);
 }
 
 }  // namespace
@@ -77,24 +173,17 @@ std::unique_ptr<DeviceWeights> upload_weights(Context& ctx, const gguf::File& f,
   w->config = c;
   w->quantized = quantized;
   uint64_t& total = w->device_bytes;
-  const int64_t d = c.n_embd, q_dim = int64_t{c.n_head} * c.head_dim,
-                kv_dim = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t d = c.n_embd;
   w->token_embd = upload_matrix(ctx, f, "token_embd.weight", d, c.n_vocab, quantized, total);
   if (!c.tied_embeddings)
     w->output = upload_matrix(ctx, f, "output.weight", d, c.n_vocab, quantized, total);
   w->output_norm = upload_vector(ctx, f, "output_norm.weight", d, total);
+  if (c.rope_freq_factors) w->rope_freqs = read_vector(f, "rope_freqs.weight", c.n_rot / 2);
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     DeviceLayer L;
-    L.attn_norm = upload_vector(ctx, f, p + "attn_norm.weight", d, total);
-    L.ffn_norm = upload_vector(ctx, f, p + "ffn_norm.weight", d, total);
-    L.wq = upload_matrix(ctx, f, p + "attn_q.weight", d, q_dim, quantized, total);
-    L.wk = upload_matrix(ctx, f, p + "attn_k.weight", d, kv_dim, quantized, total);
-    L.wv = upload_matrix(ctx, f, p + "attn_v.weight", d, kv_dim, quantized, total);
-    L.wo = upload_matrix(ctx, f, p + "attn_output.weight", q_dim, d, quantized, total);
-    L.gate = upload_matrix(ctx, f, p + "ffn_gate.weight", d, c.n_ff, quantized, total);
-    L.up = upload_matrix(ctx, f, p + "ffn_up.weight", d, c.n_ff, quantized, total);
-    L.down = upload_matrix(ctx, f, p + "ffn_down.weight", c.n_ff, d, quantized, total);
+    upload_attention(ctx, f, c, p, quantized, L, total);
+    upload_ffn(ctx, f, c, p, quantized, L, total);
     w->layers.push_back(std::move(L));
   }
   ctx.check_validation();

@@ -14,7 +14,7 @@
 
 #include "touchstone/backend_impl.h"
 #include "touchstone/gguf.h"
-#include "touchstone/llama_config.h"
+#include "touchstone/model_config.h"
 #include "touchstone/reference_forward.h"
 #include "vk_context.h"
 #include "vk_forward.h"
@@ -70,12 +70,37 @@ bool quant_fault_applies(const touchstone::vk::DeviceWeights& w, const touchston
   return false;
 }
 
+// ABI v3: the families and features the graph computes (vk_graph.cpp;
+// docs/model-families.md has the canonical names).
+constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3";
+constexpr const char* kModelFeatures =
+    "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
+    "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
+    "geglu,embedding_scale,attention_scale,final_logit_softcap";
+
+bool listed(const char* list, const std::string& name) {
+  return ("," + std::string(list) + ",").find("," + name + ",") != std::string::npos;
+}
+
+// Refuses (UnsupportedModel, naming them) an architecture or features not in
+// the lists above; read_model_config has already refused what no backend of
+// this repository computes.
+void check_supported(const touchstone::ModelConfig& c, const std::string& path) {
+  std::string missing;
+  if (!listed(kArchitectures, c.architecture)) missing = "architecture '" + c.architecture + "'";
+  for (const std::string& f : c.feature_names()) {
+    if (listed(kModelFeatures, f)) continue;
+    missing += (missing.empty() ? "" : ", ") + touchstone::feature_description(f);
+  }
+  if (!missing.empty())
+    throw touchstone::UnsupportedModel("{}: not supported by vulkan: {}", path, missing);
+}
+
 struct Vulkan {
   static constexpr const char* name = "vulkan";
   static constexpr const char* version = "0.1.0";
-  // ABI v3: the plain Llama family only (docs/model-families.md). No layer taps (ABI v4).
-  static constexpr const char* architectures = "llama";
-  static constexpr const char* model_features = "";
+  static constexpr const char* architectures = kArchitectures;
+  static constexpr const char* model_features = kModelFeatures;
 
   struct Model {
     Model(std::shared_ptr<touchstone::vk::Context> c, touchstone::gguf::File f,
@@ -105,6 +130,11 @@ struct Vulkan {
       return fwd->greedy(t.data(), int32_t(t.size()));
     }
     void rewind(int32_t p) { fwd->rewind(p); }
+    // ABI v4 layer taps (vk_forward.h: Forward::set_taps).
+    void set_taps(bool on) { fwd->set_taps(on); }
+    void read_taps(float* out, int64_t n) {
+      touchstone::abi::copy_taps(fwd->taps().data(), fwd->taps().size(), out, n);
+    }
   };
 
   static std::string device_name() { return touchstone::vk::probe_device_description(); }
@@ -127,8 +157,11 @@ struct Vulkan {
     auto ctx = touchstone::vk::Context::create();  // TS_ERR_DEVICE when there is no device
     touchstone::gguf::File file =
         touchstone::abi::load_or_status([&] { return touchstone::gguf::File::open(path); });
-    const touchstone::ModelConfig config =
-        touchstone::abi::load_or_status([&] { return touchstone::read_llama_config(file); });
+    const touchstone::ModelConfig config = touchstone::abi::load_or_status([&] {
+      touchstone::ModelConfig c = touchstone::read_model_config(file);
+      check_supported(c, path);
+      return c;
+    });
     return std::make_unique<Model>(std::move(ctx), std::move(file), config);
   }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "touchstone/quant.h"
+#include "touchstone/scalar_ops.h"
 #include "vk_blocks.h"
 #include "vk_buffer.h"
 #include "vk_context.h"
@@ -182,7 +183,8 @@ TEST_P(KernelTest, GetRowsEveryTypeMatchesCpu) {
            O = host(nullptr, (out_off + tokens.size() * n) * 4);
     run([&](Recorder& r) {
       r.dispatch(kernels_->get_rows(type), {&W, &Tk, &O},
-                 GetRowsPush{n, uint32_t(tokens.size()), out_off, rows}, uint32_t(tokens.size()));
+                 GetRowsPush{n, uint32_t(tokens.size()), out_off, rows, 1.0f, 0},
+                 uint32_t(tokens.size()));
     });
     const auto got = read(O);
     for (size_t t = 0; t < tokens.size(); ++t) {
@@ -216,16 +218,20 @@ TEST_P(KernelTest, RmsNormMatchesCpu) {
   expect_close(read(O), want, "rms_norm");
 }
 
-TEST_P(KernelTest, SwigluMatchesCpu) {
+// SwiGLU and GeGLU (tanh GELU, touchstone/scalar_ops.h), gates up to |x| ~ 15.
+TEST_P(KernelTest, GluMatchesCpu) {
   const uint32_t n = 1000;
-  const auto g = randn(n, 3.0f), u = randn(n);
-  Buffer G = host(g), U = host(u);
-  run([&](Recorder& r) {
-    r.dispatch(kernels_->swiglu(), {&G, &U}, SwigluPush{n}, (n + kWorkgroup - 1) / kWorkgroup);
-  });
-  std::vector<double> want(n);
-  for (uint32_t i = 0; i < n; ++i) want[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
-  expect_close(read(G), want, "swiglu");
+  for (uint32_t gelu : {0u, 1u}) {
+    const auto g = randn(n, 5.0f), u = randn(n);
+    Buffer G = host(g), U = host(u);
+    run([&](Recorder& r) {
+      r.dispatch(kernels_->glu(), {&G, &U}, GluPush{n, gelu}, (n + kWorkgroup - 1) / kWorkgroup);
+    });
+    std::vector<double> want(n);
+    for (uint32_t i = 0; i < n; ++i)
+      want[i] = (gelu ? touchstone::ops::gelu_tanh(g[i]) : touchstone::ops::silu(g[i])) * u[i];
+    expect_close(read(G), want, gelu ? "geglu" : "swiglu");
+  }
 }
 
 // RoPE + KV store, then GQA attention over positions 0..pos0+t.
@@ -250,11 +256,12 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
   const float scale = float(1.0 / std::sqrt(double(hd)));
   run([&](Recorder& r) {
     r.dispatch(kernels_->rope_store(), {&Q, &K, &V, &KC, &VC, &R},
-               RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd, 0}, n_tok);
+               RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd, 0, hd, 0}, n_tok);
     r.barrier();
-    r.dispatch(kernels_->attention(hd), {&Q, &KC, &VC, &S, &O},
-               AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale, pos0 + n_tok},
-               n_head, n_tok);
+    r.dispatch(
+        kernels_->attention(hd), {&Q, &KC, &VC, &S, &O},
+        AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale, pos0 + n_tok, 0},
+        n_head, n_tok);
   });
   // CPU: rope (fp64, as reference_forward.cpp), store, attention.
   auto rot = [&](std::vector<double>& x, size_t off, uint32_t pos) {
