@@ -15,8 +15,8 @@
 #include "touchstone/error.h"
 #include "touchstone/faults.h"
 #include "touchstone/gguf.h"
-#include "touchstone/llama_config.h"
 #include "touchstone/quant.h"
+#include "touchstone/scalar_ops.h"
 
 namespace touchstone::static_graph {
 
@@ -49,12 +49,13 @@ using gguf::TensorType;
 const char* kMatrixNames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                "ffn_gate", "ffn_up", "ffn_down"};
 
-// fp32 [out][in] -> [1][in][out]
-HostTensor transpose_f32(const std::vector<float>& w, int64_t out, int64_t in) {
+// Rows [row0, row0 + out) of fp32 [rows][in] -> [1][in][out] (row0: a fused
+// tensor's part).
+HostTensor transpose_f32(const std::vector<float>& w, int64_t out, int64_t in, int64_t row0 = 0) {
   HostTensor t = HostTensor::make({1, in, out}, "f32");
   float* d = t.as<float>();
   for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) d[i * out + o] = w[size_t(o * in + i)];
+    for (int64_t i = 0; i < in; ++i) d[i * out + o] = w[size_t((row0 + o) * in + i)];
   return t;
 }
 
@@ -74,9 +75,10 @@ struct PackFault {
 // Repacks a GGUF block matrix (rows = out, blocks along in) into the graph's
 // transposed block layout: qs [nb][16|32][out], d/m [nb][1][out] (raw fp16 bits).
 // Returns whether the pack fault (if any) changed this matrix.
+// row0: the first row taken (a fused tensor's part: rows [row0, row0 + out)).
 bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
                  int64_t in, int64_t out, WeightSet& ws, MatrixFormat& fmt,
-                 const PackFault& pf = {}) {
+                 const PackFault& pf = {}, int64_t row0 = 0) {
   const auto raw = f.tensor_data(ti);
   const int64_t nb = in / 32;
   auto put = [&](const std::string& k, HostTensor t) {
@@ -92,7 +94,7 @@ bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     const size_t bsz = q41 ? sizeof(gguf::block_q4_1) : sizeof(gguf::block_q4_0);
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = raw.data() + size_t(o * nb + b) * bsz;
+        const uint8_t* blk = raw.data() + size_t((row0 + o) * nb + b) * bsz;
         uint16_t dh, mh = 0;
         std::memcpy(&dh, blk, 2);
         if (q41) std::memcpy(&mh, blk + 2, 2);
@@ -116,7 +118,7 @@ bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
                d = HostTensor::make({nb, 1, out}, "f16");
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = raw.data() + size_t(o * nb + b) * sizeof(gguf::block_q8_0);
+        const uint8_t* blk = raw.data() + size_t((row0 + o) * nb + b) * sizeof(gguf::block_q8_0);
         uint16_t dh;
         std::memcpy(&dh, blk, 2);
         d.as<uint16_t>()[b * out + o] = dh;
@@ -137,28 +139,77 @@ void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {
   ws.tensors[k] = std::move(t);
 }
 
-// full_precision: one tensor dequantized at a time, then transposed into its
-// graph layout: the load's peak is one fp32 matrix above the packed set (a whole
-// dequantized ModelWeights beside it doubled the peak RSS).
-std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const std::string& path,
+// Where matrix k (kMatrixNames order) of layer l is stored: the tensor and its
+// first row (Phi-3's fused tensors, split at load as the reference does:
+// attn_qkv rows [q | k | v], ffn_up rows [gate | up]).
+struct MatrixSource {
+  std::string tensor;
+  int64_t row0 = 0;
+};
+
+MatrixSource matrix_source(const ModelConfig& c, int32_t l, int k) {
+  const std::string p = "blk." + std::to_string(l) + ".";
+  const int64_t qd = int64_t(c.n_head) * c.head_dim, kvd = int64_t(c.n_head_kv) * c.head_dim;
+  if (c.fused_qkv && k < 3) return {p + "attn_qkv.weight", k == 0 ? 0 : k == 1 ? qd : qd + kvd};
+  if (c.fused_gate_up && (k == 4 || k == 5)) return {p + "ffn_up.weight", k == 4 ? 0 : c.n_ff};
+  return {p + kMatrixNames[k] + ".weight", 0};
+}
+
+// Matrix k of a layer: {n_in, n_out}.
+std::pair<int64_t, int64_t> matrix_dims(const ModelDims& D, int k) {
+  const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
+  const int64_t ins[7] = {D.n_embd, D.n_embd, D.n_embd, qd, D.n_embd, D.n_embd, D.n_ff};
+  const int64_t outs[7] = {qd, kvd, kvd, D.n_embd, D.n_ff, D.n_ff, D.n_embd};
+  return {ins[k], outs[k]};
+}
+
+// GGUF name of a layer vector's graph argument ("attn_q.bias" stays, norms get ".weight").
+std::string vector_tensor(const std::string& prefix, const std::string& name) {
+  return prefix + name + (name.size() > 5 && name.ends_with(".bias") ? "" : ".weight");
+}
+
+// The norms and biases of every layer (f32 [1, n]) and output_norm.
+void put_vectors(const gguf::File& f, const ModelDims& D, WeightSet& ws) {
+  auto put = [&](const std::string& key, const std::string& tensor, int64_t n) {
+    std::vector<float> v = gguf::dequantize(f, f.tensor(tensor));
+    if (int64_t(v.size()) != n)
+      throw abi::StatusError(TS_ERR_IO, f.path() + ": tensor " + tensor + " has the wrong size");
+    put_tensor(ws, key, vec_f32(v));
+  };
+  put("output_norm", "output_norm.weight", D.n_embd);
+  for (int32_t l = 0; l < D.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    put(p + "attn_norm", p + "attn_norm.weight", D.n_embd);
+    put(p + "ffn_norm", p + "ffn_norm.weight", D.n_embd);
+    for (const VectorArg& v : layer_vectors(D)) put(p + v.name, vector_tensor(p, v.name), v.n);
+  }
+}
+
+// full_precision: one tensor dequantized at a time (a fused one once for its
+// parts), then transposed into its graph layout: the load's peak is one fp32
+// matrix above the packed set (a whole dequantized ModelWeights beside it
+// doubled the peak RSS).
+std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const ModelConfig& c,
                                                const ModelDims& D) {
   auto ws = std::make_unique<WeightSet>();
   ws->spec_template.mode = WeightMode::FullPrecision;
   auto put = [&](const std::string& k, HostTensor t) { put_tensor(*ws, k, std::move(t)); };
-  const ModelConfig c = read_llama_config(f);
-  auto deq = [&](const std::string& name, int64_t n) {
-    std::vector<float> v = gguf::dequantize(f, f.tensor(name));
-    if (int64_t(v.size()) != n) {
-      throw abi::StatusError(TS_ERR_IO, path + ": tensor " + name + " has " +
-                                            std::to_string(v.size()) + " elements, expected " +
+  std::string held_name;  // the last tensor dequantized, kept for a fused tensor's next part
+  std::vector<float> held;
+  auto deq = [&](const std::string& name, int64_t n) -> const std::vector<float>& {
+    if (name == held_name) return held;
+    held = gguf::dequantize(f, f.tensor(name));
+    held_name = name;
+    if (int64_t(held.size()) < n) {
+      throw abi::StatusError(TS_ERR_IO, f.path() + ": tensor " + name + " has " +
+                                            std::to_string(held.size()) + " elements, expected " +
                                             std::to_string(n));
     }
-    return v;
+    return held;
   };
-  const int64_t E = D.n_embd, qd = int64_t(D.n_head) * D.head_dim,
-                kvd = int64_t(D.n_head_kv) * D.head_dim;
+  const int64_t E = D.n_embd;
   {
-    const std::vector<float> emb = deq("token_embd.weight", int64_t(D.n_vocab) * E);
+    const std::vector<float>& emb = deq("token_embd.weight", int64_t(D.n_vocab) * E);
     HostTensor t = HostTensor::make({1, D.n_vocab, E}, "f32");
     std::memcpy(t.data.get(), emb.data(), t.bytes);
     put("token_embd", std::move(t));
@@ -167,59 +218,44 @@ std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const std::s
   if (!c.tied_embeddings) {
     put("lm_head", transpose_f32(deq("output.weight", int64_t(D.n_vocab) * E), D.n_vocab, E));
   }
-  put("output_norm", vec_f32(deq("output_norm.weight", E)));
+  put_vectors(f, D, *ws);
   for (int32_t l = 0; l < D.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    auto mat = [&](const char* name, int64_t out, int64_t in) {
-      put(p + name, transpose_f32(deq(p + name + ".weight", out * in), out, in));
-    };
-    put(p + "attn_norm", vec_f32(deq(p + "attn_norm.weight", E)));
-    put(p + "ffn_norm", vec_f32(deq(p + "ffn_norm.weight", E)));
-    mat("attn_q", qd, E);
-    mat("attn_k", kvd, E);
-    mat("attn_v", kvd, E);
-    mat("attn_output", E, qd);
-    mat("ffn_gate", D.n_ff, E);
-    mat("ffn_up", D.n_ff, E);
-    mat("ffn_down", E, D.n_ff);
+    for (int k = 0; k < 7; ++k) {
+      const auto [in, out] = matrix_dims(D, k);
+      const MatrixSource src = matrix_source(c, l, k);
+      const std::string key = "blk." + std::to_string(l) + "." + kMatrixNames[k];
+      put(key, transpose_f32(deq(src.tensor, (src.row0 + out) * in), out, in, src.row0));
+    }
   }
   return ws;
 }
 
 // quantized: norms in fp32; every matrix stays in its GGUF blocks (repacked,
 // not dequantized). Returns the number of matrices the pack fault changed.
-size_t pack_quantized_matrices(const gguf::File& f, const ModelDims& D, const PackFault& pf,
-                               WeightSet& ws) {
-  auto f32vec = [&](const std::string& name) {
-    const gguf::TensorInfo& ti = f.tensor(name);
-    return vec_f32(gguf::dequantize(f, ti));
-  };
+size_t pack_quantized_matrices(const gguf::File& f, const ModelConfig& c, const ModelDims& D,
+                               const PackFault& pf, WeightSet& ws) {
   size_t changed = 0;
-  put_tensor(ws, "output_norm", f32vec("output_norm.weight"));
+  put_vectors(f, D, ws);
   ws.spec_template.layer_formats.resize(size_t(D.n_layer) * 7);
   for (int32_t l = 0; l < D.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    put_tensor(ws, p + "attn_norm", f32vec(p + "attn_norm.weight"));
-    put_tensor(ws, p + "ffn_norm", f32vec(p + "ffn_norm.weight"));
-    const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
-    const int64_t ins[7] = {D.n_embd, D.n_embd, D.n_embd, qd, D.n_embd, D.n_embd, D.n_ff};
-    const int64_t outs[7] = {qd, kvd, kvd, D.n_embd, D.n_ff, D.n_ff, D.n_embd};
     for (int k = 0; k < 7; ++k) {
-      const gguf::TensorInfo& ti = f.tensor(p + kMatrixNames[k] + ".weight");
-      changed += pack_blocks(f, ti, p + kMatrixNames[k], ins[k], outs[k], ws,
-                             ws.spec_template.layer_formats[size_t(l * 7 + k)], pf);
+      const auto [in, out] = matrix_dims(D, k);
+      const MatrixSource src = matrix_source(c, l, k);
+      changed +=
+          pack_blocks(f, f.tensor(src.tensor), "blk." + std::to_string(l) + "." + kMatrixNames[k],
+                      in, out, ws, ws.spec_template.layer_formats[size_t(l * 7 + k)], pf, src.row0);
     }
   }
   return changed;
 }
 
-std::unique_ptr<WeightSet> load_quantized(const gguf::File& f, const ModelDims& D,
-                                          const PackFault& pf) {
+std::unique_ptr<WeightSet> load_quantized(const gguf::File& f, const ModelConfig& c,
+                                          const ModelDims& D, const PackFault& pf) {
   auto ws = std::make_unique<WeightSet>();
   ws->spec_template.mode = WeightMode::Quantized;
   const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
   const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
-  size_t changed = pack_quantized_matrices(f, D, pf, *ws);
+  size_t changed = pack_quantized_matrices(f, c, D, pf, *ws);
   if (out_w && out_w->type != embd.type) {
     throw abi::StatusError(
         TS_ERR_UNSUPPORTED,
@@ -266,28 +302,82 @@ const WeightSet& Model::weights(WeightMode mode, const touchstone::Faults& fault
   if (slot) return *slot;
   const gguf::File f = gguf::File::open(path);
   if (mode == WeightMode::FullPrecision) {
-    slot = load_full_precision(f, path, dims);
+    slot = load_full_precision(f, config, dims);
   } else {
     const PackFault pf{faults.quant_scale_min_swap, faults.nibble_order};
-    slot = load_quantized(f, dims, faulty_pack ? pf : PackFault{});
+    slot = load_quantized(f, config, dims, faulty_pack ? pf : PackFault{});
   }
   return *slot;
 }
+
+namespace {
+
+bool listed(const char* list, const std::string& name) {
+  const std::string l = std::string(",") + list + ",";
+  return l.find("," + name + ",") != std::string::npos;
+}
+
+// Refuses (TS_ERR_UNSUPPORTED, naming them) an architecture or features the
+// graphs do not compute, and shapes they cannot tile.
+void check_supported(const ModelConfig& c, const std::string& path) {
+  std::string missing;
+  if (!listed(kArchitectures, c.architecture)) missing = "architecture '" + c.architecture + "'";
+  for (const std::string& f : c.feature_names()) {
+    if (listed(kModelFeatures, f)) continue;
+    missing += (missing.empty() ? "" : ", ") + touchstone::feature_description(f);
+  }
+  if (!missing.empty())
+    throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                           path + ": not supported by static_graph: " + missing);
+  if (c.n_embd % 32 || c.n_ff % 32 || (c.n_head * c.head_dim) % 32 || c.n_rot % 2) {
+    throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                           "dimensions must be multiples of 32 (and n_rot even)");
+  }
+}
+
+// The config as the graph sees it, and the distinct RoPE tables of its layers.
+ModelDims dims_of(const ModelConfig& c, std::vector<RopeTable>& tables) {
+  ModelDims d{c.n_layer,   c.n_embd,   c.n_ff,    c.n_head,
+              c.n_head_kv, c.head_dim, c.n_vocab, c.rms_norm_eps};
+  d.n_rot = c.n_rot;
+  d.neox_rope = c.rope_style == RopeStyle::NeoX;
+  d.qkv_bias = c.qkv_bias;
+  d.qk_norm = c.qk_norm;
+  d.post_norms = c.post_norms;
+  d.geglu = c.ffn_activation == FfnActivation::GeluTanh;
+  d.embd_scale = c.embd_scale;
+  d.attn_scale = c.attn_scale;
+  d.final_logit_softcap = c.final_logit_softcap;
+  tables.clear();
+  for (const LayerConfig& lc : c.layers) {
+    size_t k = 0;
+    while (k < tables.size() &&
+           (tables[k].base != lc.rope_base || tables[k].scale != lc.rope_scale))
+      ++k;
+    if (k == tables.size()) tables.push_back(RopeTable{lc.rope_base, lc.rope_scale});
+    d.layer_rope.push_back(int32_t(k));
+    d.layer_window.push_back(lc.sliding_window);
+  }
+  if (tables.empty()) tables.push_back(RopeTable{c.rope_freq_base, 1.0});
+  d.n_rope_tables = int32_t(tables.size());
+  return d;
+}
+
+}  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& path) {
   auto m = std::make_unique<Model>();
   m->path = path;
   const gguf::File f = gguf::File::open(path);
-  const ModelConfig c = read_llama_config(f);
-  if (c.n_rot != c.head_dim)
-    throw abi::StatusError(TS_ERR_UNSUPPORTED, "partial RoPE (n_rot != head_dim) is not supported");
-  if (c.n_embd % 32 || c.n_ff % 32 || (c.n_head * c.head_dim) % 32) {
-    throw abi::StatusError(TS_ERR_UNSUPPORTED, "dimensions must be multiples of 32");
+  m->config = read_model_config(f);
+  check_supported(m->config, path);
+  m->dims = dims_of(m->config, m->rope_tables);
+  if (m->config.rope_freq_factors) {
+    m->rope_freqs = gguf::dequantize(f, f.tensor("rope_freqs.weight"));
+    if (m->rope_freqs.size() != size_t(m->config.n_rot / 2))
+      throw abi::StatusError(TS_ERR_IO, path + ": rope_freqs.weight has the wrong size");
   }
-  m->dims = ModelDims{c.n_layer,   c.n_embd,   c.n_ff,    c.n_head,
-                      c.n_head_kv, c.head_dim, c.n_vocab, c.rms_norm_eps};
-  m->rope_base = c.rope_freq_base;
-  m->n_ctx_train = c.n_ctx_train;
+  m->n_ctx_train = m->config.n_ctx_train;
   return m;
 }
 
@@ -344,20 +434,25 @@ Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads,
                                : int(std::max(1u, std::thread::hardware_concurrency()))),
       faults_(faults) {
   const ModelDims& D = m.dims;
-  const int64_t L = D.n_layer, KVH = D.n_head_kv, hd = D.head_dim, half = hd / 2;
+  const int64_t L = D.n_layer, KVH = D.n_head_kv, hd = D.head_dim, rot = D.rot(), half = rot / 2;
   kc_ = HostTensor::make({1, L * KVH * hd * cap_, 1}, "f32");
   vc_ = HostTensor::make({1, L * KVH * cap_, hd}, "f32");
-  rcos_ = HostTensor::make({1, cap_, half}, "f32");
-  rsin_ = HostTensor::make({1, cap_, half}, "f32");
-  // rope_base_off_1pct fault: the tables are built with freq_base * 1.01.
-  const double base = double(m.rope_base) * faults_.rope_base_scale;
-  for (int64_t p = 0; p < cap_; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      // Same formula as the reference (fp64, rounded once to fp32).
-      const double theta = double(p) * std::pow(base, -2.0 * double(i) / double(hd));
-      rcos_.as<float>()[p * half + i] = static_cast<float>(std::cos(theta));
-      rsin_.as<float>()[p * half + i] = static_cast<float>(std::sin(theta));
+  for (const RopeTable& rt : m.rope_tables) {
+    HostTensor c = HostTensor::make({1, cap_, half}, "f32"),
+               s = HostTensor::make({1, cap_, half}, "f32");
+    // rope_base_off_1pct fault: the tables are built with every base * 1.01.
+    const double base = rt.base * faults_.rope_base_scale;
+    for (int64_t p = 0; p < cap_; ++p) {
+      for (int64_t i = 0; i < half; ++i) {
+        // The reference's angle (ops::rope_theta, fp64), cos/sin rounded once to fp32.
+        const double ff = m.rope_freqs.empty() ? 1.0 : double(m.rope_freqs[size_t(i)]);
+        const double theta = ops::rope_theta(int32_t(p), i, rot, base, rt.scale, ff);
+        c.as<float>()[p * half + i] = static_cast<float>(std::cos(theta));
+        s.as<float>()[p * half + i] = static_cast<float>(std::sin(theta));
+      }
     }
+    rcos_.push_back(std::move(c));
+    rsin_.push_back(std::move(s));
   }
 }
 
@@ -366,6 +461,10 @@ bool is_cache(const std::string& n) {
   return n.rfind("k_cache.", 0) == 0 || n.rfind("v_cache.", 0) == 0;
 }
 int64_t cache_layer(const std::string& n) { return std::stoll(n.substr(8)); }
+// rope_cos / rope_sin -> 0, rope_cos.<k> -> k.
+size_t rope_table_of(const std::string& n) {
+  return n.size() > 9 ? size_t(std::stoul(n.substr(9))) : 0;
+}
 }  // namespace
 
 // The faults that live in the graph (the others are host-side: RoPE tables,
@@ -479,8 +578,9 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
   const int64_t V = m_.dims.n_vocab;
   std::vector<int32_t> tok(size_t(c.T), 0);
   std::copy(tokens + c.start, tokens + c.start + c.n, tok.begin());
-  int32_t pos = pos_, kv_len = kv_len_;
+  int32_t pos = pos_, kv_len = kv_len_, tap_row = c.n - 1;
   out_.resize(size_t(c.T * V));
+  taps_out_.resize(size_t(m_.dims.n_layer) * 3 * size_t(m_.dims.n_embd));
   std::vector<int32_t> am(size_t(c.T));
   size_t n_args = g.built.args.size();
   for (const ArgInfo& r : g.built.results) n_args += !is_cache(r.name);
@@ -497,10 +597,12 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
       p = &pos;
     else if (a.name == "kv_len")  // rewind_noop fault only
       p = &kv_len;
-    else if (a.name == "rope_cos")
-      p = rope_origin_ > 0 ? shifted_cos_.data.get() : rcos_.data.get();
-    else if (a.name == "rope_sin")
-      p = rope_origin_ > 0 ? shifted_sin_.data.get() : rsin_.data.get();
+    else if (a.name == "tap_row")
+      p = &tap_row;
+    else if (a.name.rfind("rope_cos", 0) == 0)
+      p = (rope_origin_ > 0 ? shifted_cos_ : rcos_).at(rope_table_of(a.name)).data.get();
+    else if (a.name.rfind("rope_sin", 0) == 0)
+      p = (rope_origin_ > 0 ? shifted_sin_ : rsin_).at(rope_table_of(a.name)).data.get();
     else if (a.name.rfind("k_cache.", 0) == 0)
       p = kc_.as<float>() + cache_layer(a.name) * kc_layer;
     else if (a.name.rfind("v_cache.", 0) == 0)
@@ -516,9 +618,10 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
   for (size_t r = 0; r < g.built.results.size(); ++r) {
     const ArgInfo& a = g.built.results[r];
     if (is_cache(a.name)) continue;
-    descs[i++].set(
-        a.name == "logits" ? static_cast<void*>(out_.data()) : static_cast<void*>(am.data()),
-        a.shape);
+    void* p = a.name == "logits" ? static_cast<void*>(out_.data())
+              : a.name == "taps" ? static_cast<void*>(taps_out_.data())
+                                 : static_cast<void*>(am.data());
+    descs[i++].set(p, a.shape);
   }
   for (size_t k = 0; k < n_args; ++k) {
     desc_ptrs[k] = descs[k].words.data();
@@ -526,6 +629,7 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
   }
   set_num_threads(n_threads_);  // the matmuls' OpenMP strips
   g.compiled->call(args.data());
+  if (taps_on_) taps_ = taps_out_;
   if (faults_.logit_noise != 0.0) perturb_logits(c.n);
   if (logits_rows) std::memcpy(logits_rows, out_.data(), size_t(c.n) * size_t(V) * sizeof(float));
   if (greedy) {
@@ -565,14 +669,18 @@ void Session::perturb_logits(int32_t n_rows) {
 void Session::shift_rope_tables(int32_t origin) {
   rope_origin_ = origin;
   if (origin <= 0) return;
-  const int64_t half = m_.dims.head_dim / 2;
-  if (!shifted_cos_.data) {
-    shifted_cos_ = HostTensor::make({1, cap_, half}, "f32");
-    shifted_sin_ = HostTensor::make({1, cap_, half}, "f32");
+  const int64_t half = m_.dims.rot() / 2;
+  for (size_t k = shifted_cos_.size(); k < rcos_.size(); ++k) {
+    shifted_cos_.push_back(HostTensor::make({1, cap_, half}, "f32"));
+    shifted_sin_.push_back(HostTensor::make({1, cap_, half}, "f32"));
   }
   const size_t rows = size_t(cap_ - origin), n = rows * size_t(half);
-  std::memcpy(shifted_cos_.as<float>() + origin * half, rcos_.as<float>(), n * sizeof(float));
-  std::memcpy(shifted_sin_.as<float>() + origin * half, rsin_.as<float>(), n * sizeof(float));
+  for (size_t k = 0; k < rcos_.size(); ++k) {
+    std::memcpy(shifted_cos_[k].as<float>() + origin * half, rcos_[k].as<float>(),
+                n * sizeof(float));
+    std::memcpy(shifted_sin_[k].as<float>() + origin * half, rsin_[k].as<float>(),
+                n * sizeof(float));
+  }
 }
 
 void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {

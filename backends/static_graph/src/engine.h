@@ -12,9 +12,20 @@
 
 #include "compiler.h"
 #include "graph.h"
+#include "touchstone/model_config.h"
 #include "touchstone/reference_forward.h"
 
 namespace touchstone::static_graph {
+
+// The architectures (GGUF general.architecture) and model features
+// (ModelConfig::feature_names(), docs/model-families.md) the graphs compute,
+// comma-separated as the ABI v3 table declares them. load_model refuses
+// anything else with TS_ERR_UNSUPPORTED naming it.
+inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3";
+inline constexpr const char* kModelFeatures =
+    "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
+    "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
+    "geglu,embedding_scale,attention_scale,final_logit_softcap";
 
 // A host tensor, 64-byte aligned.
 struct HostTensor {
@@ -38,10 +49,18 @@ struct WeightSet {
   size_t bytes = 0;
 };
 
+// One RoPE table of the model: theta(p, i) = p / scale * base^(-2i / n_rot) / freq_factor[i]
+// (touchstone::ops::rope_theta); layers share a table when (base, scale) match.
+struct RopeTable {
+  double base = 10000.0, scale = 1.0;
+};
+
 struct Model {
   std::string path;
-  ModelDims dims;
-  float rope_base = 10000.0f;
+  ModelConfig config;                  // read_model_config
+  ModelDims dims;                      // config as the graph sees it (dims_of)
+  std::vector<RopeTable> rope_tables;  // dims.layer_rope indexes these
+  std::vector<float> rope_freqs;       // rope_freqs.weight (n_rot/2 divisors) or empty
   int32_t n_ctx_train = 0;
   std::mutex mu;
   std::unique_ptr<WeightSet> full, quant;
@@ -105,8 +124,17 @@ class Session {
   // KV cache storage (for tests proving in-place updates).
   const float* k_cache() const { return kc_.as<float>(); }
   const float* v_cache() const { return vc_.as<float>(); }
-  const float* rope_cos() const { return rcos_.as<float>(); }
-  const float* rope_sin() const { return rsin_.as<float>(); }
+  // RoPE table k (Model::rope_tables), [capacity][n_rot/2] fp32.
+  const float* rope_cos(size_t k = 0) const { return rcos_.at(k).as<float>(); }
+  const float* rope_sin(size_t k = 0) const { return rsin_.at(k).as<float>(); }
+  // Layer taps (ABI v4): while on, every call records the last row it ran,
+  // [n_layer][3][n_embd] f32 (TS_TAP_* order). Turning them on or off clears
+  // the record. The graphs always compute them (the logits cannot depend on it).
+  void set_taps(bool on) {
+    taps_on_ = on;
+    taps_.clear();
+  }
+  const std::vector<float>& taps() const { return taps_; }
   BucketConfig buckets;
 
  private:
@@ -128,11 +156,14 @@ class Session {
   int32_t pos_ = 0;
   touchstone::Faults faults_;
   int32_t kv_len_ = 0;  // KV entries valid (rewind_noop fault: never truncated by rewind)
-  HostTensor kc_, vc_, rcos_, rsin_;
+  HostTensor kc_, vc_;
+  std::vector<HostTensor> rcos_, rsin_;  // by RoPE table
   // prefill_position_reset fault: RoPE tables shifted by rope_origin_ rows for
   // the current prefill call (row p holds position p - origin).
   int32_t rope_origin_ = 0;
-  HostTensor shifted_cos_, shifted_sin_;
+  std::vector<HostTensor> shifted_cos_, shifted_sin_;
+  bool taps_on_ = false;
+  std::vector<float> taps_, taps_out_;  // the record; the graph's taps output
   void shift_rope_tables(int32_t origin);
   // session_order_reduction fault: this session's matmul slices, decided at
   // its first graph (1: the first session of the process to run, 2: later ones).

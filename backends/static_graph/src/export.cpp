@@ -117,8 +117,14 @@ void export_modules(const std::string& model_path, const std::string& out_dir,
       dump("v_cache." + std::to_string(l) + ".npy", s.v_cache() + l * per_layer,
            {1, KVH * opt.capacity, hd}, "f32");
     }
-    dump("rope_cos.npy", s.rope_cos(), {1, opt.capacity, hd / 2}, "f32");
-    dump("rope_sin.npy", s.rope_sin(), {1, opt.capacity, hd / 2}, "f32");
+    const int64_t half = model->dims.rot() / 2;
+    for (size_t k = 0; k < model->rope_tables.size(); ++k) {
+      const std::string sfx = k == 0 ? "" : "." + std::to_string(k);
+      dump("rope_cos" + sfx + ".npy", s.rope_cos(k), {1, opt.capacity, half}, "f32");
+      dump("rope_sin" + sfx + ".npy", s.rope_sin(k), {1, opt.capacity, half}, "f32");
+    }
+    const int32_t tap_row = 0;  // the decode step's only row
+    dump("tap_row.npy", &tap_row, {1, 1}, "i32");
     dump("tokens.npy", &tok, {1, 1}, "i32");
     dump("pos.npy", &pos, {1, 1}, "i32");
     s.decode(tok, logits.data());

@@ -1,4 +1,5 @@
-// graph.cpp - the Llama step graph as TOSA 1.0 text (see graph.h).
+// graph.cpp - the step graph of every ModelConfig family as TOSA 1.0 text (see
+// graph.h; the formulas are reference_forward.cpp's).
 #include "graph.h"
 
 #include <algorithm>
@@ -311,9 +312,10 @@ std::string names(const std::vector<Val>& vs) {
 
 // Sizes of the model and of the graph being built, and its faults.
 struct Ctx {
-  int64_t T, W, CAP, L, d, ff, H, KVH, hd, V, G, qd, kvd, half;
+  int64_t T, W, CAP, L, d, ff, H, KVH, hd, V, G, qd, kvd, half;  // half = n_rot / 2
   double eps;  // RMSNorm epsilon (times the rms_eps_10x fault's scale)
   GraphFaults F;
+  ModelDims M;  // the family features
 };
 
 const char* const kMatNames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
@@ -337,18 +339,27 @@ Val linear(Emitter& em, const Ctx& C, const Val& x, const std::vector<Val>& m) {
   return y;
 }
 
-Val rms_norm(Emitter& em, const Ctx& C, const Val& x, const Val& w) {  // x [T, d], w [1, d]
+// x / sqrt(mean(x^2) + eps) * w over the rows of x [R, n], w [1, n].
+Val rms_norm(Emitter& em, const Ctx& C, const Val& x, const Val& w) {
   Val ss = em.reduce("tosa.reduce_sum", em.mul(x, x), 1);
-  Val ms = em.add(em.mul(ss, em.splat({1, 1}, "f32", fmt_float(1.0 / double(C.d)))),
+  Val ms = em.add(em.mul(ss, em.splat({1, 1}, "f32", fmt_float(1.0 / double(x.shape[1])))),
                   em.splat({1, 1}, "f32", fmt_float(C.eps)));
   return em.mul(em.mul(x, em.unary("tosa.rsqrt", ms)), w);
 }
 
-// RoPE on x [T, n, hd] with c, s [T, 1, half, 1]: interleaved pairs (2i, 2i+1),
-// the GGUF Llama layout; the rope_layout fault rotates NeoX pairs (i, i + half).
+// RoPE on x [T, n, hd] with c, s [T, 1, half, 1] (half = n_rot / 2): the first
+// n_rot dims of each head rotate, the others pass through (partial rotary).
+// Interleaved pairs (2i, 2i+1) (GGUF's permuted Llama Q/K) or NeoX pairs
+// (i, i + half) (Qwen2/3, Gemma 3, Phi-3); the rope_layout fault swaps the two.
 Val rope(Emitter& em, const Ctx& C, const Val& x, const Val& c, const Val& s) {
-  const int64_t T = C.T, n = x.shape[1], half = C.half;
-  if (C.F.rope_layout) {
+  const int64_t T = C.T, n = x.shape[1], half = C.half, rot = 2 * half;
+  if (rot < C.hd) {
+    Ctx R = C;  // the rotating part as a head of n_rot dims
+    R.hd = rot;
+    Val xr = rope(em, R, em.slice(x, {0, 0, 0}, {T, n, rot}), c, s);
+    return em.concat({xr, em.slice(x, {0, 0, rot}, {T, n, C.hd - rot})}, 2);
+  }
+  if (C.M.neox_rope != C.F.rope_layout) {
     Val p = em.reshape(x, {T, n, 2, half});
     Val cc = em.reshape(c, {T, 1, 1, half}), ss = em.reshape(s, {T, 1, 1, half});
     Val x0 = em.slice(p, {0, 0, 0, 0}, {T, n, 1, half});
@@ -368,8 +379,9 @@ Val rope(Emitter& em, const Ctx& C, const Val& x, const Val& c, const Val& s) {
 // Mask [1, T*G, W] (i1, true = hidden): key j is visible from query row
 // r = t*G + g iff j <= pos + t. Faults: causal_mask: iff j <= pos + T - 1 (the
 // whole bucket, padding rows included); kv_off_by_one: iff j <= pos + t - 1 or
-// j = 0; rewind_noop (kv_len != nullptr): also every j < kv_len.
-Val attention_mask(Emitter& e, const Ctx& C, const Val& pos, const Val* kv_len) {
+// j = 0; rewind_noop (kv_len != nullptr): also every j < kv_len. A sliding
+// window (> 0) also hides j <= pos + t - window (reference: t0 = pos - window + 1).
+Val attention_mask(Emitter& e, const Ctx& C, const Val& pos, const Val* kv_len, int64_t window) {
   const int64_t W = C.W, TG = C.T * C.G, off = C.F.kv_off_by_one ? 1 : 0;
   std::vector<int64_t> jcol(static_cast<size_t>(W)), trow(static_cast<size_t>(TG));
   for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j + off;
@@ -385,6 +397,12 @@ Val attention_mask(Emitter& e, const Ctx& C, const Val& pos, const Val* kv_len) 
     for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j + 1;
     masked = e.binary("tosa.logical_and", masked,
                       e.greater(e.const_i32({1, 1, W}, jcol), e.reshape(*kv_len, {1, 1, 1})));
+  }
+  if (window > 0) {  // hidden iff pos > j - t + window - 1
+    for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j + window - 1;
+    for (int64_t r = 0; r < TG; ++r) trow[size_t(r)] = r / C.G;
+    Val d2 = e.sub(e.const_i32({1, 1, W}, jcol), e.const_i32({1, TG, 1}, trow));
+    masked = e.binary("tosa.logical_or", masked, e.greater(e.reshape(pos, {1, 1, 1}), d2));
   }
   return masked;
 }
@@ -427,7 +445,8 @@ Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& 
       gqa ? le.reshape(le.transpose(le.reshape(q, {T, G, KVH, hd}), {2, 0, 1, 3}), {KVH, T * G, hd})
           : le.reshape(le.transpose(le.reshape(q, {T, KVH, G, hd}), {1, 0, 2, 3}),
                        {KVH, T * G, hd});
-  const double scale = C.F.attention_scale ? 1.0 / double(hd) : 1.0 / std::sqrt(double(hd));
+  const double model_scale = C.M.attn_scale > 0 ? C.M.attn_scale : 1.0 / std::sqrt(double(hd));
+  const double scale = C.F.attention_scale ? 1.0 / double(hd) : model_scale;
   Val sc = le.mul(le.matmul(qg, kwin), le.splat({1, 1, 1}, "f32", fmt_float(scale)));
   sc = le.select(mask, le.splat({1, 1, 1}, "f32", "-1.0e+30"), sc);
   Val ex;
@@ -444,19 +463,68 @@ Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& 
   return le.reshape(o, {T, C.qd});
 }
 
-// Values of main that every layer takes: x (shape only), RoPE rows, mask, indices.
+// Values of main that every layer takes: x (shape only), RoPE rows, mask,
+// indices, the tapped row. A layer gets the RoPE rows of its table and the mask
+// of its sliding window: different values, the same function.
 struct LayerInputs {
-  Val x, c, s, masked, kidx, vidx;
+  Val x, c, s, masked, kidx, vidx, tap_row;
 };
 
+// A layer function's parameters: weights by name (matrices as their fp32
+// operands), then the caches.
+struct LayerParams {
+  std::map<std::string, Val> vec;
+  std::vector<Val> mats[7];
+  Val kc, vc;
+};
+
+LayerParams layer_params(Fn& f, const Ctx& C, const MatrixFormat* fmt) {
+  const int64_t d = C.d, kvd = C.kvd, mins[7] = {d, d, d, C.qd, d, d, C.ff};
+  const int64_t mouts[7] = {C.qd, kvd, kvd, d, C.ff, C.ff, d};
+  LayerParams p;
+  const int64_t sl = C.F.reduction_slices;
+  p.vec["attn_norm"] = f.param("attn_norm", {1, d}, "f32");
+  for (int k = 0; k < 4; ++k) p.mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
+  p.vec["ffn_norm"] = f.param("ffn_norm", {1, d}, "f32");
+  for (int k = 4; k < 7; ++k) p.mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
+  for (const auto& [name, n] : layer_vectors(C.M)) p.vec[name] = f.param(name, {1, n}, "f32");
+  p.kc = f.param("k_cache", {1, kvd * C.CAP, 1}, "f32");
+  p.vc = f.param("v_cache", {1, C.KVH * C.CAP, C.hd}, "f32");
+  return p;
+}
+
+// y = x . M (+ bias when the model has biases and `bias` names one).
+Val project(Emitter& le, const Ctx& C, const LayerParams& p, const Val& x, int k,
+            const char* bias) {
+  Val y = linear(le, C, x, p.mats[k]);
+  return C.M.qkv_bias && bias ? le.add(y, p.vec.at(bias)) : y;
+}
+
+// RMSNorm of each head of x [T, n*hd] with w [1, hd], as [T, n, hd].
+Val head_norm(Emitter& le, const Ctx& C, const Val& x, int64_t n, const Val& w) {
+  return le.reshape(rms_norm(le, C, le.reshape(x, {C.T * n, C.hd}), w), {C.T, n, C.hd});
+}
+
+// tanh-GELU (HF gelu_pytorch_tanh): 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+Val gelu_tanh(Emitter& le, const Val& g) {
+  auto k = [&](double v) { return le.splat({1, 1}, "f32", fmt_float(v)); };
+  Val inner = le.add(g, le.mul(le.mul(le.mul(g, g), g), k(0.044715)));
+  Val t = le.unary("tosa.tanh", le.mul(inner, k(0.79788456080286535587989211986876)));
+  return le.mul(le.mul(g, k(0.5)), le.add(t, k(1.0)));
+}
+
+// Row tap_row of x [T, d] as [1, 1, d].
+Val tap_of(Emitter& e, const Ctx& C, const Val& x, const Val& tap_row) {
+  return e.gather(e.reshape(x, {1, C.T, C.d}), tap_row);
+}
+
 // One outlined layer function for the weight formats fmt[7]:
-// (x, cos, sin, masked, kidx, vidx, attn_norm, q, k, v, o, ffn_norm, gate, up,
-// down, k_cache, v_cache) -> (x', k_cache', v_cache').
+// (x, cos, sin, masked, kidx, vidx, tap_row, attn_norm, q, k, v, o, ffn_norm,
+// gate, up, down, [layer_vectors], k_cache, v_cache) -> (x', k_cache', v_cache',
+// taps [1, 3, d]: attention output, FFN output, residual at row tap_row).
 std::string layer_function(const Ctx& C, const std::string& name, const MatrixFormat* fmt,
                            const LayerInputs& in) {
-  const int64_t T = C.T, d = C.d, H = C.H, KVH = C.KVH, hd = C.hd, CAP = C.CAP, W = C.W;
-  const int64_t kvd = C.kvd, mins[7] = {d, d, d, C.qd, d, d, C.ff};
-  const int64_t mouts[7] = {C.qd, kvd, kvd, d, C.ff, C.ff, d};
+  const int64_t T = C.T, H = C.H, KVH = C.KVH, hd = C.hd, CAP = C.CAP, W = C.W, kvd = C.kvd;
   Fn f;
   Emitter& le = f.e;
   Val lx = f.param("x", in.x.shape, "f32");
@@ -465,34 +533,37 @@ std::string layer_function(const Ctx& C, const std::string& name, const MatrixFo
   Val lmask = f.param("masked", in.masked.shape, "i1");
   Val lkidx = f.param("kidx", in.kidx.shape, "i32");
   Val lvidx = f.param("vidx", in.vidx.shape, "i32");
-  Val attn_norm = f.param("attn_norm", {1, d}, "f32");
-  std::vector<Val> mats[7];
-  const int64_t sl = C.F.reduction_slices;
-  for (int k = 0; k < 4; ++k) mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
-  Val ffn_norm = f.param("ffn_norm", {1, d}, "f32");
-  for (int k = 4; k < 7; ++k) mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
-  Val kc = f.param("k_cache", {1, kvd * CAP, 1}, "f32");
-  Val vc = f.param("v_cache", {1, KVH * CAP, hd}, "f32");
+  Val ltap = f.param("tap_row", in.tap_row.shape, "i32");
+  LayerParams p = layer_params(f, C, fmt);
   // ---- attention ----
-  Val h = rms_norm(le, C, lx, attn_norm);
-  Val q = rope(le, C, le.reshape(linear(le, C, h, mats[0]), {T, H, hd}), lc, ls);
-  Val k = rope(le, C, le.reshape(linear(le, C, h, mats[1]), {T, KVH, hd}), lc, ls);
-  Val v = le.reshape(linear(le, C, h, mats[2]), {T, KVH, hd});
+  Val h = rms_norm(le, C, lx, p.vec.at("attn_norm"));
+  Val q = project(le, C, p, h, 0, "attn_q.bias");
+  Val k = project(le, C, p, h, 1, "attn_k.bias");
+  Val v = le.reshape(project(le, C, p, h, 2, "attn_v.bias"), {T, KVH, hd});
+  q = C.M.qk_norm ? head_norm(le, C, q, H, p.vec.at("attn_q_norm")) : le.reshape(q, {T, H, hd});
+  k = C.M.qk_norm ? head_norm(le, C, k, KVH, p.vec.at("attn_k_norm")) : le.reshape(k, {T, KVH, hd});
+  q = rope(le, C, q, lc, ls);
+  k = rope(le, C, k, lc, ls);
   // KV writes at positions pos..pos+T-1 (in place after bufferization).
-  kc = le.scatter(kc, lkidx, le.reshape(le.transpose(k, {1, 2, 0}), {1, kvd * T, 1}));
-  vc = le.scatter(vc, lvidx, le.reshape(le.transpose(v, {1, 0, 2}), {1, KVH * T, hd}));
+  Val kc = le.scatter(p.kc, lkidx, le.reshape(le.transpose(k, {1, 2, 0}), {1, kvd * T, 1}));
+  Val vc = le.scatter(p.vc, lvidx, le.reshape(le.transpose(v, {1, 0, 2}), {1, KVH * T, hd}));
   // Key window: Kt [KVH, hd, W], V [KVH, W, hd].
   Val kwin = le.slice(le.reshape(kc, {KVH, hd, CAP}), {0, 0, 0}, {KVH, hd, W});
   Val vwin = le.slice(le.reshape(vc, {KVH, CAP, hd}), {0, 0, 0}, {KVH, W, hd});
-  Val o = attend(le, C, q, kwin, vwin, lmask);
-  Val x1 = le.add(lx, linear(le, C, o, mats[3]));
-  // ---- SwiGLU MLP ----
-  Val h2 = rms_norm(le, C, x1, ffn_norm);
-  Val g = linear(le, C, h2, mats[4]);
-  Val u = linear(le, C, h2, mats[5]);
-  Val act = le.mul(le.mul(g, le.unary("tosa.sigmoid", g)), u);
-  Val x2 = le.add(x1, linear(le, C, act, mats[6]));
-  std::vector<Val> rets{x2, kc, vc};
+  Val a = linear(le, C, attend(le, C, q, kwin, vwin, lmask), p.mats[3]);
+  if (C.M.post_norms) a = rms_norm(le, C, a, p.vec.at("post_attention_norm"));
+  Val x1 = le.add(lx, a);
+  // ---- gated FFN (SwiGLU or GeGLU) ----
+  Val h2 = rms_norm(le, C, x1, p.vec.at("ffn_norm"));
+  Val g = linear(le, C, h2, p.mats[4]);
+  Val u = linear(le, C, h2, p.mats[5]);
+  Val act = C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
+  Val ff = linear(le, C, le.mul(act, u), p.mats[6]);
+  if (C.M.post_norms) ff = rms_norm(le, C, ff, p.vec.at("post_ffw_norm"));
+  Val x2 = le.add(x1, ff);
+  Val taps =
+      le.concat({tap_of(le, C, a, ltap), tap_of(le, C, ff, ltap), tap_of(le, C, x2, ltap)}, 1);
+  std::vector<Val> rets{x2, kc, vc, taps};
   std::ostringstream fn;
   fn << "  func.func private @" << name << "(" << signature(f.params) << ") -> (" << types(rets)
      << ") {\n"
@@ -501,16 +572,18 @@ std::string layer_function(const Ctx& C, const std::string& name, const MatrixFo
 }
 
 Ctx make_ctx(const ModelDims& D, const GraphSpec& S) {
-  Ctx C{S.T,     S.W,      S.capacity,  D.n_layer,  D.n_embd,
-        D.n_ff,  D.n_head, D.n_head_kv, D.head_dim, D.n_vocab,
-        0,       0,        0,           0,          double(D.rms_eps) * S.faults.rms_eps_scale,
-        S.faults};
+  Ctx C{S.T,      S.W,      S.capacity,  D.n_layer,  D.n_embd,
+        D.n_ff,   D.n_head, D.n_head_kv, D.head_dim, D.n_vocab,
+        0,        0,        0,           0,          double(D.rms_eps) * S.faults.rms_eps_scale,
+        S.faults, D};
   C.G = C.H / C.KVH;
   C.qd = C.H * C.hd;
   C.kvd = C.KVH * C.hd;
-  C.half = C.hd / 2;
+  C.half = D.rot() / 2;
   if (C.W > C.CAP || C.W <= 0 || C.T <= 0 || C.T > C.W)
     throw std::logic_error("build_step_graph: bad spec");
+  if (D.rot() % 2 || D.rot() > D.head_dim || D.n_rope_tables < 1)
+    throw std::logic_error("build_step_graph: bad n_rot or RoPE tables");
   if (C.F.reduction_slices < 1) throw std::logic_error("build_step_graph: reduction_slices < 1");
   return C;
 }
@@ -530,7 +603,14 @@ MatrixFormat layer_format(const GraphSpec& S, int64_t l, int k) {
                                          : MatrixFormat::F32;
 }
 
-// Token embeddings [T, d] (Q8_0 rows gathered and dequantized on the 4-bit path).
+// x * embd_scale (Gemma: sqrt(n_embd)); x itself when the scale is 1.
+Val scale_embedding(Emitter& e, const Ctx& C, const Val& x) {
+  if (C.M.embd_scale == 1.0) return x;
+  return e.mul(x, e.splat({1, 1}, "f32", fmt_float(C.M.embd_scale)));
+}
+
+// Token embeddings [T, d] times embd_scale (Q8_0 rows gathered and dequantized
+// on the 4-bit path).
 Val embed(MainFn& m, const Ctx& C, const GraphSpec& S, const Val& tokens) {
   Emitter& e = m.f.e;
   const int64_t T = C.T, V = C.V, d = C.d;
@@ -540,10 +620,10 @@ Val embed(MainFn& m, const Ctx& C, const GraphSpec& S, const Val& tokens) {
     Val ed = m.arg("token_embd.rows.d", {1, V, nb}, "f16");
     Val q = e.cast(e.reshape(e.gather(eq, tokens), {T, nb, 32}), "f32");
     Val sc = e.reshape(e.gather(ed, tokens), {T, nb, 1});
-    return e.reshape(e.mul(q, e.cast(sc, "f32")), {T, d});
+    return scale_embedding(e, C, e.reshape(e.mul(q, e.cast(sc, "f32")), {T, d}));
   }
   Val emb = m.arg("token_embd", {1, V, d}, "f32");
-  return e.reshape(e.gather(emb, tokens), {T, d});
+  return scale_embedding(e, C, e.reshape(e.gather(emb, tokens), {T, d}));
 }
 
 // Weight and cache arguments of @step: every layer's weights, then the head
@@ -570,6 +650,7 @@ MainWeights declare_weights(MainFn& m, const Ctx& C, const GraphSpec& S) {
         lw.push_back(m.arg(p + kMatNames[k] + part.suffix, part.shape, part.elem));
       }
     }
+    for (const auto& [name, n] : layer_vectors(C.M)) lw.push_back(m.arg(p + name, {1, n}, "f32"));
   }
   w.out_norm = m.arg("output_norm", {1, d}, "f32");
   const MatrixFormat hf = S.mode == WeightMode::Quantized ? S.embd_format : MatrixFormat::F32;
@@ -589,43 +670,76 @@ MainWeights declare_weights(MainFn& m, const Ctx& C, const GraphSpec& S) {
   return w;
 }
 
+// Per-layer inputs of main: the RoPE rows of each table, the mask of each
+// sliding window; the rest is shared.
+struct MainInputs {
+  LayerInputs shared;
+  std::vector<Val> cos, sin;    // by RoPE table
+  std::map<int64_t, Val> mask;  // by sliding window (0: none)
+};
+
+int64_t layer_table(const Ctx& C, int64_t l) {
+  return C.M.layer_rope.empty() ? 0 : C.M.layer_rope.at(size_t(l));
+}
+int64_t layer_window(const Ctx& C, int64_t l) {
+  return C.M.layer_window.empty() ? 0 : C.M.layer_window.at(size_t(l));
+}
+
+// Emits one call of `fn` for layer l; updates x and the layer's caches and
+// returns the layer's taps [1, 3, d].
+Val call_layer(MainFn& m, const Ctx& C, const MainInputs& mi, MainWeights& w, int64_t l,
+               const std::string& fn, Val& x) {
+  Emitter& e = m.f.e;
+  const LayerInputs& li = mi.shared;
+  const size_t tab = size_t(layer_table(C, l));
+  std::vector<Val> ops{x,       mi.cos.at(tab), mi.sin.at(tab), mi.mask.at(layer_window(C, l)),
+                       li.kidx, li.vidx,        li.tap_row};
+  for (const Val& v : w.layers[size_t(l)]) ops.push_back(v);
+  Val& kc = w.kcs[size_t(l)];
+  Val& vc = w.vcs[size_t(l)];
+  ops.push_back(kc);
+  ops.push_back(vc);
+  Val r = e.fresh({}, "");
+  std::vector<Val> rets{Val{r.name + "#0", x.shape, "f32"}, Val{r.name + "#1", kc.shape, "f32"},
+                        Val{r.name + "#2", vc.shape, "f32"},
+                        Val{r.name + "#3", {1, 3, C.d}, "f32"}};
+  e.body << "    " << r.name << ":4 = func.call @" << fn << "(" << names(ops) << ") : ("
+         << types(ops) << ") -> (" << types(rets) << ")\n";
+  x = rets[0];
+  kc = rets[1];
+  vc = rets[2];
+  return rets[3];
+}
+
 // Calls the layers in order (one outlined function per weight-format signature,
 // appended to fns: compiled once, called n_layer times, so compile time does not
-// grow with depth) and returns the residual stream; w's caches become the
-// calls' results. last_layer_skipped fault: the last layer is not called.
-Val call_layers(MainFn& m, const Ctx& C, const GraphSpec& S, const LayerInputs& li, MainWeights& w,
-                std::ostringstream& fns) {
+// grow with depth); x becomes the residual stream, w's caches the calls'
+// results. Returns the layer taps [1, 3L, d]. last_layer_skipped fault: the
+// last layer is not called (its taps: zero outputs, the residual unchanged).
+Val call_layers(MainFn& m, const Ctx& C, const GraphSpec& S, const MainInputs& mi, MainWeights& w,
+                std::ostringstream& fns, Val& x) {
   Emitter& e = m.f.e;
   std::map<std::string, std::string> layer_fns;  // format signature -> function name
-  Val x = li.x;
+  std::vector<Val> taps;
   const int64_t n_run = C.F.last_layer_skipped ? C.L - 1 : C.L;
   for (int64_t l = 0; l < n_run; ++l) {
     MatrixFormat fmt[7];
     std::string key;
     for (int k = 0; k < 7; ++k) key += std::to_string(int(fmt[k] = layer_format(S, l, k)));
     auto [it, fresh] = layer_fns.emplace(key, "layer_" + std::to_string(layer_fns.size()));
-    if (fresh) fns << layer_function(C, it->second, fmt, li);
-    std::vector<Val> ops{x, li.c, li.s, li.masked, li.kidx, li.vidx};
-    for (const Val& v : w.layers[size_t(l)]) ops.push_back(v);
-    Val& kc = w.kcs[size_t(l)];
-    Val& vc = w.vcs[size_t(l)];
-    ops.push_back(kc);
-    ops.push_back(vc);
-    Val r = e.fresh({}, "");
-    std::vector<Val> rets{Val{r.name + "#0", x.shape, "f32"}, Val{r.name + "#1", kc.shape, "f32"},
-                          Val{r.name + "#2", vc.shape, "f32"}};
-    e.body << "    " << r.name << ":3 = func.call @" << it->second << "(" << names(ops) << ") : ("
-           << types(ops) << ") -> (" << types(rets) << ")\n";
-    x = rets[0];
-    kc = rets[1];
-    vc = rets[2];
+    if (fresh) fns << layer_function(C, it->second, fmt, mi.shared);
+    taps.push_back(call_layer(m, C, mi, w, l, it->second, x));
   }
-  return x;
+  for (int64_t l = n_run; l < C.L; ++l)
+    taps.push_back(
+        e.concat({e.splat({1, 2, C.d}, "f32", "0.0"), tap_of(e, C, x, mi.shared.tap_row)}, 1));
+  return taps.size() == 1 ? taps[0] : e.concat(taps, 1);
 }
 
-// The results of @step (logits, updated caches, [argmax]) and the module text.
+// The results of @step (logits, updated caches, [argmax], taps) and the module text.
 void finish_module(MainFn& m, const Ctx& C, const GraphSpec& S, const Val& logits,
-                   const MainWeights& w, const std::string& fns, const std::string& func_name) {
+                   const MainWeights& w, const Val& taps, const std::string& fns,
+                   const std::string& func_name) {
   Emitter& e = m.f.e;
   BuiltGraph& out = *m.out;
   std::vector<Val> results{logits};
@@ -647,6 +761,8 @@ void finish_module(MainFn& m, const Ctx& C, const GraphSpec& S, const Val& logit
     results.push_back(am);
     out.results.push_back(ArgInfo{"argmax", am.shape, am.elem});
   }
+  results.push_back(taps);
+  out.results.push_back(ArgInfo{"taps", taps.shape, taps.elem});
   std::ostringstream mod;
   mod << "module {\n" << fns;
   mod << "  func.func @" << func_name << "(" << signature(m.f.params) << ") -> (" << types(results)
@@ -656,11 +772,59 @@ void finish_module(MainFn& m, const Ctx& C, const GraphSpec& S, const Val& logit
   out.mlir = mod.str();
 }
 
+// The name of RoPE table k's inputs: rope_cos / rope_sin, then rope_cos.1, ...
+std::string rope_arg(const char* base, int32_t k) {
+  return k == 0 ? std::string(base) : std::string(base) + "." + std::to_string(k);
+}
+
+// RoPE rows of every table at pos + t, and the mask of every sliding window.
+void position_inputs(MainFn& m, const Ctx& C, const Val& pidx, const Val& pos, const Val* kv_len,
+                     MainInputs& mi) {
+  Emitter& e = m.f.e;
+  const int64_t T = C.T, half = C.half;
+  std::vector<Val> tables;
+  for (int32_t k = 0; k < C.M.n_rope_tables; ++k) {
+    tables.push_back(m.arg(rope_arg("rope_cos", k), {1, C.CAP, half}, "f32"));
+    tables.push_back(m.arg(rope_arg("rope_sin", k), {1, C.CAP, half}, "f32"));
+  }
+  for (int32_t k = 0; k < C.M.n_rope_tables; ++k) {
+    mi.cos.push_back(e.reshape(e.gather(tables[size_t(2 * k)], pidx), {T, 1, half, 1}));
+    mi.sin.push_back(e.reshape(e.gather(tables[size_t(2 * k + 1)], pidx), {T, 1, half, 1}));
+  }
+  for (int64_t l = 0; l < C.L; ++l) {
+    const int64_t win = layer_window(C, l);
+    if (!mi.mask.count(win)) mi.mask[win] = attention_mask(e, C, pos, kv_len, win);
+  }
+  if (!mi.mask.count(0)) mi.mask[0] = attention_mask(e, C, pos, kv_len, 0);
+  mi.shared.c = mi.cos[0];
+  mi.shared.s = mi.sin[0];
+  mi.shared.masked = mi.mask[0];
+}
+
+// logits [T, V] = cap * tanh(logits / cap) when the model soft-caps them.
+Val softcap(Emitter& e, const Ctx& C, const Val& logits) {
+  const double cap = C.M.final_logit_softcap;
+  if (cap == 0.0) return logits;
+  Val t = e.unary("tosa.tanh", e.mul(logits, e.splat({1, 1}, "f32", fmt_float(1.0 / cap))));
+  return e.mul(t, e.splat({1, 1}, "f32", fmt_float(cap)));
+}
+
 }  // namespace
+
+std::vector<VectorArg> layer_vectors(const ModelDims& D) {
+  const int64_t hd = D.head_dim, qd = int64_t(D.n_head) * hd, kvd = int64_t(D.n_head_kv) * hd;
+  std::vector<VectorArg> v;
+  if (D.qkv_bias)
+    v.insert(v.end(), {{"attn_q.bias", qd}, {"attn_k.bias", kvd}, {"attn_v.bias", kvd}});
+  if (D.qk_norm) v.insert(v.end(), {{"attn_q_norm", hd}, {"attn_k_norm", hd}});
+  if (D.post_norms)
+    v.insert(v.end(), {{"post_attention_norm", D.n_embd}, {"post_ffw_norm", D.n_embd}});
+  return v;
+}
 
 BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::string& func_name) {
   const Ctx C = make_ctx(D, S);
-  const int64_t T = C.T, half = C.half;
+  const int64_t T = C.T;
   BuiltGraph out;
   MainFn m{Fn{}, &out};
   Emitter& e = m.f.e;
@@ -669,26 +833,22 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
   Val pos = m.arg("pos", {1, 1}, "i32");
   Val kv_len;  // rewind_noop fault only
   if (C.F.kv_len_input) kv_len = m.arg("kv_len", {1, 1}, "i32");
-  Val rcos = m.arg("rope_cos", {1, C.CAP, half}, "f32");
-  Val rsin = m.arg("rope_sin", {1, C.CAP, half}, "f32");
-  LayerInputs li;
-  li.x = embed(m, C, S, tokens);
-
-  // ---- positions, RoPE rows, mask, scatter indices (shared by the layers) ----
+  MainInputs mi;
+  mi.shared.tap_row = m.arg("tap_row", {1, 1}, "i32");
   std::vector<int64_t> iota_t(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) iota_t[size_t(t)] = t;
   Val pidx = e.add(e.const_i32({1, T}, iota_t), pos);  // [1, T] positions
-  li.c = e.reshape(e.gather(rcos, pidx), {T, 1, half, 1});
-  li.s = e.reshape(e.gather(rsin, pidx), {T, 1, half, 1});
-  li.masked = attention_mask(e, C, pos, C.F.kv_len_input ? &kv_len : nullptr);
-  std::tie(li.kidx, li.vidx) = write_indices(e, C, pos, pidx);
+  position_inputs(m, C, pidx, pos, C.F.kv_len_input ? &kv_len : nullptr, mi);
+  mi.shared.x = embed(m, C, S, tokens);
+  std::tie(mi.shared.kidx, mi.shared.vidx) = write_indices(e, C, pos, pidx);
 
   MainWeights w = declare_weights(m, C, S);
   std::ostringstream fns;
-  Val x = call_layers(m, C, S, li, w, fns);
+  Val x = mi.shared.x;
+  Val taps = call_layers(m, C, S, mi, w, fns, x);
   Val xn = rms_norm(e, C, x, w.out_norm);
-  Val logits = linear(e, C, xn, w.lm_head);  // [T, V]
-  finish_module(m, C, S, logits, w, fns.str(), func_name);
+  Val logits = softcap(e, C, linear(e, C, xn, w.lm_head));  // [T, V]
+  finish_module(m, C, S, logits, w, taps, fns.str(), func_name);
   return out;
 }
 

@@ -1,16 +1,19 @@
-// graph.h - builds the whole-model step graph of a Llama model as MLIR text
-// (TOSA 1.0 + func), with static shapes.
+// graph.h - builds the whole-model step graph of a decoder-only model (every
+// family of touchstone::ModelConfig, see ModelDims) as MLIR text (TOSA 1.0 +
+// func), with static shapes.
 //
 // One graph = one (T, W) pair: T tokens processed at positions pos..pos+T-1
 // (T = 1 is the decode step, T > 1 a prefill bucket), attention over the key
 // window [0, W) of the KV cache (W <= capacity). Signature (all tensors):
 //
 //   func.func @step(%tokens: tensor<1xTxi32>, %pos: tensor<1x1xi32>,
-//                   %rope_cos, %rope_sin: tensor<1xCAPx(hd/2)xf32>,
-//                   <weights ...>,
-//                   %k_cache: tensor<1x(L*KVH*hd*CAP)x1xf32>,     K transposed: [L][KVH][hd][CAP]
-//                   %v_cache: tensor<1x(L*KVH*CAP)xhdxf32>)       V rows:       [L][KVH][CAP][hd]
-//       -> (tensor<TxVOCABxf32> logits, k_cache', v_cache')
+//                   %tap_row: tensor<1x1xi32>,                     row (< T) whose layer taps are
+//                   returned %rope_cos[.k], %rope_sin[.k]: tensor<1xCAPx(n_rot/2)xf32>  (k: RoPE
+//                   table, k >= 1 named) <weights ...>, %k_cache.<l>: tensor<1x(KVH*hd*CAP)x1xf32>,
+//                   K transposed: [KVH][hd][CAP] %v_cache.<l>: tensor<1x(KVH*CAP)xhdxf32>)      V
+//                   rows:       [KVH][CAP][hd]
+//       -> (tensor<TxVOCABxf32> logits, k_cache', v_cache', [argmax tensor<Txi32>],
+//           taps tensor<1x(3L)xdxf32>)     [l*3 + point][d], ABI v4 TS_TAP_* order, row tap_row
 //
 // The caches are returned after tosa.scatter writes of the T new entries; the
 // lowering (one-shot bufferize + drop-equivalent-buffer-results) turns them
@@ -33,9 +36,25 @@ enum class MatrixFormat {
   Q8_0,  // qs i8 [nb][32][out], d f16 [nb][1][out]
 };
 
+// The model as the graph sees it: sizes plus the family features of
+// touchstone::ModelConfig (model_config.h; formulas in reference_forward.cpp).
+// The defaults beyond rms_eps are a plain Llama.
 struct ModelDims {
   int32_t n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_vocab = 0;
   float rms_eps = 1e-5f;
+  int32_t n_rot = 0;                    // rotary dims per head (0: head_dim); the rest pass through
+  bool neox_rope = false;               // pairs (i, i + n_rot/2), else interleaved (2i, 2i+1)
+  bool qkv_bias = false;                // q, k, v += attn_{q,k,v}.bias ([1, out] f32)
+  bool qk_norm = false;                 // RMSNorm per head of q and k (attn_{q,k}_norm, [1, hd])
+  bool post_norms = false;              // RMSNorm of the attention / FFN output before its add
+  bool geglu = false;                   // gate tanh-GELU (GeGLU), else SiLU (SwiGLU)
+  double embd_scale = 1.0;              // x = token_embd[token] * embd_scale
+  double attn_scale = 0.0;              // attention score multiplier (0: 1/sqrt(head_dim))
+  double final_logit_softcap = 0.0;     // 0: none; else logits = cap * tanh(logits / cap)
+  int32_t n_rope_tables = 1;            // distinct RoPE (base, scale) pairs: rope_cos[.k] inputs
+  std::vector<int32_t> layer_rope{};    // per layer: its RoPE table (empty: table 0 everywhere)
+  std::vector<int32_t> layer_window{};  // per layer: sliding window in positions (0 or empty: none)
+  int32_t rot() const { return n_rot > 0 ? n_rot : head_dim; }
 };
 
 // Faults realised in the graph itself (test only: ts_session_options.fault, see
@@ -93,5 +112,15 @@ struct BuiltGraph {
 
 BuiltGraph build_step_graph(const ModelDims& dims, const GraphSpec& spec,
                             const std::string& func_name);
+
+// The f32 vectors [1, n] of every layer beyond attn_norm / ffn_norm that dims'
+// features need, in the order of the layer's arguments (after its matrices):
+// attn_{q,k,v}.bias, attn_{q,k}_norm, post_attention_norm, post_ffw_norm. The
+// graph argument is "blk.<l>." + name.
+struct VectorArg {
+  std::string name;
+  int64_t n = 0;
+};
+std::vector<VectorArg> layer_vectors(const ModelDims& dims);
 
 }  // namespace touchstone::static_graph

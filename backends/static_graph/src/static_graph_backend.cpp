@@ -9,7 +9,7 @@
 
 #include "engine.h"
 #include "touchstone/backend_impl.h"
-#include "touchstone/llama_config.h"
+#include "touchstone/faults.h"
 
 namespace {
 
@@ -23,9 +23,10 @@ constexpr int32_t kDefaultCapacity = 2048;
 struct StaticGraph {
   static constexpr const char* name = "static_graph";
   static constexpr const char* version = "0.1.0";
-  // ABI v3: the plain Llama family only (docs/model-families.md). No layer taps (ABI v4).
-  static constexpr const char* architectures = "llama";
-  static constexpr const char* model_features = "";
+  // ABI v3: every family and feature of touchstone::ModelConfig (engine.h;
+  // docs/model-families.md). ABI v4: layer taps (Session::set_taps).
+  static constexpr const char* architectures = sg::kArchitectures;
+  static constexpr const char* model_features = sg::kModelFeatures;
 
   struct Model {
     std::unique_ptr<sg::Model> m;
@@ -44,6 +45,10 @@ struct StaticGraph {
       return s->prefill_greedy(t.data(), int32_t(t.size()));
     }
     void rewind(int32_t p) { s->rewind(p); }
+    void set_taps(bool on) { s->set_taps(on); }
+    void read_taps(float* out, int64_t n) {
+      touchstone::abi::copy_taps(s->taps().data(), s->taps().size(), out, n);
+    }
   };
 
   static std::string device_name() {

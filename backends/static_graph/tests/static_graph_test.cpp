@@ -80,8 +80,8 @@ TEST(StaticGraphBuckets, PaddingNeverRunsPastCapacity) {
 }
 
 // The KV caches are function arguments updated in place: after bufferization
-// the function returns nothing, takes exactly one extra out-param (logits),
-// and no buffer of the cache's size is allocated or copied.
+// the function returns nothing, takes exactly two extra out-params (logits,
+// layer taps), and no buffer of the cache's size is allocated or copied.
 TEST(StaticGraphIR, KvCacheUpdatedInPlace) {
   sg::GraphSpec spec;
   spec.T = 4;
@@ -98,7 +98,7 @@ TEST(StaticGraphIR, KvCacheUpdatedInPlace) {
   size_t n_args = 0;
   for (size_t p = sig.find("memref<"); p != std::string::npos; p = sig.find("memref<", p + 1))
     ++n_args;
-  EXPECT_EQ(n_args, g.args.size() + 1);
+  EXPECT_EQ(n_args, g.args.size() + 2);
   // Per-layer caches: K [1, KVH*hd*CAP, 1], V [1, KVH*CAP, hd].
   const int64_t kc_elems = int64_t(D.n_head_kv) * D.head_dim * spec.capacity;
   const std::string kc_type = "memref<1x" + std::to_string(kc_elems) + "x1xf32>";
@@ -193,7 +193,7 @@ int lowered_step_args(const std::string& ir) {
 
 // Every graph-side fault (test only, GraphFaults) changes the graph text, hence
 // the on-disk cache key, and still lowers with the KV caches updated in place
-// (one out-param: the logits); on the 4-bit path the split matmuls of
+// (two out-params: the logits and the layer taps); on the 4-bit path the split matmuls of
 // thread_order_reduction keep their dequantization fused. A default
 // GraphFaults builds the text of a spec without faults (checked byte for byte
 // against the pre-fault builder when the faults were added).
@@ -237,7 +237,7 @@ TEST(StaticGraphIR, GraphFaultsChangeTheTextAndLower) {
       const sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
       EXPECT_NE(g.mlir, base);
       const std::string ir = sg::lower_to_buffers(g.mlir, sg::CompileOptions{});
-      EXPECT_EQ(lowered_step_args(ir), int(g.args.size()) + 1);
+      EXPECT_EQ(lowered_step_args(ir), int(g.args.size()) + 2);
       if (mode == sg::WeightMode::Quantized && spec.faults.reduction_slices > 1) {
         // [blocks >= 2][2][16][columns >= 10] (RoPE's [T][heads][16][1] halves do not count)
         std::smatch mm;
