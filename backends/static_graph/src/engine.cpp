@@ -318,7 +318,8 @@ bool listed(const char* list, const std::string& name) {
 }
 
 // Refuses (TS_ERR_UNSUPPORTED, naming them) an architecture or features the
-// graphs do not compute, and shapes they cannot tile.
+// graphs do not compute. (Block matrices, the quantized path, have whole
+// 32-blocks by construction; fp32 ones any size.)
 void check_supported(const ModelConfig& c, const std::string& path) {
   std::string missing;
   if (!listed(kArchitectures, c.architecture)) missing = "architecture '" + c.architecture + "'";
@@ -329,10 +330,7 @@ void check_supported(const ModelConfig& c, const std::string& path) {
   if (!missing.empty())
     throw abi::StatusError(TS_ERR_UNSUPPORTED,
                            path + ": not supported by static_graph: " + missing);
-  if (c.n_embd % 32 || c.n_ff % 32 || (c.n_head * c.head_dim) % 32 || c.n_rot % 2) {
-    throw abi::StatusError(TS_ERR_UNSUPPORTED,
-                           "dimensions must be multiples of 32 (and n_rot even)");
-  }
+  if (c.n_rot % 2) throw abi::StatusError(TS_ERR_UNSUPPORTED, path + ": odd rope.dimension_count");
 }
 
 // The config as the graph sees it, and the distinct RoPE tables of its layers.
