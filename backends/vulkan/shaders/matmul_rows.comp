@@ -11,7 +11,8 @@
 // the addresses, costing per component, so weights come through 64-bit vector
 // views: F32 as u64vec4 (8 floats), per block 16 quant bytes as u64vec2 (32
 // as u64vec4 for Q8_0) and one scale word, in the split layout of
-// src/vk_blocks.h; dequantized in registers.
+// src/vk_blocks.h; dequantized in registers. The padded layouts (Q5_0, Q4_K,
+// Q5_K, Q6_K) are read quad by quad through quant.glsl's dequant4.
 // fp32 accumulation, one quad at a time in element order, the same order for
 // every TILE. Rows past n_out compute row n_out - 1 and store nothing; tokens
 // past n_tok compute token n_tok - 1. Needs subgroup size 8 and shaderInt64
@@ -93,6 +94,12 @@ void add_blocks(uint b0, uint b1) {
       fma_quad(w, 2u * jj);
       fma_quad(w_hi, 2u * jj + 1u);
     }
+#elif !defined(SPLIT_LAYOUT)
+    // Padded block layouts (Q5_0, K-quants; src/vk_blocks.h): quads through dequant4.
+    [[unroll]] for (uint j = 0; j < 8u; ++j) {
+      [[unroll]] for (int r = 0; r < ROWS; ++r) w[r] = dequant4(row[r], 8u * b + j, pc.n_in, 0u);
+      fma_quad(w, j);
+    }
 #else
     // Split block layout (src/vk_blocks.h): the quants as uvec4s, one scale word.
     uint scale[ROWS];
@@ -158,7 +165,7 @@ void main() {
     row[r] = min(o0 + uint(r) * LANES, pc.n_out - 1u);
     [[unroll]] for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0;
   }
-#if !defined(WTYPE_F32)
+#if defined(SPLIT_LAYOUT)
   scale0 = pc.n_out * nb * QW;  // first scale word
 #endif
   [[unroll]] for (uint t = 0; t < TILE; ++t)

@@ -1,19 +1,38 @@
-// quant.glsl - weight access for one WTYPE_* (F32, Q4_0, Q4_1, Q8_0).
-// Weights are bound as 32-bit words (binding W_BINDING, array `wq`), plus a
-// uvec4 view of the same buffer (`wq4`). F32 rows are plain fp32. Quantized
-// tensors use the split device layout of src/vk_blocks.h: the quant bytes of
-// block k at words [k * QW, k * QW + QW) (16-byte aligned), then one scale
-// word per block (Q4_1: d | m << 16, Q4_0/Q8_0: d), block k = row * nb + b.
+// quant.glsl - weight access for one WTYPE_* (F32, Q4_0, Q4_1, Q8_0, Q5_0,
+// Q4_K, Q5_K, Q6_K). Weights are bound as 32-bit words (binding W_BINDING,
+// array `wq`), plus a uvec4 view of the same buffer (`wq4`). F32 rows are plain
+// fp32. Quantized tensors use the device layouts of src/vk_blocks.h:
+//  - split (Q4_0, Q4_1, Q8_0; SPLIT_LAYOUT): the quant bytes of block k at
+//    words [k * QW, k * QW + QW) (16-byte aligned), then one scale word per
+//    block (Q4_1: d | m << 16, Q4_0/Q8_0: d), block k = row * nb + b;
+//  - padded (Q5_0, Q4_K, Q5_K, Q6_K): the GGUF block's bytes in BW words per
+//    block (Q5_0: 2 zero bytes after d; Q6_K: 2 zero bytes at the end; Q4_K and
+//    Q5_K as stored), block k = row * (n_in / BE) + e / BE for element e.
 // dequant4(row, q, n_in, n_rows) returns elements 4q..4q+3 of a row.
-// Formulas: ggml dequantize_row_*. Faults (faults.glsl): FAULT_NIBBLE_ORDER
-// swaps the low and high nibble of each quant byte, FAULT_SCALE_MIN_SWAP reads
-// a Q4_1 block's d as m and m as d.
+// Formulas and operation order: ggml dequantize_row_* (reference/gguf/src/quant.cpp).
+// Faults (faults.glsl): FAULT_NIBBLE_ORDER swaps the low and high nibble of
+// each Q4_0/Q4_1 quant byte, FAULT_SCALE_MIN_SWAP reads a Q4_1 block's d as m
+// and m as d.
 #include "faults.glsl"
 #if defined(WTYPE_F32)
 #elif defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1)
 #define QW 4u
+#define SPLIT_LAYOUT
 #elif defined(WTYPE_Q8_0)
 #define QW 8u
+#define SPLIT_LAYOUT
+#elif defined(WTYPE_Q5_0)
+#define BW 6u
+#define BE 32u
+#elif defined(WTYPE_Q4_K)
+#define BW 36u
+#define BE 256u
+#elif defined(WTYPE_Q5_K)
+#define BW 44u
+#define BE 256u
+#elif defined(WTYPE_Q6_K)
+#define BW 53u
+#define BE 256u
 #else
 #error "define one WTYPE_*"
 #endif
@@ -44,6 +63,64 @@ vec4 quad_q4_1(uint scale, uint qw, uint j) {
   const vec2 dm = FAULT_SCALE_MIN_SWAP ? unpackHalf2x16(scale).yx : unpackHalf2x16(scale);
   return nibbles(qw, nibble_shift(j)) * dm.x + dm.y;
 }
+#elif defined(WTYPE_Q5_0)
+// Block at word `base`: d, qh (bit i: 5th bit of element i), qs (element i <
+// 16: low nibble of byte i, else high nibble of byte i - 16). (q - 16) * d.
+vec4 quad_q5_0(uint base, uint j) {
+  const float d = unpackHalf2x16(wq[base]).x;
+  const uint qh = wq[base + 1u], qw = wq[base + 2u + (j & 3u)];
+  const uint sh = j >= 4u ? 4u : 0u;
+  vec4 v;
+  for (uint c = 0u; c < 4u; ++c) {
+    const uint q = ((qw >> (8u * c + sh)) & 15u) | (((qh >> (4u * j + c)) & 1u) << 4);
+    v[c] = float(int(q) - 16) * d;
+  }
+  return v;
+}
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+// Byte i of the 12 packed scale bytes (words 1..3 of the super-block).
+uint scale_byte(uint base, uint i) { return (wq[base + 1u + i / 4u] >> (8u * (i % 4u))) & 255u; }
+// ggml get_scale_min_k4: the 6-bit (scale, min) of sub-block b (0..7).
+uvec2 scale_min_k4(uint base, uint b) {
+  if (b < 4u) return uvec2(scale_byte(base, b) & 63u, scale_byte(base, b + 4u) & 63u);
+  const uint hi = scale_byte(base, b + 4u);
+  return uvec2((hi & 15u) | ((scale_byte(base, b - 4u) >> 6) << 4),
+               (hi >> 4) | ((scale_byte(base, b) >> 6) << 4));
+}
+// Quad j of sub-block b of the super-block at word `base`:
+// d * sc * q - dmin * m (Q5_K: q gains the 5th bit from qh, bit b of byte l).
+vec4 quad_k(uint base, uint b, uint j) {
+  const vec2 dm = unpackHalf2x16(wq[base]);
+  const uvec2 sm = scale_min_k4(base, b);
+  const float d1 = dm.x * float(sm.x), m1 = dm.y * float(sm.y);
+#if defined(WTYPE_Q4_K)
+  const uint qw = wq[base + 4u + (b / 2u) * 8u + j];
+  return d1 * nibbles(qw, 4u * (b & 1u)) - m1;
+#else
+  const uint qw = wq[base + 12u + (b / 2u) * 8u + j], hw = wq[base + 4u + j];
+  const vec4 h = vec4(float((hw >> b) & 1u), float((hw >> (8u + b)) & 1u),
+                      float((hw >> (16u + b)) & 1u), float((hw >> (24u + b)) & 1u));
+  return d1 * (nibbles(qw, 4u * (b & 1u)) + 16.0 * h) - m1;
+#endif
+}
+#elif defined(WTYPE_Q6_K)
+// Quad j of 32-element group b (half n = b / 4, quarter g = b % 4) of the
+// super-block at word `base`: ql (128 B), qh (64 B), int8 scales (16 B), d.
+// d * sc * (q - 32), q = 4 bits of ql | 2 bits of qh << 4.
+vec4 quad_q6_k(uint base, uint b, uint j) {
+  const uint n = b / 4u, g = b % 4u;
+  const uint lw = wq[base + n * 16u + (g & 1u) * 8u + j], hw = wq[base + 32u + n * 8u + j];
+  const uint ls = g >= 2u ? 4u : 0u, hs = 2u * g;
+  const uint si = 192u + n * 8u + j / 4u + 2u * g;  // scale byte
+  const int sc = bitfieldExtract(int(wq[base + si / 4u]), int(8u * (si % 4u)), 8);
+  const float d = unpackHalf2x16(wq[base + 52u]).x;
+  vec4 v;
+  for (uint c = 0u; c < 4u; ++c) {
+    const uint q = ((lw >> (8u * c + ls)) & 15u) | (((hw >> (8u * c + hs)) & 3u) << 4);
+    v[c] = d * float(sc) * float(int(q) - 32);
+  }
+  return v;
+}
 #endif
 
 vec4 dequant4(uint row, uint q, uint n_in, uint n_rows) {
@@ -51,7 +128,7 @@ vec4 dequant4(uint row, uint q, uint n_in, uint n_rows) {
   const uint i = row * n_in + 4u * q;
   return vec4(uintBitsToFloat(wq[i]), uintBitsToFloat(wq[i + 1u]), uintBitsToFloat(wq[i + 2u]),
               uintBitsToFloat(wq[i + 3u]));
-#else
+#elif defined(SPLIT_LAYOUT)
   const uint nb = n_in / 32u, k = row * nb + (q >> 3), j = q & 7u;
   const uint scale = wq[n_rows * nb * QW + k];
 #if defined(WTYPE_Q4_0)
@@ -60,6 +137,15 @@ vec4 dequant4(uint row, uint q, uint n_in, uint n_rows) {
   return quad_q4_1(scale, wq[k * QW + (j & 3u)], j);
 #else
   return bytes_i8(wq[k * QW + j]) * unpackHalf2x16(scale).x;
+#endif
+#else
+  const uint e = 4u * q, base = (row * (n_in / BE) + e / BE) * BW, j = q & 7u;
+#if defined(WTYPE_Q5_0)
+  return quad_q5_0(base, j);
+#elif defined(WTYPE_Q6_K)
+  return quad_q6_k(base, (e % BE) / 32u, j);
+#else
+  return quad_k(base, (e % BE) / 32u, j);
 #endif
 #endif
 }

@@ -1,29 +1,18 @@
-// vk_blocks.cpp - GGUF quantized blocks -> the split device layout (vk_blocks.h).
+// vk_blocks.cpp - GGUF quantized blocks -> the device layouts (vk_blocks.h).
 #include "vk_blocks.h"
 
 #include <cstring>
 
 #include "touchstone/backend_impl.h"
+#include "touchstone/quant.h"
 
 namespace touchstone::vk {
+namespace {
 
-std::vector<uint8_t> to_device_blocks(gguf::TensorType type, const uint8_t* blocks, size_t n_in,
-                                      size_t n_rows) {
-  size_t block_bytes = 0, scale_bytes = 0;
-  switch (type) {
-    case gguf::TensorType::Q4_0:
-      block_bytes = 18, scale_bytes = 2;
-      break;
-    case gguf::TensorType::Q4_1:
-      block_bytes = 20, scale_bytes = 4;
-      break;
-    case gguf::TensorType::Q8_0:
-      block_bytes = 34, scale_bytes = 2;
-      break;
-    default:
-      throw abi::StatusError(TS_ERR_INTERNAL, "to_device_blocks: not Q4_0, Q4_1 or Q8_0");
-  }
-  const size_t n_blocks = n_in / 32 * n_rows, quant_bytes = block_bytes - scale_bytes;
+// Q4_0, Q4_1, Q8_0: quants of every block first, then one scale word per block.
+std::vector<uint8_t> split_blocks(const uint8_t* blocks, size_t n_blocks, size_t block_bytes,
+                                  size_t scale_bytes) {
+  const size_t quant_bytes = block_bytes - scale_bytes;
   std::vector<uint8_t> out(n_blocks * (quant_bytes + 4), 0);
   uint8_t* quants = out.data();
   uint8_t* scales = out.data() + n_blocks * quant_bytes;
@@ -33,6 +22,47 @@ std::vector<uint8_t> to_device_blocks(gguf::TensorType type, const uint8_t* bloc
     std::memcpy(quants + k * quant_bytes, b + scale_bytes, quant_bytes);
   }
   return out;
+}
+
+// Q5_0, K-quants: every block's bytes in a slot of padded_bytes, with
+// (padded_bytes - block_bytes) zero bytes inserted at byte gap_at.
+std::vector<uint8_t> pad_blocks(const uint8_t* blocks, size_t n_blocks, size_t block_bytes,
+                                size_t padded_bytes, size_t gap_at) {
+  std::vector<uint8_t> out(n_blocks * padded_bytes, 0);
+  const size_t gap = padded_bytes - block_bytes;
+  for (size_t k = 0; k < n_blocks; ++k) {
+    const uint8_t* b = blocks + k * block_bytes;
+    uint8_t* o = out.data() + k * padded_bytes;
+    std::memcpy(o, b, gap_at);
+    std::memcpy(o + gap_at + gap, b + gap_at, block_bytes - gap_at);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> to_device_blocks(gguf::TensorType type, const uint8_t* blocks, size_t n_in,
+                                      size_t n_rows) {
+  using gguf::TensorType;
+  const gguf::TypeTraits& tt = gguf::type_traits(type);
+  const size_t n_blocks = n_in / tt.block_size * n_rows, bytes = tt.type_size;
+  switch (type) {
+    case TensorType::Q4_0:
+    case TensorType::Q8_0:
+      return split_blocks(blocks, n_blocks, bytes, 2);
+    case TensorType::Q4_1:
+      return split_blocks(blocks, n_blocks, bytes, 4);
+    case TensorType::Q5_0:
+      return pad_blocks(blocks, n_blocks, bytes, 24, 2);  // after d
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+      return pad_blocks(blocks, n_blocks, bytes, bytes, bytes);  // word multiples already
+    case TensorType::Q6_K:
+      return pad_blocks(blocks, n_blocks, bytes, 212, bytes);  // after d
+    default:
+      throw abi::StatusError(TS_ERR_INTERNAL, "to_device_blocks: no device layout for " +
+                                                  std::string(gguf::type_name(type)));
+  }
 }
 
 }  // namespace touchstone::vk

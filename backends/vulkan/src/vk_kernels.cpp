@@ -23,7 +23,8 @@ const EmbeddedShader& find_shader(const std::string& name) {
 
 bool shader_reads(TensorType t) {
   return t == TensorType::F32 || t == TensorType::Q4_0 || t == TensorType::Q4_1 ||
-         t == TensorType::Q8_0;
+         t == TensorType::Q8_0 || t == TensorType::Q5_0 || t == TensorType::Q4_K ||
+         t == TensorType::Q5_K || t == TensorType::Q6_K;
 }
 
 const char* shader_type_suffix(TensorType t) {
@@ -36,6 +37,14 @@ const char* shader_type_suffix(TensorType t) {
       return "q4_1";
     case TensorType::Q8_0:
       return "q8_0";
+    case TensorType::Q5_0:
+      return "q5_0";
+    case TensorType::Q4_K:
+      return "q4_k";
+    case TensorType::Q5_K:
+      return "q5_k";
+    case TensorType::Q6_K:
+      return "q6_k";
     default:
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "no shader reads ggml type " + std::to_string(uint32_t(t)));
@@ -51,7 +60,7 @@ bool ShaderFaults::any() const {
 Kernels::Kernels(Context& ctx, const ShaderFaults& faults) : ctx_(ctx), faults_(faults) {
   const std::string sg = ctx.use_subgroup() ? "_sg" : "_nosg";
   rows_ = ctx.matmul_row_per_invocation();
-  for (const char* t : {"f32", "q4_0", "q4_1", "q8_0"}) {
+  for (const char* t : {"f32", "q4_0", "q4_1", "q8_0", "q5_0", "q4_k", "q5_k", "q6_k"}) {
     add(std::string("matmul_") + t + sg, 3, sizeof(MatmulPush));  // also the rows fallback
     if (rows_) {
       add(std::string("matmul_") + t + "_rows", 3, sizeof(MatmulPush));

@@ -56,7 +56,7 @@ bool implements_fault(const std::string& name) {
 // quant_scale_min_swap and nibble_order are bugs in the shaders' dequantization
 // (shaders/quant.glsl): they reach the Q4_1 blocks (d and m) and the Q4_0/Q4_1
 // quants read in place. A quantized session of a model with no such matrix
-// refuses them (other types are dequantized on the host at load).
+// refuses them (the other block types' dequantization carries no fault).
 bool quant_fault_applies(const touchstone::vk::DeviceWeights& w, const touchstone::Faults& f) {
   using touchstone::gguf::TensorType;
   auto hit = [&](const touchstone::vk::DeviceMatrix& m) {
@@ -141,11 +141,12 @@ struct Vulkan {
 
   static void capabilities(ts_capabilities& c) {
     c.flags = TS_CAP_ALL_POSITION_LOGITS;
-    // F32/Q4_0/Q4_1/Q8_0 are read in place by the shaders; the other types are
-    // dequantized to fp32 at load.
+    // Read in place by the shaders on the quantized path: F32, Q4_0, Q4_1, Q8_0,
+    // Q5_0, Q4_K, Q5_K, Q6_K; F16 and BF16 are dequantized to fp32 at load.
     c.weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
-                     TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
-                     TS_WEIGHT_TYPE_BIT(14) | TS_WEIGHT_TYPE_BIT(30);
+                     TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(6) | TS_WEIGHT_TYPE_BIT(8) |
+                     TS_WEIGHT_TYPE_BIT(12) | TS_WEIGHT_TYPE_BIT(13) | TS_WEIGHT_TYPE_BIT(14) |
+                     TS_WEIGHT_TYPE_BIT(30);
     c.max_context = 0;
     c.determinism_note =
         "bitwise reproducible run to run on one device and driver (fixed reduction order, no "

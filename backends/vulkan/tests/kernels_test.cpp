@@ -23,6 +23,11 @@ namespace {
 
 using gguf::TensorType;
 
+// Every type the shaders read (shader_reads).
+constexpr TensorType kShaderTypes[] = {TensorType::F32,  TensorType::Q4_0, TensorType::Q4_1,
+                                       TensorType::Q8_0, TensorType::Q5_0, TensorType::Q4_K,
+                                       TensorType::Q5_K, TensorType::Q6_K};
+
 // Param: 0 = matmul split across a workgroup + shared-memory sums, 1 = split +
 // subgroup sums, 2 = the CPU strategy (matmul_rows.comp, attention_rows.comp;
 // the lavapipe default).
@@ -99,12 +104,15 @@ class KernelTest : public ::testing::TestWithParam<int> {
     std::uniform_int_distribution<int> byte(0, 255);
     std::uniform_real_distribution<float> scale(0.002f, 0.03f), mn(-0.1f, 0.1f);
     for (uint8_t& x : b) x = uint8_t(byte(rng_));
+    // Finite fp16 scales: d first (Q6_K: last), then Q4_1's m or a K-quant's dmin.
+    const bool k_min = type == TensorType::Q4_K || type == TensorType::Q5_K;
+    const size_t d_at = type == TensorType::Q6_K ? 208 : 0;
     for (size_t blk = 0; blk < b.size() / tr.type_size; ++blk) {
       uint8_t* p = b.data() + blk * tr.type_size;
       const uint16_t d = gguf::fp32_to_fp16(scale(rng_));
-      std::memcpy(p, &d, 2);
-      if (type == TensorType::Q4_1) {
-        const uint16_t m = gguf::fp32_to_fp16(mn(rng_));
+      std::memcpy(p + d_at, &d, 2);
+      if (type == TensorType::Q4_1 || k_min) {
+        const uint16_t m = gguf::fp32_to_fp16(k_min ? scale(rng_) : mn(rng_));
         std::memcpy(p + 2, &m, 2);
       }
     }
@@ -139,8 +147,9 @@ class KernelTest : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(KernelTest, MatmulEveryTypeMatchesCpu) {
-  for (TensorType type : {TensorType::F32, TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
-    for (uint32_t n_in : {96u, 320u}) {
+  for (TensorType type : kShaderTypes) {
+    const bool k = gguf::type_traits(type).block_size == 256;  // K-quants: 256-element blocks
+    for (uint32_t n_in : {k ? 256u : 96u, k ? 512u : 320u}) {
       for (uint32_t n_tok : {1u, 3u, 8u, 13u}) {
         const uint32_t n_out = 37, x_off = 8, y_off = 3, x_stride = n_in + 4, y_stride = n_out + 2;
         const auto wb = random_weights(type, n_in, n_out);
@@ -174,8 +183,9 @@ TEST_P(KernelTest, MatmulEveryTypeMatchesCpu) {
 }
 
 TEST_P(KernelTest, GetRowsEveryTypeMatchesCpu) {
-  for (TensorType type : {TensorType::F32, TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
-    const uint32_t n = 320, rows = 11, out_off = 7;
+  for (TensorType type : kShaderTypes) {
+    const uint32_t n = gguf::type_traits(type).block_size == 256 ? 512 : 320, rows = 11,
+                   out_off = 7;
     const auto wb = random_weights(type, n, rows);
     const auto wf = dequant(type, wb, size_t(n) * rows);
     const std::vector<int32_t> tokens{3, 0, 10, 3, 7};
