@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kquant_pack.h"
 #include "touchstone/backend_impl.h"
 #include "touchstone/error.h"
 #include "touchstone/faults.h"
@@ -129,9 +130,11 @@ bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     put(name + ".d", d);
     return false;  // no 4-bit quants, no min
   }
-  throw abi::StatusError(TS_ERR_UNSUPPORTED, "quantized path: tensor " + ti.name + " has type " +
-                                                 std::string(gguf::type_name(ti.type)) +
-                                                 " (supported in graph: Q4_0, Q4_1, Q8_0)");
+  if (pack_kquant(f, ti, name, in, out, row0, ws, fmt)) return false;  // no packing fault there
+  throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                         "quantized path: tensor " + ti.name + " has type " +
+                             std::string(gguf::type_name(ti.type)) +
+                             " (supported in graph: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)");
 }
 
 void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {

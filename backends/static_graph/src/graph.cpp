@@ -210,7 +210,7 @@ struct MatrixPart {
 
 // Graph arguments of one weight matrix used as y[T, out] = x[T, in] . M[in, out].
 std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f) {
-  const int64_t nb = in / 32;
+  const int64_t nb = in / block_rows(f);
   switch (f) {
     case MatrixFormat::F32:
       return {{"", {1, in, outd}, "f32"}};
@@ -222,19 +222,31 @@ std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f) {
               {".m", {nb, 1, outd}, "f16"}};
     case MatrixFormat::Q8_0:
       return {{".qs", {nb, 32, outd}, "i8"}, {".d", {nb, 1, outd}, "f16"}};
+    case MatrixFormat::Q4_1F:
+      return {{".qs", {nb, 16, outd}, "i8"},
+              {".d", {nb, 1, outd}, "f32"},
+              {".m", {nb, 1, outd}, "f32"}};
+    case MatrixFormat::Q8_16F:
+      return {{".qs", {nb, 16, outd}, "i8"}, {".d", {nb, 1, outd}, "f32"}};
   }
   throw std::logic_error("matrix_parts: bad format");
 }
 
-// The fp32 [1, nb*32, out] operand of a block matrix from its parts (qs, d[, m])
-// of nb blocks (dequantized in the graph; F32: the part itself).
+// A scale part as f32 (f16 parts cast, f32 ones as they are).
+Val scale_f32(Emitter& e, const Val& v) { return v.elem == "f32" ? v : e.cast(v, "f32"); }
+
+// The fp32 [1, nb*block_rows, out] operand of a block matrix from its parts
+// (qs, d[, m]) of nb blocks (dequantized in the graph; F32: the part itself).
+// Each weight is ggml's dequantized value, bitwise: q*d + m (Q4_1, Q4_1F with
+// m = -dmin*m), (q-8)*d (Q4_0), q*d (Q8_0, Q8_16F).
 Val dequantize(Emitter& e, const std::vector<Val>& p, MatrixFormat f, int64_t nb, int64_t outd) {
-  const int64_t in = nb * 32;
+  const int64_t in = nb * block_rows(f);
   switch (f) {
     case MatrixFormat::F32:
       return p[0];
     case MatrixFormat::Q4_0:
-    case MatrixFormat::Q4_1: {
+    case MatrixFormat::Q4_1:
+    case MatrixFormat::Q4_1F: {
       // Element j of block b is nibble h = j / 16 of byte j % 16 (low nibbles are
       // elements 0-15, ggml's order): shift the bytes, broadcast along h, by
       // [0, 4] and mask -> [nb][2][16][out]. Only broadcasting elementwise ops
@@ -246,17 +258,18 @@ Val dequantize(Emitter& e, const std::vector<Val>& p, MatrixFormat f, int64_t nb
           e.binary("tosa.bitwise_and", e.binary("tosa.logical_right_shift", qs, e.cast(sh, "i8")),
                    e.splat({1, 1, 1, 1}, "i8", "15"));
       Val q = e.cast(nib, "f32");  // [nb][2][16][out]
-      Val d = e.cast(e.reshape(p[1], {nb, 1, 1, outd}), "f32");
+      Val d = scale_f32(e, e.reshape(p[1], {nb, 1, 1, outd}));
       Val w;
-      if (f == MatrixFormat::Q4_1) {
-        w = e.add(e.mul(q, d), e.cast(e.reshape(p[2], {nb, 1, 1, outd}), "f32"));  // q*d + m
+      if (f != MatrixFormat::Q4_0) {
+        w = e.add(e.mul(q, d), scale_f32(e, e.reshape(p[2], {nb, 1, 1, outd})));  // q*d + m
       } else {
         w = e.mul(e.sub(q, e.splat({1, 1, 1, 1}, "f32", "8.0")), d);  // (q-8)*d (ggml order)
       }
       return e.reshape(w, {1, in, outd});
     }
     case MatrixFormat::Q8_0:
-      return e.reshape(e.mul(e.cast(p[0], "f32"), e.cast(p[1], "f32")), {1, in, outd});
+    case MatrixFormat::Q8_16F:
+      return e.reshape(e.mul(e.cast(p[0], "f32"), scale_f32(e, p[1])), {1, in, outd});
   }
   throw std::logic_error("dequantize: bad format");
 }
@@ -271,7 +284,7 @@ std::vector<Val> matrix(Fn& fn, const std::string& name, int64_t in, int64_t out
   for (const MatrixPart& part : matrix_parts(in, outd, f))
     p.push_back(fn.param(name + part.suffix, part.shape, part.elem));
   Emitter& e = fn.e;
-  const int64_t nb = in / 32;
+  const int64_t nb = in / block_rows(f);
   if (slices <= 1) return {dequantize(e, p, f, nb, outd)};
   std::vector<Val> out;
   for (int64_t k = 0; k < slices; ++k) {
@@ -281,7 +294,7 @@ std::vector<Val> matrix(Fn& fn, const std::string& name, int64_t in, int64_t out
     for (const Val& v : p) {  // F32 [1, in, out]: rows; blocks [nb, r, out]: blocks
       Shape start(v.shape.size(), 0), size = v.shape;
       const size_t ax = f == MatrixFormat::F32 ? 1 : 0;
-      const int64_t unit = f == MatrixFormat::F32 ? 32 : 1;
+      const int64_t unit = f == MatrixFormat::F32 ? block_rows(f) : 1;
       start[ax] = b0 * unit;
       size[ax] = (b1 - b0) * unit;
       ps.push_back(e.slice(v, start, size));

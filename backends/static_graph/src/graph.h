@@ -33,8 +33,15 @@ enum class MatrixFormat {
   F32,   // fp32 [1][in][out] (transposed at load)
   Q4_1,  // qs i8 [nb][16][out], d f16 [nb][1][out], m f16 [nb][1][out]
   Q4_0,  // qs i8 [nb][16][out], d f16 [nb][1][out]
-  Q8_0,  // qs i8 [nb][32][out], d f16 [nb][1][out]
+  Q8_0,  // qs i8 [nb][32][out], d f16 [nb][1][out] (also Q5_0 blocks: q - 16 as i8)
+  // Q4_K: 4-bit quants of each 32-row sub-block, its scale d*sc and its
+  // -dmin*m computed once in fp32 at load (exact: 11-bit x 6-bit products).
+  Q4_1F,  // qs i8 [nb][16][out], d f32 [nb][1][out], m f32 [nb][1][out]
+  // Q6_K: q - 32 as i8, the 16-row sub-block's scale d*sc in fp32 (exact).
+  Q8_16F,  // qs i8 [n16][16][out], d f32 [n16][1][out] (n16 = in / 16)
 };
+// Rows of one block of a format (F32: the 32-row unit of the slicing fault).
+inline int64_t block_rows(MatrixFormat f) { return f == MatrixFormat::Q8_16F ? 16 : 32; }
 
 // The model as the graph sees it: sizes plus the family features of
 // touchstone::ModelConfig (model_config.h; formulas in reference_forward.cpp).

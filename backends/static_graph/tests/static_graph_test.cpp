@@ -250,6 +250,35 @@ TEST(StaticGraphIR, GraphFaultsChangeTheTextAndLower) {
   }
 }
 
+// The K-quant layouts (Q4_K as Q4_1F: f32 scale and min per 32-row
+// sub-block; Q6_K as Q8_16F: 16-row sub-blocks) take the same fused schedule:
+// no dequantized matrix ([blocks > 1][2][16][N] or [blocks > 1][16][N] fp32
+// with N > one column tile) is materialised, in a prefill or a decode graph.
+TEST(StaticGraphIR, KQuantDequantizationIsFused) {
+  for (const int32_t T : {1, 4}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    sg::GraphSpec spec;
+    spec.T = T;
+    spec.W = 32;
+    spec.capacity = 32;
+    spec.mode = sg::WeightMode::Quantized;
+    const sg::ModelDims D = tiny_dims();
+    spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1F);
+    for (int32_t l = 0; l < D.n_layer; ++l)
+      spec.layer_formats[size_t(l * 7 + 6)] = sg::MatrixFormat::Q8_16F;
+    spec.embd_format = sg::MatrixFormat::Q8_0;
+    const sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
+    const std::string ir = sg::lower_to_buffers(g.mlir, sg::CompileOptions{});
+    const std::regex whole(R"(memref\.alloca?\(\)[^\n]*: memref<(\d+)x(2x)?16x(\d+)xf32>)");
+    for (auto it = std::sregex_iterator(ir.begin(), ir.end(), whole); it != std::sregex_iterator();
+         ++it) {
+      EXPECT_FALSE(std::stoll((*it)[1]) > 1 && std::stoll((*it)[3]) > 16)
+          << "a dequantized matrix is materialised: " << (*it)[0];
+    }
+    EXPECT_EQ(lowered_step_args(ir), int(g.args.size()) + 2);
+  }
+}
+
 class StaticGraphModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -1,0 +1,152 @@
+// kquant_pack.cpp - Q5_0 / Q4_K / Q6_K blocks in the graph's layouts (kquant_pack.h).
+// Block formats: ggml-common.h; the values follow reference/gguf/src/quant.cpp
+// (deq_q5_0, deq_q4_K, deq_q6_K) operation by operation.
+#include "kquant_pack.h"
+
+#include <cstring>
+
+#include "touchstone/quant.h"
+
+namespace touchstone::static_graph {
+namespace {
+
+using gguf::TensorType;
+
+template <typename B>
+B load_block(const uint8_t* p) {
+  B b;
+  std::memcpy(&b, p, sizeof(B));
+  return b;
+}
+
+void put(WeightSet& ws, const std::string& k, HostTensor t) {
+  ws.bytes += t.bytes;
+  ws.tensors[k] = std::move(t);
+}
+
+// ggml-quants.c get_scale_min_k4: the j-th 6-bit (scale, min) pair of 12 bytes.
+void scale_min_k4(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+  }
+}
+
+// Q5_0 -> Q8_0 layout: qs [nb][32][out] = q - 16, d [nb][1][out] = the f16 bits.
+void pack_q5_0(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
+               int64_t row0, WeightSet& ws) {
+  const int64_t nb = in / gguf::QK5_0;
+  HostTensor qs = HostTensor::make({nb, 32, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f16");
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto x = load_block<gguf::block_q5_0>(raw.data() + size_t((row0 + o) * nb + b) *
+                                                                   sizeof(gguf::block_q5_0));
+      uint32_t qh;
+      std::memcpy(&qh, x.qh, sizeof(qh));
+      d.as<uint16_t>()[b * out + o] = x.d;
+      int8_t* dst = qs.as<int8_t>() + b * 32 * out + o;
+      for (int j = 0; j < 16; ++j) {
+        const int h0 = ((qh >> (j + 0)) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+        dst[j * out] = int8_t(((x.qs[j] & 0x0F) | h0) - 16);
+        dst[(j + 16) * out] = int8_t(((x.qs[j] >> 4) | h1) - 16);
+      }
+    }
+  }
+  put(ws, name + ".qs", qs);
+  put(ws, name + ".d", d);
+}
+
+// Q4_K -> Q4_1F: 8 sub-blocks of 32 per 256-row super-block; sub-block s holds
+// element l as nibble l / 16 of byte l % 16 (the Q4_1 order), d = d * sc and
+// m = -(dmin * min), so that q * d + m = deq_q4_K's d1 * q - m1.
+void pack_q4_k(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
+               int64_t row0, WeightSet& ws) {
+  const int64_t nsb = in / gguf::QK_K, nb = nsb * 8;
+  HostTensor qs = HostTensor::make({nb, 16, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f32"),
+             mn = HostTensor::make({nb, 1, out}, "f32");
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const auto x = load_block<gguf::block_q4_K>(raw.data() + size_t((row0 + o) * nsb + sb) *
+                                                                   sizeof(gguf::block_q4_K));
+      const float dd = gguf::fp16_to_fp32(x.d), dmin = gguf::fp16_to_fp32(x.dmin);
+      for (int s = 0; s < 8; ++s) {
+        uint8_t sc, m;
+        scale_min_k4(s, x.scales, sc, m);
+        const int64_t b = sb * 8 + s;
+        d.as<float>()[b * out + o] = dd * sc;
+        mn.as<float>()[b * out + o] = -(dmin * m);
+        const uint8_t* q = x.qs + (s / 2) * 32;  // chunk of 64: sub-blocks 2c (low), 2c+1 (high)
+        const int shift = (s % 2) * 4;
+        uint8_t* dst = qs.as<uint8_t>() + b * 16 * out + o;
+        for (int i = 0; i < 16; ++i) {
+          const int lo = (q[i] >> shift) & 0xF, hi = (q[i + 16] >> shift) & 0xF;
+          dst[i * out] = uint8_t(lo | (hi << 4));
+        }
+      }
+    }
+  }
+  put(ws, name + ".qs", qs);
+  put(ws, name + ".d", d);
+  put(ws, name + ".m", mn);
+}
+
+// Q6_K -> Q8_16F: 16 sub-blocks of 16 per 256-row super-block, q - 32 as i8,
+// d = d * sc (deq_q6_K's d * sc[is], before the product with q).
+void pack_q6_k(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
+               int64_t row0, WeightSet& ws) {
+  const int64_t nsb = in / gguf::QK_K, nb = nsb * 16;
+  HostTensor qs = HostTensor::make({nb, 16, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f32");
+  int8_t q[gguf::QK_K];
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const auto x = load_block<gguf::block_q6_K>(raw.data() + size_t((row0 + o) * nsb + sb) *
+                                                                   sizeof(gguf::block_q6_K));
+      const float dd = gguf::fp16_to_fp32(x.d);
+      for (int n = 0; n < 2; ++n) {
+        const uint8_t* ql = x.ql + n * 64;
+        const uint8_t* qh = x.qh + n * 32;
+        for (int l = 0; l < 32; ++l) {
+          q[n * 128 + l + 0] = int8_t(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+          q[n * 128 + l + 32] = int8_t(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+          q[n * 128 + l + 64] = int8_t(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+          q[n * 128 + l + 96] = int8_t(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+      }
+      for (int s = 0; s < 16; ++s) {
+        const int64_t b = sb * 16 + s;
+        d.as<float>()[b * out + o] = dd * x.scales[s];
+        int8_t* dst = qs.as<int8_t>() + b * 16 * out + o;
+        for (int i = 0; i < 16; ++i) dst[i * out] = q[s * 16 + i];
+      }
+    }
+  }
+  put(ws, name + ".qs", qs);
+  put(ws, name + ".d", d);
+}
+
+}  // namespace
+
+bool pack_kquant(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
+                 int64_t in, int64_t out, int64_t row0, WeightSet& ws, MatrixFormat& fmt) {
+  switch (ti.type) {
+    case TensorType::Q5_0:
+      pack_q5_0(f.tensor_data(ti), name, in, out, row0, ws);
+      fmt = MatrixFormat::Q8_0;
+      return true;
+    case TensorType::Q4_K:
+      pack_q4_k(f.tensor_data(ti), name, in, out, row0, ws);
+      fmt = MatrixFormat::Q4_1F;
+      return true;
+    case TensorType::Q6_K:
+      pack_q6_k(f.tensor_data(ti), name, in, out, row0, ws);
+      fmt = MatrixFormat::Q8_16F;
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace touchstone::static_graph
