@@ -12,7 +12,7 @@
 // views: F32 as u64vec4 (8 floats), per block 16 quant bytes as u64vec2 (32
 // as u64vec4 for Q8_0) and one scale word, in the split layout of
 // src/vk_blocks.h; dequantized in registers. The padded layouts (Q5_0, Q4_K,
-// Q5_K, Q6_K) are read quad by quad through quant.glsl's dequant4.
+// Q5_K, Q6_K) are decoded a block at a time by quant.glsl's block_quads.
 // fp32 accumulation, one quad at a time in element order, the same order for
 // every TILE. Rows past n_out compute row n_out - 1 and store nothing; tokens
 // past n_tok compute token n_tok - 1. Needs subgroup size 8 and shaderInt64
@@ -95,9 +95,12 @@ void add_blocks(uint b0, uint b1) {
       fma_quad(w_hi, 2u * jj + 1u);
     }
 #elif !defined(SPLIT_LAYOUT)
-    // Padded block layouts (Q5_0, K-quants; src/vk_blocks.h): quads through dequant4.
+    // Padded block layouts (Q5_0, K-quants; src/vk_blocks.h): each row's block
+    // decoded once (quant.glsl: block_quads), then used quad by quad.
+    vec4 blk[ROWS][8];
+    [[unroll]] for (int r = 0; r < ROWS; ++r) block_quads(row[r], b, pc.n_in, blk[r]);
     [[unroll]] for (uint j = 0; j < 8u; ++j) {
-      [[unroll]] for (int r = 0; r < ROWS; ++r) w[r] = dequant4(row[r], 8u * b + j, pc.n_in, 0u);
+      [[unroll]] for (int r = 0; r < ROWS; ++r) w[r] = blk[r][j];
       fma_quad(w, j);
     }
 #else

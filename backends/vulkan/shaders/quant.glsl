@@ -123,6 +123,56 @@ vec4 quad_q6_k(uint base, uint b, uint j) {
 }
 #endif
 
+#if !defined(WTYPE_F32) && !defined(SPLIT_LAYOUT)
+// The 8 quads of 32-element block b of a row (padded layouts), each block
+// header (scales, mins, high bits) decoded once: matmul_rows.comp's inner
+// loop. Same values as dequant4(row, 8 b + j, n_in, ...), j = 0..7.
+void block_quads(uint row, uint b, uint n_in, out vec4 quads[8]) {
+#if defined(WTYPE_Q5_0)
+  const uint base = (row * (n_in / 32u) + b) * BW;
+  const float d = unpackHalf2x16(wq[base]).x;
+  const uint qh = wq[base + 1u];
+  for (uint j = 0u; j < 8u; ++j) {
+    const uint qw = wq[base + 2u + (j & 3u)], sh = j >= 4u ? 4u : 0u;
+    for (uint c = 0u; c < 4u; ++c) {
+      const uint q = ((qw >> (8u * c + sh)) & 15u) | (((qh >> (4u * j + c)) & 1u) << 4);
+      quads[j][c] = float(int(q) - 16) * d;
+    }
+  }
+#elif defined(WTYPE_Q6_K)
+  const uint base = (row * (n_in / BE) + b / 8u) * BW, sb = b % 8u, n = sb / 4u, g = sb % 4u;
+  const float d = unpackHalf2x16(wq[base + 52u]).x;
+  const uint si = 192u + n * 8u + 2u * g;  // scale byte of elements 0..15; + 1 for 16..31
+  const int sc0 = bitfieldExtract(int(wq[base + si / 4u]), int(8u * (si % 4u)), 8);
+  const int sc1 = bitfieldExtract(int(wq[base + (si + 1u) / 4u]), int(8u * ((si + 1u) % 4u)), 8);
+  const uint ls = g >= 2u ? 4u : 0u, hs = 2u * g;
+  for (uint j = 0u; j < 8u; ++j) {
+    const uint lw = wq[base + n * 16u + (g & 1u) * 8u + j], hw = wq[base + 32u + n * 8u + j];
+    const float dsc = d * float(j < 4u ? sc0 : sc1);
+    for (uint c = 0u; c < 4u; ++c) {
+      const uint q = ((lw >> (8u * c + ls)) & 15u) | (((hw >> (8u * c + hs)) & 3u) << 4);
+      quads[j][c] = dsc * float(int(q) - 32);
+    }
+  }
+#else
+  const uint base = (row * (n_in / BE) + b / 8u) * BW, sb = b % 8u;
+  const vec2 dm = unpackHalf2x16(wq[base]);
+  const uvec2 sm = scale_min_k4(base, sb);
+  const float d1 = dm.x * float(sm.x), m1 = dm.y * float(sm.y);
+  for (uint j = 0u; j < 8u; ++j) {
+#if defined(WTYPE_Q4_K)
+    quads[j] = d1 * nibbles(wq[base + 4u + (sb / 2u) * 8u + j], 4u * (sb & 1u)) - m1;
+#else
+    const uint qw = wq[base + 12u + (sb / 2u) * 8u + j], hw = wq[base + 4u + j];
+    const vec4 h = vec4(float((hw >> sb) & 1u), float((hw >> (8u + sb)) & 1u),
+                        float((hw >> (16u + sb)) & 1u), float((hw >> (24u + sb)) & 1u));
+    quads[j] = d1 * (nibbles(qw, 4u * (sb & 1u)) + 16.0 * h) - m1;
+#endif
+  }
+#endif
+}
+#endif
+
 vec4 dequant4(uint row, uint q, uint n_in, uint n_rows) {
 #if defined(WTYPE_F32)
   const uint i = row * n_in + 4u * q;
