@@ -327,6 +327,110 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
   expect_close(read(O), want, "attention");
 }
 
+// NeoX RoPE over the first n_rot of hd dims (partial rotary, linear scaling,
+// frequency factors folded into the table as the backend does), the KV store,
+// then attention with a model scale and a sliding window of W positions.
+TEST_P(KernelTest, NeoxPartialRopeAndSlidingWindowMatchCpu) {
+  const uint32_t n_head = 4, n_head_kv = 2, hd = 64, n_rot = 32, max_ctx = 16, pos0 = 6, n_tok = 3,
+                 window = 4;
+  const uint32_t q_dim = n_head * hd, kv_dim = n_head_kv * hd, half = n_rot / 2;
+  const double base = 1e6, lin = 2.0, scale = 0.3;
+  std::vector<float> ff(half);
+  for (uint32_t i = 0; i < half; ++i) ff[i] = 1.0f + float(i % 4);
+  auto q = randn(n_tok * q_dim), k = randn(n_tok * kv_dim), v = randn(n_tok * kv_dim);
+  auto kc = randn(max_ctx * kv_dim), vc = randn(max_ctx * kv_dim);
+  std::vector<float> rope(max_ctx * half * 2);
+  for (uint32_t p = 0; p < max_ctx; ++p) {
+    for (uint32_t i = 0; i < half; ++i) {
+      const double th = touchstone::ops::rope_theta(int32_t(p), i, n_rot, base, lin, ff[i]);
+      rope[(p * half + i) * 2] = float(std::cos(th));
+      rope[(p * half + i) * 2 + 1] = float(std::sin(th));
+    }
+  }
+  Buffer Q = host(q), K = host(k), V = host(v), KC = host(kc), VC = host(vc), R = host(rope);
+  Buffer S = host(nullptr, n_tok * n_head * max_ctx * 4), O = host(nullptr, n_tok * q_dim * 4);
+  run([&](Recorder& r) {
+    r.dispatch(kernels_->rope_store(), {&Q, &K, &V, &KC, &VC, &R},
+               RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd, 0, n_rot, 1}, n_tok);
+    r.barrier();
+    r.dispatch(kernels_->attention(hd), {&Q, &KC, &VC, &S, &O},
+               AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, float(scale),
+                             pos0 + n_tok, window},
+               n_head, n_tok);
+  });
+  // CPU: touchstone/scalar_ops.h's rope_neox, then the windowed attention in fp64.
+  std::vector<float> qr = q, kr = k;
+  for (uint32_t t = 0; t < n_tok; ++t) {
+    for (uint32_t h = 0; h < n_head; ++h)
+      touchstone::ops::rope_neox(qr.data() + t * q_dim + h * hd, n_rot, int32_t(pos0 + t), base,
+                                 lin, ff.data());
+    for (uint32_t h = 0; h < n_head_kv; ++h)
+      touchstone::ops::rope_neox(kr.data() + t * kv_dim + h * hd, n_rot, int32_t(pos0 + t), base,
+                                 lin, ff.data());
+  }
+  std::vector<double> kcd(kc.begin(), kc.end()), vcd(vc.begin(), vc.end());
+  for (uint32_t i = 0; i < n_tok * kv_dim; ++i) {
+    kcd[pos0 * kv_dim + i] = kr[i];
+    vcd[pos0 * kv_dim + i] = v[i];
+  }
+  expect_close(read(Q), std::vector<double>(qr.begin(), qr.end()), "neox rope q");
+  const auto kc_got = read(KC);
+  expect_close(std::vector<float>(kc_got.begin() + pos0 * kv_dim, kc_got.end()),
+               std::vector<double>(kcd.begin() + pos0 * kv_dim, kcd.begin() + max_ctx * kv_dim),
+               "k cache (rotated and pass-through dims)");
+  std::vector<double> want(n_tok * q_dim);
+  for (uint32_t t = 0; t < n_tok; ++t) {
+    const uint32_t pos = pos0 + t, j0 = pos + 1 - window;  // positions (pos - W, pos]
+    for (uint32_t h = 0; h < n_head; ++h) {
+      const uint32_t kvo = (h / (n_head / n_head_kv)) * hd;
+      std::vector<double> s;
+      double mx = -INFINITY, sum = 0.0;
+      for (uint32_t j = j0; j <= pos; ++j) {
+        double dot = 0.0;
+        for (uint32_t i = 0; i < hd; ++i)
+          dot += double(qr[t * q_dim + h * hd + i]) * kcd[j * kv_dim + kvo + i];
+        s.push_back(dot * scale);
+        mx = std::max(mx, s.back());
+      }
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (uint32_t i = 0; i < hd; ++i) {
+        double acc = 0.0;
+        for (uint32_t j = j0; j <= pos; ++j) acc += s[j - j0] * vcd[j * kv_dim + kvo + i];
+        want[t * q_dim + h * hd + i] = acc / sum;
+      }
+    }
+  }
+  expect_close(read(O), want, "windowed attention");
+}
+
+// The elementwise kernels of the model families: Q/K/V bias, residual add,
+// logit soft-capping (touchstone/scalar_ops.h: softcap), tap row copy.
+TEST_P(KernelTest, ElementwiseKernelsMatchCpu) {
+  const uint32_t n = 100, n_tok = 3, vocab = 70, rows = 2, src_off = 40, dst_off = 9;
+  const float cap = 30.0f;
+  const auto y = randn(n * n_tok), b = randn(n), x = randn(n * n_tok),
+             l = randn(rows * vocab, 60.0f);
+  Buffer Y = host(y), Bb = host(b), X = host(x), Yadd = host(y), L = host(l),
+         D = host(nullptr, (dst_off + n) * 4);
+  run([&](Recorder& r) {
+    r.dispatch(kernels_->bias_add(), {&Y, &Bb}, BiasAddPush{n, n_tok}, (n * n_tok + 63) / 64);
+    r.dispatch(kernels_->add(), {&X, &Yadd}, AddPush{n * n_tok}, (n * n_tok + 63) / 64);
+    r.dispatch(kernels_->softcap(), {&L}, SoftcapPush{vocab, 0, cap}, (vocab + 63) / 64, rows);
+    r.dispatch(kernels_->copy(), {&Yadd, &D}, CopyPush{n, src_off, dst_off}, (n + 63) / 64);
+  });
+  std::vector<double> wy(n * n_tok), wx(n * n_tok), wl(rows * vocab), wd(dst_off + n, 0.0);
+  for (uint32_t i = 0; i < n * n_tok; ++i) {
+    wy[i] = double(y[i]) + b[i % n];
+    wx[i] = double(x[i]) + y[i];
+  }
+  for (uint32_t i = 0; i < rows * vocab; ++i) wl[i] = touchstone::ops::softcap(l[i], cap);
+  for (uint32_t i = 0; i < n; ++i) wd[dst_off + i] = y[src_off + i];
+  expect_close(read(Y), wy, "bias_add");
+  expect_close(read(X), wx, "add");
+  expect_close(read(L), wl, "softcap");
+  expect_close(read(D), wd, "copy");
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, KernelTest, ::testing::Values(0, 1, 2),
                          [](const auto& param_info) {
                            return param_info.param == 0   ? "shared_memory"
