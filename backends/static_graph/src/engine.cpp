@@ -131,10 +131,15 @@ bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     return false;  // no 4-bit quants, no min
   }
   if (pack_kquant(f, ti, name, in, out, row0, ws, fmt)) return false;  // no packing fault there
+  if (ti.type == TensorType::F32 || ti.type == TensorType::F16) {  // widened exactly, used as fp32
+    fmt = MatrixFormat::F32;
+    put(name, transpose_f32(gguf::dequantize(f, ti), out, in, row0));
+    return false;
+  }
   throw abi::StatusError(TS_ERR_UNSUPPORTED,
                          "quantized path: tensor " + ti.name + " has type " +
                              std::string(gguf::type_name(ti.type)) +
-                             " (supported in graph: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)");
+                             " (supported in graph: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)");
 }
 
 void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {
@@ -252,32 +257,19 @@ size_t pack_quantized_matrices(const gguf::File& f, const ModelConfig& c, const 
   return changed;
 }
 
-std::unique_ptr<WeightSet> load_quantized(const gguf::File& f, const ModelConfig& c,
-                                          const ModelDims& D, const PackFault& pf) {
-  auto ws = std::make_unique<WeightSet>();
-  ws->spec_template.mode = WeightMode::Quantized;
-  const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
-  const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
-  size_t changed = pack_quantized_matrices(f, c, D, pf, *ws);
-  if (out_w && out_w->type != embd.type) {
-    throw abi::StatusError(
-        TS_ERR_UNSUPPORTED,
-        "quantized path: output.weight and token_embd.weight have different types");
-  }
+// The embedding for the in-graph gather: Q8_0 rows as stored (qs [1][V][d],
+// d [1][V][nb]; dequantized in the graph), any other type dequantized to fp32
+// [1][V][d] at load (a row lookup, not a matmul).
+void put_embedding(const gguf::File& f, const gguf::TensorInfo& embd, const ModelDims& D,
+                   WeightSet& ws) {
   if (embd.type != TensorType::Q8_0) {
-    throw abi::StatusError(TS_ERR_UNSUPPORTED,
-                           "quantized path: token_embd.weight must be Q8_0, got " +
-                               std::string(gguf::type_name(embd.type)));
+    std::vector<float> e = gguf::dequantize(f, embd);
+    HostTensor t = HostTensor::make({1, D.n_vocab, D.n_embd}, "f32");
+    std::memcpy(t.data.get(), e.data(), t.bytes);
+    put_tensor(ws, "token_embd", std::move(t));
+    ws.spec_template.embd_format = MatrixFormat::F32;
+    return;
   }
-  ws->spec_template.embd_format = MatrixFormat::Q8_0;
-  changed += pack_blocks(f, out_w ? *out_w : embd, "lm_head", D.n_embd, D.n_vocab, *ws,
-                         ws->spec_template.embd_format, pf);
-  if ((pf.swap_dm || pf.swap_nibbles) && changed == 0) {
-    throw abi::StatusError(TS_ERR_UNSUPPORTED,
-                           "static_graph: the quantized-only fault applies to no matrix of this "
-                           "model (Q4_1 for quant_scale_min_swap, Q4_0/Q4_1 for nibble_order)");
-  }
-  // Row layout of the embedding for the in-graph gather: qs [1][V][d], d [1][V][nb].
   const int64_t nb = D.n_embd / 32;
   HostTensor rq = HostTensor::make({1, D.n_vocab, D.n_embd}, "i8"),
              rd = HostTensor::make({1, D.n_vocab, nb}, "f16");
@@ -289,8 +281,27 @@ std::unique_ptr<WeightSet> load_quantized(const gguf::File& f, const ModelConfig
       std::memcpy(&rq.as<uint8_t>()[v * D.n_embd + b * 32], blk + 2, 32);
     }
   }
-  put_tensor(*ws, "token_embd.rows.qs", rq);
-  put_tensor(*ws, "token_embd.rows.d", rd);
+  put_tensor(ws, "token_embd.rows.qs", rq);
+  put_tensor(ws, "token_embd.rows.d", rd);
+  ws.spec_template.embd_format = MatrixFormat::Q8_0;
+}
+
+std::unique_ptr<WeightSet> load_quantized(const gguf::File& f, const ModelConfig& c,
+                                          const ModelDims& D, const PackFault& pf) {
+  auto ws = std::make_unique<WeightSet>();
+  ws->spec_template.mode = WeightMode::Quantized;
+  const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
+  const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
+  size_t changed = pack_quantized_matrices(f, c, D, pf, *ws);
+  MatrixFormat head = MatrixFormat::F32;
+  changed += pack_blocks(f, out_w ? *out_w : embd, "lm_head", D.n_embd, D.n_vocab, *ws, head, pf);
+  ws->spec_template.head_format = head;
+  if ((pf.swap_dm || pf.swap_nibbles) && changed == 0) {
+    throw abi::StatusError(TS_ERR_UNSUPPORTED,
+                           "static_graph: the quantized-only fault applies to no matrix of this "
+                           "model (Q4_1 for quant_scale_min_swap, Q4_0/Q4_1 for nibble_order)");
+  }
+  put_embedding(f, embd, D, *ws);
   return ws;
 }
 

@@ -666,7 +666,8 @@ MainWeights declare_weights(MainFn& m, const Ctx& C, const GraphSpec& S) {
     for (const auto& [name, n] : layer_vectors(C.M)) lw.push_back(m.arg(p + name, {1, n}, "f32"));
   }
   w.out_norm = m.arg("output_norm", {1, d}, "f32");
-  const MatrixFormat hf = S.mode == WeightMode::Quantized ? S.embd_format : MatrixFormat::F32;
+  const MatrixFormat hf =
+      S.mode == WeightMode::Quantized ? S.head_format.value_or(S.embd_format) : MatrixFormat::F32;
   const size_t before = m.f.params.size();
   w.lm_head = matrix(m.f, "lm_head", d, C.V, hf, C.F.reduction_slices);
   for (size_t i = before; i < m.f.params.size(); ++i) {

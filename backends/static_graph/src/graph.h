@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,9 +98,11 @@ struct GraphSpec {
   int32_t capacity = 0;  // KV cache capacity (positions)
   WeightMode mode = WeightMode::FullPrecision;
   // Per-matrix formats in quantized mode (index: layer*7 + {q,k,v,o,gate,up,down}),
-  // plus the LM head / embedding format (Q8_0 or F32).
+  // the embedding's (Q8_0: rows gathered and dequantized in the graph; F32) and
+  // the LM head's (any format; unset: embd_format).
   std::vector<MatrixFormat> layer_formats;
   MatrixFormat embd_format = MatrixFormat::F32;
+  std::optional<MatrixFormat> head_format;
   bool argmax = false;  // also return argmax token ids (tensor<Txi32>)
   GraphFaults faults;   // test only; default: none
 };
