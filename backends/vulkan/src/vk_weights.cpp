@@ -65,14 +65,12 @@ DeviceMatrix rows_to_device(Context& ctx, const gguf::File& f, const gguf::Tenso
   m.type = (quantized || t.type == TensorType::F32) && shader_reads(t.type) && aligned
                ? t.type
                : TensorType::F32;
-  if (m.type == TensorType::F32 && t.type != TensorType::F32) {
-    if (n_in % 4 != 0)
-      throw StatusError(TS_ERR_UNSUPPORTED, t.name + ": row length not a multiple of 4");
-    if (!gguf::can_dequantize(t.type)) {
-      throw StatusError(
-          TS_ERR_UNSUPPORTED,
-          t.name + ": type " + std::string(gguf::type_name(t.type)) + " cannot be dequantized");
-    }
+  if (m.type == TensorType::F32 && n_in % 4 != 0)  // the shaders read fp32 rows as quads
+    throw StatusError(TS_ERR_UNSUPPORTED, t.name + ": row length not a multiple of 4");
+  if (m.type != t.type && !gguf::can_dequantize(t.type)) {
+    throw StatusError(
+        TS_ERR_UNSUPPORTED,
+        t.name + ": type " + std::string(gguf::type_name(t.type)) + " cannot be dequantized");
   }
   // Device bytes per row (every layout is linear in rows), hence rows per part.
   const size_t dev_row = device_rows(t, m.type, first, row_bytes, n_in, 1).size();
