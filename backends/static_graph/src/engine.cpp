@@ -136,10 +136,10 @@ bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     put(name, transpose_f32(gguf::dequantize(f, ti), out, in, row0));
     return false;
   }
-  throw abi::StatusError(TS_ERR_UNSUPPORTED,
-                         "quantized path: tensor " + ti.name + " has type " +
-                             std::string(gguf::type_name(ti.type)) +
-                             " (supported in graph: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)");
+  throw abi::StatusError(
+      TS_ERR_UNSUPPORTED,
+      "quantized path: tensor " + ti.name + " has type " + std::string(gguf::type_name(ti.type)) +
+          " (supported in graph: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
 }
 
 void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {

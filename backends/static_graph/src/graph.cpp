@@ -228,6 +228,11 @@ std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f) {
               {".m", {nb, 1, outd}, "f32"}};
     case MatrixFormat::Q8_16F:
       return {{".qs", {nb, 16, outd}, "i8"}, {".d", {nb, 1, outd}, "f32"}};
+    case MatrixFormat::Q8_1:
+    case MatrixFormat::Q8_1F: {
+      const std::string se = f == MatrixFormat::Q8_1 ? "f16" : "f32";
+      return {{".qs", {nb, 32, outd}, "i8"}, {".d", {nb, 1, outd}, se}, {".m", {nb, 1, outd}, se}};
+    }
   }
   throw std::logic_error("matrix_parts: bad format");
 }
@@ -238,7 +243,7 @@ Val scale_f32(Emitter& e, const Val& v) { return v.elem == "f32" ? v : e.cast(v,
 // The fp32 [1, nb*block_rows, out] operand of a block matrix from its parts
 // (qs, d[, m]) of nb blocks (dequantized in the graph; F32: the part itself).
 // Each weight is ggml's dequantized value, bitwise: q*d + m (Q4_1, Q4_1F with
-// m = -dmin*m), (q-8)*d (Q4_0), q*d (Q8_0, Q8_16F).
+// m = -dmin*m, Q8_1, Q8_1F), (q-8)*d (Q4_0), q*d (Q8_0, Q8_16F).
 Val dequantize(Emitter& e, const std::vector<Val>& p, MatrixFormat f, int64_t nb, int64_t outd) {
   const int64_t in = nb * block_rows(f);
   switch (f) {
@@ -270,6 +275,10 @@ Val dequantize(Emitter& e, const std::vector<Val>& p, MatrixFormat f, int64_t nb
     case MatrixFormat::Q8_0:
     case MatrixFormat::Q8_16F:
       return e.reshape(e.mul(e.cast(p[0], "f32"), scale_f32(e, p[1])), {1, in, outd});
+    case MatrixFormat::Q8_1:
+    case MatrixFormat::Q8_1F:
+      return e.reshape(e.add(e.mul(e.cast(p[0], "f32"), scale_f32(e, p[1])), scale_f32(e, p[2])),
+                       {1, in, outd});
   }
   throw std::logic_error("dequantize: bad format");
 }

@@ -40,6 +40,10 @@ enum class MatrixFormat {
   Q4_1F,  // qs i8 [nb][16][out], d f32 [nb][1][out], m f32 [nb][1][out]
   // Q6_K: q - 32 as i8, the 16-row sub-block's scale d*sc in fp32 (exact).
   Q8_16F,  // qs i8 [n16][16][out], d f32 [n16][1][out] (n16 = in / 16)
+  // Q5_1: the 5-bit q as i8 with the block's f16 d and m (q*d + m).
+  Q8_1,  // qs i8 [nb][32][out], d f16 [nb][1][out], m f16 [nb][1][out]
+  // Q5_K: the 5-bit q as i8, per 32-row sub-block d*sc and -dmin*m in fp32 (exact).
+  Q8_1F,  // qs i8 [nb][32][out], d f32 [nb][1][out], m f32 [nb][1][out]
 };
 // Rows of one block of a format (F32: the 32-row unit of the slicing fault).
 inline int64_t block_rows(MatrixFormat f) { return f == MatrixFormat::Q8_16F ? 16 : 32; }

@@ -1,6 +1,7 @@
-// kquant_pack.cpp - Q5_0 / Q4_K / Q6_K blocks in the graph's layouts (kquant_pack.h).
+// kquant_pack.cpp - Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in the graph's layouts
+// (kquant_pack.h).
 // Block formats: ggml-common.h; the values follow reference/gguf/src/quant.cpp
-// (deq_q5_0, deq_q4_K, deq_q6_K) operation by operation.
+// (deq_q5_0, deq_q5_1, deq_q4_K, deq_q5_K, deq_q6_K) operation by operation.
 #include "kquant_pack.h"
 
 #include <cstring>
@@ -127,6 +128,65 @@ void pack_q6_k(std::span<const uint8_t> raw, const std::string& name, int64_t in
   put(ws, name + ".d", d);
 }
 
+// Q5_1 -> Q8_1: qs [nb][32][out] = q (0..31), d and m the block's f16 bits.
+void pack_q5_1(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
+               int64_t row0, WeightSet& ws) {
+  const int64_t nb = in / gguf::QK5_1;
+  HostTensor qs = HostTensor::make({nb, 32, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f16"),
+             mn = HostTensor::make({nb, 1, out}, "f16");
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto x = load_block<gguf::block_q5_1>(raw.data() + size_t((row0 + o) * nb + b) *
+                                                                   sizeof(gguf::block_q5_1));
+      uint32_t qh;
+      std::memcpy(&qh, x.qh, sizeof(qh));
+      d.as<uint16_t>()[b * out + o] = x.d;
+      mn.as<uint16_t>()[b * out + o] = x.m;
+      int8_t* dst = qs.as<int8_t>() + b * 32 * out + o;
+      for (int j = 0; j < 16; ++j) {
+        const int h0 = ((qh >> (j + 0)) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+        dst[j * out] = int8_t((x.qs[j] & 0x0F) | h0);
+        dst[(j + 16) * out] = int8_t((x.qs[j] >> 4) | h1);
+      }
+    }
+  }
+  put(ws, name + ".qs", qs);
+  put(ws, name + ".d", d);
+  put(ws, name + ".m", mn);
+}
+
+// Q5_K -> Q8_1F: 8 sub-blocks of 32 per 256-row super-block, q (0..31) as i8,
+// d = d * sc and m = -(dmin * min), so that q * d + m = deq_q5_K's d1 * q - m1.
+void pack_q5_k(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
+               int64_t row0, WeightSet& ws) {
+  const int64_t nsb = in / gguf::QK_K, nb = nsb * 8;
+  HostTensor qs = HostTensor::make({nb, 32, out}, "i8"), d = HostTensor::make({nb, 1, out}, "f32"),
+             mn = HostTensor::make({nb, 1, out}, "f32");
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const auto x = load_block<gguf::block_q5_K>(raw.data() + size_t((row0 + o) * nsb + sb) *
+                                                                   sizeof(gguf::block_q5_K));
+      const float dd = gguf::fp16_to_fp32(x.d), dmin = gguf::fp16_to_fp32(x.dmin);
+      for (int s = 0; s < 8; ++s) {
+        uint8_t sc, m;
+        scale_min_k4(s, x.scales, sc, m);
+        const int64_t b = sb * 8 + s;
+        d.as<float>()[b * out + o] = dd * sc;
+        mn.as<float>()[b * out + o] = -(dmin * m);
+        const uint8_t* ql = x.qs + (s / 2) * 32;  // chunk of 64: sub-blocks 2c (low), 2c+1 (high)
+        const int shift = (s % 2) * 4;
+        const unsigned bit = 1u << s;  // deq_q5_K's u1 / u2 for this sub-block
+        int8_t* dst = qs.as<int8_t>() + b * 32 * out + o;
+        for (int l = 0; l < 32; ++l)
+          dst[l * out] = int8_t(((ql[l] >> shift) & 0xF) + ((x.qh[l] & bit) ? 16 : 0));
+      }
+    }
+  }
+  put(ws, name + ".qs", qs);
+  put(ws, name + ".d", d);
+  put(ws, name + ".m", mn);
+}
+
 }  // namespace
 
 bool pack_kquant(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
@@ -143,6 +203,14 @@ bool pack_kquant(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     case TensorType::Q6_K:
       pack_q6_k(f.tensor_data(ti), name, in, out, row0, ws);
       fmt = MatrixFormat::Q8_16F;
+      return true;
+    case TensorType::Q5_1:
+      pack_q5_1(f.tensor_data(ti), name, in, out, row0, ws);
+      fmt = MatrixFormat::Q8_1;
+      return true;
+    case TensorType::Q5_K:
+      pack_q5_k(f.tensor_data(ti), name, in, out, row0, ws);
+      fmt = MatrixFormat::Q8_1F;
       return true;
     default:
       return false;

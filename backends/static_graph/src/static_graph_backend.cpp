@@ -61,10 +61,11 @@ struct StaticGraph {
 
   static void capabilities(ts_capabilities& c) {
     c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_STATIC_SHAPES | TS_CAP_BITWISE_DETERMINISM;
-    // F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (graph.h: MatrixFormat)
+    // F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (graph.h: MatrixFormat)
     c.weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
-                     TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(6) | TS_WEIGHT_TYPE_BIT(8) |
-                     TS_WEIGHT_TYPE_BIT(12) | TS_WEIGHT_TYPE_BIT(14);
+                     TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(7) | TS_WEIGHT_TYPE_BIT(13) |
+                     TS_WEIGHT_TYPE_BIT(6) | TS_WEIGHT_TYPE_BIT(8) | TS_WEIGHT_TYPE_BIT(12) |
+                     TS_WEIGHT_TYPE_BIT(14);
     c.max_context = 0;  // limited by the model; a session opened with 0 gets kDefaultCapacity
     const sg::BucketConfig b;
     c.shape_buckets[c.n_shape_buckets++] = 1;
