@@ -74,9 +74,12 @@ struct PackFault {
 };
 
 // Repacks a GGUF block matrix (rows = out, blocks along in) into the graph's
-// transposed block layout: qs [nb][16|32][out], d/m [nb][1][out] (raw fp16 bits).
-// Returns whether the pack fault (if any) changed this matrix.
-// row0: the first row taken (a fused tensor's part: rows [row0, row0 + out)).
+// transposed block layout: Q4_0/Q4_1/Q8_0 here (qs [nb][16|32][out], d/m
+// [nb][1][out] as raw fp16 bits), Q5_0/Q5_1/K-quants in pack_kquant, F32/F16
+// as an fp32 [1][in][out] matrix; sets fmt (graph.h). Throws
+// StatusError(TS_ERR_UNSUPPORTED) for any other type. Returns whether the pack
+// fault (if any) changed this matrix. row0: the first row taken (a fused
+// tensor's part: rows [row0, row0 + out)).
 bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
                  int64_t in, int64_t out, WeightSet& ws, MatrixFormat& fmt,
                  const PackFault& pf = {}, int64_t row0 = 0) {
