@@ -1,10 +1,10 @@
-// touchstone/llama_config.h - the plain-Llama gate of the backends that compute
-// only plain Llama-family models.
+// touchstone/llama_config.h - a plain-Llama gate over read_model_config().
 //
-// The reference and cpu_simd read every supported family (touchstone/model_config.h,
-// read_model_config()). vulkan, static_graph and cuda compute only plain Llama:
-// read_llama_config() gives them the same ModelConfig and refuses, with
-// UnsupportedModel (TS_ERR_UNSUPPORTED) naming the missing features, anything else.
+// Every in-tree backend reads every supported family (touchstone/model_config.h,
+// read_model_config()). read_llama_config() gives code that handles only a plain
+// Llama (tests and tools written for one, a backend of your own that starts there)
+// the same ModelConfig and refuses, with UnsupportedModel (TS_ERR_UNSUPPORTED)
+// naming the missing features, anything else.
 #pragma once
 
 #include "touchstone/model_config.h"

@@ -1,5 +1,5 @@
-// touchstone/llama_weights.h - fp32 weights of a plain Llama-family model, for the
-// backends that compute only those (see touchstone/llama_config.h).
+// touchstone/llama_weights.h - fp32 weights of a plain Llama-family model, for code
+// that handles only those (see touchstone/llama_config.h).
 #pragma once
 
 #include "touchstone/llama_config.h"
