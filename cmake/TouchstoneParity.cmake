@@ -404,3 +404,42 @@ function(touchstone_add_fault_tests backend weights)
       TIMEOUT 300)
   endforeach()
 endfunction()
+
+# touchstone_add_testmodel_tests(BACKEND WEIGHTS w... [LABELS l...] [ENVIRONMENT e...]
+#                                [TIMEOUT s] [EXCLUDE model:weights...])
+# The converted test models (tests/models/manifest.json: every family x weight
+# type, and the synthetic stress model), one test per model and weight path:
+#   testmodel.<backend>.<weights>.<model>   labels: parity;testmodel;<backend>;<weights>;LABELS
+# `touchstone parity --no-consistency --threads 1` against the test models'
+# goldens; exit 77 (no device) is a SKIP. EXCLUDE leaves out model:weights pairs
+# registered elsewhere (e.g. the stress model with its own labels).
+function(touchstone_add_testmodel_tests backend)
+  cmake_parse_arguments(PARSE_ARGV 1 _tm "" "TIMEOUT" "WEIGHTS;LABELS;ENVIRONMENT;EXCLUDE")
+  if(NOT _tm_TIMEOUT)
+    set(_tm_TIMEOUT 300)
+  endif()
+  set(_manifest ${PROJECT_SOURCE_DIR}/tests/models/manifest.json)
+  file(READ ${_manifest} _json)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_manifest})
+  string(JSON _n LENGTH "${_json}" models)
+  math(EXPR _last "${_n} - 1")
+  foreach(i RANGE ${_last})
+    string(JSON _m GET "${_json}" models ${i} name)
+    foreach(_w ${_tm_WEIGHTS})
+      if("${_m}:${_w}" IN_LIST _tm_EXCLUDE)
+        continue()
+      endif()
+      set(_t testmodel.${backend}.${_w}.${_m})
+      add_test(NAME ${_t}
+        COMMAND touchstone parity --manifest ${_manifest} --model ${_m} --backend ${backend}
+                --weights ${_w} --no-consistency --threads 1
+                --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
+      set(_labels parity testmodel ${backend} ${_w} ${_tm_LABELS})
+      set_tests_properties(${_t} PROPERTIES LABELS "${_labels}" SKIP_RETURN_CODE 77
+                                            TIMEOUT ${_tm_TIMEOUT})
+      if(_tm_ENVIRONMENT)
+        set_tests_properties(${_t} PROPERTIES ENVIRONMENT "${_tm_ENVIRONMENT}")
+      endif()
+    endforeach()
+  endforeach()
+endfunction()
