@@ -122,7 +122,9 @@ std::string to_markdown(const std::vector<RunView>& runs) {
   std::string o = fmt::format("### Touchstone parity: {}\n\n**verdict: {}** — {}\n\n",
                               badge(verdict), verdict, verdict_counts(runs));
   for (const std::string& m : matrix_models(runs)) o += matrix_table(runs, m);
-  o += runs_table(runs);
+  // A heading between the tables: GitHub-flavoured Markdown would read a table
+  // right after another as more rows of the first.
+  o += "\n#### Runs\n\n" + runs_table(runs);
   std::string failing;
   for (const RunView& r : runs) {
     if (r.model.empty()) {  // MISSING / INVALID: the reason names the file

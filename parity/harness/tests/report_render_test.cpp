@@ -146,6 +146,8 @@ TEST(ReportMarkdown, VerdictMatrixAndFailureWithCellsEscaped) {
   EXPECT_NE(md.find("a\\|b"), std::string::npos) << md;
   EXPECT_NE(md.find("narrative**: first failing step 1"), std::string::npos) << md;
   EXPECT_NE(md.find("  - why: logits diverge at step 1"), std::string::npos) << md;
+  // The runs table comes after the matrix, as a table of its own.
+  EXPECT_LT(md.find("| case / passage |"), md.find("\n#### Runs\n\n| backend | model |")) << md;
 }
 
 TEST(ReportHeadline, CountsEveryVerdictAndPutsTheMatrixFirst) {
