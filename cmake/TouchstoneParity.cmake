@@ -98,6 +98,27 @@ file(MAKE_DIRECTORY ${TOUCHSTONE_REPORT_DIR})
 # consistency tests (1, 2 and 3 threads, PROCESSORS 2) check that claim.
 set(TOUCHSTONE_ONE_THREAD_ENV "LP_NUM_THREADS=1;OMP_NUM_THREADS=1")
 
+# Where each fault of the catalog (touchstone/faults.h) but the serving ones is
+# caught on SmolLM2, as touchstone_add_fault_tests entries (NAME=STEP/LAYER:POINT
+# or NAME=CHECK@STEP): one list for every backend that computes the reference's
+# arithmetic closely enough to fail at the same place (cpu_simd, vulkan, cuda on
+# the quantized path). causal_mask: layer 1, whose attention reads K/V that layer 0
+# computed from future tokens; last_layer_skipped: layer 29 of SmolLM2's 30;
+# "after": every tap matches, the fault is past the last layer.
+set(TOUCHSTONE_FAULT_EXPECTATIONS
+  rope_base_off_1pct=0/0:attn rope_layout=0/0:attn kv_position_off_by_one=0/0:attn
+  kv_write_next=0/0:attn gqa_mapping=0/0:attn attention_scale=0/0:attn rms_eps_10x=0/0:attn
+  quant_scale_min_swap=0/0:attn nibble_order=0/0:attn fp16_accumulation=0/0:attn
+  causal_mask=0/1:attn last_layer_skipped=0/29:attn logits_perturb_1e-3=0/after
+  rewind_noop=consistency.rewind_replay@0 thread_order_reduction=consistency.threads@0
+  logits_row_shift=consistency.prefill_vs_decode@1
+  prefill_position_reset=consistency.chunked_prefill@5
+  session_order_reduction=consistency.run_to_run@0+)
+# On full precision: the quantized-only faults must leave the path passing,
+# fp16_accumulation must still fail.
+set(TOUCHSTONE_FAULT_EXPECTATIONS_FULL_PRECISION
+  quant_scale_min_swap=pass nibble_order=pass fp16_accumulation=0/0:attn)
+
 function(touchstone_add_parity_tests)
   if(ARGV0 STREQUAL "TARGET")
     list(SUBLIST ARGN 1 -1 _rest)  # drop the keyword: <target> [WEIGHTS ...] ...
