@@ -114,6 +114,12 @@ set(TOUCHSTONE_FAULT_EXPECTATIONS
   logits_row_shift=consistency.prefill_vs_decode@1
   prefill_position_reset=consistency.chunked_prefill@5
   session_order_reduction=consistency.run_to_run@0+)
+# The serving faults: each must fail its serving check (quick plan). A backend
+# that refuses some of them registers the rest (list(FILTER ... EXCLUDE)).
+set(TOUCHSTONE_SERVING_FAULT_EXPECTATIONS
+  batch_token_count_split=serving.batch_invariance batch_kv_leak=serving.content_isolation
+  fork_short_copy=serving.prefix_fork batch_position_offset=serving.batch_invariance
+  verify_row_shift=serving.speculative_verify)
 # On full precision: the quantized-only faults must leave the path passing,
 # fp16_accumulation must still fail.
 set(TOUCHSTONE_FAULT_EXPECTATIONS_FULL_PRECISION

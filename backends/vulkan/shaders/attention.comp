@@ -23,6 +23,7 @@ layout(push_constant) uniform PC {
   float scale;         // 1 / sqrt(hd)
   uint kv_len;         // cache entries filled, this chunk included (pos0 + n_tok)
   uint window;       // sliding window W: attend positions (pos - W, pos]; 0 = none
+  uint row0;         // first row of this sequence in Q, O and the scratch (batched passes)
 } pc;
 
 void main() {
@@ -35,8 +36,8 @@ void main() {
   const uint q_dim = pc.n_head * pc.hd, kv_dim = pc.n_head_kv * pc.hd;
   const uint kv_head = FAULT_GQA_MAPPING ? h % pc.n_head_kv : h / (pc.n_head / pc.n_head_kv);
   const uint kv_off = kv_head * pc.hd;
-  const uint qb = t * q_dim + h * pc.hd;
-  const uint sb = (t * pc.n_head + h) * pc.max_ctx;
+  const uint qb = (pc.row0 + t) * q_dim + h * pc.hd;
+  const uint sb = ((pc.row0 + t) * pc.n_head + h) * pc.max_ctx;
 
   float m = -1.0 / 0.0;
   for (uint j = j0 + tid; j < n_kv; j += WG) {

@@ -39,6 +39,7 @@ layout(push_constant) uniform PC {
   float scale;       // 1 / sqrt(hd)
   uint kv_len;       // cache entries filled, this chunk included (pos0 + n_tok)
   uint window;       // sliding window W: attend positions (pos - W, pos]; 0 = none
+  uint row0;         // first row of this sequence in Q, O and the scratch (batched passes)
 }
 pc;
 
@@ -56,8 +57,8 @@ void main() {
   const uint q_dim4 = pc.n_head * HD / 4u, kv_dim4 = pc.n_head_kv * HD / 4u;
   const uint kv_head = FAULT_GQA_MAPPING ? h % pc.n_head_kv : h / (pc.n_head / pc.n_head_kv);
   const uint kv_off4 = kv_head * HD / 4u;
-  const uint qb4 = t * q_dim4 + h * HD / 4u;
-  const uint sb = (t * pc.n_head + h) * pc.max_ctx;
+  const uint qb4 = (pc.row0 + t) * q_dim4 + h * HD / 4u;
+  const uint sb = ((pc.row0 + t) * pc.n_head + h) * pc.max_ctx;
 
   vec4 qv[HD / 4];
   [[unroll]] for (uint c = 0; c < HD / 4; ++c) qv[c] = q4[qb4 + c];

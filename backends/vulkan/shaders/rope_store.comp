@@ -1,6 +1,7 @@
 #version 450
 // rope_store.comp - RoPE on Q in place and on K, then K and V are stored into
-// this layer's KV cache at positions pos0 + t. One workgroup per token.
+// this layer's KV cache at positions pos0 + t. One workgroup per token. Q/K/V
+// rows start at row0 (a batched pass holds several sequences' rows).
 // The first n_rot dimensions of each head rotate (partial rotary leaves the
 // rest as they are), in pairs (touchstone/scalar_ops.h: rope_interleaved,
 // rope_neox):
@@ -27,6 +28,7 @@ layout(push_constant) uniform PC {
   uint rope_origin;  // 0 (prefill_position_reset fault: rotate pos - rope_origin)
   uint n_rot;        // rotated dims per head (even, <= hd)
   uint neox;         // 1: NeoX pairs, 0: interleaved
+  uint row0;         // first row of this sequence in Q/K/V (a batched pass holds several)
 } pc;
 
 // Offsets in a head of the two dims of pair i.
@@ -36,15 +38,16 @@ uvec2 pair(uint i, uint half_rot) {
 }
 
 void main() {
-  const uint t = gl_WorkGroupID.x;
+  const uint t = gl_WorkGroupID.x;  // the sequence's token t: row row0 + t of Q/K/V
   const uint pos = pc.pos0 + t;
+  const uint tr = pc.row0 + t;
   const uint rpos = pos - pc.rope_origin;
   const uint half_rot = pc.n_rot / 2u;
   const uint q_dim = pc.n_head * pc.hd, kv_dim = pc.n_head_kv * pc.hd;
   for (uint p = gl_LocalInvocationID.x; p < pc.n_head * half_rot; p += WG) {
     const uint i = p % half_rot;
     const vec2 cs = rope[rpos * half_rot + i];
-    const uvec2 e = t * q_dim + (p / half_rot) * pc.hd + pair(i, half_rot);
+    const uvec2 e = tr * q_dim + (p / half_rot) * pc.hd + pair(i, half_rot);
     const float x0 = q[e.x], x1 = q[e.y];
     q[e.x] = x0 * cs.x - x1 * cs.y;
     q[e.y] = x0 * cs.y + x1 * cs.x;
@@ -54,14 +57,14 @@ void main() {
     const uint i = p % half_rot;
     const vec2 cs = rope[rpos * half_rot + i];
     const uvec2 e = (p / half_rot) * pc.hd + pair(i, half_rot);
-    const uvec2 s = t * kv_dim + e, c = row * kv_dim + e;
+    const uvec2 s = tr * kv_dim + e, c = row * kv_dim + e;
     const float x0 = k[s.x], x1 = k[s.y];
     kc[c.x] = x0 * cs.x - x1 * cs.y;
     kc[c.y] = x0 * cs.y + x1 * cs.x;
   }
   // V, and K's dims past n_rot, stored as they are.
   for (uint j = gl_LocalInvocationID.x; j < kv_dim; j += WG) {
-    vc[row * kv_dim + j] = v[t * kv_dim + j];
-    if (j % pc.hd >= pc.n_rot) kc[row * kv_dim + j] = k[t * kv_dim + j];
+    vc[row * kv_dim + j] = v[tr * kv_dim + j];
+    if (j % pc.hd >= pc.n_rot) kc[row * kv_dim + j] = k[tr * kv_dim + j];
   }
 }

@@ -50,34 +50,54 @@ std::unique_ptr<Kernels> fault_kernels(Context& ctx, const Faults& f, int32_t n_
 
 }  // namespace
 
+Activations::Activations(Context& ctx, const ModelConfig& c, uint32_t n_rows,
+                         uint32_t score_stride_)
+    : rows(n_rows), score_stride(score_stride_) {
+  const size_t T = n_rows, d = size_t(c.n_embd), hd = size_t(c.head_dim);
+  const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd;
+  using K = Buffer::Kind;
+  x = Buffer(ctx, f32(T * d), K::Device);
+  xn = Buffer(ctx, f32(T * d), K::Device);
+  q = Buffer(ctx, f32(T * q_dim), K::Device);
+  k = Buffer(ctx, f32(T * kv_dim), K::Device);
+  v = Buffer(ctx, f32(T * kv_dim), K::Device);
+  att = Buffer(ctx, f32(T * q_dim), K::Device);
+  gate = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
+  up = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
+  blk = Buffer(ctx, f32(T * d), K::Device);
+  scores = Buffer(ctx, f32(T * size_t(c.n_head) * score_stride), K::Device);
+  tokens = Buffer(ctx, T * sizeof(int32_t), K::Host);
+  logits = Buffer(ctx, f32(T * size_t(c.n_vocab)), K::Host);
+}
+
+void Activations::reserve_scores(Context& ctx, const ModelConfig& c, uint32_t stride) {
+  if (stride <= score_stride) return;
+  scores = Buffer(ctx, f32(size_t(rows) * size_t(c.n_head) * stride), Buffer::Kind::Device);
+  score_stride = stride;
+}
+
+BatchWorkspace::BatchWorkspace(Context& ctx, const ModelConfig& c)
+    : act(ctx, c, uint32_t(Forward::kChunk), 1), sets(ctx) {}
+
 Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights,
                  int32_t max_context, Faults faults, int32_t n_threads)
     : ctx_(ctx),
+      base_kernels_(kernels),
       fault_kernels_(fault_kernels(ctx, faults, n_threads)),
       k_(fault_kernels_ ? *fault_kernels_ : kernels),
       w_(weights),
       faults_(faults),
-      sets_(ctx) {
+      n_threads_(n_threads),
+      max_ctx_(max_context > 0 ? max_context : weights.config.n_ctx_train),
+      sets_(ctx),
+      act_(ctx, weights.config, uint32_t(kChunk), uint32_t(max_ctx_)) {
   const ModelConfig& c = w_.config;
-  max_ctx_ = max_context > 0 ? max_context : c.n_ctx_train;
-  const size_t T = kChunk, d = size_t(c.n_embd), hd = size_t(c.head_dim);
-  const size_t q_dim = size_t(c.n_head) * hd, kv_dim = size_t(c.n_head_kv) * hd,
-               ctx_n = size_t(max_ctx_);
+  const size_t d = size_t(c.n_embd);
+  const size_t kv_dim = size_t(c.n_head_kv) * size_t(c.head_dim);
   // kv_write_next stores position p in row p + 1: one spare row, and zeroed
   // caches (row 0 is read but never written).
-  const size_t kv_rows = ctx_n + (faults_.kv_write_next ? 1 : 0);
+  const size_t kv_rows = size_t(max_ctx_) + (faults_.kv_write_next ? 1 : 0);
   using K = Buffer::Kind;
-  x_ = Buffer(ctx, f32(T * d), K::Device);
-  xn_ = Buffer(ctx, f32(T * d), K::Device);
-  q_ = Buffer(ctx, f32(T * q_dim), K::Device);
-  k_buf_ = Buffer(ctx, f32(T * kv_dim), K::Device);
-  v_ = Buffer(ctx, f32(T * kv_dim), K::Device);
-  att_ = Buffer(ctx, f32(T * q_dim), K::Device);
-  gate_ = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
-  up_ = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
-  scores_ = Buffer(ctx, f32(T * size_t(c.n_head) * ctx_n), K::Device);
-  tokens_ = Buffer(ctx, T * sizeof(int32_t), K::Host);
-  logits_ = Buffer(ctx, f32(T * size_t(c.n_vocab)), K::Host);
   argmax_ = Buffer(ctx, sizeof(int32_t), K::Host);
   for (int32_t l = 0; l < c.n_layer; ++l) {
     kc_.emplace_back(ctx, f32(kv_rows * kv_dim), K::Device);
@@ -87,7 +107,6 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
       vc_.back().zero();
     }
   }
-  blk_ = Buffer(ctx, f32(T * d), K::Device);
   taps_buf_ = Buffer(ctx, f32(size_t(c.n_layer) * TS_TAP_POINTS * d), K::Host);
   build_rope_tables();
   if (const char* p = std::getenv("TOUCHSTONE_VULKAN_PROFILE"); p && *p && *p != '0')
@@ -161,6 +180,7 @@ int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
 void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   check_room(n);
   const size_t v = size_t(w_.config.n_vocab);
+  const int32_t start = pos_;
   // prefill_position_reset fault: a prefill continuing a sequence rotates its
   // tokens as positions 0, 1, ... (K/V still stored at the right rows).
   rope_origin_ = faults_.prefill_position_reset && n > 1 ? uint32_t(pos_) : 0u;
@@ -176,41 +196,78 @@ void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* l
     done += m;
   }
   rope_origin_ = 0;
-  if (faults_.logits_row_shift && all_positions && n > 1)  // the fault: row i holds row i-1
-    std::memmove(logits + v, logits, f32(size_t(n - 1) * v));
+  shift_rows(start, n, all_positions, logits);
+}
+
+// The faults logits_row_shift (any all-position call) and verify_row_shift
+// (one that continues a sequence): row i holds row i-1.
+void Forward::shift_rows(int32_t start, int32_t n, bool all_positions, float* logits) const {
+  const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && start > 0);
+  if (!shift || !all_positions || n <= 1) return;
+  const size_t v = size_t(w_.config.n_vocab);
+  std::memmove(logits + v, logits, f32(size_t(n - 1) * v));
+}
+
+Segment Forward::segment(uint32_t row0, uint32_t n, uint32_t out_rows, uint32_t out_row0,
+                         bool tap) {
+  Segment s;
+  s.f = this;
+  s.row0 = row0;
+  s.n = n;
+  s.pos0 = uint32_t(pos_);
+  s.rope_origin = rope_origin_;
+  s.kv_len = uint32_t(std::max(kv_len_, pos_ + int32_t(n)));
+  s.out_rows = out_rows;
+  s.out_row0 = out_row0;
+  s.tap = tap;
+  return s;
 }
 
 void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits,
                         bool argmax, bool last) {
-  std::memcpy(tokens_.mapped(), tokens, n * sizeof(int32_t));
   const bool tap = taps_on_ && last;
+  const uint32_t out_rows = logits || argmax ? (all_positions ? n : 1u) : 0u;
+  const Segment seg = segment(0, n, out_rows, 0, tap);
+  const Pass p{act_, sets_, std::span<const Segment>(&seg, 1), n, out_rows, argmax, tap};
+  run_pass(tokens, p);
+  if (logits) copy_logits(p, seg, logits);
+}
+
+void Forward::run_pass(const int32_t* tokens, const Pass& p) {
+  std::memcpy(p.act.tokens.mapped(), tokens, p.n * sizeof(int32_t));
   // Block outputs of a skipped layer (last_layer_skipped fault) stay zero.
-  if (tap) std::memset(taps_buf_.mapped(), 0, taps_buf_.size());
+  for (const Segment& s : p.segs)
+    if (s.tap) std::memset(s.f->taps_buf_.mapped(), 0, s.f->taps_buf_.size());
   ctx_.run([&](VkCommandBuffer cb) {
     if (prof_) prof_->begin(cb);
-    Recorder r(cb, sets_, prof_.get());
-    record(r, n, all_positions, logits != nullptr || argmax || tap, argmax, tap);
+    Recorder r(cb, p.sets, prof_.get());
+    record(r, p);
   });
   if (prof_) prof_->collect();
-  if (tap) {
-    const float* t = static_cast<const float*>(taps_buf_.mapped());
-    taps_.assign(t, t + taps_buf_.size() / sizeof(float));
+  for (const Segment& s : p.segs) {
+    Forward& f = *s.f;
+    if (s.tap) {
+      const float* t = static_cast<const float*>(f.taps_buf_.mapped());
+      f.taps_.assign(t, t + f.taps_buf_.size() / sizeof(float));
+    }
+    f.pos_ += int32_t(s.n);
+    f.kv_len_ = std::max(f.kv_len_, f.pos_);
   }
-  const int32_t pos0 = pos_;
-  pos_ += int32_t(n);
-  kv_len_ = std::max(kv_len_, pos_);
-  if (!logits) return;
-  const size_t v = size_t(w_.config.n_vocab), rows = all_positions ? n : 1;
-  std::memcpy(logits, logits_.mapped(), f32(rows * v));
-  if (faults_.logit_noise != 0.0) {
-    for (size_t r = 0; r < rows; ++r) {
-      const int32_t pos = all_positions ? pos0 + int32_t(r) : pos0 + int32_t(n) - 1;
-      const uint64_t base = uint64_t(pos) * uint64_t(v);
-      for (size_t i = 0; i < v; ++i) {
-        float& l = logits[r * v + i];
-        l = static_cast<float>(
-            double{l} * (1.0 + faults_.logit_noise * touchstone::fault_noise_sign(base + i)));
-      }
+}
+
+void Forward::copy_logits(const Pass& p, const Segment& s, float* out) const {
+  const size_t v = size_t(w_.config.n_vocab), rows = s.out_rows;
+  const float* src = static_cast<const float*>(p.act.logits.mapped()) + size_t(s.out_row0) * v;
+  std::memcpy(out, src, f32(rows * v));
+  if (faults_.logit_noise == 0.0) return;
+  // The position of each row: the segment's last rows (its sequence has advanced).
+  const int32_t pos0 = int32_t(s.pos0 + s.n - s.out_rows);
+  for (size_t r = 0; r < rows; ++r) {
+    const uint64_t base = uint64_t(pos0 + int32_t(r)) * uint64_t(v);
+    for (size_t i = 0; i < v; ++i) {
+      float& l = out[r * v + i];
+      l = static_cast<float>(double{l} *
+                             (1.0 + faults_.logit_noise * touchstone::fault_noise_sign(base + i)));
     }
   }
 }

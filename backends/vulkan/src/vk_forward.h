@@ -1,13 +1,17 @@
-// vk_forward.h - one sequence on the device: activations, KV cache and the
+// vk_forward.h - sequences on the device: activations, KV caches and the
 // forward graph of any ModelConfig family (same formulas as
 // reference/model/src/reference_forward.cpp, fp32 accumulation; the graph is
-// recorded in vk_graph.cpp). Tokens run in chunks of up to kChunk positions per
-// command buffer; only logits (and, when enabled, the layer taps) come back to
-// the host.
+// recorded in vk_graph.cpp). A pass computes up to kChunk token rows in one
+// command buffer: one sequence's chunk (run(), greedy()) or the rows of several
+// sequences (step_batch(), vk_batch.cpp: every matmul over all their rows,
+// RoPE, KV store and attention per sequence against its own KV cache). Only
+// logits (and, when enabled, the layer taps) come back to the host.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <vector>
 
 #include "touchstone/reference_forward.h"
@@ -16,6 +20,63 @@
 #include "vk_weights.h"
 
 namespace touchstone::vk {
+
+class Forward;
+
+// The activation buffers of a pass of up to `rows` token rows. scores: the
+// attention scratch, rows * n_head rows of score_stride floats (score_stride >=
+// every attended sequence's KV length).
+struct Activations {
+  Activations(Context& ctx, const ModelConfig& c, uint32_t rows, uint32_t score_stride);
+  // Grows the attention scratch to rows of at least `stride` floats.
+  void reserve_scores(Context& ctx, const ModelConfig& c, uint32_t stride);
+  uint32_t rows = 0, score_stride = 0;
+  Buffer x, xn, q, k, v, att, gate, up, blk, scores;  // device
+  Buffer tokens, logits;                              // host-visible
+};
+
+// The shared buffers of batched passes over one model and weight path
+// (step_batch): one per DeviceWeights, so descriptor sets stay bounded (each
+// session caches the sets that bind its KV cache to these buffers).
+struct BatchWorkspace {
+  BatchWorkspace(Context& ctx, const ModelConfig& c);
+  std::mutex mutex;  // one batched pass at a time
+  Activations act;
+  DescriptorCache sets;  // the dispatches that bind no session's buffers
+};
+
+// One sequence's rows [row0, row0 + n) of a pass.
+struct Segment {
+  Forward* f = nullptr;      // whose KV cache, RoPE tables and taps
+  uint32_t row0 = 0, n = 0;  // rows of the pass
+  uint32_t pos0 = 0;         // position of its first token
+  uint32_t rope_origin = 0;  // RoPE rotates pos - rope_origin (uint32 wrap-around)
+  uint32_t kv_len = 0;       // KV entries attended by its last token
+  uint32_t out_rows = 0;     // logits rows: 0, 1 (its last token) or n
+  uint32_t out_row0 = 0;     // their first row in the pass's logits
+  bool tap = false;          // record its last row's layer taps into f's taps
+};
+
+// One pass: the segments' rows in `act`, dispatches not bound to a session
+// through `sets`.
+struct Pass {
+  Activations& act;
+  DescriptorCache& sets;
+  std::span<const Segment> segs;
+  uint32_t n = 0;         // rows
+  uint32_t out_rows = 0;  // logits rows (the segments' out_rows)
+  bool argmax = false;    // also the argmax of the last logits row into argmax_
+  bool tap = false;       // some segment records taps
+};
+
+// One sequence's share of step_batch (already checked by the adapter).
+struct BatchEntry {
+  Forward* f = nullptr;
+  const int32_t* tokens = nullptr;
+  int32_t n = 0;
+  bool all_positions = false;
+  float* logits = nullptr;  // n_vocab floats, or n * n_vocab when all_positions
+};
 
 class Forward {
  public:
@@ -27,6 +88,15 @@ class Forward {
   // is read only by the thread_order_reduction fault.
   Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weights, int32_t max_context,
           Faults faults, int32_t n_threads = 0);
+  // ABI v6 fork_session: a new sequence with this one's options whose KV cache
+  // holds this one's first n_prefix positions (copied on the device);
+  // 0 <= n_prefix <= position() (the adapter checks). The fork_short_copy
+  // fault copies n_prefix - 1 entries and zeroes the last.
+  std::unique_ptr<Forward> fork(int32_t n_prefix) const;
+  // ABI v6 step_batch: each entry appends its tokens exactly as run() would,
+  // in passes of up to kChunk rows over all entries (vk_batch.cpp). Entries
+  // whose faults differ from entry 0's run one by one. Throws StatusError.
+  static void step_batch(BatchWorkspace& ws, std::span<const BatchEntry> entries);
   ~Forward();
   Forward(const Forward&) = delete;
   Forward& operator=(const Forward&) = delete;
@@ -67,31 +137,46 @@ class Forward {
   // call's last chunk (records the layer taps when they are on).
   void run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits, bool argmax,
                  bool last);
-  // The graph (vk_graph.cpp). tap: record the last row's taps into taps_buf_.
-  void record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax, bool tap);
-  void record_attention(Recorder& r, size_t l, uint32_t n, bool tap);
-  void record_ffn(Recorder& r, size_t l, uint32_t n, bool tap);
-  // x_ += post_norm(W in) (post_norm: an empty Buffer for none); with tap, row
-  // n - 1 of the block output goes to tap point `point` of layer l.
-  void record_block_out(Recorder& r, const DeviceMatrix& W, const Buffer& in,
-                        const Buffer& post_norm, uint32_t n, bool tap, size_t l, uint32_t point);
-  void record_tap(Recorder& r, const Buffer& src, uint32_t row, size_t l, uint32_t point);
+  void shift_rows(int32_t start, int32_t n, bool all_positions, float* logits) const;
+  // This sequence's segment for n tokens at pos_ (rope_origin_, kv_len_).
+  Segment segment(uint32_t row0, uint32_t n, uint32_t out_rows, uint32_t out_row0, bool tap);
+  // Records pass p and runs it (one command buffer), then advances every
+  // segment's sequence and copies the layer taps of the segments that record them.
+  void run_pass(const int32_t* tokens, const Pass& p);
+  // The segment's logits rows of the last pass (p.act.logits), the
+  // logits_perturb fault applied, into out.
+  void copy_logits(const Pass& p, const Segment& s, float* out) const;
+  // The graph (vk_graph.cpp), with this sequence's kernels and faults.
+  void record(Recorder& r, const Pass& p);
+  void record_attention(Recorder& r, const Pass& p, size_t l);
+  void record_ffn(Recorder& r, const Pass& p, size_t l);
+  // x += post_norm(W in) (post_norm: an empty Buffer for none); with p.tap, each
+  // tapping segment's last row of the block output goes to tap point `point` of layer l.
+  void record_block_out(Recorder& r, const Pass& p, const DeviceMatrix& W, const Buffer& in,
+                        const Buffer& post_norm, size_t l, uint32_t point);
+  // Row `row` of src into segment s's taps, point `point` of layer l.
+  void record_tap(Recorder& r, const Segment& s, const Buffer& src, uint32_t row, size_t l,
+                  uint32_t point);
+  void record_taps(Recorder& r, const Pass& p, const Buffer& src, size_t l, uint32_t point);
+  void record_logits(Recorder& r, const Pass& p);
   void build_rope_tables();
 
   Context& ctx_;
+  const Kernels& base_kernels_;             // the model's (a fork starts from them)
   std::unique_ptr<Kernels> fault_kernels_;  // a fault in the shaders: this session's pipelines
   const Kernels& k_;                        // fault_kernels_ or the model's
   const DeviceWeights& w_;
   Faults faults_;
+  int32_t n_threads_ = 0;
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
   int32_t kv_len_ = 0;        // KV entries filled: pos_, or more after a rewind under rewind_noop
   uint32_t rope_origin_ = 0;  // prefill_position_reset fault: RoPE rotates pos - origin
   DescriptorCache sets_;
   std::unique_ptr<Profiler> prof_;  // TOUCHSTONE_VULKAN_PROFILE=1
-  Buffer x_, xn_, q_, k_buf_, v_, att_, gate_, up_, scores_, blk_;
-  Buffer tokens_, logits_, argmax_, taps_buf_;  // host-visible
-  std::vector<Buffer> kc_, vc_;  // per layer [max_ctx][n_head_kv * head_dim], RoPE applied
+  Activations act_;                 // this sequence's own passes
+  Buffer argmax_, taps_buf_;        // host-visible
+  std::vector<Buffer> kc_, vc_;     // per layer [max_ctx][n_head_kv * head_dim], RoPE applied
   // RoPE (cos, sin) tables, one per distinct (base, scale) of the layers, and
   // each layer's table: [max_ctx][n_rot / 2] vec2.
   std::vector<Buffer> rope_tables_;

@@ -1,5 +1,5 @@
-// vk_graph.cpp - the forward graph of one chunk of n tokens, driven by the
-// ModelConfig (reference/model/src/reference_forward.cpp has the formulas):
+// vk_graph.cpp - the forward graph of one pass (vk_forward.h: Pass), driven by
+// the ModelConfig (reference/model/src/reference_forward.cpp has the formulas):
 //   x = embd[token] * embd_scale
 //   per layer: RMSNorm -> Q/K/V matmuls (+ biases) -> per-head QK RMSNorm ->
 //     RoPE (interleaved or NeoX, first n_rot dims, this layer's table) + KV store ->
@@ -7,6 +7,11 @@
 //     (-> post-attention RMSNorm) -> x +=;
 //     RMSNorm -> gate/up -> SwiGLU or GeGLU -> down (-> post-FFN RMSNorm) -> x +=
 //   final RMSNorm -> LM head (-> soft-capping) (-> argmax).
+// Everything but RoPE + KV store and attention runs over all rows of the pass
+// at once; those two run per segment (sequence) against its own KV cache,
+// bound through its own descriptor cache. A row's result does not depend on
+// the other rows: every kernel reduces in an order fixed by the row's own
+// sizes (docs/backends/vulkan.md#serving).
 #include <algorithm>
 #include <cmath>
 
@@ -31,114 +36,155 @@ void matmul(Recorder& r, const Kernels& k, const DeviceMatrix& W, const Buffer& 
 
 }  // namespace
 
-void Forward::record_tap(Recorder& r, const Buffer& src, uint32_t row, size_t l, uint32_t point) {
+void Forward::record_tap(Recorder& r, const Segment& s, const Buffer& src, uint32_t row, size_t l,
+                         uint32_t point) {
   const uint32_t d = uint32_t(w_.config.n_embd);
-  r.dispatch(k_.copy(), {&src, &taps_buf_},
-             CopyPush{d, row * d, (uint32_t(l) * TS_TAP_POINTS + point) * d}, groups(d));
+  Recorder rs = r.with(s.f->sets_);
+  rs.dispatch(k_.copy(), {&src, &s.f->taps_buf_},
+              CopyPush{d, row * d, (uint32_t(l) * TS_TAP_POINTS + point) * d}, groups(d));
 }
 
-void Forward::record_block_out(Recorder& r, const DeviceMatrix& W, const Buffer& in,
-                               const Buffer& post_norm, uint32_t n, bool tap, size_t l,
-                               uint32_t point) {
+void Forward::record_taps(Recorder& r, const Pass& p, const Buffer& src, size_t l, uint32_t point) {
+  for (const Segment& s : p.segs)
+    if (s.tap) record_tap(r, s, src, s.row0 + s.n - 1, l, point);
+}
+
+void Forward::record_block_out(Recorder& r, const Pass& p, const DeviceMatrix& W, const Buffer& in,
+                               const Buffer& post_norm, size_t l, uint32_t point) {
   const ModelConfig& c = w_.config;
-  const uint32_t d = uint32_t(c.n_embd), n_in = W.n_in;
+  const uint32_t d = uint32_t(c.n_embd), n_in = W.n_in, n = p.n;
+  Activations& a = p.act;
   const bool norm = post_norm.size() != 0;
-  if (!norm && !tap) {  // straight into the residual stream
-    matmul(r, k_, W, in, x_, MatmulPush{n_in, d, n, 0, n_in, 0, d, 1});
+  if (!norm && !p.tap) {  // straight into the residual stream
+    matmul(r, k_, W, in, a.x, MatmulPush{n_in, d, n, 0, n_in, 0, d, 1});
     r.barrier();
     return;
   }
   // Kept apart, then added: the same fp32 sum x + (W in) as the accumulate above.
-  matmul(r, k_, W, in, blk_, MatmulPush{n_in, d, n, 0, n_in, 0, d, 0});
+  matmul(r, k_, W, in, a.blk, MatmulPush{n_in, d, n, 0, n_in, 0, d, 0});
   r.barrier();
   if (norm) {
     const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);
-    r.dispatch(k_.rms_norm(), {&blk_, &post_norm, &blk_}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
+    r.dispatch(k_.rms_norm(), {&a.blk, &post_norm, &a.blk}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
     r.barrier();
   }
-  r.dispatch(k_.add(), {&x_, &blk_}, AddPush{n * d}, groups(n * d));
-  if (tap) record_tap(r, blk_, n - 1, l, point);
+  r.dispatch(k_.add(), {&a.x, &a.blk}, AddPush{n * d}, groups(n * d));
+  if (p.tap) record_taps(r, p, a.blk, l, point);
   r.barrier();
 }
 
-// Layer l's attention block over the chunk: x_ += block output.
-void Forward::record_attention(Recorder& r, size_t l, uint32_t n, bool tap) {
+// Layer l's attention block over the pass: x += block output.
+void Forward::record_attention(Recorder& r, const Pass& p, size_t l) {
   const ModelConfig& c = w_.config;
   const DeviceLayer& L = w_.layers[l];
-  const uint32_t d = uint32_t(c.n_embd), hd = uint32_t(c.head_dim);
+  Activations& a = p.act;
+  const uint32_t d = uint32_t(c.n_embd), hd = uint32_t(c.head_dim), n = p.n;
   const uint32_t q_dim = uint32_t(c.n_head) * hd, kv_dim = uint32_t(c.n_head_kv) * hd;
-  const uint32_t pos0 = uint32_t(pos_);
   const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);  // rms_eps_10x fault
-  r.dispatch(k_.rms_norm(), {&x_, &L.attn_norm, &xn_}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
+  r.dispatch(k_.rms_norm(), {&a.x, &L.attn_norm, &a.xn}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
   r.barrier();
-  matmul(r, k_, L.wq, xn_, q_, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
-  matmul(r, k_, L.wk, xn_, k_buf_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
-  matmul(r, k_, L.wv, xn_, v_, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+  matmul(r, k_, L.wq, a.xn, a.q, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
+  matmul(r, k_, L.wk, a.xn, a.k, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+  matmul(r, k_, L.wv, a.xn, a.v, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
   r.barrier();
   if (c.qkv_bias) {
-    r.dispatch(k_.bias_add(), {&q_, &L.bq}, BiasAddPush{q_dim, n}, groups(q_dim * n));
-    r.dispatch(k_.bias_add(), {&k_buf_, &L.bk}, BiasAddPush{kv_dim, n}, groups(kv_dim * n));
-    r.dispatch(k_.bias_add(), {&v_, &L.bv}, BiasAddPush{kv_dim, n}, groups(kv_dim * n));
+    r.dispatch(k_.bias_add(), {&a.q, &L.bq}, BiasAddPush{q_dim, n}, groups(q_dim * n));
+    r.dispatch(k_.bias_add(), {&a.k, &L.bk}, BiasAddPush{kv_dim, n}, groups(kv_dim * n));
+    r.dispatch(k_.bias_add(), {&a.v, &L.bv}, BiasAddPush{kv_dim, n}, groups(kv_dim * n));
     r.barrier();
   }
   if (c.qk_norm) {  // RMSNorm of every head vector, in place
     const uint32_t nq = n * uint32_t(c.n_head), nk = n * uint32_t(c.n_head_kv);
-    r.dispatch(k_.rms_norm(), {&q_, &L.q_norm, &q_}, RmsNormPush{hd, nq, 0, hd, 0, hd, eps}, nq);
-    r.dispatch(k_.rms_norm(), {&k_buf_, &L.k_norm, &k_buf_}, RmsNormPush{hd, nk, 0, hd, 0, hd, eps},
-               nk);
+    r.dispatch(k_.rms_norm(), {&a.q, &L.q_norm, &a.q}, RmsNormPush{hd, nq, 0, hd, 0, hd, eps}, nq);
+    r.dispatch(k_.rms_norm(), {&a.k, &L.k_norm, &a.k}, RmsNormPush{hd, nk, 0, hd, 0, hd, eps}, nk);
     r.barrier();
   }
   const uint32_t neox = c.rope_style == RopeStyle::NeoX ? 1u : 0u;
-  r.dispatch(k_.rope_store(),
-             {&q_, &k_buf_, &v_, &kc_[l], &vc_[l], &rope_tables_[rope_of_layer_[l]]},
-             RopeStorePush{n, pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd, rope_origin_,
-                           uint32_t(c.n_rot), neox},
-             n);
+  for (const Segment& s : p.segs) {  // disjoint rows and caches: no barrier between them
+    Forward& f = *s.f;
+    r.with(f.sets_).dispatch(
+        k_.rope_store(),
+        {&a.q, &a.k, &a.v, &f.kc_[l], &f.vc_[l], &f.rope_tables_[f.rope_of_layer_[l]]},
+        RopeStorePush{s.n, s.pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd, s.rope_origin,
+                      uint32_t(c.n_rot), neox, s.row0},
+        s.n);
+  }
   r.barrier();
   // Faults: attention_scale (1/hd), kv_position_off_by_one (drop_newest),
-  // rewind_noop (kv_len_ kept past a rewind: the stale entries are attended).
+  // rewind_noop (kv_len kept past a rewind: the stale entries are attended).
   const double scale = faults_.attention_scale ? 1.0 / double(hd) : c.attn_scale;
-  const AttentionPush ap{n,
-                         pos0,
-                         uint32_t(c.n_head),
-                         uint32_t(c.n_head_kv),
-                         hd,
-                         uint32_t(max_ctx_),
-                         faults_.kv_off_by_one ? 1u : 0u,
-                         static_cast<float>(scale),
-                         uint32_t(std::max(kv_len_, pos_ + int32_t(n))),
-                         uint32_t(c.layers[l].sliding_window)};
-  r.dispatch(k_.attention(hd), {&q_, &kc_[l], &vc_[l], &scores_, &att_}, ap, uint32_t(c.n_head), n);
+  for (const Segment& s : p.segs) {
+    const AttentionPush ap{s.n,
+                           s.pos0,
+                           uint32_t(c.n_head),
+                           uint32_t(c.n_head_kv),
+                           hd,
+                           a.score_stride,
+                           faults_.kv_off_by_one ? 1u : 0u,
+                           static_cast<float>(scale),
+                           s.kv_len,
+                           uint32_t(c.layers[l].sliding_window),
+                           s.row0};
+    r.with(s.f->sets_)
+        .dispatch(k_.attention(hd), {&a.q, &s.f->kc_[l], &s.f->vc_[l], &a.scores, &a.att}, ap,
+                  uint32_t(c.n_head), s.n);
+  }
   r.barrier();
-  record_block_out(r, L.wo, att_, L.post_attn_norm, n, tap, l, TS_TAP_ATTN_OUT);
+  record_block_out(r, p, L.wo, a.att, L.post_attn_norm, l, TS_TAP_ATTN_OUT);
 }
 
-// Layer l's gated FFN over the chunk: x_ += block output.
-void Forward::record_ffn(Recorder& r, size_t l, uint32_t n, bool tap) {
+// Layer l's gated FFN over the pass: x += block output.
+void Forward::record_ffn(Recorder& r, const Pass& p, size_t l) {
   const ModelConfig& c = w_.config;
   const DeviceLayer& L = w_.layers[l];
-  const uint32_t d = uint32_t(c.n_embd), n_ff = uint32_t(c.n_ff);
+  Activations& a = p.act;
+  const uint32_t d = uint32_t(c.n_embd), n_ff = uint32_t(c.n_ff), n = p.n;
   const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);
-  r.dispatch(k_.rms_norm(), {&x_, &L.ffn_norm, &xn_}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
+  r.dispatch(k_.rms_norm(), {&a.x, &L.ffn_norm, &a.xn}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
   r.barrier();
-  matmul(r, k_, L.gate, xn_, gate_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-  matmul(r, k_, L.up, xn_, up_, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  matmul(r, k_, L.gate, a.xn, a.gate, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  matmul(r, k_, L.up, a.xn, a.up, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
   r.barrier();
   const uint32_t gelu = c.ffn_activation == FfnActivation::GeluTanh ? 1u : 0u;
-  r.dispatch(k_.glu(), {&gate_, &up_}, GluPush{n * n_ff, gelu}, groups(n * n_ff));
+  r.dispatch(k_.glu(), {&a.gate, &a.up}, GluPush{n * n_ff, gelu}, groups(n * n_ff));
   r.barrier();
-  record_block_out(r, L.down, gate_, L.post_ffn_norm, n, tap, l, TS_TAP_FFN_OUT);
-  if (tap) record_tap(r, x_, n - 1, l, TS_TAP_RESIDUAL);
+  record_block_out(r, p, L.down, a.gate, L.post_ffn_norm, l, TS_TAP_FFN_OUT);
+  if (p.tap) record_taps(r, p, a.x, l, TS_TAP_RESIDUAL);
 }
 
-void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logits, bool argmax,
-                     bool tap) {
+// Final RMSNorm of each segment's logits rows into consecutive rows of xn, the
+// LM head over them (-> soft-capping) (-> the argmax of the last row).
+void Forward::record_logits(Recorder& r, const Pass& p) {
   const ModelConfig& c = w_.config;
-  const uint32_t d = uint32_t(c.n_embd), vocab = uint32_t(c.n_vocab);
+  Activations& a = p.act;
+  const uint32_t d = uint32_t(c.n_embd), vocab = uint32_t(c.n_vocab), rows = p.out_rows;
   const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);  // rms_eps_10x fault
+  for (const Segment& s : p.segs) {
+    if (s.out_rows == 0) continue;
+    const uint32_t first = s.row0 + s.n - s.out_rows;
+    r.dispatch(k_.rms_norm(), {&a.x, &w_.output_norm, &a.xn},
+               RmsNormPush{d, s.out_rows, first * d, d, s.out_row0 * d, d, eps}, s.out_rows);
+  }
+  r.barrier();
+  const DeviceMatrix& head = w_.lm_head();
+  matmul(r, k_, head, a.xn, a.logits, MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
+  if (c.final_logit_softcap != 0.0) {
+    r.barrier();
+    r.dispatch(k_.softcap(), {&a.logits}, SoftcapPush{vocab, 0, float(c.final_logit_softcap)},
+               groups(vocab), rows);
+  }
+  if (p.argmax) {  // of the last row written
+    r.barrier();
+    r.dispatch(k_.argmax(), {&a.logits, &argmax_}, ArgmaxPush{vocab, (rows - 1) * vocab}, 1);
+  }
+}
 
+void Forward::record(Recorder& r, const Pass& p) {
+  const ModelConfig& c = w_.config;
+  const uint32_t d = uint32_t(c.n_embd), n = p.n;
+  Activations& a = p.act;
   for (const MatrixPart& part : w_.token_embd.parts) {  // each writes the tokens in its rows
-    r.dispatch(k_.get_rows(w_.token_embd.type), {&part.buf, &tokens_, &x_},
+    r.dispatch(k_.get_rows(w_.token_embd.type), {&part.buf, &a.tokens, &a.x},
                GetRowsPush{d, n, 0, part.n_rows, float(c.embd_scale), part.row0}, n);
   }
   r.barrier();
@@ -146,28 +192,13 @@ void Forward::record(Recorder& r, uint32_t n, bool all_positions, bool want_logi
   // layer's taps: zero block outputs, the residual unchanged).
   const size_t n_layer = w_.layers.size() - (faults_.last_layer_skipped ? 1 : 0);
   for (size_t l = 0; l < n_layer; ++l) {
-    record_attention(r, l, n, tap);
-    record_ffn(r, l, n, tap);
+    record_attention(r, p, l);
+    record_ffn(r, p, l);
   }
-  for (size_t l = n_layer; tap && l < w_.layers.size(); ++l)
-    record_tap(r, x_, n - 1, l, TS_TAP_RESIDUAL);
-  if (!want_logits) return;  // an inner prefill chunk: only the KV cache matters
-  // Final norm and LM head: every position, or only the last one.
-  const uint32_t rows = all_positions ? n : 1, first = all_positions ? 0 : n - 1;
-  r.dispatch(k_.rms_norm(), {&x_, &w_.output_norm, &xn_},
-             RmsNormPush{d, rows, first * d, d, 0, d, eps}, rows);
-  r.barrier();
-  const DeviceMatrix& head = w_.lm_head();
-  matmul(r, k_, head, xn_, logits_, MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
-  if (c.final_logit_softcap != 0.0) {
-    r.barrier();
-    r.dispatch(k_.softcap(), {&logits_}, SoftcapPush{vocab, 0, float(c.final_logit_softcap)},
-               groups(vocab), rows);
-  }
-  if (argmax) {  // of the last row written
-    r.barrier();
-    r.dispatch(k_.argmax(), {&logits_, &argmax_}, ArgmaxPush{vocab, (rows - 1) * vocab}, 1);
-  }
+  for (size_t l = n_layer; p.tap && l < w_.layers.size(); ++l)
+    record_taps(r, p, a.x, l, TS_TAP_RESIDUAL);
+  // Logits of the rows that need them (an inner prefill chunk: only the KV cache matters).
+  if (p.out_rows > 0) record_logits(r, p);
   r.host_barrier();
 }
 

@@ -120,6 +120,9 @@ class Recorder {
   // Shader writes before -> host reads after the fence.
   void host_barrier();
   VkCommandBuffer handle() const { return cb_; }
+  // A recorder into the same command buffer whose descriptor sets come from
+  // `sets` (a batched pass binds each sequence's KV cache through its own cache).
+  Recorder with(DescriptorCache& sets) const { return Recorder(cb_, sets, prof_); }
 
  private:
   void dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers, const void* push,
@@ -147,13 +150,15 @@ struct RopeStorePush {
   uint32_t rope_origin;  // 0; the prefill_position_reset fault: RoPE rotates pos - rope_origin
   uint32_t n_rot;        // rotated dims per head (<= hd; partial rotary below)
   uint32_t neox;         // 1: NeoX pairs (i, i + n_rot/2), 0: interleaved (2i, 2i + 1)
+  uint32_t row0 = 0;     // first row of the sequence in Q/K/V (a batched pass holds several)
 };
 struct AttentionPush {
   uint32_t n_tok, pos0, n_head, n_head_kv, hd, max_ctx, drop_newest;
   float scale;
   // KV entries filled, this chunk included: token t attends kv_len - (n_tok - 1 - t).
   uint32_t kv_len;
-  uint32_t window;  // sliding window W (positions pos - W + 1 .. pos), 0 = full causal
+  uint32_t window;    // sliding window W (positions pos - W + 1 .. pos), 0 = full causal
+  uint32_t row0 = 0;  // first row of the sequence in Q, O and the scratch (batched passes)
 };
 struct GluPush {
   uint32_t n, gelu;  // elements; 1: GeGLU (tanh GELU), 0: SwiGLU

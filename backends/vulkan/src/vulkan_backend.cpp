@@ -11,6 +11,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "touchstone/backend_impl.h"
 #include "touchstone/gguf.h"
@@ -27,7 +28,10 @@ using touchstone::abi::StatusError;
 
 // The faults of the catalog this backend implements (docs/backends/vulkan.md,
 // "Fault catalog"), by name: one added to the catalog later is refused until
-// it is implemented here, never silently ignored.
+// it is implemented here, never silently ignored. Of the serving faults,
+// batch_token_count_split (a split-K set per call: a pipeline per batch size)
+// and batch_kv_leak (a second sequence's KV cache bound into attention) are
+// refused.
 bool implements_fault(const std::string& name) {
   static const char* const kImplemented[] = {"rope_base_off_1pct",
                                              "rope_layout",
@@ -47,7 +51,10 @@ bool implements_fault(const std::string& name) {
                                              "logits_perturb_1e-3",
                                              "logits_row_shift",
                                              "prefill_position_reset",
-                                             "session_order_reduction"};
+                                             "session_order_reduction",
+                                             "fork_short_copy",
+                                             "batch_position_offset",
+                                             "verify_row_shift"};
   for (const char* n : kImplemented)
     if (name == n) return true;
   return false;
@@ -114,11 +121,14 @@ struct Vulkan {
     touchstone::ModelConfig config;
     std::mutex upload_mutex;
     std::array<std::unique_ptr<touchstone::vk::DeviceWeights>, 2> weights;  // [ts_weight_path]
+    // step_batch's shared activations, per weight path (made with the weights).
+    std::array<std::unique_ptr<touchstone::vk::BatchWorkspace>, 2> batch;
     int32_t n_vocab() const { return config.n_vocab; }
   };
 
   struct Session {
     std::unique_ptr<touchstone::vk::Forward> fwd;
+    touchstone::vk::BatchWorkspace* batch = nullptr;  // the model's, for this weight path
     int32_t position() const { return fwd->position(); }
     int32_t max_context() const { return fwd->max_context(); }
     void prefill(std::span<const int32_t> t, bool all, float* logits) {
@@ -135,12 +145,37 @@ struct Vulkan {
     void read_taps(float* out, int64_t n) {
       touchstone::abi::copy_taps(fwd->taps().data(), fwd->taps().size(), out, n);
     }
+    // ABI v6: the KV prefix copied on the device (vk_batch.cpp).
+    std::unique_ptr<Session> fork(int32_t n_prefix) {
+      auto s = std::make_unique<Session>();
+      s->fwd = fwd->fork(n_prefix);
+      s->batch = batch;
+      return s;
+    }
   };
+
+  // ABI v6: one pass of up to Forward::kChunk rows over every entry's tokens
+  // (vk_batch.cpp); the adapter has checked the entries (one model and weight path).
+  static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
+    std::vector<touchstone::vk::BatchEntry> e;
+    for (const auto& it : items) {
+      e.push_back({it.session->fwd.get(), it.tokens.data(), int32_t(it.tokens.size()),
+                   it.all_positions, it.logits});
+    }
+    touchstone::vk::Forward::step_batch(*items[0].session->batch, e);
+  }
 
   static std::string device_name() { return touchstone::vk::probe_device_description(); }
 
   static void capabilities(ts_capabilities& c) {
-    c.flags = TS_CAP_ALL_POSITION_LOGITS;
+    // Batch invariance (both paths): every kernel reduces a row in an order
+    // fixed by that row's own sizes (a matmul output: its row of W, one quad at
+    // a time, the same for any token count or tile; attention: its own KV
+    // length), so a token's bits do not depend on the other rows of a pass
+    // (docs/backends/vulkan.md#serving; the serving checks hold it to bitwise).
+    c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
+              TS_CAP_BATCH_INVARIANT;
+    c.batch_invariant_paths = 0;  // every weight path
     // Read in place by the shaders on the quantized path: F32, Q4_0, Q4_1, Q8_0,
     // Q5_0, Q4_K, Q5_K, Q6_K; F16 and BF16 are dequantized to fp32 at load.
     c.weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
@@ -182,6 +217,7 @@ struct Vulkan {
       std::lock_guard<std::mutex> lock(m.upload_mutex);
       if (!m.weights[path]) {
         m.weights[path] = touchstone::vk::upload_weights(*m.ctx, m.file, m.config, path == 1);
+        m.batch[path] = std::make_unique<touchstone::vk::BatchWorkspace>(*m.ctx, m.config);
       }
     }
     // The quantized-only faults change nothing on full_precision (fp32 matrices).
@@ -193,6 +229,7 @@ struct Vulkan {
     auto s = std::make_unique<Session>();
     s->fwd = std::make_unique<touchstone::vk::Forward>(*m.ctx, *m.kernels, *m.weights[path],
                                                        o.max_context, faults, o.n_threads);
+    s->batch = m.batch[path].get();
     return s;
   }
 };

@@ -1,0 +1,124 @@
+// vk_batch.cpp - ABI v6 serving on the device: step_batch (the entries' tokens
+// in passes of up to kChunk rows, one command buffer each) and fork (the KV
+// prefix copied on the device).
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "vk_forward.h"
+
+namespace touchstone::vk {
+namespace {
+
+// A pass's segments and the entries they come from.
+struct Planned {
+  std::vector<Segment> segs;
+  std::vector<size_t> entry;  // segs[i] holds tokens of entries[entry[i]]
+  std::vector<int32_t> off;   // from that entry's token off[i]
+  std::vector<int32_t> tokens;
+  uint32_t out_rows = 0;
+  bool tap = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Forward> Forward::fork(int32_t n_prefix) const {
+  auto f = std::make_unique<Forward>(ctx_, base_kernels_, w_, max_ctx_, faults_, n_threads_);
+  const size_t kv_dim = size_t(w_.config.n_head_kv) * size_t(w_.config.head_dim);
+  // kv_write_next stores position p in row p + 1 (row 0 stays zero).
+  const size_t rows = size_t(n_prefix) + (faults_.kv_write_next ? 1 : 0);
+  // The fork_short_copy fault: the last entry is not copied but zeroed.
+  const size_t copied = faults_.fork_short_copy && n_prefix > 0 ? rows - 1 : rows;
+  const VkDeviceSize row_bytes = kv_dim * sizeof(float);
+  ctx_.run([&](VkCommandBuffer cb) {
+    for (size_t l = 0; l < kc_.size(); ++l) {
+      for (const auto* pair : {&kc_, &vc_}) {
+        const Buffer& src = (*pair)[l];
+        const Buffer& dst = (pair == &kc_ ? f->kc_ : f->vc_)[l];
+        if (copied > 0) {
+          const VkBufferCopy region{0, 0, copied * row_bytes};
+          vkCmdCopyBuffer(cb, src.handle(), dst.handle(), 1, &region);
+        }
+        if (copied < rows) vkCmdFillBuffer(cb, dst.handle(), copied * row_bytes, row_bytes, 0);
+      }
+    }
+    // Transfer writes -> the shaders of later submissions.
+    auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+    mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                         0, 1, &mb, 0, nullptr, 0, nullptr);
+  });
+  f->pos_ = f->kv_len_ = n_prefix;
+  ctx_.check_validation();
+  return f;
+}
+
+void Forward::step_batch(BatchWorkspace& ws, std::span<const BatchEntry> e) {
+  Forward& lead = *e[0].f;
+  // One pass computes with the lead's kernels and faults: entries whose fault
+  // differs run alone.
+  const bool one_pass = std::all_of(e.begin(), e.end(), [&](const BatchEntry& x) {
+    return x.f->faults_.name == lead.faults_.name && &x.f->w_ == &lead.w_;
+  });
+  if (!one_pass) {
+    for (const BatchEntry& x : e) x.f->run(x.tokens, x.n, x.all_positions, x.logits);
+    return;
+  }
+  const Faults& flt = lead.faults_;
+  const size_t v = size_t(lead.w_.config.n_vocab);
+  std::lock_guard<std::mutex> lock(ws.mutex);
+  uint32_t stride = 1;
+  std::vector<int32_t> start, rope_off;
+  int32_t total = 0;
+  for (const BatchEntry& x : e) {
+    stride = std::max(stride, uint32_t(x.f->max_ctx_));
+    start.push_back(x.f->pos_);
+    // batch_position_offset fault: entry i > 0 rotates as if flattened after
+    // the tokens of the entries before it (kept inside its RoPE table).
+    const bool offset = flt.batch_position_offset && total + x.f->pos_ + x.n <= x.f->max_ctx_;
+    rope_off.push_back(offset ? total : 0);
+    total += x.n;
+  }
+  ws.act.reserve_scores(lead.ctx_, lead.w_.config, stride);
+  size_t i = 0;
+  int32_t off = 0;  // tokens of entry i already run
+  while (i < e.size()) {
+    Planned pl;
+    uint32_t used = 0;
+    while (i < e.size() && used < uint32_t(kChunk)) {
+      const BatchEntry& x = e[i];
+      Forward& f = *x.f;
+      const uint32_t m = std::min(uint32_t(x.n - off), uint32_t(kChunk) - used);
+      const bool last = off + int32_t(m) == x.n;
+      const uint32_t out = x.all_positions ? m : (last ? 1u : 0u);
+      // prefill_position_reset fault: a prefill continuing a sequence rotates
+      // from position 0 (as in run()).
+      f.rope_origin_ = flt.prefill_position_reset && x.n > 1 ? uint32_t(start[i]) : 0u;
+      f.rope_origin_ -= uint32_t(rope_off[i]);
+      pl.segs.push_back(f.segment(used, m, out, pl.out_rows, f.taps_on_ && last));
+      f.rope_origin_ = 0;
+      pl.entry.push_back(i);
+      pl.off.push_back(off);
+      pl.tokens.insert(pl.tokens.end(), x.tokens + off, x.tokens + off + m);
+      pl.out_rows += out;
+      pl.tap = pl.tap || pl.segs.back().tap;
+      used += m;
+      off = last ? 0 : off + int32_t(m);
+      i += last ? 1 : 0;
+    }
+    const Pass p{ws.act, ws.sets, pl.segs, used, pl.out_rows, false, pl.tap};
+    lead.run_pass(pl.tokens.data(), p);
+    for (size_t k = 0; k < pl.segs.size(); ++k) {
+      const BatchEntry& x = e[pl.entry[k]];
+      if (pl.segs[k].out_rows == 0) continue;
+      float* dst = x.all_positions ? x.logits + size_t(pl.off[k]) * v : x.logits;
+      lead.copy_logits(p, pl.segs[k], dst);
+    }
+  }
+  for (size_t k = 0; k < e.size(); ++k)
+    e[k].f->shift_rows(start[k], e[k].n, e[k].all_positions, e[k].logits);
+}
+
+}  // namespace touchstone::vk
