@@ -5,8 +5,10 @@
 //
 // Device-side parameters `d_params` (int32): [0] the position of the first token
 // of the batch, [1] the KV floor (the rewind_noop fault's high-water mark, else
-// 0), [2..] the batch's token ids. Kernels read them from device memory so that
-// a captured decode graph stays valid for every position.
+// 0), [2..] the batch's token ids (one session's call; a step_batch pass stages
+// one [position, KV floor] record per sequence and the token ids apart, and
+// launches RoPE and attention per sequence on its rows). Kernels read them from
+// device memory so that a captured decode graph stays valid for every position.
 #pragma once
 
 #include <cuda_runtime_api.h>
