@@ -41,11 +41,11 @@ struct Opts {
   std::vector<std::string> known_divergences;  // --known-divergences files
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   bool consistency = false, consistency_only = false, no_consistency = false;
-  int consistency_tokens = 96;
+  int consistency_tokens = 0;  // 0: the suite's, else 96
   // Serving checks (touchstone/serving.h): on by default for a backend with
   // step_batch or fork_session; --serving runs them (emulated) for any backend.
   bool serving = false, serving_only = false, no_serving = false;
-  std::string serving_plan;  // quick | full; "" = the suite's name when it is one, else quick
+  std::string serving_plan;  // smoke | quick | full; "" = the suite's (serving_plan())
   std::vector<std::string> serving_checks;  // --serving-check (empty = all four)
   int threads = 0, max_steps = 0, max_positions = 0;
   double timeout = 300.0;
@@ -197,8 +197,14 @@ std::unique_ptr<Inputs> load_inputs(const Opts& o) {
 int effective_max_steps(const Opts& o, const Suite& suite) {
   return o.max_steps > 0 ? o.max_steps : o.cases.empty() ? suite.max_steps : 0;
 }
-int effective_max_positions(const Opts& o, const Suite& suite) {
-  return o.max_positions > 0 ? o.max_positions : o.scoring.empty() ? suite.max_positions : 0;
+// Of passage `name`: the suite's per-passage trim, else its max_positions.
+int effective_max_positions(const Opts& o, const Suite& suite, const std::string& name) {
+  return o.max_positions > 0 ? o.max_positions : o.scoring.empty() ? suite.positions_of(name) : 0;
+}
+// --consistency-tokens, else the suite's, else 96.
+int consistency_tokens(const Opts& o, const Suite& suite) {
+  if (o.consistency_tokens > 0) return o.consistency_tokens;
+  return suite.consistency_tokens > 0 ? suite.consistency_tokens : 96;
 }
 
 bool wants_consistency(const Opts& o);
@@ -210,7 +216,6 @@ bool wants_consistency(const Opts& o);
 int32_t planned_context(const Opts& o, const Inputs& in) {
   const Suite& suite = in.manifest.find_suite(o.suite);
   const int max_steps = effective_max_steps(o, suite);
-  const int max_positions = effective_max_positions(o, suite);
   size_t need = 0;
   if (!o.consistency_only) {
     for (const auto& n : in.plan.cases) {
@@ -221,11 +226,12 @@ int32_t planned_context(const Opts& o, const Inputs& in) {
     }
     for (const auto& n : in.plan.scoring) {
       size_t pos = in.golden.find_scoring(n)->token_ids.size();
+      const int max_positions = effective_max_positions(o, suite, n);
       if (max_positions > 0) pos = std::min(pos, size_t(max_positions) + 1);
       need = std::max(need, pos);
     }
   }
-  if (wants_consistency(o)) need = std::max(need, size_t(o.consistency_tokens));
+  if (wants_consistency(o)) need = std::max(need, size_t(consistency_tokens(o, suite)));
   constexpr size_t kRound = 1024;
   return int32_t((need + kRound - 1) / kRound * kRound);
 }
@@ -236,7 +242,6 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
                 bool with_scoring) {
   const Suite& suite = in.manifest.find_suite(o.suite);
   const int max_steps = effective_max_steps(o, suite);
-  const int max_positions = effective_max_positions(o, suite);
   // Progress units: prompt tokens + steps (prefill costs per token too), positions.
   auto case_units = [&](const std::string& n) {
     const GoldenCase& g = *in.golden.find_case(n);
@@ -246,6 +251,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   };
   auto scoring_units = [&](const std::string& n) {
     const double pos = double(in.golden.find_scoring(n)->token_ids.size());
+    const int max_positions = effective_max_positions(o, suite, n);
     return max_positions > 0 ? std::min(pos, double(max_positions)) : pos;
   };
   double units = 0;
@@ -275,7 +281,8 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
       } catch (const BackendError& e) {
         return setup_failure<ScoringResult>(n, e);
       }
-      return check_scoring(s, *in.golden.find_scoring(n), *in.profile, all, max_positions, on_step);
+      return check_scoring(s, *in.golden.find_scoring(n), *in.profile, all,
+                           effective_max_positions(o, suite, n), on_step);
     }));
     in.known.apply(key, report.scoring.back());
     const ScoringResult& r = report.scoring.back();
@@ -285,14 +292,16 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
 }
 
 // The golden-free checks (touchstone/consistency.h) on the first case's prompt and
-// golden continuation (at most --consistency-tokens, default 96), as five more result rows.
+// golden continuation (at most --consistency-tokens, else the suite's
+// consistency_tokens, else 96), as five more result rows.
 void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
   const std::string& first =
       in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
   const GoldenCase& g = *in.golden.find_case(first);
   std::vector<int32_t> tokens = g.prompt_ids;
   tokens.insert(tokens.end(), g.greedy_ids.begin(), g.greedy_ids.end());
-  tokens.resize(std::min<size_t>(tokens.size(), size_t(o.consistency_tokens)));
+  const int n_tokens = consistency_tokens(o, in.manifest.find_suite(o.suite));
+  tokens.resize(std::min<size_t>(tokens.size(), size_t(n_tokens)));
   fmt::print(stderr, "  consistency checks on case '{}' ({} tokens)\n", first, tokens.size());
   try {
     const ts_capabilities caps = host.library().capabilities();
@@ -339,8 +348,10 @@ bool wants_serving(const Opts& o, BackendHost& host) {
 // The suite's plan, except that the full plan's long fillers exercise a native
 // batch only: a looped or emulated batch runs them one at a time and gets the
 // quick plan unless --serving-plan names one.
-ServingPlan serving_plan(const Opts& o, BackendLibrary& lib) {
+ServingPlan serving_plan(const Opts& o, const Inputs& in, BackendLibrary& lib) {
   if (!o.serving_plan.empty()) return ServingPlan::named(o.serving_plan);
+  const Suite& suite = in.manifest.find_suite(o.suite);
+  if (!suite.serving_plan.empty()) return ServingPlan::named(suite.serving_plan);
   const bool native = lib.batch_mode() == BatchMode::kNative;
   return o.suite == "full" && native ? ServingPlan::full() : ServingPlan::quick();
 }
@@ -353,7 +364,7 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
   const GoldenCase& g = *in.golden.find_case(first);
   try {
     BackendLibrary& lib = host.library();
-    const ServingPlan plan = serving_plan(o, lib);
+    const ServingPlan plan = serving_plan(o, in, lib);
     report.info.batching = batch_mode_name(lib.batch_mode());
     report.info.fork = lib.has_fork() ? "native" : "emulated by the harness";
     fmt::print(stderr, "  serving checks on case '{}' (batching: {}; fork: {})\n", first,
@@ -527,7 +538,8 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_flag("--consistency-only", o->consistency_only, "Run only the consistency checks");
   cmd->add_flag("--no-consistency", o->no_consistency, "Leave the consistency checks out");
   cmd->add_option("--consistency-tokens", o->consistency_tokens,
-                  "Tokens of the consistency checks' sequence (prompt + golden continuation)")
+                  "Tokens of the consistency checks' sequence (prompt + golden continuation; "
+                  "default: the suite's consistency_tokens, else 96)")
       ->check(CLI::Range(2, 4096));
   cmd->add_flag("--serving", o->serving,
                 "Also run the serving checks (batch invariance, content isolation, prefix fork, "
@@ -541,9 +553,11 @@ void add_parity(CLI::App& app, int& exit_code) {
                   "serving.content_isolation, serving.prefix_fork, serving.speculative_verify")
       ->check(CLI::IsMember(serving_check_names()));
   cmd->add_option("--serving-plan", o->serving_plan,
-                  "Sizes of the serving checks: quick (B = 2, 4; fillers of 10-32 tokens) or full "
-                  "(B = 2, 4, 8, 16; fillers of 10-2048 tokens); default: the suite's name")
-      ->check(CLI::IsMember({"quick", "full"}));
+                  "Sizes of the serving checks: smoke (B = 3; fillers of 10-16 tokens; K = 4), "
+                  "quick (B = 2, 4; fillers of 10-32 tokens) or full (B = 2, 4, 8, 16; fillers "
+                  "of 10-2048 tokens); default: the suite's serving_plan, else quick (full for "
+                  "the full suite on a native batch)")
+      ->check(CLI::IsMember({"smoke", "quick", "full"}));
   cmd->add_option("--weights", o->weights, "full_precision | quantized");
   cmd->add_option("--profile", o->profile,
                   "Tolerance profile (default: exact for full_precision, quantized otherwise)");

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -260,7 +261,9 @@ class Parser {
       for (const auto& [sname, val] : suites.items())
         m.suites.push_back(parse_suite(sname, val, child("/suites", sname), m));
     } else {  // no suites: "quick" and "full" both run everything
-      Suite all{"quick", "every case and passage (the manifest declares no suites)", {}, {}};
+      Suite all;
+      all.name = "quick";
+      all.description = "every case and passage (the manifest declares no suites)";
       for (const ManifestCase& c : m.cases) all.cases.push_back(c.name);
       for (const ManifestScoring& sc : m.scoring) all.scoring.push_back(sc.name);
       m.suites.push_back(all);
@@ -394,7 +397,9 @@ class Parser {
     if (!valid_name(sname))
       fail(p, fmt::format("invalid suite name '{}': use letters, digits, '_', '-', '.'", sname));
     const json& o = object(v, p);
-    allow_keys(o, p, {"cases", "scoring", "max_steps", "max_positions", "description"});
+    allow_keys(o, p,
+               {"cases", "scoring", "max_steps", "max_positions", "scoring_max_positions",
+                "consistency_tokens", "serving_plan", "description"});
     Suite s;
     s.name = sname;
     if (const json* n = find(o, "max_steps"))
@@ -405,7 +410,30 @@ class Parser {
     if (const json* c = find(o, "cases")) s.cases = refs(*c, child(p, "cases"), m.cases, "case");
     if (const json* r = find(o, "scoring"))
       s.scoring = refs(*r, child(p, "scoring"), m.scoring, "scoring");
+    if (const json* t = find(o, "scoring_max_positions"))
+      s.scoring_max_positions = passage_trims(*t, child(p, "scoring_max_positions"), s.scoring);
+    if (const json* n = find(o, "consistency_tokens"))
+      s.consistency_tokens = positive_int(*n, child(p, "consistency_tokens"), 4096);
+    if (const json* sp = find(o, "serving_plan")) {
+      s.serving_plan = string(*sp, child(p, "serving_plan"));
+      if (s.serving_plan != "smoke" && s.serving_plan != "quick" && s.serving_plan != "full")
+        fail(child(p, "serving_plan"),
+             fmt::format("unknown serving plan '{}' (known: smoke, quick, full)", s.serving_plan));
+    }
     return s;
+  }
+
+  // {"passage": positions, ...}: each a passage of the suite's `scoring`.
+  std::vector<std::pair<std::string, int>> passage_trims(
+      const json& v, const std::string& p, const std::vector<std::string>& scoring) const {
+    std::vector<std::pair<std::string, int>> out;
+    for (const auto& [name, n] : object(v, p).items()) {
+      const std::string ip = child(p, name);
+      if (std::find(scoring.begin(), scoring.end(), name) == scoring.end())
+        fail(ip, fmt::format("'{}' is not a scoring passage of this suite", name));
+      out.emplace_back(name, positive_int(n, ip, kMaxSteps));
+    }
+    return out;
   }
 
   // A list of names, each referring to one of `items`, none twice.
@@ -509,6 +537,12 @@ const Profile& Manifest::find_profile(std::string_view n) const {
 }
 const Suite& Manifest::find_suite(std::string_view n) const {
   return find_named(suites, n, path, "suite");
+}
+
+int Suite::positions_of(std::string_view passage) const {
+  for (const auto& [n, positions] : scoring_max_positions)
+    if (n == passage) return positions;
+  return max_positions;
 }
 
 std::string Manifest::resolve(const std::string& relative) const {

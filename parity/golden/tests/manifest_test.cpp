@@ -471,3 +471,36 @@ TEST_F(ManifestTest, PromptFileAndScoringTopK) {
   bad_k["scoring"][0]["top_k"] = 0;
   expect_json_error(bad_k, {"/scoring/0/top_k"});
 }
+
+// A suite's per-passage trims, consistency length and serving plan.
+TEST_F(ManifestTest, SuiteTrimsAndPlans) {
+  auto j = valid_manifest();
+  j["suites"]["default"]["max_positions"] = 256;
+  j["suites"]["default"]["scoring_max_positions"] = {{"passage", 640}};
+  j["suites"]["default"]["consistency_tokens"] = 32;
+  j["suites"]["default"]["serving_plan"] = "smoke";
+  const touchstone::Manifest m = touchstone::load_manifest(write(j.dump()));
+  const touchstone::Suite& s = m.find_suite("default");
+  EXPECT_EQ(s.positions_of("passage"), 640);
+  EXPECT_EQ(s.positions_of("other"), 256);  // not listed: max_positions
+  EXPECT_EQ(s.consistency_tokens, 32);
+  EXPECT_EQ(s.serving_plan, "smoke");
+  EXPECT_EQ(m.find_suite("smoke").positions_of("passage"), 0);  // no trim
+  EXPECT_EQ(m.find_suite("smoke").serving_plan, "");
+
+  j = valid_manifest();
+  j["suites"]["smoke"]["scoring_max_positions"] = {{"passage", 640}};  // not in smoke's scoring
+  expect_json_error(j, {"/suites/smoke/scoring_max_positions/passage",
+                        "'passage' is not a scoring passage of this suite"});
+  j = valid_manifest();
+  j["suites"]["default"]["scoring_max_positions"] = {{"passage", 0}};
+  expect_json_error(
+      j, {"/suites/default/scoring_max_positions/passage", "expected a positive integer"});
+  j = valid_manifest();
+  j["suites"]["default"]["serving_plan"] = "huge";
+  expect_json_error(
+      j, {"/suites/default/serving_plan: unknown serving plan 'huge'", "smoke, quick, full"});
+  j = valid_manifest();
+  j["suites"]["default"]["consistency_tokens"] = 5000;
+  expect_json_error(j, {"/suites/default/consistency_tokens"});
+}

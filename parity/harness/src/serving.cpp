@@ -23,6 +23,17 @@ ServingPlan ServingPlan::quick() {
   return p;
 }
 
+ServingPlan ServingPlan::smoke() {
+  ServingPlan p;
+  p.batch_sizes = {3};
+  p.filler_min = 10;
+  p.filler_max = 16;
+  p.filler_chunk_max = 4;
+  p.decode_steps = 8;
+  p.draft_lengths = {4};
+  return p;
+}
+
 ServingPlan ServingPlan::full() {
   ServingPlan p;
   p.batch_sizes = {2, 4, 8, 16};
@@ -35,9 +46,10 @@ ServingPlan ServingPlan::full() {
 }
 
 ServingPlan ServingPlan::named(const std::string& name) {
+  if (name == "smoke") return smoke();
   if (name == "quick") return quick();
   if (name == "full") return full();
-  throw Error("unknown serving plan '{}' (known: quick, full)", name);
+  throw Error("unknown serving plan '{}' (known: smoke, quick, full)", name);
 }
 
 int32_t ServingPlan::context_needed(size_t needle_tokens) const {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace touchstone {
@@ -83,6 +84,16 @@ struct Suite {
   // A quick suite's trims (0 = no limit): compare only the first max_steps
   // greedy steps of each case and the first max_positions scoring positions.
   int max_steps = 0, max_positions = 0;
+  // Per-passage trims that replace max_positions (e.g. a passage scored past a
+  // model's sliding window): {scoring name, positions}, names from `scoring`.
+  std::vector<std::pair<std::string, int>> scoring_max_positions;
+  // Tokens of the consistency checks' sequence (0 = the harness default, 96).
+  int consistency_tokens = 0;
+  // Serving plan of the checks ("" = quick, or full for the suite "full" on a
+  // native batch; else "smoke", "quick" or "full": touchstone/serving.h).
+  std::string serving_plan;
+  // The trim of `passage` (0 = no limit).
+  int positions_of(std::string_view passage) const;
 };
 
 struct Manifest {

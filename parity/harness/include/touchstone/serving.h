@@ -52,9 +52,12 @@ struct ServingPlan {
   int decode_steps = 16;           // needle decode steps (capped by its continuation)
   std::vector<int> draft_lengths;  // K of speculative_verify
   uint64_t seed = 0x5e7f1ce5ull;
+  // smoke: B = 3, fillers of 10-16 tokens, 8 needle steps, K = 4 (the quick
+  // suite of ci/parity: every check once, every batch shape kind once).
+  static ServingPlan smoke();
   static ServingPlan quick();
   static ServingPlan full();
-  // "quick" or "full"; throws Error for another name.
+  // "smoke", "quick" or "full"; throws Error for another name.
   static ServingPlan named(const std::string& name);
   // The most positions any session of the plan holds, for a needle of n tokens.
   int32_t context_needed(size_t needle_tokens) const;
