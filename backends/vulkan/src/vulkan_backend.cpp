@@ -173,8 +173,12 @@ struct Vulkan {
     // a time, the same for any token count or tile; attention: its own KV
     // length), so a token's bits do not depend on the other rows of a pass
     // (docs/backends/vulkan.md#serving; the serving checks hold it to bitwise).
+    // Bitwise determinism: fixed reduction orders, no atomics, and the
+    // session's thread count reaches no kernel (only the
+    // thread_order_reduction fault reads it); lavapipe's own thread count
+    // (LP_NUM_THREADS) only schedules whole workgroups.
     c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
-              TS_CAP_BATCH_INVARIANT;
+              TS_CAP_BATCH_INVARIANT | TS_CAP_BITWISE_DETERMINISM;
     c.batch_invariant_paths = 0;  // every weight path
     // Read in place by the shaders on the quantized path: F32, Q4_0, Q4_1, Q8_0,
     // Q5_0, Q4_K, Q5_K, Q6_K; F16 and BF16 are dequantized to fp32 at load.
@@ -184,9 +188,9 @@ struct Vulkan {
                      TS_WEIGHT_TYPE_BIT(30);
     c.max_context = 0;
     c.determinism_note =
-        "bitwise reproducible run to run on one device and driver (fixed reduction order, no "
-        "atomics), but reduction order depends on the device's subgroup size, so bits differ "
-        "across devices";
+        "bitwise reproducible on one device and driver, any thread count (fixed reduction order, "
+        "no atomics); the order depends on the device's subgroup size, so bits differ across "
+        "devices";
   }
 
   static std::unique_ptr<Model> load_model(const std::string& path) {
