@@ -2,6 +2,8 @@
 #include "touchstone/chat.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -101,6 +103,35 @@ struct PythonRun {
   }
 };
 
+// Writes all of `data` to `fd` with SIGPIPE blocked in this thread, so an
+// interpreter that exits before reading its stdin (one without Jinja2, say)
+// is an EPIPE here, not the death of the whole process. A SIGPIPE raised
+// meanwhile is consumed before the old mask comes back (the pattern
+// POSIX's sigtimedwait() exists for); the library never touches the
+// process-wide disposition.
+void write_ignoring_sigpipe(int fd, const std::string& data) {
+  sigset_t pipe_set, old_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigset_t pending;
+  sigemptyset(&pending);
+  ::sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;  // EPIPE: the child's exit status says why
+    done += size_t(n);
+  }
+  if (!was_pending) {
+    const timespec zero{};
+    while (::sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
+}
+
 // Runs `py -I -c script` with `input` on stdin.
 PythonRun run_python(const std::string& py, const std::string& input) {
   int in[2], out[2], err[2];
@@ -119,12 +150,7 @@ PythonRun run_python(const std::string& py, const std::string& input) {
   ::close(out[1]);
   ::close(err[1]);
   // The script reads all of stdin before writing, and the request is small.
-  for (size_t done = 0; done < input.size();) {
-    const ssize_t n = ::write(in[1], input.data() + done, input.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    done += size_t(n);
-  }
+  write_ignoring_sigpipe(in[1], input);
   ::close(in[1]);
   PythonRun r;
   r.out = read_all(out[0]);

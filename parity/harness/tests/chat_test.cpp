@@ -120,7 +120,11 @@ TEST(Chat, JinjaInterpreterIsThePathsPythonThenTheSystemOne) {
     const std::string dir = fake_python(
         "ts_chat_no_jinja", "echo 'python3-jinja2 is not installed (fake)' >&2; exit 3");
     ScopedEnv p("PATH", dir + ":" + path);
-    EXPECT_EQ(render_chat_jinja(ChatTemplate{"ok", "", ""}, "x"), "ok");  // /usr/bin/python3
+    // A request larger than a pipe's buffer (64 KiB on Linux): the write is
+    // still under way when the fake exits unread, so the harness must take
+    // the EPIPE (not die of SIGPIPE) and go on to /usr/bin/python3.
+    const std::string big = "{# " + std::string(256 * 1024, 'x') + " #}ok";
+    EXPECT_EQ(render_chat_jinja(ChatTemplate{big, "", ""}, "x"), "ok");
   }
   {
     ScopedEnv py("TOUCHSTONE_PYTHON", "/nonexistent/python3");
