@@ -128,24 +128,13 @@ Linear make_fp(const std::vector<float>& w, size_t n_in, size_t n_out) {
 // ------------------------------------------------------------------ Model
 namespace {
 
-bool listed(const char* list, const std::string& name) {
-  const std::string l = std::string(",") + list + ",";
-  return l.find("," + name + ",") != std::string::npos;
-}
-
 // Refuses (UnsupportedModel, naming them) an architecture or features this
 // engine does not compute; read_model_config has already refused what no
 // backend of this repository computes.
 void check_supported(const touchstone::ModelConfig& c, const std::string& path) {
-  std::string missing;
-  if (!listed(kArchitectures, c.architecture)) missing = "architecture '" + c.architecture + "'";
-  for (const std::string& f : c.feature_names()) {
-    if (listed(kModelFeatures, f)) continue;
-    missing += (missing.empty() ? "" : ", ") + touchstone::feature_description(f);
-  }
-  if (!missing.empty()) {
+  const std::string missing = touchstone::unsupported_features(c, kArchitectures, kModelFeatures);
+  if (!missing.empty())
     throw touchstone::UnsupportedModel("{}: not supported by cpu_simd: {}", path, missing);
-  }
 }
 
 // Rows [r0, r0 + n) of a matrix view (GGUF blocks or fp32): a fused tensor's part.

@@ -329,21 +329,11 @@ const WeightSet& Model::weights(WeightMode mode, const touchstone::Faults& fault
 
 namespace {
 
-bool listed(const char* list, const std::string& name) {
-  const std::string l = std::string(",") + list + ",";
-  return l.find("," + name + ",") != std::string::npos;
-}
-
 // Refuses (TS_ERR_UNSUPPORTED, naming them) an architecture or features the
 // graphs do not compute. (Block matrices, the quantized path, have whole
 // 32-blocks by construction; fp32 ones any size.)
 void check_supported(const ModelConfig& c, const std::string& path) {
-  std::string missing;
-  if (!listed(kArchitectures, c.architecture)) missing = "architecture '" + c.architecture + "'";
-  for (const std::string& f : c.feature_names()) {
-    if (listed(kModelFeatures, f)) continue;
-    missing += (missing.empty() ? "" : ", ") + touchstone::feature_description(f);
-  }
+  const std::string missing = touchstone::unsupported_features(c, kArchitectures, kModelFeatures);
   if (!missing.empty())
     throw abi::StatusError(TS_ERR_UNSUPPORTED,
                            path + ": not supported by static_graph: " + missing);

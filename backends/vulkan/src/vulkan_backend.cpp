@@ -85,20 +85,11 @@ constexpr const char* kModelFeatures =
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
     "geglu,embedding_scale,attention_scale,final_logit_softcap";
 
-bool listed(const char* list, const std::string& name) {
-  return ("," + std::string(list) + ",").find("," + name + ",") != std::string::npos;
-}
-
 // Refuses (UnsupportedModel, naming them) an architecture or features not in
 // the lists above; read_model_config has already refused what no backend of
 // this repository computes.
 void check_supported(const touchstone::ModelConfig& c, const std::string& path) {
-  std::string missing;
-  if (!listed(kArchitectures, c.architecture)) missing = "architecture '" + c.architecture + "'";
-  for (const std::string& f : c.feature_names()) {
-    if (listed(kModelFeatures, f)) continue;
-    missing += (missing.empty() ? "" : ", ") + touchstone::feature_description(f);
-  }
+  const std::string missing = touchstone::unsupported_features(c, kArchitectures, kModelFeatures);
   if (!missing.empty())
     throw touchstone::UnsupportedModel("{}: not supported by vulkan: {}", path, missing);
 }

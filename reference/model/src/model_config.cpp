@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -293,6 +294,27 @@ std::string feature_description(const std::string& name) {
   for (const auto& [n, words] : feature_table())
     if (n == name) return words;
   return name;
+}
+
+namespace {
+bool in_list(std::string_view list, std::string_view name) {
+  for (size_t start = 0; start <= list.size();) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    if (list.substr(start, end - start) == name) return true;
+    start = end + 1;
+  }
+  return false;
+}
+}  // namespace
+
+std::string unsupported_features(const ModelConfig& c, std::string_view architectures,
+                                 std::string_view features) {
+  std::vector<std::string> missing;
+  if (!in_list(architectures, c.architecture))
+    missing.push_back(fmt::format("architecture '{}'", c.architecture));
+  for (const std::string& f : c.feature_names())
+    if (!in_list(features, f)) missing.push_back(feature_description(f));
+  return fmt::format("{}", fmt::join(missing, ", "));
 }
 
 std::string ModelConfig::extra_features() const {

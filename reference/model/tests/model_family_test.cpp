@@ -143,6 +143,27 @@ TEST(ModelFamily, PlainLlamaBackendsRefuseOtherFamiliesNamingTheFeatures) {
   }
 }
 
+// A backend's declared lists against a config: the architecture first, then
+// each missing feature in words; nothing when the lists cover the config.
+TEST(ModelFamily, UnsupportedFeaturesNamesWhatTheListsLeaveOut) {
+  gg::testing::TempFile f(tiny_model(opts("qwen3")), "lists");
+  const ModelConfig c = read_model_config(gg::File::open(f.path()));
+  const std::vector<std::string> names = c.feature_names();
+  ASSERT_FALSE(names.empty());
+  std::string all;
+  for (const std::string& n : names) all += (all.empty() ? "" : ",") + n;
+  EXPECT_EQ(unsupported_features(c, "llama,qwen3", all), "");
+  EXPECT_EQ(unsupported_features(c, "llama,qwen3,", "x," + all), "");
+  const std::string no_arch = unsupported_features(c, "llama,qwen2", all);
+  EXPECT_EQ(no_arch, "architecture 'qwen3'");
+  const std::string no_first = unsupported_features(c, "qwen3", all.substr(names[0].size()));
+  EXPECT_EQ(no_first, feature_description(names[0]));
+  // A listed name that is only a prefix of the architecture does not cover it.
+  EXPECT_NE(unsupported_features(c, "qwen", all), "");
+  // Nothing listed: the words ModelConfig::extra_features() gives for a non-Llama.
+  EXPECT_EQ(unsupported_features(c, "", ""), c.extra_features());
+}
+
 TEST(ModelFamily, Gemma3LayerPatternAndRopeBases) {
   TinyOptions o = opts("gemma3");
   o.n_layer = 12;

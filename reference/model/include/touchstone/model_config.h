@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "touchstone/error.h"
@@ -88,6 +89,15 @@ struct ModelConfig {
 // The words for a canonical feature name ("qk_norm" -> "QK-norm"); the name itself
 // when unknown.
 std::string feature_description(const std::string& name);
+
+// What a backend leaves out of `c`: "architecture '<name>'" unless the
+// architecture is in `architectures`, then the words of each feature of `c`
+// (feature_names()) not in `features`, joined with ", "; empty when the backend
+// computes all of `c`. Both lists are comma-separated canonical names, as a
+// backend declares them in its ABI table (ts_backend_v3's architectures and
+// model_features, docs/contract.md).
+std::string unsupported_features(const ModelConfig& c, std::string_view architectures,
+                                 std::string_view features);
 
 // UnsupportedModel (touchstone/error.h): a model this reference does not compute.
 
