@@ -36,6 +36,34 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
   }
 }
 
+// A Q5_0 / Q5_1 block's 32 five-bit values (deq_q5_0's x0 / x1 order) minus
+// `bias` (16 for Q5_0's signed values, 0 for Q5_1) into dst[j * out].
+template <typename Block>
+void unpack_q5(const Block& x, int bias, int8_t* dst, int64_t out) {
+  uint32_t qh;
+  std::memcpy(&qh, x.qh, sizeof(qh));
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = ((qh >> (j + 0)) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+    dst[j * out] = int8_t(((x.qs[j] & 0x0F) | h0) - bias);
+    dst[(j + 16) * out] = int8_t(((x.qs[j] >> 4) | h1) - bias);
+  }
+}
+
+// A Q4_K / Q5_K super-block's 8 sub-block factors into rows sb * 8 + s of d
+// and mn (column o): d = d * sc and m = -(dmin * min), so that q * d + m =
+// deq_q4_K's / deq_q5_K's d1 * q - m1.
+template <typename Block>
+void store_k_factors(const Block& x, int64_t sb, int64_t o, int64_t out, HostTensor& d,
+                     HostTensor& mn) {
+  const float dd = gguf::fp16_to_fp32(x.d), dmin = gguf::fp16_to_fp32(x.dmin);
+  for (int s = 0; s < 8; ++s) {
+    uint8_t sc, m;
+    scale_min_k4(s, x.scales, sc, m);
+    d.as<float>()[(sb * 8 + s) * out + o] = dd * sc;
+    mn.as<float>()[(sb * 8 + s) * out + o] = -(dmin * m);
+  }
+}
+
 // Q5_0 -> Q8_0 layout: qs [nb][32][out] = q - 16, d [nb][1][out] = the f16 bits.
 void pack_q5_0(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
                int64_t row0, WeightSet& ws) {
@@ -45,15 +73,8 @@ void pack_q5_0(std::span<const uint8_t> raw, const std::string& name, int64_t in
     for (int64_t b = 0; b < nb; ++b) {
       const auto x = load_block<gguf::block_q5_0>(raw.data() + size_t((row0 + o) * nb + b) *
                                                                    sizeof(gguf::block_q5_0));
-      uint32_t qh;
-      std::memcpy(&qh, x.qh, sizeof(qh));
       d.as<uint16_t>()[b * out + o] = x.d;
-      int8_t* dst = qs.as<int8_t>() + b * 32 * out + o;
-      for (int j = 0; j < 16; ++j) {
-        const int h0 = ((qh >> (j + 0)) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
-        dst[j * out] = int8_t(((x.qs[j] & 0x0F) | h0) - 16);
-        dst[(j + 16) * out] = int8_t(((x.qs[j] >> 4) | h1) - 16);
-      }
+      unpack_q5(x, 16, qs.as<int8_t>() + b * 32 * out + o, out);
     }
   }
   put(ws, name + ".qs", qs);
@@ -61,8 +82,8 @@ void pack_q5_0(std::span<const uint8_t> raw, const std::string& name, int64_t in
 }
 
 // Q4_K -> Q4_1F: 8 sub-blocks of 32 per 256-row super-block; sub-block s holds
-// element l as nibble l / 16 of byte l % 16 (the Q4_1 order), d = d * sc and
-// m = -(dmin * min), so that q * d + m = deq_q4_K's d1 * q - m1.
+// element l as nibble l / 16 of byte l % 16 (the Q4_1 order); d and m as
+// store_k_factors.
 void pack_q4_k(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
                int64_t row0, WeightSet& ws) {
   const int64_t nsb = in / gguf::QK_K, nb = nsb * 8;
@@ -72,13 +93,9 @@ void pack_q4_k(std::span<const uint8_t> raw, const std::string& name, int64_t in
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const auto x = load_block<gguf::block_q4_K>(raw.data() + size_t((row0 + o) * nsb + sb) *
                                                                    sizeof(gguf::block_q4_K));
-      const float dd = gguf::fp16_to_fp32(x.d), dmin = gguf::fp16_to_fp32(x.dmin);
+      store_k_factors(x, sb, o, out, d, mn);
       for (int s = 0; s < 8; ++s) {
-        uint8_t sc, m;
-        scale_min_k4(s, x.scales, sc, m);
         const int64_t b = sb * 8 + s;
-        d.as<float>()[b * out + o] = dd * sc;
-        mn.as<float>()[b * out + o] = -(dmin * m);
         const uint8_t* q = x.qs + (s / 2) * 32;  // chunk of 64: sub-blocks 2c (low), 2c+1 (high)
         const int shift = (s % 2) * 4;
         uint8_t* dst = qs.as<uint8_t>() + b * 16 * out + o;
@@ -138,16 +155,9 @@ void pack_q5_1(std::span<const uint8_t> raw, const std::string& name, int64_t in
     for (int64_t b = 0; b < nb; ++b) {
       const auto x = load_block<gguf::block_q5_1>(raw.data() + size_t((row0 + o) * nb + b) *
                                                                    sizeof(gguf::block_q5_1));
-      uint32_t qh;
-      std::memcpy(&qh, x.qh, sizeof(qh));
       d.as<uint16_t>()[b * out + o] = x.d;
       mn.as<uint16_t>()[b * out + o] = x.m;
-      int8_t* dst = qs.as<int8_t>() + b * 32 * out + o;
-      for (int j = 0; j < 16; ++j) {
-        const int h0 = ((qh >> (j + 0)) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
-        dst[j * out] = int8_t((x.qs[j] & 0x0F) | h0);
-        dst[(j + 16) * out] = int8_t((x.qs[j] >> 4) | h1);
-      }
+      unpack_q5(x, 0, qs.as<int8_t>() + b * 32 * out + o, out);
     }
   }
   put(ws, name + ".qs", qs);
@@ -155,8 +165,8 @@ void pack_q5_1(std::span<const uint8_t> raw, const std::string& name, int64_t in
   put(ws, name + ".m", mn);
 }
 
-// Q5_K -> Q8_1F: 8 sub-blocks of 32 per 256-row super-block, q (0..31) as i8,
-// d = d * sc and m = -(dmin * min), so that q * d + m = deq_q5_K's d1 * q - m1.
+// Q5_K -> Q8_1F: 8 sub-blocks of 32 per 256-row super-block, q (0..31) as i8;
+// d and m as store_k_factors.
 void pack_q5_k(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
                int64_t row0, WeightSet& ws) {
   const int64_t nsb = in / gguf::QK_K, nb = nsb * 8;
@@ -166,13 +176,9 @@ void pack_q5_k(std::span<const uint8_t> raw, const std::string& name, int64_t in
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const auto x = load_block<gguf::block_q5_K>(raw.data() + size_t((row0 + o) * nsb + sb) *
                                                                    sizeof(gguf::block_q5_K));
-      const float dd = gguf::fp16_to_fp32(x.d), dmin = gguf::fp16_to_fp32(x.dmin);
+      store_k_factors(x, sb, o, out, d, mn);
       for (int s = 0; s < 8; ++s) {
-        uint8_t sc, m;
-        scale_min_k4(s, x.scales, sc, m);
         const int64_t b = sb * 8 + s;
-        d.as<float>()[b * out + o] = dd * sc;
-        mn.as<float>()[b * out + o] = -(dmin * m);
         const uint8_t* ql = x.qs + (s / 2) * 32;  // chunk of 64: sub-blocks 2c (low), 2c+1 (high)
         const int shift = (s % 2) * 4;
         const unsigned bit = 1u << s;  // deq_q5_K's u1 / u2 for this sub-block
