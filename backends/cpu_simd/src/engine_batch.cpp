@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "touchstone/batch_plan.h"
 
 namespace touchstone::cpu_simd {
 
@@ -85,31 +86,26 @@ void Session::step_batch(std::span<const BatchEntry> e) {
   // Passes over consecutive ranges of the concatenated tokens.
   std::vector<Seg> segs;
   segs.reserve(kMaxBatch);
-  size_t i = 0;
-  int32_t off = 0;  // tokens of entry i already run
-  while (i < n) {
+  for (const touchstone::PlannedPass& p : touchstone::plan_passes(e, kMaxBatch)) {
     segs.clear();
-    int32_t used = 0;
-    while (i < n && used < kMaxBatch) {
-      const BatchEntry& x = e[i];
+    for (const touchstone::PassPiece& k : p.pieces) {
+      const BatchEntry& x = e[k.entry];
       Seg g;
       g.s = x.session;
-      g.tokens = x.tokens + off;
-      g.first = used;
-      g.n = std::min(x.n - off, kMaxBatch - used);
+      g.tokens = x.tokens + k.offset;
+      g.first = k.row0;
+      g.n = k.n;
       g.pos = x.session->pos_;
-      g.rope_pos = rope0[i] + off;
+      g.rope_pos = rope0[k.entry] + k.offset;
       g.all_positions = x.all_positions;
-      const bool last = off + g.n == x.n;
-      g.logits = x.all_positions ? x.logits + size_t(off) * V : last ? x.logits : nullptr;
-      if (f.batch_kv_leak && i > 0) {  // the fault: entry i-1's newest KV entry
-        g.leak = e[i - 1].session;
-        g.leak_pos = start[i - 1] + e[i - 1].n - 1;
+      g.logits = x.all_positions ? x.logits + size_t(k.offset) * V
+                 : k.completes   ? x.logits
+                                 : nullptr;
+      if (f.batch_kv_leak && k.entry > 0) {  // the fault: entry i-1's newest KV entry
+        g.leak = e[k.entry - 1].session;
+        g.leak_pos = start[k.entry - 1] + e[k.entry - 1].n - 1;
       }
       segs.push_back(g);
-      used += g.n;
-      off = last ? 0 : off + g.n;
-      i += last ? 1 : 0;
     }
     lead.forward_pass(segs.data(), int(segs.size()));
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda_session.h"
+#include "touchstone/batch_plan.h"
 
 namespace touchstone::cuda {
 namespace {
@@ -60,31 +61,27 @@ std::vector<int> rope_origins(std::span<const BatchEntry> e) {
   return origin;
 }
 
-// The next pass, from token `off` of entry i (both advance): up to kMaxBatch
-// rows; an entry that does not fit continues in the next pass.
-Planned plan_pass(std::span<const BatchEntry> e, const std::vector<int>& origin, size_t& i,
-                  int& off) {
+// A planned pass (touchstone::plan_passes) as segments, with its token ids.
+Planned segments_of(std::span<const BatchEntry> e, const std::vector<int>& origin,
+                    const PlannedPass& p) {
   Planned pl;
-  while (i < e.size() && pl.n < kMaxBatch) {
-    const BatchEntry& x = e[i];
+  for (const PassPiece& k : p.pieces) {
+    const BatchEntry& x = e[k.entry];
     Segment g;
     g.s = x.s;
-    g.row0 = pl.n;
-    g.n = std::min(x.n - off, kMaxBatch - pl.n);
-    const bool last = off + g.n == x.n;
-    g.rope_origin = origin[i];
-    g.out_rows = x.all_positions ? g.n : (last ? 1 : 0);
-    g.out_row0 = pl.out_rows;
-    g.tap = x.s->taps_on && last;  // the call's last row, as run_prefill leaves it
+    g.row0 = k.row0;
+    g.n = k.n;
+    g.rope_origin = origin[k.entry];
+    g.out_rows = k.out_rows;
+    g.out_row0 = k.out_row0;
+    g.tap = x.s->taps_on && k.completes;  // the call's last row, as run_prefill leaves it
     pl.segs.push_back(g);
-    pl.entry.push_back(i);
-    pl.off.push_back(off);
-    pl.tokens.insert(pl.tokens.end(), x.tokens + off, x.tokens + off + g.n);
-    pl.n += g.n;
-    pl.out_rows += g.out_rows;
-    off = last ? 0 : off + g.n;
-    i += last ? 1 : 0;
+    pl.entry.push_back(k.entry);
+    pl.off.push_back(k.offset);
+    pl.tokens.insert(pl.tokens.end(), x.tokens + k.offset, x.tokens + k.offset + k.n);
   }
+  pl.n = p.rows;
+  pl.out_rows = p.out_rows;
   return pl;
 }
 
@@ -176,11 +173,9 @@ void step_batch(std::span<const BatchEntry> e) {
     TS_CUDA(cudaStreamSynchronize(x.s->stream));
   }
   const std::vector<int> origin = rope_origins(e);
-  size_t i = 0;
-  int off = 0;
   try {
-    while (i < e.size()) {
-      Planned pl = plan_pass(e, origin, i, off);
+    for (const PlannedPass& p : plan_passes(e, kMaxBatch)) {
+      Planned pl = segments_of(e, origin, p);
       run_pass(e, pl);
     }
   } catch (...) {

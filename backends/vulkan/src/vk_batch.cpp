@@ -6,22 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "touchstone/batch_plan.h"
 #include "vk_forward.h"
 
 namespace touchstone::vk {
-namespace {
-
-// A pass's segments and the entries they come from.
-struct Planned {
-  std::vector<Segment> segs;
-  std::vector<size_t> entry;  // segs[i] holds tokens of entries[entry[i]]
-  std::vector<int32_t> off;   // from that entry's token off[i]
-  std::vector<int32_t> tokens;
-  uint32_t out_rows = 0;
-  bool tap = false;
-};
-
-}  // namespace
 
 std::unique_ptr<Forward> Forward::fork(int32_t n_prefix) const {
   auto f = std::make_unique<Forward>(ctx_, base_kernels_, w_, max_ctx_, faults_, n_threads_);
@@ -82,39 +70,33 @@ void Forward::step_batch(BatchWorkspace& ws, std::span<const BatchEntry> e) {
     total += x.n;
   }
   ws.act.reserve_scores(lead.ctx_, lead.w_.config, stride);
-  size_t i = 0;
-  int32_t off = 0;  // tokens of entry i already run
-  while (i < e.size()) {
-    Planned pl;
-    uint32_t used = 0;
-    while (i < e.size() && used < uint32_t(kChunk)) {
-      const BatchEntry& x = e[i];
+  std::vector<Segment> segs;
+  std::vector<int32_t> tokens;
+  for (const PlannedPass& pl : plan_passes(e, kChunk)) {
+    segs.clear();
+    tokens.clear();
+    bool tap = false;
+    for (const PassPiece& k : pl.pieces) {
+      const BatchEntry& x = e[k.entry];
       Forward& f = *x.f;
-      const uint32_t m = std::min(uint32_t(x.n - off), uint32_t(kChunk) - used);
-      const bool last = off + int32_t(m) == x.n;
-      const uint32_t out = x.all_positions ? m : (last ? 1u : 0u);
       // prefill_position_reset fault: a prefill continuing a sequence rotates
       // from position 0 (as in run()).
-      f.rope_origin_ = flt.prefill_position_reset && x.n > 1 ? uint32_t(start[i]) : 0u;
-      f.rope_origin_ -= uint32_t(rope_off[i]);
-      pl.segs.push_back(f.segment(used, m, out, pl.out_rows, f.taps_on_ && last));
+      f.rope_origin_ = flt.prefill_position_reset && x.n > 1 ? uint32_t(start[k.entry]) : 0u;
+      f.rope_origin_ -= uint32_t(rope_off[k.entry]);
+      segs.push_back(f.segment(uint32_t(k.row0), uint32_t(k.n), uint32_t(k.out_rows),
+                               uint32_t(k.out_row0), f.taps_on_ && k.completes));
       f.rope_origin_ = 0;
-      pl.entry.push_back(i);
-      pl.off.push_back(off);
-      pl.tokens.insert(pl.tokens.end(), x.tokens + off, x.tokens + off + m);
-      pl.out_rows += out;
-      pl.tap = pl.tap || pl.segs.back().tap;
-      used += m;
-      off = last ? 0 : off + int32_t(m);
-      i += last ? 1 : 0;
+      tokens.insert(tokens.end(), x.tokens + k.offset, x.tokens + k.offset + k.n);
+      tap = tap || segs.back().tap;
     }
-    const Pass p{ws.act, ws.sets, pl.segs, used, pl.out_rows, false, pl.tap};
-    lead.run_pass(pl.tokens.data(), p);
-    for (size_t k = 0; k < pl.segs.size(); ++k) {
-      const BatchEntry& x = e[pl.entry[k]];
-      if (pl.segs[k].out_rows == 0) continue;
-      float* dst = x.all_positions ? x.logits + size_t(pl.off[k]) * v : x.logits;
-      lead.copy_logits(p, pl.segs[k], dst);
+    const Pass p{ws.act, ws.sets, segs, uint32_t(pl.rows), uint32_t(pl.out_rows), false, tap};
+    lead.run_pass(tokens.data(), p);
+    for (size_t k = 0; k < segs.size(); ++k) {
+      const PassPiece& piece = pl.pieces[k];
+      const BatchEntry& x = e[piece.entry];
+      if (piece.out_rows == 0) continue;
+      float* dst = x.all_positions ? x.logits + size_t(piece.offset) * v : x.logits;
+      lead.copy_logits(p, segs[k], dst);
     }
   }
   for (size_t k = 0; k < e.size(); ++k)
