@@ -38,6 +38,7 @@ struct Opts {
   std::string expect_step;   // --expect-step: N, CHECK or CHECK@N
   std::string expect_layer;  // --expect-layer: L:attn|ffn|resid, or after
   std::vector<std::string> cases, scoring;
+  std::vector<std::string> skip_cases;         // --skip-case: left out of the selection
   std::vector<std::string> known_divergences;  // --known-divergences files
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   bool consistency = false, consistency_only = false, no_consistency = false;
@@ -64,6 +65,10 @@ Plan plan_run(const Manifest& m, const Opts& o) {
   // Naming cases or passages selects just those; naming neither runs the whole suite.
   if (!o.cases.empty() && o.scoring.empty()) p.scoring.clear();
   if (o.cases.empty() && !o.scoring.empty()) p.cases.clear();
+  for (const std::string& n : o.skip_cases) {
+    m.find_case(n);  // an unknown name is an error, not a silent no-op
+    std::erase(p.cases, n);
+  }
   // All checks of a run use one model: --model, else the model of the named cases,
   // else the manifest's first model. A suite's checks of other models are left out.
   std::string model_name = o.model;
@@ -522,6 +527,8 @@ void add_parity(CLI::App& app, int& exit_code) {
                   "Manifest model whose checks run (default: the model of the named cases, else "
                   "the manifest's first model)");
   cmd->add_option("--case", o->cases, "Only these cases (repeatable)");
+  cmd->add_option("--skip-case", o->skip_cases,
+                  "Leave these cases out (repeatable; the suite's trims still apply)");
   cmd->add_option("--scoring", o->scoring, "Only these scoring passages (repeatable)");
   cmd->add_option("--max-steps", o->max_steps,
                   "Compare only the first N greedy steps of each case (default: the suite's trim "
