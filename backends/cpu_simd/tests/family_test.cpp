@@ -32,55 +32,8 @@ namespace gg = touchstone::gguf;
 using gg::TensorType;
 using gg::ValueType;
 
-// The optional features are TinyOptions fields of tiny_family.h.
-using Variant = touchstone::testing::TinyOptions;
-std::vector<uint8_t> tiny_variant(const Variant& o) { return touchstone::testing::tiny_model(o); }
-
-struct Case {
-  std::string name;
-  std::vector<uint8_t> gguf;
-  std::vector<std::string> features;  // must be among the model's feature_names()
-};
-
-std::vector<Case> cases() {
-  using touchstone::testing::tiny_model;
-  using touchstone::testing::TinyOptions;
-  std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma3", "phi3"}) {
-    TinyOptions o;
-    o.arch = arch;
-    if (o.arch == "gemma3") {
-      o.n_layer = 7;  // layers 0-4 and 6 local, layer 5 global
-      o.sliding_window = 3;
-    }
-    if (o.arch == "phi3") o.sliding_window = 4;
-    out.push_back({std::string("tiny_") + arch, tiny_model(o), {}});
-  }
-  Variant v;
-  v.arch = "llama";
-  v.rope_freqs = true;
-  v.linear_scale = 2.0f;
-  v.sliding_window = 3;
-  out.push_back({"llama_ropefreqs_linear_window",
-                 tiny_variant(v),
-                 {"rope_freqs", "linear_rope_scaling", "sliding_window"}});
-  v = Variant{};
-  v.arch = "phi3";
-  v.n_rot = 2;
-  v.sliding_window = 5;
-  out.push_back({"phi3_partial_rotary", tiny_variant(v), {"partial_rotary", "fused_qkv"}});
-  v = Variant{};
-  v.arch = "gemma3";
-  v.n_layer = 6;
-  v.sliding_window = 2;
-  v.softcap = 3.0f;
-  v.freq_base_swa = 500.0f;
-  v.linear_scale = 4.0f;
-  out.push_back({"gemma3_softcap_swa_base_scaled",
-                 tiny_variant(v),
-                 {"final_logit_softcap", "linear_rope_scaling", "per_layer_rope_base"}});
-  return out;
-}
+using Case = touchstone::testing::FamilyVariant;
+std::vector<Case> cases() { return touchstone::testing::family_variants(); }
 
 // Reference logits of every position (one forward call per token).
 std::vector<float> reference_logits(const std::string& path, const std::vector<int32_t>& tokens) {
@@ -123,7 +76,7 @@ TEST(Families, EveryFamilyMatchesTheReferenceOnBothPaths) {
   const std::vector<int32_t> tokens = {1, 7, 3, 31, 0, 12, 12, 5, 20, 9, 2, 17};
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
-    gg::testing::TempFile f(c.gguf, c.name);
+    gg::testing::TempFile f(touchstone::testing::tiny_model(c.options), c.name);
     const touchstone::ModelConfig cfg = touchstone::read_model_config(gg::File::open(f.path()));
     const std::vector<std::string> names = cfg.feature_names();
     for (const std::string& want : c.features)
@@ -174,7 +127,7 @@ TEST(Families, StepBatchEqualsEachSessionAloneOnEveryFamily) {
   const std::vector<bool> all = {true, false, true};
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
-    gg::testing::TempFile f(c.gguf, c.name);
+    gg::testing::TempFile f(touchstone::testing::tiny_model(c.options), c.name);
     ts_model* model = nullptr;
     ASSERT_EQ(api->load_model(f.path().c_str(), &model), TS_OK) << api->last_error();
     const size_t V = size_t(api->n_vocab(model));
@@ -214,11 +167,11 @@ TEST(Families, StepBatchEqualsEachSessionAloneOnEveryFamily) {
 // window (guards against a window that is silently ignored).
 TEST(Families, SlidingWindowForgetsOldTokens) {
   const ts_backend* api = touchstone::cpu_simd::backend_table();
-  Variant v;
+  touchstone::testing::TinyOptions v;
   v.arch = "llama";
   v.n_layer = 1;  // one layer: the receptive field is exactly the window
   v.sliding_window = 3;
-  gg::testing::TempFile f(tiny_variant(v), "window");
+  gg::testing::TempFile f(touchstone::testing::tiny_model(v), "window");
   ts_model* model = nullptr;
   ASSERT_EQ(api->load_model(f.path().c_str(), &model), TS_OK) << api->last_error();
   const size_t V = 32;

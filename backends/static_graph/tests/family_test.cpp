@@ -30,48 +30,8 @@ namespace gg = touchstone::gguf;
 namespace sg = touchstone::static_graph;
 using touchstone::testing::TinyOptions;
 
-struct Case {
-  std::string name;
-  TinyOptions options;
-  std::vector<std::string> features;  // must be among the model's feature_names()
-};
-
-std::vector<Case> cases() {
-  std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma3", "phi3"}) {
-    TinyOptions o;
-    o.arch = arch;
-    if (o.arch == "gemma3") {
-      o.n_layer = 7;  // layers 0-4 and 6 local, layer 5 global
-      o.sliding_window = 3;
-    }
-    if (o.arch == "phi3") o.sliding_window = 4;
-    out.push_back({std::string("tiny_") + arch, o, {}});
-  }
-  TinyOptions v;
-  v.rope_freqs = true;
-  v.linear_scale = 2.0f;
-  v.sliding_window = 3;
-  out.push_back({"llama_ropefreqs_linear_window",
-                 v,
-                 {"rope_freqs", "linear_rope_scaling", "sliding_window"}});
-  v = TinyOptions{};
-  v.arch = "phi3";
-  v.n_rot = 2;
-  v.sliding_window = 5;
-  out.push_back({"phi3_partial_rotary", v, {"partial_rotary", "fused_qkv"}});
-  v = TinyOptions{};
-  v.arch = "gemma3";
-  v.n_layer = 6;
-  v.sliding_window = 2;
-  v.softcap = 3.0f;
-  v.freq_base_swa = 500.0f;
-  v.linear_scale = 4.0f;
-  out.push_back({"gemma3_softcap_swa_base_scaled",
-                 v,
-                 {"final_logit_softcap", "linear_rope_scaling", "per_layer_rope_base"}});
-  return out;
-}
+using Case = touchstone::testing::FamilyVariant;
+std::vector<Case> cases() { return touchstone::testing::family_variants(); }
 
 // Reference logits of every position (one forward call per token) and the
 // layer taps of the last one.

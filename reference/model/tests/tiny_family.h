@@ -126,4 +126,52 @@ inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
   return g.build();
 }
 
+// The family tests' cases (backends/*/tests/family_test.cpp): each family
+// plainly (Gemma 3 with 7 layers, so layers 0-4 and 6 are local and 5 global;
+// windows shorter than the tests' sequences), then variants with the optional
+// features, each naming the canonical features (ModelConfig::feature_names)
+// its model must report.
+struct FamilyVariant {
+  std::string name;
+  TinyOptions options;
+  std::vector<std::string> features;
+};
+
+inline std::vector<FamilyVariant> family_variants() {
+  std::vector<FamilyVariant> out;
+  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma3", "phi3"}) {
+    TinyOptions o;
+    o.arch = arch;
+    if (o.arch == "gemma3") {
+      o.n_layer = 7;
+      o.sliding_window = 3;
+    }
+    if (o.arch == "phi3") o.sliding_window = 4;
+    out.push_back({std::string("tiny_") + arch, o, {}});
+  }
+  TinyOptions v;
+  v.rope_freqs = true;
+  v.linear_scale = 2.0f;
+  v.sliding_window = 3;
+  out.push_back({"llama_ropefreqs_linear_window",
+                 v,
+                 {"rope_freqs", "linear_rope_scaling", "sliding_window"}});
+  v = TinyOptions{};
+  v.arch = "phi3";
+  v.n_rot = 2;
+  v.sliding_window = 5;
+  out.push_back({"phi3_partial_rotary", v, {"partial_rotary", "fused_qkv"}});
+  v = TinyOptions{};
+  v.arch = "gemma3";
+  v.n_layer = 6;
+  v.sliding_window = 2;
+  v.softcap = 3.0f;
+  v.freq_base_swa = 500.0f;
+  v.linear_scale = 4.0f;
+  out.push_back({"gemma3_softcap_swa_base_scaled",
+                 v,
+                 {"final_logit_softcap", "linear_rope_scaling", "per_layer_rope_base"}});
+  return out;
+}
+
 }  // namespace touchstone::testing
