@@ -23,13 +23,11 @@
 namespace touchstone::cuda {
 namespace {
 
-// One pass: its segments, the entry and first token each comes from, its token ids.
+// One pass: the plan (segs[k] is pass.pieces[k]), its segments and token ids.
 struct Planned {
+  const PlannedPass& pass;
   std::vector<Segment> segs;
-  std::vector<size_t> entry;  // segs[k] holds tokens of entries[entry[k]]
-  std::vector<int> off;       // from that entry's token off[k]
   std::vector<int32_t> tokens;
-  int n = 0, out_rows = 0;
 };
 
 // One pass computes with the lead's weights, faults and split-K slices:
@@ -64,7 +62,7 @@ std::vector<int> rope_origins(std::span<const BatchEntry> e) {
 // A planned pass (touchstone::plan_passes) as segments, with its token ids.
 Planned segments_of(std::span<const BatchEntry> e, const std::vector<int>& origin,
                     const PlannedPass& p) {
-  Planned pl;
+  Planned pl{p, {}, {}};
   for (const PassPiece& k : p.pieces) {
     const BatchEntry& x = e[k.entry];
     Segment g;
@@ -76,12 +74,8 @@ Planned segments_of(std::span<const BatchEntry> e, const std::vector<int>& origi
     g.out_row0 = k.out_row0;
     g.tap = x.s->taps_on && k.completes;  // the call's last row, as run_prefill leaves it
     pl.segs.push_back(g);
-    pl.entry.push_back(k.entry);
-    pl.off.push_back(k.offset);
     pl.tokens.insert(pl.tokens.end(), x.tokens + k.offset, x.tokens + k.offset + k.n);
   }
-  pl.n = p.rows;
-  pl.out_rows = p.out_rows;
   return pl;
 }
 
@@ -110,14 +104,15 @@ void run_pass(std::span<const BatchEntry> e, Planned& pl) {
   CudaSession& lead = *e[0].s;
   const size_t V = size_t(lead.model->cfg.n_vocab);
   stage_pass(lead, pl);
-  const Pass p{pl.segs, pl.n, pl.out_rows, as<int32_t>(lead.bparams) + 2 * kMaxBatch};
+  const Pass p{pl.segs, pl.pass.rows, pl.pass.out_rows, as<int32_t>(lead.bparams) + 2 * kMaxBatch};
   enqueue_pass(lead, p);
   std::vector<float*> dst(pl.segs.size(), nullptr);
   for (size_t k = 0; k < pl.segs.size(); ++k) {
     const Segment& g = pl.segs[k];
     if (g.out_rows == 0) continue;
-    const BatchEntry& x = e[pl.entry[k]];
-    dst[k] = x.all_positions ? x.logits + size_t(pl.off[k]) * V : x.logits;
+    const PassPiece& piece = pl.pass.pieces[k];
+    const BatchEntry& x = e[piece.entry];
+    dst[k] = x.all_positions ? x.logits + size_t(piece.offset) * V : x.logits;
     TS_CUDA(cudaMemcpyAsync(dst[k], as<float>(lead.logits) + size_t(g.out_row0) * V,
                             size_t(g.out_rows) * V * sizeof(float), cudaMemcpyDeviceToHost,
                             lead.stream));
