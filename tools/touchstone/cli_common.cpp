@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "model_facts.h"
 #include "touchstone/error.h"
 #include "touchstone/gguf.h"
 
@@ -27,7 +28,7 @@ std::string checking_manifest_path() {
 }
 
 Tokenizer load_tokenizer(const std::string& gguf_path) {
-  return Tokenizer(tokenizer_data_from_gguf(gguf::File::open(gguf_path)));
+  return Tokenizer(model_facts(gguf_path).tokenizer);
 }
 
 std::string source_revision(const std::string& manifest_path) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "model_facts.h"
 #include "own_model.h"
 #include "touchstone/error.h"
 #include "touchstone/file_io.h"
@@ -111,8 +112,9 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
                         const ManifestModel& mm, const std::string& revision, int threads,
                         const CheckSelection& sel, std::vector<std::string>* left_out) {
   const std::string model_path = resolve_model(mm);
-  Tokenizer tok = load_tokenizer(model_path);
-  const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(model_path));
+  const ModelFacts& facts = model_facts(model_path);
+  Tokenizer tok(facts.tokenizer);
+  const ChatTemplate& chat = facts.chat;
   Model model(lib, model_path);
   Session session(model, SessionOptions{TS_WEIGHTS_FULL_PRECISION, threads, 0, ""});
   GoldenFile g;
@@ -122,7 +124,9 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   g.reference_revision = revision;
   RecordOptions ropt;
   {
-    const ModelConfig cfg = read_model_config(gguf::File::open(model_path));
+    // No config: the reference cannot describe the model; reading it again says why.
+    const ModelConfig cfg =
+        facts.config ? *facts.config : read_model_config(gguf::File::open(model_path));
     ropt.tap_layers = cfg.n_layer;
     ropt.tap_dim = cfg.n_embd;
   }

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <vector>
 
-#include "touchstone/gguf.h"
+#include "model_facts.h"
 #include "touchstone/model_config.h"
 
 namespace touchstone::cli {
@@ -34,12 +34,9 @@ std::optional<std::string> undeclared_model_support(const BackendLibrary& lib,
                                                     const std::string& gguf_path) {
   const protocol::BackendInfo& info = lib.channel().info();
   if (!info.declares_models) return std::nullopt;
-  ModelConfig c;
-  try {
-    c = read_model_config(gguf::File::open(gguf_path));
-  } catch (const Error&) {
-    return std::nullopt;  // the reference cannot describe it: load_model decides
-  }
+  const std::optional<ModelConfig>& config = model_facts(gguf_path).config;
+  if (!config) return std::nullopt;  // the reference cannot describe it: load_model decides
+  const ModelConfig& c = *config;
   const std::vector<std::string> archs = split_list(info.architectures);
   if (!contains(archs, c.architecture)) {
     return fmt::format("backend '{}' computes architectures '{}' only; {} needs {}", lib.name(),

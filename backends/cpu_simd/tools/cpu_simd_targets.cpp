@@ -124,6 +124,20 @@ int run(const std::vector<IsaTarget>& ts, const std::string& target, const char*
                 touchstone::cpu_simd::qlevel_name(touchstone::cpu_simd::qlevel_best()));
     return 77;
   }
+  // The best target with its int8 kernels capped below this CPU's: its fp32
+  // kernels are the unforced tests', and its int8 kernels are the ones the next
+  // target with the same cap runs (AVX3 on an AVX-512 VNNI CPU: avx2 int8
+  // kernels, which the forced AVX2 run tests). Nothing here is new.
+  const auto cap = touchstone::cpu_simd::qlevel_cap(found->bit);
+  for (const IsaTarget& t : ts) {
+    if (best != found || &t == found || !t.runnable) continue;
+    if (touchstone::cpu_simd::qlevel_cap(t.bit) != cap) continue;
+    std::printf(
+        "SKIP: %s is this CPU's default target (the unforced tests run its fp32 kernels) and "
+        "its int8 kernels %s are the ones forced %s runs\n",
+        target.c_str(), touchstone::cpu_simd::qlevel_name(cap), t.name.c_str());
+    return 77;
+  }
   if (setenv("TOUCHSTONE_CPU_SIMD_TARGET", target.c_str(), 1) != 0) {
     std::perror("setenv");
     return 1;

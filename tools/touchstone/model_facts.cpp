@@ -1,0 +1,23 @@
+#include "model_facts.h"
+
+#include <map>
+
+#include "touchstone/error.h"
+#include "touchstone/gguf.h"
+
+namespace touchstone::cli {
+
+const ModelFacts& model_facts(const std::string& gguf_path) {
+  static std::map<std::string, ModelFacts> cache;
+  if (auto it = cache.find(gguf_path); it != cache.end()) return it->second;
+  const gguf::File file = gguf::File::open(gguf_path);
+  ModelFacts facts{chat_template_from_gguf(file), tokenizer_data_from_gguf(file), std::nullopt};
+  try {
+    facts.config = read_model_config(file);
+  } catch (const Error&) {
+    // The reference cannot describe it: load_model decides (model_support.h).
+  }
+  return cache.emplace(gguf_path, std::move(facts)).first->second;
+}
+
+}  // namespace touchstone::cli
