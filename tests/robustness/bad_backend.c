@@ -10,6 +10,15 @@
  *   orphan   decode starts two grandchildren that sleep forever, one in a
  *            session of its own (setsid), one in the runner's process group;
  *            the run itself is correct (the harness must end both)
+ *   setpgid  decode starts a grandchild that sleeps in a process group of its
+ *            own (setpgid(0, 0)); the run is correct
+ *   refork   decode starts a grandchild that re-forks every 20 ms, each
+ *            generation in a new process group, the parent exiting; the run
+ *            is correct
+ *   spawn_hang  decode starts all four grandchildren above, then never returns
+ *            (the signal tests stop the harness then)
+ * Grandchildren end by themselves after 120 s, so a test that fails leaves
+ * nothing running for long.
  * Consistency faults (always on; each breaks one golden-free check):
  *   rewind_noop      rewind returns TS_OK without truncating the KV cache
  *   prefill_all_skew all-position prefill rows but the last scaled by 1 + 1e-3
@@ -26,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "touchstone/backend_abi.h"
@@ -95,6 +105,27 @@ static ts_status bad_prefill(ts_session* s, const int32_t* t, int32_t n, int32_t
   return st;
 }
 
+/* A grandchild that lives 120 s at most: 0 in the runner's process group,
+ * 1 in a session of its own, 2 in a process group of its own, 3 re-forking
+ * every 20 ms (each generation in a new process group, the parent exiting). */
+static void grandchild(int kind) {
+  if (fork() != 0) return;
+  const time_t end = time(NULL) + 120;
+  if (kind == 1) setsid();
+  if (kind == 2) setpgid(0, 0);
+  while (time(NULL) < end) {
+    if (kind != 3) {
+      sleep(1);
+      continue;
+    }
+    const struct timespec pause_20ms = {0, 20000000};
+    nanosleep(&pause_20ms, NULL);
+    if (fork() != 0) _exit(0);
+    setpgid(0, 0);
+  }
+  _exit(0);
+}
+
 static ts_status bad_decode(ts_session* s, int32_t token, float* out) {
   const ts_status st = g_ref->decode(s, token, out);
   if (st == TS_OK && !strcmp(mode(), "thread_skew") && is_two_threads(s))
@@ -108,14 +139,15 @@ static ts_status bad_decode(ts_session* s, int32_t token, float* out) {
   if (!strcmp(m, "abort")) abort();
   if (!strcmp(m, "hang"))
     for (;;) pause();
-  if (!strcmp(m, "orphan")) {
-    for (int own_session = 0; own_session < 2; ++own_session) {
-      if (fork() == 0) {
-        if (own_session) setsid();
-        for (;;) pause();
-      }
-    }
+  const int hang = !strcmp(m, "spawn_hang");
+  if (!strcmp(m, "orphan") || hang) {
+    grandchild(0);
+    grandchild(1);
   }
+  if (!strcmp(m, "setpgid") || hang) grandchild(2);
+  if (!strcmp(m, "refork") || hang) grandchild(3);
+  if (hang)
+    for (;;) pause();
   if (!strcmp(m, "error")) return TS_ERR_INTERNAL;
   if (!strcmp(m, "nan") || !strcmp(m, "overflow")) {
     const int extra = !strcmp(m, "overflow") ? 1000 : 0;

@@ -78,6 +78,83 @@ def killed_run(cmd, env, rj, state):
     return errors
 
 
+def end_leftovers(state):
+    """Kills what a failed run left (a re-forking process included); returns
+    the PIDs found first."""
+    first = processes_with_env("TOUCHSTONE_BAD_STATE=" + state)
+    deadline = time.time() + 10
+    left = first
+    while left and time.time() < deadline:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+        left = processes_with_env("TOUCHSTONE_BAD_STATE=" + state)
+    return first
+
+
+def wait_until_gone(state, seconds):
+    """PIDs of the run still alive after `seconds` of grace (none: [])."""
+    deadline = time.time() + seconds
+    left = processes_with_env("TOUCHSTONE_BAD_STATE=" + state)
+    while left and time.time() < deadline:
+        time.sleep(0.05)
+        left = processes_with_env("TOUCHSTONE_BAD_STATE=" + state)
+    return left
+
+
+def default_stop_signals():
+    """In the harness before exec: a stop signal the test's caller ignores
+    (SIGINT in a background job) must still reach the harness."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def stopped_run(cmd, env, rj, state, sig):
+    """Stops the harness with `sig` while case 2 hangs after starting four
+    grandchildren (own group, own session, re-forking, runner's group): the
+    harness must end by that signal, its report of case 1 stay on disk, and no
+    process of the run outlive it by more than 3 s."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         preexec_fn=default_stop_signals)
+    deadline = time.time() + 120
+    ready = False
+    while time.time() < deadline and p.poll() is None:
+        # the harness, the runner and the four grandchildren
+        ready = len(processes_with_env("TOUCHSTONE_BAD_STATE=" + state)) >= 6
+        if ready:
+            break
+        time.sleep(0.1)
+    if not ready:
+        p.kill()
+        p.wait()
+        end_leftovers(state)
+        return [f"the grandchildren never started (harness status {p.returncode})"]
+    time.sleep(0.2)
+    p.send_signal(sig)
+    errors = []
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        errors.append(f"the harness did not end within 10 s of {sig.name}")
+    if not errors and p.returncode != -sig:
+        errors.append(f"harness status {p.returncode}, expected {-sig} (ended by {sig.name})")
+    left = wait_until_gone(state, 3.0)
+    if left:
+        errors.append(f"{len(left)} processes of the run outlived the harness by 3 s: {left}")
+    end_leftovers(state)
+    with open(rj, encoding="utf-8") as f:
+        report = json.load(f)
+    if report["complete"] or [c["name"] for c in report["cases"]] != CASES[:1]:
+        errors.append(f"report of the stopped run: complete={report['complete']}, "
+                      f"cases {[c['name'] for c in report['cases']]}")
+    return errors
+
+
 def orphan_run(cmd, env, state):
     """The backend starts grandchildren (one setsid()); the run must PASS and
     leave no process of the backend behind once `touchstone parity` returns."""
@@ -88,14 +165,9 @@ def orphan_run(cmd, env, state):
     with open(log, encoding="utf-8", errors="replace") as f:
         print(f.read())
     errors = [] if p.returncode == 0 else [f"exit status {p.returncode}, expected 0"]
-    left = processes_with_env("TOUCHSTONE_BAD_STATE=" + state)
+    left = end_leftovers(state)
     if left:
         errors.append(f"processes the backend started outlived the run: {left}")
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
     return errors
 
 
@@ -110,13 +182,24 @@ def main():
         if os.path.exists(old):
             os.remove(old)
     env = dict(os.environ, TOUCHSTONE_BAD_MODE=mode, TOUCHSTONE_BAD_STATE=state)
+    if mode.endswith("_sweep"):  # the fallback for hosts without a writable cgroup v2
+        env["TOUCHSTONE_NO_CGROUP"] = "1"
+        mode = env["TOUCHSTONE_BAD_MODE"] = mode[:-len("_sweep")]
     cmd = [touchstone, "parity", "--backend", lib, "--manifest", manifest, "--json", rj,
            "--junit", rx, "--timeout", "20", "--max-steps", "8"]
     for c in CASES:
         cmd += ["--case", c]
-    if mode == "orphan":
+    if mode in ("orphan", "setpgid", "refork"):
         errors = orphan_run(cmd, env, state)
         print("\n".join("FAILED: " + e for e in errors) or "orphan run: PASS, nothing left running")
+        return 1 if errors else 0
+    if mode in ("sigterm", "sigint", "sigkill"):
+        sig = {"sigterm": signal.SIGTERM, "sigint": signal.SIGINT, "sigkill": signal.SIGKILL}[mode]
+        env["TOUCHSTONE_BAD_MODE"] = "spawn_hang"
+        cmd[cmd.index("--timeout") + 1] = "600"
+        errors = stopped_run(cmd, env, rj, state, sig)
+        print("\n".join("FAILED: " + e for e in errors) or
+              f"{sig.name} mid-run: the harness ended by it, nothing left running")
         return 1 if errors else 0
     if mode == "killed":
         env["TOUCHSTONE_BAD_MODE"] = "hang"

@@ -27,6 +27,7 @@
 #include "touchstone/backend.h"
 #include "touchstone/backend_channel.h"
 #include "touchstone/protocol.h"
+#include "touchstone/stop_signals.h"
 
 namespace touchstone {
 namespace {
@@ -37,6 +38,12 @@ using protocol::Writer;
 
 constexpr size_t kGuardFloats = 4096;
 constexpr uint32_t kGuardBits = 0x7fc0dead;  // a NaN payload no kernel produces by accident
+
+// Exits at once, ending first what the backend started.
+[[noreturn]] void quit(int rc) {
+  proc::end_runner_descendants();
+  std::_Exit(rc);
+}
 
 bool read_exact(int fd, uint8_t* dst, size_t n) {
   size_t off = 0;
@@ -59,7 +66,7 @@ void write_all(int fd, const std::string& bytes) {
     if (n > 0) {
       off += size_t(n);
     } else if (!(n < 0 && errno == EINTR)) {
-      std::_Exit(3);  // the harness is gone
+      quit(3);  // the harness is gone
     }
   }
 }
@@ -324,10 +331,10 @@ std::string Runner::handle(Op op, Reader& r) {
 // Reads the hello, loads the library, answers with BackendInfo (or the load error).
 std::unique_ptr<Runner> hello(int in, int fd, const std::string& library) {
   uint8_t header[protocol::kHeaderSize];
-  if (!read_exact(in, header, sizeof header)) std::_Exit(3);
+  if (!read_exact(in, header, sizeof header)) quit(3);
   const auto h = protocol::parse_header(header, 64);
   std::vector<uint8_t> body(h.payload_len);
-  if (!read_exact(in, body.data(), body.size())) std::_Exit(3);
+  if (!read_exact(in, body.data(), body.size())) quit(3);
   const uint32_t reply_op = uint32_t(Op::kHello) | protocol::kReplyBit;
   try {
     // The harness's version; an older one gets its own back (and the fields it knows).
@@ -343,7 +350,7 @@ std::unique_ptr<Runner> hello(int in, int fd, const std::string& library) {
     return std::make_unique<Runner>(std::move(ch), version);
   } catch (const std::exception& e) {
     write_all(fd, protocol::frame(reply_op, error_payload(TS_ERR_INTERNAL, e.what())));
-    std::_Exit(0);
+    quit(0);
   }
 }
 
@@ -406,11 +413,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::signal(SIGPIPE, SIG_IGN);  // a closed channel is EPIPE: write_all exits
+  // SIGTERM, SIGINT, SIGHUP and the harness's death end the backend's
+  // processes (its cgroup, else a sweep of this subreaper's descendants).
+  touchstone::proc::install_runner_stop_handlers();
   const auto [in, out] = stdio ? take_stdio() : std::pair{std::atoi(argv[2]), std::atoi(argv[2])};
+  int rc = 2;
   try {
-    return touchstone::serve(in, out, argv[stdio ? 2 : 3]);
+    rc = touchstone::serve(in, out, argv[stdio ? 2 : 3]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "touchstone-backend-runner: %s\n", e.what());
-    return 2;
   }
+  touchstone::proc::end_runner_descendants();  // nothing the backend started outlives it
+  return rc;
 }

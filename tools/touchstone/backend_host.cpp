@@ -8,6 +8,7 @@
 
 #include "cli_common.h"
 #include "model_support.h"
+#include "touchstone/process_tree.h"
 #include "touchstone/report.h"
 #include "touchstone/tokenizer.h"
 
@@ -69,7 +70,8 @@ std::string BackendHost::execution() const {
   }
   return o_.in_process
              ? "in process"
-             : fmt::format("child process (time limit {:g} s per call)", o_.call_timeout_s);
+             : fmt::format("child process (time limit {:g} s per call; its processes ended by {})",
+                           o_.call_timeout_s, proc::cleanup_mechanism());
 }
 
 namespace {

@@ -36,7 +36,8 @@ class BackendHost {
   // After a failed call: drops the session and model; a dead child is
   // restarted on the next session().
   void discard();
-  // "child process (time limit N s per call)" or "in process".
+  // "child process (time limit N s per call; its processes ended by cgroup v2)"
+  // (or "... by process-group sweep"), "in process" or "HTTP server (...)".
   std::string execution() const;
 
  private:

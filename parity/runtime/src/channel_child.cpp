@@ -22,6 +22,8 @@
 
 #include "touchstone/backend.h"
 #include "touchstone/backend_channel.h"
+#include "touchstone/process_tree.h"
+#include "touchstone/stop_signals.h"
 
 namespace touchstone {
 namespace {
@@ -195,6 +197,7 @@ class ChildChannel final : public BackendChannel {
   void start();
   void check_exec_info();
   void stop() noexcept;
+  void end_tree() noexcept;
   std::vector<uint8_t> call(Op op, const Writer& w, uint64_t max_reply);
   // The time limit is per call and per 1024 tokens: a prefill of n tokens gets
   // ceil(n / 1024) times call_timeout_s (a 4,449-token long-context prompt on a
@@ -254,6 +257,8 @@ class ChildChannel final : public BackendChannel {
   std::string note_;  // capabilities' determinism_note storage
   pid_t pid_ = -1;
   int fd_ = -1;
+  proc::Cgroup cgroup_;  // the backend process's, where the host allows one
+  int slot_ = -1;        // in the stop-signal handlers' table
 };
 
 // ABI v6: every entry's logits in one reply, concatenated in entry order; the
@@ -391,8 +396,10 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   // Orphans of the backend's process (a grandchild that calls setsid()) are
-  // handed to this process instead of init, so that end_leftovers finds them.
+  // handed to this process instead of init, so that end_tree finds them.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  proc::install_harness_stop_handlers();
+  cgroup_ = proc::cgroup_create();  // inactive where the host does not allow it
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -400,15 +407,18 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
     ::close(sv[0]);
     ::close(sv[1]);
     if (null_in >= 0) ::close(null_in);
+    proc::cgroup_remove(cgroup_, 0);
     throw Error("fork for the backend process: {}", std::strerror(e));
   }
   if (pid == 0) {
     // Die with the harness; the backend's stdout goes to stderr so it cannot
     // garble the report on stdout; the socket becomes fd 3 (without CLOEXEC);
     // fds 4 and up are closed.
+    proc::reset_stop_handlers();
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
-    ::setpgid(0, 0);  // a group of its own: end_leftovers ends what it starts
+    ::setpgid(0, 0);                          // a group of its own: end_tree ends what it starts
+    proc::cgroup_enter(cgroup_, ::getpid());  // before it can start anything
     if (stdio) {
       if (::dup2(sv[1], 0) != 0 || ::dup2(sv[1], 1) != 1) ::_exit(127);
       if (::close_range(3, ~0u, 0) != 0) {
@@ -433,6 +443,8 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
     ::_exit(127);
   }
   ::setpgid(pid, pid);  // as the child does, whichever runs first
+  if (cgroup_.active() && !proc::cgroup_enter(cgroup_, pid)) proc::cgroup_remove(cgroup_, 0);
+  slot_ = proc::track_child(pid, cgroup_);
   ::close(sv[1]);
   if (null_in >= 0) ::close(null_in);
   pid_ = pid;
@@ -440,37 +452,20 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
 }
 
-// Ends what the backend process left behind once it is reaped: its process
-// group (the child leads one) and, since the harness is a child subreaper
-// (spawn), any orphan that moved to a session of its own (setsid) and was
-// handed to this process. Nothing a backend starts outlives its channel.
-void end_leftovers(pid_t group) noexcept {
-  if (group > 0) ::kill(-group, SIGKILL);
-  const pid_t self = ::getpid(), session = ::getsid(0);
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "stat");
-    std::string line;
-    if (!std::getline(f, line)) continue;
-    // pid (comm) state ppid pgrp session ...: fields after the last ')'.
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 1));
-    char state = 0;
-    long ppid = 0, pgrp = 0, sid = 0;
-    if (!(rest >> state >> ppid >> pgrp >> sid)) continue;
-    if (ppid != self || sid == session) continue;  // not an adopted orphan of another session
-    const pid_t pid = pid_t(std::stol(name));
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-  }
-  // Reap the group's members adopted here (they were killed above).
-  int status = 0;
-  while (group > 0 && ::waitpid(-group, &status, WNOHANG) > 0) {
-  }
+// Ends what the backend process left behind once it is reaped: its cgroup
+// (every process in it), its process group (the child leads one) and, since
+// the harness is a child subreaper (spawn), every descendant left, orphans that
+// moved to a group or session of their own included, scan after scan
+// (touchstone/process_tree.h). Other channels' live processes are spared.
+void ChildChannel::end_tree() noexcept {
+  proc::cgroup_kill(cgroup_);
+  if (pid_ > 0) ::kill(-pid_, SIGKILL);
+  pid_t spare[64];
+  const int n_spare = proc::tracked_pids(pid_, spare, 64);
+  proc::kill_descendants(spare, n_spare, 3000);
+  proc::cgroup_remove(cgroup_, 1000);
+  proc::untrack_child(slot_);
+  slot_ = -1;
 }
 
 void ChildChannel::stop() noexcept {
@@ -481,7 +476,7 @@ void ChildChannel::stop() noexcept {
   int status = 0;
   for (int i = 0; i < 100; ++i) {
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      end_leftovers(pid_);
+      end_tree();
       pid_ = -1;
       return;
     }
@@ -489,7 +484,7 @@ void ChildChannel::stop() noexcept {
   }
   ::kill(pid_, SIGKILL);
   ::waitpid(pid_, &status, 0);
-  end_leftovers(pid_);
+  end_tree();
   pid_ = -1;
 }
 
@@ -512,7 +507,7 @@ void ChildChannel::died(const char* what, const std::string& how) {
     } else if (got == pid_) {
       cause = "the backend process " + describe_wait_status(status);
     }
-    end_leftovers(pid_);
+    end_tree();
     pid_ = -1;
   }
   throw BackendCrash(fmt::format("backend '{}': {} during {}", display_name(), cause, what));
@@ -523,7 +518,7 @@ void ChildChannel::violation(const char* what, const std::string& detail) {
     ::kill(pid_, SIGKILL);
     int status = 0;
     ::waitpid(pid_, &status, 0);
-    end_leftovers(pid_);
+    end_tree();
     pid_ = -1;
   }
   if (fd_ >= 0) ::close(fd_);
@@ -540,7 +535,7 @@ void ChildChannel::wait_for(short events, Clock::time_point deadline, const char
       ::kill(pid_, SIGKILL);
       int status = 0;
       ::waitpid(pid_, &status, 0);
-      end_leftovers(pid_);
+      end_tree();
       pid_ = -1;
       ::close(fd_);
       fd_ = -1;
