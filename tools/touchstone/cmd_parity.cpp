@@ -380,6 +380,11 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
                               plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
     ServingOptions opt = serving_options(caps, so, plan);
     opt.checks = o.serving_checks;
+    for (const GoldenCase& c : in.golden.cases) {  // text to extend the needle with
+      if (c.name == first) continue;
+      opt.extension.insert(opt.extension.end(), c.prompt_ids.begin(), c.prompt_ids.end());
+      opt.extension.insert(opt.extension.end(), c.greedy_ids.begin(), c.greedy_ids.end());
+    }
     const bool verify = opt.runs("serving.speculative_verify");
     report.n_planned += int(opt.n_checks()) - (verify && !opt.all_positions ? 1 : 0);
     if (verify && !opt.all_positions) {

@@ -61,9 +61,9 @@ CaseResult timed(Fn&& fn) {
   return r;
 }
 
-std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_t> needle,
-                                      size_t prompt_len, const Profile& profile,
-                                      const ServingOptions& opt);
+struct Needles;  // serving_batch.h
+std::vector<CaseResult> check_batches(const Model& model, const Needles& needles,
+                                      const Profile& profile, const ServingOptions& opt);
 CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
                              const Profile& profile, const ServingOptions& opt);
 CaseResult check_speculative(const Model& model, std::span<const int32_t> prompt,
