@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 
 #include "row_compare.h"
@@ -156,7 +157,7 @@ PositionedRows run_alone(const Model& m, const SessionOptions& so, const Seq& ne
 std::vector<Shape> shapes(const ServingOptions& o, size_t needle_len, size_t prompt_len) {
   std::vector<Shape> out;
   for (int b : o.plan.batch_sizes) {
-    if (b < 2 || (o.max_batch > 0 && b > o.max_batch)) continue;
+    if (!o.runs_batch(b)) continue;
     for (Schedule s : {Schedule::kNeedleDecodes, Schedule::kNeedlePrefills})
       out.push_back(make_shape(b, s, needle_len, prompt_len, o.plan));
   }
@@ -172,10 +173,12 @@ double repeat_drift(const PositionedRows& a, const PositionedRows& b) {
 
 }  // namespace
 
-void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r) {
+void judge_isolation(const std::vector<IsolationRuns>& runs, const Profile& profile,
+                     CaseResult& r) {
   double noise = 0.0;
   for (const IsolationRuns& s : runs) noise = std::max(noise, s.noise);
-  const double allowed = 4.0 * noise;
+  const double cap = profile.logits_max_abs_max.value_or(HUGE_VAL);
+  const double allowed = std::min(4.0 * noise, cap);
   for (const IsolationRuns& s : runs) {
     DriftMeter meter{s.point};
     for (size_t i = 0; i < s.x.rows.size(); ++i) {
@@ -198,14 +201,40 @@ void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r) {
       if (r.first_logit_violation_step < 0) {
         r.first_logit_violation_step = s.x.positions[i];
         r.first_logit_violation = fmt::format(
-            "max |diff| {:.3g} with other filler contents > 4 x {:.3g}, the largest drift "
-            "between two identical runs{}",
-            d, noise, s.where);
+            "max |diff| {:.3g} with other filler contents > {:.3g} (4 x {:.3g}, the largest "
+            "drift between two identical runs, at most the profile's logits_max_abs_max){}",
+            d, allowed, noise, s.where);
       }
     }
     r.drift.push_back(meter.point);
   }
 }
+
+namespace {
+
+// content_isolation without a bitwise claim, one shape: the runs with contents x
+// and y and a repeat of each. The repeats set the noise allowance, so all four
+// are first judged against the needle `alone` with the profile (NaN / Inf is a
+// FAIL, never noise) into r.
+IsolationRuns isolation_runs(const Model& m, const ServingOptions& opt, const Shape& s,
+                             const std::vector<Seq>& x, const std::vector<Seq>& y,
+                             PositionedRows in_x, const PositionedRows& alone,
+                             const Profile& profile, const std::string& where, CaseResult& r) {
+  PositionedRows in_y = run_batch(m, opt.session, y, s.needle_slot);
+  const PositionedRows rx = run_batch(m, opt.session, x, s.needle_slot);
+  const PositionedRows ry = run_batch(m, opt.session, y, s.needle_slot);
+  DriftMeter unused;
+  const PositionedRows* runs[] = {&in_x, &in_y, &rx, &ry};
+  for (const PositionedRows* run : runs) {
+    compare_rows(alone, *run, false, "", profile,
+                 where + " (a run that sets the noise allowance, against the needle alone)", r,
+                 unused);
+  }
+  const double noise = std::max(repeat_drift(in_x, rx), repeat_drift(in_y, ry));
+  return {{s.label(), s.batch}, where, std::move(in_x), std::move(in_y), noise};
+}
+
+}  // namespace
 
 std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_t> needle,
                                       size_t prompt_len, const Profile& profile,
@@ -222,8 +251,10 @@ std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<Seq> x = make_batch(s, needle, content_x, model.n_vocab());
     PositionedRows in_x = run_batch(model, opt.session, x, s.needle_slot);
+    PositionedRows alone;
+    if (invariance || (isolation && !opt.bitwise))
+      alone = run_alone(model, opt.session, x[size_t(s.needle_slot)]);
     if (invariance) {
-      const PositionedRows alone = run_alone(model, opt.session, x[size_t(s.needle_slot)]);
       DriftMeter m{{s.label(), s.batch}};
       compare_rows(alone, in_x, opt.batch_invariant, "TS_CAP_BATCH_INVARIANT", profile, where, inv,
                    m);
@@ -234,22 +265,20 @@ std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_
     if (!isolation) continue;
 
     const std::vector<Seq> y = make_batch(s, needle, content_y, model.n_vocab());
-    PositionedRows in_y = run_batch(model, opt.session, y, s.needle_slot);
     if (opt.bitwise) {
+      const PositionedRows in_y = run_batch(model, opt.session, y, s.needle_slot);
       DriftMeter mi{{s.label(), s.batch}};
       compare_rows(in_x, in_y, true,
                    "TS_CAP_BITWISE_DETERMINISM (other sequences' contents changed this one)",
                    profile, where, iso, mi);
       iso.drift.push_back(mi.point);
     } else {
-      const double noise =
-          std::max(repeat_drift(in_x, run_batch(model, opt.session, x, s.needle_slot)),
-                   repeat_drift(in_y, run_batch(model, opt.session, y, s.needle_slot)));
-      noisy.push_back({{s.label(), s.batch}, where, std::move(in_x), std::move(in_y), noise});
+      noisy.push_back(
+          isolation_runs(model, opt, s, x, y, std::move(in_x), alone, profile, where, iso));
     }
     iso.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
-  if (!noisy.empty()) judge_isolation(noisy, iso);
+  if (!noisy.empty()) judge_isolation(noisy, profile, iso);
   finish_rows(inv, "the needle's logits depend on its batch");
   finish_rows(iso, "another sequence's content reaches the needle");
   std::vector<CaseResult> out;
