@@ -11,6 +11,7 @@
 
 #include "touchstone/error.h"
 #include "touchstone/file_io.h"
+#include "touchstone/json_depth.h"
 
 namespace touchstone {
 namespace {
@@ -145,10 +146,13 @@ bool KnownDivergences::lower_bound(const std::string& check) {
 void KnownDivergences::load(const std::string& path) {
   const std::string text = fileio::read_file(path, "known divergences");
   json j;
+  check_json_depth(text, path);
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw Error("{}: not valid JSON (byte {}): {}", path, e.byte, e.what());
+  } catch (const json::exception& e) {  // e.g. out_of_range 406: a number overflows (1e400)
+    throw Error("{}: not valid JSON: {}", path, e.what());
   }
   if (!j.is_object() || j.value("format", "") != "touchstone-known-divergences")
     throw Error("{}: 'format' must be \"touchstone-known-divergences\"", path);

@@ -2,6 +2,9 @@
 // entry point. The checks: serving_batch.cpp, serving_fork.cpp, serving_verify.cpp.
 #include "touchstone/serving.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -85,6 +88,20 @@ ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions
 
 bool ServingOptions::runs(const std::string& check) const {
   return checks.empty() || std::find(checks.begin(), checks.end(), check) != checks.end();
+}
+
+bool ServingOptions::runs_batch(int b) const {
+  return b >= 2 && (max_batch <= 0 || b <= max_batch);
+}
+
+std::string ServingOptions::no_rows_reason() const {
+  if (std::ranges::none_of(plan.batch_sizes, [&](int b) { return runs_batch(b); })) {
+    return fmt::format(
+        "the backend's max_batch ({}) is below every batch size of the serving plan ({}): no "
+        "batch ran, no row was compared",
+        max_batch, fmt::join(plan.batch_sizes, ", "));
+  }
+  return "no row was compared";
 }
 
 size_t ServingOptions::n_checks() const {

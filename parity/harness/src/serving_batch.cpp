@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <cmath>
 #include <memory>
 #include <optional>
 
@@ -167,10 +168,12 @@ PositionedRows needle_rows(const Model& m, const SessionOptions& so, const Shape
 
 }  // namespace
 
-void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r) {
+void judge_isolation(const std::vector<IsolationRuns>& runs, const Profile& profile,
+                     CaseResult& r) {
   double noise = 0.0;
   for (const IsolationRuns& s : runs) noise = std::max(noise, s.noise);
-  const double allowed = 4.0 * noise;
+  const double cap = profile.logits_max_abs_max.value_or(HUGE_VAL);
+  const double allowed = std::min(4.0 * noise, cap);
   for (const IsolationRuns& s : runs) {
     DriftMeter meter{s.point};
     for (size_t i = 0; i < s.x.rows.size(); ++i) {
@@ -193,14 +196,41 @@ void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r) {
       if (r.first_logit_violation_step < 0) {
         r.first_logit_violation_step = s.x.positions[i];
         r.first_logit_violation = fmt::format(
-            "max |diff| {:.3g} with other filler contents > 4 x {:.3g}, the largest drift "
-            "between two identical runs{}",
-            d, noise, s.where);
+            "max |diff| {:.3g} with other filler contents > {:.3g} (4 x {:.3g}, the largest "
+            "drift between two identical runs, at most the profile's logits_max_abs_max){}",
+            d, allowed, noise, s.where);
       }
     }
     r.drift.push_back(meter.point);
   }
 }
+
+namespace {
+
+// content_isolation without a bitwise claim, one shape: the needle's rows with
+// contents x (in_x, already run) and y, and a repeat of each. The repeats set
+// the noise allowance, so all four are first judged against the needle alone
+// with the profile (NaN / Inf is a FAIL, never noise) into r.
+IsolationRuns isolation_runs(BatchRun& run, const Shape& s, PositionedRows in_x,
+                             const std::string& where, CaseResult& r) {
+  const std::vector<Seq>& x = run.cast(s.schedule, false);
+  const std::vector<Seq>& y = run.cast(s.schedule, true);
+  PositionedRows in_y = needle_rows(run.model, run.opt.session, s, y);
+  const PositionedRows rx = needle_rows(run.model, run.opt.session, s, x);
+  const PositionedRows ry = needle_rows(run.model, run.opt.session, s, y);
+  const PositionedRows& alone = run.alone_rows(s.schedule, s.cast_at(s.needle_slot));
+  DriftMeter unused;
+  const PositionedRows* runs[] = {&in_x, &in_y, &rx, &ry};
+  for (const PositionedRows* one : runs) {
+    compare_rows(alone, *one, false, "", run.profile,
+                 where + " (a run that sets the noise allowance, against the needle alone)", r,
+                 unused);
+  }
+  const double noise = std::max(repeat_drift(in_x, rx), repeat_drift(in_y, ry));
+  return {{s.label(), s.batch}, where, std::move(in_x), std::move(in_y), noise};
+}
+
+}  // namespace
 
 std::vector<CaseResult> check_batches(const Model& model, const Needles& needles,
                                       const Profile& profile, const ServingOptions& opt) {
@@ -231,23 +261,19 @@ std::vector<CaseResult> check_batches(const Model& model, const Needles& needles
     inv.seconds += std::chrono::duration<double>(t1 - t0).count();
     if (!isolation || s.batch != most) continue;  // the most company: the largest B
 
-    const std::vector<Seq>& y = run.cast(s.schedule, true);
-    PositionedRows in_y = needle_rows(model, opt.session, s, y);
     if (opt.bitwise) {
+      const PositionedRows in_y = needle_rows(model, opt.session, s, run.cast(s.schedule, true));
       DriftMeter mi{{s.label(), s.batch}};
       compare_rows(in_x, in_y, true,
                    "TS_CAP_BITWISE_DETERMINISM (other sequences' contents changed this one)",
                    profile, where, iso, mi);
       iso.drift.push_back(mi.point);
     } else {
-      const std::vector<Seq>& x = run.cast(s.schedule, false);
-      const double noise = std::max(repeat_drift(in_x, needle_rows(model, opt.session, s, x)),
-                                    repeat_drift(in_y, needle_rows(model, opt.session, s, y)));
-      noisy.push_back({{s.label(), s.batch}, where, std::move(in_x), std::move(in_y), noise});
+      noisy.push_back(isolation_runs(run, s, std::move(in_x), where, iso));
     }
     iso.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
-  if (!noisy.empty()) judge_isolation(noisy, iso);
+  if (!noisy.empty()) judge_isolation(noisy, profile, iso);
   finish_rows(inv, "a sequence's logits depend on its batch");
   finish_rows(iso, "another sequence's content reaches the needle");
   std::vector<CaseResult> out;

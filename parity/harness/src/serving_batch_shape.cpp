@@ -107,7 +107,7 @@ size_t Shape::cast_at(int slot) const {
 std::vector<Shape> batch_shapes(const ServingOptions& o) {
   std::vector<Shape> out;
   for (int b : o.plan.batch_sizes) {
-    if (b < 2 || (o.max_batch > 0 && b > o.max_batch)) continue;
+    if (!o.runs_batch(b)) continue;
     for (Schedule s : {Schedule::kNeedleDecodes, Schedule::kNeedlePrefills})
       out.push_back({b, s, int(out.size()) % b});
   }

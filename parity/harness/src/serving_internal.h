@@ -46,11 +46,13 @@ struct IsolationRuns {
 };
 
 // Judges every shape against one baseline: 4 x the largest noise of any shape
-// (0: bitwise). A backend whose repeats differ (a server batching by arrival
-// time) has noise somewhere; one whose repeats never differ must give the needle
-// the same bits with other contents. Appends each shape's x-vs-y drift to
-// r.drift; violations "isolation_max_abs" / "non_finite".
-void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r);
+// (0: bitwise), capped at the profile's logits_max_abs_max. A backend whose
+// repeats differ (a server batching by arrival time) has noise somewhere; one
+// whose repeats never differ must give the needle the same bits with other
+// contents. The runs that set the noise are judged against the needle alone
+// before (serving_batch.cpp). Appends each shape's x-vs-y drift to r.drift;
+// violations "isolation_max_abs" / "non_finite".
+void judge_isolation(const std::vector<IsolationRuns>& runs, const Profile& profile, CaseResult& r);
 
 // Runs fn, timing it into the result it returns.
 template <typename Fn>

@@ -90,6 +90,10 @@ struct ServingOptions {
   std::vector<std::string> checks;  // names of serving_check_names() to run; empty = all
   bool runs(const std::string& check) const;
   size_t n_checks() const;  // how many of the four run
+  // Whether the plan's batches of b sequences run (b >= 2, at most max_batch).
+  bool runs_batch(int b) const;
+  // Why a check compared no rows: it is NOT SUPPORTED with this reason, never PASS.
+  std::string no_rows_reason() const;
 };
 
 // The flags above from a backend's capabilities, for one weight path.
