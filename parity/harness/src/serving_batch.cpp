@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <map>
-#include <cmath>
 #include <memory>
 #include <optional>
 
