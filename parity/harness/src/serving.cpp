@@ -77,6 +77,7 @@ ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions
   ServingOptions o;
   o.session = session;
   o.bitwise = (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0;
+  o.fork_bitwise = o.bitwise && (caps.flags & TS_CAP_BITWISE_NOT_ACROSS_FORKS) == 0;
   const uint32_t path_bit = 1u << unsigned(session.weight_path);
   o.batch_invariant = (caps.flags & TS_CAP_BATCH_INVARIANT) != 0 &&
                       (caps.batch_invariant_paths == 0 || (caps.batch_invariant_paths & path_bit));

@@ -79,7 +79,9 @@ constexpr size_t kSuffix = 6;  // a fork's own tokens: a chunk of 3 and a decode
 // tokens, so a fork that aliases its source's or a sibling's KV rows, or
 // copies too few, shows. Bits are required where the calls are the same (a
 // fork at the end of the prompt, the source) on a bitwise backend, and
-// everywhere on a batch-invariant one.
+// everywhere on a batch-invariant one; a backend whose bitwise claim stops at
+// fork_session (TS_CAP_BITWISE_NOT_ACROSS_FORKS) is held to bits only before
+// the first fork, and to the profile from then on.
 CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
                              const Profile& profile, const ServingOptions& opt) {
   CaseResult r;
@@ -108,7 +110,7 @@ CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle
              {needle.begin(), needle.begin() + std::ptrdiff_t(n)},
              src.got->fork(int32_t(n)),
              std::make_unique<Session>(model, opt.session),
-             opt.batch_invariant || (opt.bitwise && n == prompt_len),
+             opt.batch_invariant || (opt.fork_bitwise && n == prompt_len),
              claim,
              n};
     const std::vector<int32_t> suffix = random_tokens(rng, kSuffix, model.n_vocab());
@@ -117,6 +119,9 @@ CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle
     run.advance(b, n + 4, 3, "its own suffix");
     forks.push_back(std::move(b));
   }
+  // The source's cells are now shared with its forks.
+  src.bits = opt.batch_invariant || opt.fork_bitwise;
+  src.claim = opt.batch_invariant ? "TS_CAP_BATCH_INVARIANT" : "TS_CAP_BITWISE_DETERMINISM";
   run.advance(src, src.tokens.size(), 0, "continued after its forks");
   for (Branch& b : forks) run.advance(b, b.tokens.size(), 0, "after its siblings and the source");
   finish_rows(r, "a forked KV prefix differs from a fresh prefill");

@@ -50,6 +50,24 @@ TEST(ServingPlan, SequencesCrossPageAndTileBoundaries) {
   }
 }
 
+// A bitwise claim withdrawn across forks (TS_CAP_BITWISE_NOT_ACROSS_FORKS, issue
+// 37) leaves it everywhere else; the flag means nothing without the claim.
+TEST(ServingOptions, BitwiseClaimCanStopAtForks) {
+  ts_capabilities caps{};
+  caps.flags = TS_CAP_BITWISE_DETERMINISM;
+  ServingOptions o = serving_options(caps, SessionOptions{}, ServingPlan::quick());
+  EXPECT_TRUE(o.bitwise);
+  EXPECT_TRUE(o.fork_bitwise);
+  caps.flags |= TS_CAP_BITWISE_NOT_ACROSS_FORKS;
+  o = serving_options(caps, SessionOptions{}, ServingPlan::quick());
+  EXPECT_TRUE(o.bitwise);
+  EXPECT_FALSE(o.fork_bitwise);
+  caps.flags = TS_CAP_BITWISE_NOT_ACROSS_FORKS;
+  o = serving_options(caps, SessionOptions{}, ServingPlan::quick());
+  EXPECT_FALSE(o.bitwise);
+  EXPECT_FALSE(o.fork_bitwise);
+}
+
 TEST(ServingPlan, UnknownNameListsTheKnownOnes) {
   try {
     ServingPlan::named("huge");

@@ -79,7 +79,10 @@ struct ServingPlan {
 
 struct ServingOptions {
   SessionOptions session;
-  bool bitwise = false;          // TS_CAP_BITWISE_DETERMINISM
+  bool bitwise = false;  // TS_CAP_BITWISE_DETERMINISM
+  // TS_CAP_BITWISE_DETERMINISM without TS_CAP_BITWISE_NOT_ACROSS_FORKS: the
+  // claim extends to a fork (and its source) against a fresh session.
+  bool fork_bitwise = false;
   bool batch_invariant = false;  // TS_CAP_BATCH_INVARIANT covering session.weight_path
   bool all_positions = false;    // TS_CAP_ALL_POSITION_LOGITS (speculative_verify needs it)
   int32_t max_batch = 0;         // ts_capabilities.max_batch (0 = no limit)
