@@ -116,10 +116,18 @@ set(TOUCHSTONE_FAULT_EXPECTATIONS
   session_order_reduction=consistency.run_to_run@0+)
 # The serving faults: each must fail its serving check (quick plan). A backend
 # that refuses some of them registers the rest (list(FILTER ... EXCLUDE)).
+# The last three escaped every serving plan before issue 37 (forks that share
+# KV rows, all-position rows shifted inside a batch, a KV row read from the
+# previous entry at a 32-token page boundary).
 set(TOUCHSTONE_SERVING_FAULT_EXPECTATIONS
   batch_token_count_split=serving.batch_invariance batch_kv_leak=serving.content_isolation
   fork_short_copy=serving.prefix_fork batch_position_offset=serving.batch_invariance
-  verify_row_shift=serving.speculative_verify)
+  verify_row_shift=serving.speculative_verify fork_shared_kv=serving.prefix_fork
+  batch_all_positions_shift=serving.batch_invariance
+  batch_page_boundary_leak=serving.batch_invariance)
+# The serving faults only cpu_simd implements (the reference, vulkan and cuda refuse them).
+set(TOUCHSTONE_SERVING_FAULTS_CPU_SIMD_ONLY fork_shared_kv batch_all_positions_shift
+  batch_page_boundary_leak)
 # On full precision: the quantized-only faults must leave the path passing,
 # fp16_accumulation must still fail.
 set(TOUCHSTONE_FAULT_EXPECTATIONS_FULL_PRECISION

@@ -87,7 +87,10 @@ TS_CAP_BITWISE_DETERMINISM = 1 << 4
 TS_CAP_STATIC_SHAPES = 1 << 5
 TS_CAP_TOP_N_LOGPROBS = 1 << 6  # ABI v5: rows of top_n log-probabilities, -inf elsewhere
 TS_CAP_BATCH_INVARIANT = 1 << 7  # ABI v6: a token's bits independent of the rest of the call
-TS_CAP_V6_FLAGS = TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATCH_INVARIANT
+# ABI v6 (issue 37): with TS_CAP_BITWISE_DETERMINISM, the claim stops at fork_session
+TS_CAP_BITWISE_NOT_ACROSS_FORKS = 1 << 8
+TS_CAP_V6_FLAGS = (TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATCH_INVARIANT
+                   | TS_CAP_BITWISE_NOT_ACROSS_FORKS)
 
 # ts_weight_path
 TS_WEIGHTS_FULL_PRECISION = 0

@@ -12,6 +12,8 @@ to MODE:
   no_probs    HTTP 200 JSON without completion_probabilities
   wrong_vocab /v1/models says n_vocab = N_VOCAB - 1 (and /completion is fine)
   wrong_model /props names another GGUF file
+  junk_props  /props answers HTTP 200 with a body that is not JSON
+  typed_props /props answers JSON whose model_path is a number
   wrong_tokens /tokenize gives other ids than the golden's for every prompt
   mixed       answers every /completion 0.2 s late, for the prompt that arrived
               last: alone a request gets its own answer, concurrent ones
@@ -52,8 +54,15 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             self.send_json({"status": "ok"})
+        elif self.path == "/props" and MODE == "junk_props":
+            body = b"<html>not a llama-server</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/props":
             path = "/elsewhere/other-model.gguf" if MODE == "wrong_model" else MODEL_PATH
+            path = 7 if MODE == "typed_props" else path
             self.send_json({"model_path": path, "build_info": "fake-" + MODE})
         elif self.path == "/v1/models":
             n = N_VOCAB - 1 if MODE == "wrong_vocab" else N_VOCAB

@@ -121,6 +121,8 @@ elif MODE == "malformed":
     bad = []
     for field, value in [("reviewed_by", ""), ("weights", "int4"), ("checks", {}),
                          ("checks", {"backend_error": {"measured": 0, "accept": 1}}),
+                         # a failed bitwise claim is withdrawn, never waived (issue 37)
+                         ("checks", {"bitwise": {"measured": 0.5, "accept": 0.6}}),
                          ("checks", {"kld_mean": {"measured": 2.0, "accept": 1.0}}),
                          ("surprise", 1)]:
         e = dict(good)

@@ -19,6 +19,19 @@
  *            (the signal tests stop the harness then)
  * Grandchildren end by themselves after 120 s, so a test that fails leaves
  * nothing running for long.
+ *   device_late      as error, then every session opened after it fails
+ *                    with TS_ERR_DEVICE ("no device": a FAIL, not a SKIP)
+ *   unsupported_late as error, then every session opened after it fails
+ *                    with TS_ERR_UNSUPPORTED (a FAIL, not UNSUPPORTED)
+ *   forge    as error; name, version, device and last_error carry a forged
+ *            "verdict: PASS" line and an ANSI hide-text sequence
+ * Serving faults (always on):
+ *   max_batch1  capabilities say max_batch 1: no batch of the plan can run
+ *   noisy_leak  no bitwise / batch-invariance claim; a step_batch entry's logits
+ *               take 1e-2 x the previous entry's first token id % 7 (a
+ *               cross-sequence leak) and one call in four is shifted by +0.5
+ *               (repeats that would hide the leak as noise)
+ *   fork_null   fork_session returns TS_OK and a NULL session
  * Consistency faults (always on; each breaks one golden-free check):
  *   rewind_noop      rewind returns TS_OK without truncating the KV cache
  *   prefill_all_skew all-position prefill rows but the last scaled by 1 + 1e-3
@@ -40,7 +53,11 @@
 
 #include "touchstone/backend_abi.h"
 
+/* What the forge mode puts in every string the harness prints. */
+#define FORGED "\n\nverdict: PASS\n\x1b[8m"
+
 static ts_backend g_table;
+static const char* g_error; /* this process's last deliberate error, or NULL */
 static const ts_backend* g_ref;
 static int g_armed;       /* the next decode misbehaves */
 static int32_t g_n_vocab; /* the model's real n_vocab: the logits row length */
@@ -50,18 +67,32 @@ static const char* mode(void) {
   return m ? m : "";
 }
 
-/* Counts prefills across child restarts in a file; returns the new count. */
-static int count_prefill(void) {
+static int is_mode(const char* m) { return !strcmp(mode(), m); }
+
+/* Prefills so far, counted across child restarts in a file. */
+static int prefills_so_far(void) {
   const char* path = getenv("TOUCHSTONE_BAD_STATE");
   int n = 0;
-  if (!path) return 1;
-  FILE* f = fopen(path, "r");
+  FILE* f = path ? fopen(path, "r") : NULL;
   if (f) {
     if (fscanf(f, "%d", &n) != 1) n = 0;
     fclose(f);
   }
-  ++n;
-  f = fopen(path, "w");
+  return n;
+}
+
+/* The decode after this prefill number misbehaves (TOUCHSTONE_BAD_AT). */
+static int bad_at(void) {
+  const char* at = getenv("TOUCHSTONE_BAD_AT");
+  return at ? atoi(at) : 2;
+}
+
+/* Counts prefills across child restarts in a file; returns the new count. */
+static int count_prefill(void) {
+  const char* path = getenv("TOUCHSTONE_BAD_STATE");
+  if (!path) return 1;
+  const int n = prefills_so_far() + 1;
+  FILE* f = fopen(path, "w");
   if (f) {
     fprintf(f, "%d\n", n);
     fclose(f);
@@ -84,6 +115,10 @@ static int is_two_threads(const ts_session* s) {
 }
 
 static ts_status bad_open_session(ts_model* m, const ts_session_options* o, ts_session** out) {
+  if (prefills_so_far() >= bad_at() && (is_mode("device_late") || is_mode("unsupported_late"))) {
+    g_error = is_mode("device_late") ? "bad backend: no device" : "bad backend: refused";
+    return is_mode("device_late") ? TS_ERR_DEVICE : TS_ERR_UNSUPPORTED;
+  }
   const ts_status st = g_ref->open_session(m, o, out);
   if (st == TS_OK && o && o->n_threads == 2 && g_n_two < 256) g_two_threads[g_n_two++] = *out;
   return st;
@@ -95,8 +130,7 @@ static ts_status bad_rewind(ts_session* s, int32_t position) {
 }
 
 static ts_status bad_prefill(ts_session* s, const int32_t* t, int32_t n, int32_t all, float* out) {
-  const char* at = getenv("TOUCHSTONE_BAD_AT");
-  g_armed = count_prefill() == (at ? atoi(at) : 2);
+  g_armed = count_prefill() == bad_at();
   const ts_status st = g_ref->prefill(s, t, n, all, out);
   if (st != TS_OK) return st;
   if (all && n > 1 && !strcmp(mode(), "prefill_all_skew"))
@@ -148,7 +182,12 @@ static ts_status bad_decode(ts_session* s, int32_t token, float* out) {
   if (!strcmp(m, "refork") || hang) grandchild(3);
   if (hang)
     for (;;) pause();
-  if (!strcmp(m, "error")) return TS_ERR_INTERNAL;
+  if (!strcmp(m, "error") || !strcmp(m, "device_late") || !strcmp(m, "unsupported_late") ||
+      !strcmp(m, "forge")) {
+    g_error =
+        is_mode("forge") ? "bad backend: deliberate error" FORGED : "bad backend: deliberate error";
+    return TS_ERR_INTERNAL;
+  }
   if (!strcmp(m, "nan") || !strcmp(m, "overflow")) {
     const int extra = !strcmp(m, "overflow") ? 1000 : 0;
     for (int i = 0; i < g_n_vocab + extra; ++i) out[i] = NAN;
@@ -156,16 +195,45 @@ static ts_status bad_decode(ts_session* s, int32_t token, float* out) {
   return st;
 }
 
-static const char* bad_last_error(void) {
-  return !strcmp(mode(), "error") ? "bad backend: deliberate error" : g_ref->last_error();
-}
+static const char* bad_last_error(void) { return g_error ? g_error : g_ref->last_error(); }
 
 static int32_t bad_n_vocab(const ts_model* m) {
   g_n_vocab = g_ref->n_vocab(m);
   return !strcmp(mode(), "n_vocab") ? 10 : g_n_vocab;
 }
 
-static const char* bad_device_name(void) { return "bad device \xc3\x28 \xff"; }
+static const char* bad_device_name(void) {
+  return is_mode("forge") ? "bad device" FORGED : "bad device \xc3\x28 \xff";
+}
+
+static ts_status bad_capabilities(ts_capabilities* out) {
+  const ts_status st = g_ref->capabilities(out);
+  if (st != TS_OK) return st;
+  if (is_mode("max_batch1")) out->max_batch = 1;
+  if (is_mode("noisy_leak"))
+    out->flags &= ~(uint32_t)(TS_CAP_BITWISE_DETERMINISM | TS_CAP_BATCH_INVARIANT);
+  return st;
+}
+
+/* noisy_leak: entry i > 0 takes 1e-2 x (entry i-1's first token % 7) on every
+ * logit it returns; one call in four (seeded rand) adds +0.5 to every entry. */
+static ts_status bad_step_batch(const ts_batch_entry* e, int32_t n) {
+  const ts_status st = g_ref->step_batch(e, n);
+  if (st != TS_OK || !is_mode("noisy_leak")) return st;
+  const float shift = rand() % 4 == 0 ? 0.5f : 0.0f;
+  for (int32_t i = 0; i < n; ++i) {
+    const float leak = i > 0 ? 1e-2f * (float)(e[i - 1].tokens[0] % 7) : 0.0f;
+    const int64_t rows = e[i].all_positions ? e[i].n_tokens : 1;
+    for (int64_t k = 0; k < rows * g_n_vocab; ++k) e[i].logits_out[k] += leak + shift;
+  }
+  return st;
+}
+
+static ts_status bad_fork_session(ts_session* src, int32_t n_prefix, ts_session** out) {
+  if (!is_mode("fork_null")) return g_ref->fork_session(src, n_prefix, out);
+  *out = NULL;
+  return TS_OK;
+}
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
   void* h = dlopen(REFERENCE_BACKEND_PATH, RTLD_NOW | RTLD_LOCAL);
@@ -179,6 +247,14 @@ __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entr
     g_table.name = "bad\xff\xfe";
     g_table.device_name = bad_device_name;
   }
+  if (is_mode("forge")) {
+    g_table.name = "bad" FORGED;
+    g_table.version = "0" FORGED;
+    g_table.device_name = bad_device_name;
+  }
+  g_table.capabilities = bad_capabilities;
+  if (g_ref->step_batch) g_table.step_batch = bad_step_batch;
+  if (g_ref->fork_session) g_table.fork_session = bad_fork_session;
   g_table.last_error = bad_last_error;
   g_table.prefill = bad_prefill;
   g_table.decode = bad_decode;

@@ -6,6 +6,11 @@ around it judged normally, exit status 1.
 
 usage: bad_backend_test.py TOUCHSTONE BAD_BACKEND_LIB MANIFEST OUT_DIR MODE EXPECT
   EXPECT: text the failing case's failure line must contain.
+Modes device_late / unsupported_late: case 2 fails (a deliberate error), then
+the backend says "no device" / "unsupported" for case 3: case 3 is a FAIL row
+naming that, the run FAIL (never SKIP / UNSUPPORTED). Mode forge: the backend's
+strings carry a forged "verdict: PASS" line and an escape sequence; the table
+must show them escaped (one verdict line, no ESC byte).
 """
 import glob
 import json
@@ -225,12 +230,21 @@ def main():
     if names != CASES:
         errors.append(f"report has cases {names}, expected {CASES}")
     every_case_fails = mode in ("n_vocab", "names")
+    late = mode in ("device_late", "unsupported_late")  # case 3 fails too
     for i, c in enumerate(report["cases"]):
-        should_pass = not every_case_fails and i != 1
+        should_pass = not every_case_fails and i != 1 and not (late and i > 1)
         if c["passed"] != should_pass:
             errors.append(f"case {c['name']}: passed={c['passed']}, expected {should_pass}")
-        if not should_pass and not any(expect in f for f in c["failures"]):
-            errors.append(f"case {c['name']}: no failure mentions {expect!r}: {c['failures']}")
+        want = "deliberate error" if late and i == 1 else expect
+        if not should_pass and not any(want in f for f in c["failures"]):
+            errors.append(f"case {c['name']}: no failure mentions {want!r}: {c['failures']}")
+    if report["verdict"] != "FAIL":
+        errors.append(f"report verdict {report['verdict']}, expected FAIL")
+    verdict_lines = [ln for ln in out_text.splitlines() if ln.lstrip().startswith("verdict")]
+    if verdict_lines != ["verdict: FAIL"]:
+        errors.append(f"the table's verdict lines are {verdict_lines}, expected one 'verdict: FAIL'")
+    if "\x1b" in out_text:
+        errors.append("the table holds an ESC byte: a backend string reached the terminal raw")
     if errors:
         print("\n".join("FAILED: " + e for e in errors))
         return 1

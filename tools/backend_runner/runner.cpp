@@ -17,6 +17,7 @@
 
 #include <csignal>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -92,6 +93,7 @@ class Runner {
   void check_guard(size_t n, const char* what);
   void check_guard_at(size_t begin, size_t end, size_t n, const char* what);
   std::string step_batch(Reader& r);
+  void check_batch_size(const std::vector<protocol::DecodedBatchEntry>& req);
   std::string fork_session(Reader& r);
   // ABI v6 members are called only when the table has them (version >= 6, non-NULL).
   void need(bool has, const char* member) const {
@@ -150,18 +152,54 @@ void Runner::check_guard_at(size_t begin, size_t end, size_t n, const char* what
   }
 }
 
+// The floats of a logits reply of `rows` rows of n_vocab after `before` floats
+// already planned: a request asking for more than kMaxLogitsReply bytes is
+// refused before anything is allocated.
+size_t reply_floats(size_t n_vocab, size_t rows, size_t before, const char* what) {
+  constexpr size_t kMax = protocol::kMaxLogitsReply / sizeof(float);
+  if (rows > kMax / std::max<size_t>(n_vocab, 1) || before + rows * n_vocab > kMax) {
+    throw BackendError(
+        TS_ERR_INVALID_ARGUMENT,
+        fmt::format("runner: {}: {} rows of {} logits would need more than the {} bytes a "
+                    "logits reply may carry",
+                    what, rows, n_vocab, protocol::kMaxLogitsReply));
+  }
+  return rows * n_vocab;
+}
+
+// At most the backend's max_batch entries (when it has one), checked before
+// any buffer is sized for them.
+void Runner::check_batch_size(const std::vector<protocol::DecodedBatchEntry>& req) {
+  const int32_t max_batch = ch_->capabilities().max_batch;
+  if (max_batch > 0 && req.size() > size_t(max_batch)) {
+    throw BackendError(TS_ERR_INVALID_ARGUMENT,
+                       fmt::format("runner: step_batch: {} entries, more than the backend's "
+                                   "max_batch ({})",
+                                   req.size(), max_batch));
+  }
+}
+
 // Every entry's logits get their own region of buf_, each followed by a
 // sentinel tail of kGuardFloats, so a backend writing past one entry's buffer
 // is caught, as for prefill.
 std::string Runner::step_batch(Reader& r) {
   need(ch_->info().step_batch, "step_batch");
   const std::vector<protocol::DecodedBatchEntry> req = protocol::decode_step_batch(r);
+  check_batch_size(req);
   std::vector<size_t> offset(req.size() + 1, 0);
+  std::set<Handle> seen;
   for (size_t i = 0; i < req.size(); ++i) {
     if (!sessions_.count(req[i].session))
       throw Error("runner: step_batch: entry {}: unknown session handle {}", i, req[i].session);
-    const size_t n = size_t(sessions_[req[i].session]) *
-                     (req[i].all_positions ? req[i].tokens.size() : size_t(1));
+    if (!seen.insert(req[i].session).second) {
+      throw BackendError(TS_ERR_INVALID_ARGUMENT,
+                         fmt::format("runner: step_batch: entry {} repeats the session of an "
+                                     "earlier entry (every entry's session must be distinct)",
+                                     i));
+    }
+    const size_t n = reply_floats(size_t(sessions_[req[i].session]),
+                                  req[i].all_positions ? req[i].tokens.size() : size_t(1),
+                                  offset[i], "step_batch");
     offset[i + 1] = offset[i] + n + kGuardFloats;
   }
   float guard;
@@ -261,7 +299,7 @@ std::string Runner::handle(Op op, Reader& r) {
       }
       std::vector<int32_t> tokens(static_cast<size_t>(n));
       r.i32s("tokens", tokens);
-      const size_t out = size_t(sessions_[s]) * (all ? size_t(n) : 1);
+      const size_t out = reply_floats(size_t(sessions_[s]), all ? size_t(n) : 1, 0, "prefill");
       ch_->prefill(s, tokens, all, std::span<float>(guarded(out).data(), out));
       check_guard(out, all ? "prefill(all positions)" : "prefill");
       return floats_reply(out);

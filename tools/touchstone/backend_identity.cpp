@@ -17,7 +17,8 @@ std::vector<std::string> capability_flag_names(uint32_t flags) {
       {TS_CAP_BITWISE_DETERMINISM, "bitwise_determinism"},
       {TS_CAP_STATIC_SHAPES, "static_shapes"},
       {TS_CAP_TOP_N_LOGPROBS, "top_n_logprobs"},
-      {TS_CAP_BATCH_INVARIANT, "batch_invariant"}};
+      {TS_CAP_BATCH_INVARIANT, "batch_invariant"},
+      {TS_CAP_BITWISE_NOT_ACROSS_FORKS, "bitwise_not_across_forks"}};
   std::vector<std::string> out;
   for (const auto& [bit, name] : names)
     if (flags & bit) out.emplace_back(name);

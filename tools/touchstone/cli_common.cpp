@@ -1,5 +1,6 @@
 #include "cli_common.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -58,6 +59,24 @@ ts_weight_path parse_weight_path(const std::string& s) {
 
 const char* weight_path_name(ts_weight_path w) {
   return w == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision";
+}
+
+CLI::Validator finite_seconds() {
+  return CLI::Validator(
+      [](std::string& v) {
+        double s = 0.0;
+        try {
+          size_t used = 0;
+          s = std::stod(v, &used);
+          if (used != v.size()) return std::string("seconds in (0, 1e6], not '" + v + "'");
+        } catch (const std::exception&) {
+          return std::string("seconds in (0, 1e6], not '" + v + "'");
+        }
+        return std::isfinite(s) && s >= 0.001 && s <= 1e6
+                   ? std::string()
+                   : std::string("seconds in (0, 1e6], not '" + v + "'");
+      },
+      "seconds in (0, 1e6]");
 }
 
 }  // namespace touchstone::cli

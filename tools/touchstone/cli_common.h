@@ -38,6 +38,8 @@ Tokenizer load_tokenizer(const std::string& gguf_path);
 // `git describe --always --dirty --abbrev=40` there, or "unknown".
 std::string source_revision(const std::string& manifest_path);
 ts_weight_path parse_weight_path(const std::string& s);
+// --timeout's check: seconds in (0, 1e6]; NaN and infinity are refused.
+CLI::Validator finite_seconds();
 const char* weight_path_name(ts_weight_path w);
 
 void add_run(CLI::App& app, int& exit_code);

@@ -17,8 +17,10 @@
 #include "progress.h"
 #include "readable_reports.h"
 #include "top_n_plan.h"
+#include "touchstone/backend.h"
 #include "touchstone/consistency.h"
 #include "touchstone/error.h"
+#include "touchstone/faults.h"
 #include "touchstone/gguf.h"
 #include "touchstone/golden.h"
 #include "touchstone/known_divergence.h"
@@ -122,19 +124,41 @@ Result setup_failure(const std::string& name, const std::exception& e) {
   return r;
 }
 
-// Runs `check` on a fresh or reused session; a backend failure becomes the
-// check's FAIL row and the session is replaced for the next one. A backend
-// with no device here (TS_ERR_DEVICE at setup) or refusing the model / weight
-// path (TS_ERR_UNSUPPORTED at setup) propagates: the run is SKIP / UNSUPPORTED.
+// A backend failure while check `name` starts or runs: its FAIL row, the
+// session replaced for the next check. The verdict order
+// (docs/report-format.md#verdict-order): TS_ERR_DEVICE / TS_ERR_UNSUPPORTED
+// before the first check ran are rethrown (run_parity: the run is SKIP /
+// UNSUPPORTED); after it, they are a FAIL row like any other failure.
+bool skips_run(const BackendError& e) {
+  return e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED;
+}
+
+template <typename Result>
+Result backend_failure(BackendHost& host, const Report& report, const std::string& name,
+                       const BackendError& e) {
+  const bool stop = skips_run(e);
+  if (stop && !report.started()) throw;  // called inside the handler of `e`
+  host.discard();
+  if (!stop) return setup_failure<Result>(name, e);
+  Result r;
+  r.name = name;
+  r.backend_error =
+      fmt::format("{} after checks had run (a FAIL, not {}): {}", status_name(e.status()),
+                  e.status() == TS_ERR_DEVICE ? "SKIP" : "UNSUPPORTED", e.what());
+  r.failures.push_back(r.backend_error);
+  return r;
+}
+
+// Runs `check` on a fresh or reused session; a backend failure at setup
+// becomes the check's row (backend_failure), and a failure inside the check
+// replaces the session for the next one.
 template <typename Result, typename Fn>
-Result guarded(BackendHost& host, const std::string& name, Fn&& check) {
+Result guarded(BackendHost& host, const Report& report, const std::string& name, Fn&& check) {
   Session* session = nullptr;
   try {
     session = &host.session();
   } catch (const BackendError& e) {
-    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
-    host.discard();
-    return setup_failure<Result>(name, e);
+    return backend_failure<Result>(host, report, name, e);
   }
   Result r = check(*session);
   if (!r.backend_error.empty()) host.discard();
@@ -268,7 +292,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   const ProgressFn on_step = [&](int done, int total) { progress.step(done, total); };
   for (const std::string& n : in.plan.cases) {
     progress.start(n, case_units(n));
-    report.cases.push_back(guarded<CaseResult>(host, n, [&](Session& s) {
+    report.cases.push_back(guarded<CaseResult>(host, report, n, [&](Session& s) {
       return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps, on_step);
     }));
     in.known.apply(key, report.cases.back());
@@ -279,7 +303,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   }
   for (const std::string& n : with_scoring ? in.plan.scoring : std::vector<std::string>{}) {
     progress.start(n, scoring_units(n));
-    report.scoring.push_back(guarded<ScoringResult>(host, n, [&](Session& s) {
+    report.scoring.push_back(guarded<ScoringResult>(host, report, n, [&](Session& s) {
       bool all = false;
       try {
         all = (host.library().capabilities().flags & TS_CAP_ALL_POSITION_LOGITS) != 0;
@@ -319,9 +343,7 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
     for (CaseResult& r : check_consistency(host.model(), tokens, *in.profile, co))
       report.cases.push_back(std::move(r));
   } catch (const BackendError& e) {
-    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
-    host.discard();
-    report.cases.push_back(setup_failure<CaseResult>("consistency", e));
+    report.cases.push_back(backend_failure<CaseResult>(host, report, "consistency", e));
   }
   write_reports(o, report);
 }
@@ -334,9 +356,9 @@ bool wants_consistency(const Opts& o) {
 // Serving checks: asked for, or by default (no --case / --scoring) when the
 // backend has a serving member of its own (ABI v6).
 // A backend that cannot start (crash, protocol violation) has its failure in
-// the rows already: asking it about serving members must not turn the run
-// into UNSUPPORTED; with --serving / --serving-only run_serving records it.
-bool wants_serving(const Opts& o, BackendHost& host) {
+// the rows already; with --serving / --serving-only run_serving records it.
+// TS_ERR_DEVICE / TS_ERR_UNSUPPORTED follow the verdict order (backend_failure).
+bool wants_serving(const Opts& o, BackendHost& host, Report& report) {
   if (o.no_serving || o.consistency_only) return false;
   if (o.serving || o.serving_only) return true;
   if (!o.cases.empty() || !o.scoring.empty()) return false;
@@ -344,8 +366,8 @@ bool wants_serving(const Opts& o, BackendHost& host) {
     BackendLibrary& lib = host.library();
     return lib.batch_mode() != BatchMode::kHarness || lib.has_fork();
   } catch (const BackendError& e) {
-    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
-    host.discard();
+    CaseResult r = backend_failure<CaseResult>(host, report, "serving", e);
+    if (skips_run(e)) report.cases.push_back(std::move(r));
     return false;
   }
 }
@@ -380,6 +402,11 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
                               plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
     ServingOptions opt = serving_options(caps, so, plan);
     opt.checks = o.serving_checks;
+    for (const GoldenCase& c : in.golden.cases) {  // text to extend the needle with
+      if (c.name == first) continue;
+      opt.extension.insert(opt.extension.end(), c.prompt_ids.begin(), c.prompt_ids.end());
+      opt.extension.insert(opt.extension.end(), c.greedy_ids.begin(), c.greedy_ids.end());
+    }
     const bool verify = opt.runs("serving.speculative_verify");
     report.n_planned += int(opt.n_checks()) - (verify && !opt.all_positions ? 1 : 0);
     if (verify && !opt.all_positions) {
@@ -392,13 +419,16 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
                                  report.info.weight_path, report.info.profile};
     for (CaseResult& r :
          check_serving(host.model(), g.prompt_ids, g.greedy_ids, *in.profile, opt)) {
+      if (r.n_total == 0 && r.failures.empty()) {  // nothing compared: never a PASS
+        report.not_supported.push_back({r.name, opt.no_rows_reason()});
+        --report.n_planned;
+        continue;
+      }
       in.known.apply(key, r);  // item: the check's name, e.g. serving.prefix_fork
       report.cases.push_back(std::move(r));
     }
   } catch (const BackendError& e) {
-    if (e.status() == TS_ERR_DEVICE || e.status() == TS_ERR_UNSUPPORTED) throw;
-    host.discard();
-    report.cases.push_back(setup_failure<CaseResult>("serving", e));
+    report.cases.push_back(backend_failure<CaseResult>(host, report, "serving", e));
   }
   write_reports(o, report);
 }
@@ -476,17 +506,19 @@ int run_parity(const Opts& o) {
   report.info.execution = host.execution();
   write_reports(o, report);  // output paths are checked before any backend call
   if (o.in_process) arm_exit_guard(o.backend);
-  int skip_code = 0;
   try {
     describe_backend(host, report.info);
     const int top_n = backend_top_n(host);
     if (top_n > 0) plan_top_n(o, *in, host, report, top_n);
     if (!o.consistency_only && !o.serving_only) run_checks(o, *in, host, report, top_n == 0);
     if (wants_consistency(o) && top_n == 0) run_consistency(o, *in, host, report);
-    if (wants_serving(o, host)) run_serving(o, *in, host, report);
-  } catch (const BackendError& e) {  // no device here, or this model/path refused
-    (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
-    skip_code = e.status() == TS_ERR_DEVICE ? kExitSkip : kExitUnsupported;
+    if (wants_serving(o, host, report)) run_serving(o, *in, host, report);
+  } catch (const BackendError& e) {           // the verdict order, as in backend_failure
+    if (skips_run(e) && !report.started()) {  // no device here, or this model / path refused
+      (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
+    } else {  // e.g. a backend that cannot describe itself: a FAIL naming the cause
+      report.cases.push_back(backend_failure<CaseResult>(host, report, "backend", e));
+    }
   }
   report.complete = true;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -494,7 +526,9 @@ int run_parity(const Opts& o) {
   write_reports(o, report);
   disarm_exit_guard();
   fmt::print("{}", format_table(report));
-  if (skip_code != 0) return skip_code;
+  const std::string verdict = report.verdict();
+  if (verdict == "SKIP") return kExitSkip;
+  if (verdict == "UNSUPPORTED") return kExitUnsupported;
   if (!o.expect_fail) return report.passed() ? 0 : kExitFail;
   // --expect-fail: the harness must catch the fault and say where.
   const bool caught = expect_fail_caught(report);
@@ -573,11 +607,14 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_option("--timeout", o->timeout,
                   "Time limit per backend call in seconds (child process only; a prefill gets it "
                   "once per 1024 tokens); a call still running after it is a FAIL")
-      ->check(CLI::Range(0.001, 1e6).description("seconds in (0, 1e6]"));
+      ->check(finite_seconds());
   cmd->add_flag("--in-process", o->in_process,
                 "Load the backend into the harness process (debugging): no time limit, and a "
                 "crash takes the run down");
-  cmd->add_option("--fault", o->fault, "Test only: inject a named fault into the backend");
+  cmd->add_option("--fault", o->fault,
+                  "Test only: inject a named fault into the backend (the catalog: "
+                  "docs/metrics.md#fault-catalog-and-margins)")
+      ->check(CLI::IsMember(fault_names()));
   CLI::Option* expect_fail = cmd->add_flag(
       "--expect-fail", o->expect_fail,
       "Test only: succeed iff the verdict is FAIL and every failing case names its first "

@@ -83,7 +83,7 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads,-t", o->threads, "Threads (0 = all cores)")
       ->check(CLI::Range(0, 4096).description("an integer in [0, 4096]"));
   cmd->add_option("--timeout", o->timeout, "Time limit per backend call in seconds")
-      ->check(CLI::Range(0.001, 1e6).description("seconds in (0, 1e6]"));
+      ->check(finite_seconds());
   cmd->add_flag("--in-process", o->in_process,
                 "Load the backend into this process instead of a child process");
   cmd->add_flag("!--no-stop", o->stop_at_eos, "Do not stop at the end-of-turn token");

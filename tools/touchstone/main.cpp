@@ -9,6 +9,7 @@
 
 #include "build_info.h"
 #include "cli_common.h"
+#include "touchstone/report.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Touchstone: parity harness for LLM inference backends"};
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : touchstone::cli::kExitError;
   } catch (const touchstone::BackendError& e) {
     if (e.status() == TS_ERR_DEVICE) {
-      fmt::print("SKIP: {}\n", e.what());
+      fmt::print("SKIP: {}\n", touchstone::terminal_text(e.what()));
       return touchstone::cli::kExitSkip;
     }
     fmt::print(stderr, "touchstone: error: {}\n", e.what());

@@ -335,13 +335,7 @@ Session::Session(Model& model, const SessionOptions& opt)
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
   const size_t B = kMaxBatch;
   const size_t kv = size_t(c_.n_layer) * size_t(max_ctx_) * kvd;
-  k_cache_ = static_cast<float*>(std::calloc(kv, sizeof(float)));
-  v_cache_ = static_cast<float*>(std::calloc(kv, sizeof(float)));
-  if (!k_cache_ || !v_cache_) {
-    std::free(k_cache_);
-    std::free(v_cache_);
-    throw std::bad_alloc();
-  }
+  kv_ = std::make_shared<KvCache>(kv);
   x_.resize(B * d);
   xn_.resize(B * std::max(d, qd));
   q_.resize(B * qd);
@@ -393,8 +387,21 @@ Session::~Session() {
                  static_cast<unsigned long long>(decode_steps_[1]), g.mean(false) * 1e3,
                  g.mean(true) * 1e3);
   }
-  std::free(k_cache_);
-  std::free(v_cache_);
+}
+
+Session::KvCache::KvCache(size_t n_floats)
+    : k(static_cast<float*>(std::calloc(n_floats, sizeof(float)))),
+      v(static_cast<float*>(std::calloc(n_floats, sizeof(float)))) {
+  if (!k || !v) {
+    std::free(k);
+    std::free(v);
+    throw std::bad_alloc();
+  }
+}
+
+Session::KvCache::~KvCache() {
+  std::free(k);
+  std::free(v);
 }
 
 // quant_scale_min_swap / nibble_order: this session computes with a copy of the

@@ -195,6 +195,7 @@ class Session {
     float* logits = nullptr;        // all_positions: n rows; else the last token's row; or none
     const Session* leak = nullptr;  // batch_kv_leak fault: entry i-1's session (else none)
     int32_t leak_pos = -1;          // and the position of its last KV entry
+    const Session* page_from = nullptr;  // batch_page_boundary_leak fault: entry i-1's session
     int32_t rows() const { return logits ? (all_positions ? n : 1) : 0; }
   };
   // Grouped attention's token blocks: pass tokens [i0, i1) of segs_[seg].
@@ -223,7 +224,9 @@ class Session {
   // Scratch for attention scores of contexts up to ctx (a batch's longest).
   void reserve_scores(int32_t ctx);
   // logits_row_shift / verify_row_shift: row i of an all-position call holds row i-1.
-  void shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits) const;
+  // batch_all_positions_shift: the same inside a step_batch of several entries (in_batch).
+  void shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits,
+                  bool in_batch) const;
   bool batchable_with(const Session& lead) const;
   static constexpr size_t kMaxAttnQueries = 16;
   size_t attn_queries() const;
@@ -264,8 +267,17 @@ class Session {
   int32_t scores_ctx_ = 0;           // contexts scores_ / multi_scores_ hold
   std::vector<float> batch_logits_;  // a pass's logits rows when several segments want some
   // KV cache [layer][pos][n_head_kv * head_dim] fp32 (calloc: untouched pages cost no RSS).
-  float* k_cache_ = nullptr;
-  float* v_cache_ = nullptr;
+  // Owned by this session alone, except under the fork_shared_kv fault (a fork
+  // then holds its source's).
+  struct KvCache {
+    float* k = nullptr;
+    float* v = nullptr;
+    explicit KvCache(size_t n_floats);
+    ~KvCache();
+    KvCache(const KvCache&) = delete;
+    KvCache& operator=(const KvCache&) = delete;
+  };
+  std::shared_ptr<KvCache> kv_;
   // Scratch for kMaxBatch tokens, allocated once (scores_: max_ctx_ per thread).
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
   std::unique_ptr<float[]> multi_scores_;  // attn_queries() x max_ctx_ per thread

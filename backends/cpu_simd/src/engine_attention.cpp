@@ -12,11 +12,11 @@
 namespace touchstone::cpu_simd {
 
 float* Session::k_rows(int32_t layer) const {
-  return k_cache_ + size_t(layer) * size_t(max_ctx_) * size_t(c_.n_head_kv) * size_t(c_.head_dim);
+  return kv_->k + size_t(layer) * size_t(max_ctx_) * size_t(c_.n_head_kv) * size_t(c_.head_dim);
 }
 
 float* Session::v_rows(int32_t layer) const {
-  return v_cache_ + size_t(layer) * size_t(max_ctx_) * size_t(c_.n_head_kv) * size_t(c_.head_dim);
+  return kv_->v + size_t(layer) * size_t(max_ctx_) * size_t(c_.n_head_kv) * size_t(c_.head_dim);
 }
 
 void Session::reserve_scores(int32_t ctx) {
@@ -38,7 +38,8 @@ size_t Session::attn_queries() const {
 
 void Session::attention(int32_t layer) {
   // Faults that change which rows a query attends, or how, keep the per-head path.
-  const bool leak = std::any_of(segs_, segs_ + n_segs_, [](const Seg& g) { return g.leak; });
+  const bool leak =
+      std::any_of(segs_, segs_ + n_segs_, [](const Seg& g) { return g.leak || g.page_from; });
   const bool faulty = faults_.softmax_no_max || faults_.gqa_mapping || faults_.kv_off_by_one ||
                       faults_.rewind_noop || faults_.causal_mask || leak;
   const size_t nq = attn_queries(), n_tasks = blocks_.size() * size_t(c_.n_head_kv);
@@ -135,7 +136,16 @@ void Session::attention_per_head(int32_t layer) {
     const float* V = g.s->v_rows(layer) + off;
     float* s = scores_.data() + size_t(thread) * size_t(scores_ctx_ + 1);
     const size_t m = size_t(n_kv - t0);
-    if (g.leak) {  // the fault: entry i-1's newest KV entry joins this query's rows
+    const int32_t page = touchstone::Faults::kFaultPageRows;
+    if (g.page_from && p > 0 && p % page == 0 && n_kv == p + 1 && m > 1 &&
+        p < g.page_from->max_ctx_) {
+      // the batch_page_boundary_leak fault: the page's first row (this token's
+      // own, the newest) read from entry i-1's cache
+      const size_t at = size_t(p) * kvd + size_t(kv_head) * hd;
+      const float* xk = g.page_from->k_rows(layer) + at;
+      const float* xv = g.page_from->v_rows(layer) + at;
+      attend_rows(qh, K, V, kvd, hd, m - 1, &xk, &xv, 1, scale, faults_.softmax_no_max, s, out);
+    } else if (g.leak) {  // the fault: entry i-1's newest KV entry joins this query's rows
       const size_t at = size_t(g.leak_pos) * kvd + size_t(kv_head) * hd;
       const float* xk = g.leak->k_rows(layer) + at;
       const float* xv = g.leak->v_rows(layer) + at;

@@ -34,13 +34,16 @@ void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, floa
     float* out = all_positions ? logits + size_t(i) * V : last ? logits : nullptr;
     forward_chunk(tokens + i, m, all_positions, out, rope_origin);
   }
-  shift_rows(start, n, all_positions, logits);
+  shift_rows(start, n, all_positions, logits, false);
 }
 
-// The faults: logits_row_shift (any all-position call) and verify_row_shift
-// (one that continues a sequence) return row i-1 as row i.
-void Session::shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits) const {
-  const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && start_pos > 0);
+// The faults: logits_row_shift (any all-position call), verify_row_shift (one
+// that continues a sequence) and batch_all_positions_shift (an entry of a
+// step_batch of several) return row i-1 as row i.
+void Session::shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits,
+                         bool in_batch) const {
+  const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && start_pos > 0) ||
+                     (faults_.batch_all_positions_shift && in_batch);
   if (!shift || !all_positions || n <= 1) return;
   const size_t V = size_t(c_.n_vocab);
   std::memmove(logits + V, logits, size_t(n - 1) * V * sizeof(float));
@@ -105,16 +108,23 @@ void Session::step_batch(std::span<const BatchEntry> e) {
         g.leak = e[k.entry - 1].session;
         g.leak_pos = start[k.entry - 1] + e[k.entry - 1].n - 1;
       }
+      // the batch_page_boundary_leak fault: a page's first row read from entry i-1's cache
+      if (f.batch_page_boundary_leak && k.entry > 0) g.page_from = e[k.entry - 1].session;
       segs.push_back(g);
     }
     lead.forward_pass(segs.data(), int(segs.size()));
   }
   for (size_t k = 0; k < n; ++k)
-    e[k].session->shift_rows(start[k], e[k].n, e[k].all_positions, e[k].logits);
+    e[k].session->shift_rows(start[k], e[k].n, e[k].all_positions, e[k].logits, n > 1);
 }
 
 std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
   auto f = std::make_unique<Session>(model_, opt_);
+  f->pos_ = f->kv_len_ = n_prefix;
+  if (faults_.fork_shared_kv) {  // the fault: the fork writes into this session's rows
+    f->kv_ = kv_;
+    return f;
+  }
   // the fork_short_copy fault: the last entry is left zero
   const int32_t n = faults_.fork_short_copy ? std::max(0, n_prefix - 1) : n_prefix;
   const size_t bytes = size_t(n) * size_t(c_.n_head_kv) * size_t(c_.head_dim) * sizeof(float);
@@ -122,7 +132,6 @@ std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
     std::memcpy(f->k_rows(l), k_rows(l), bytes);
     std::memcpy(f->v_rows(l), v_rows(l), bytes);
   }
-  f->pos_ = f->kv_len_ = n_prefix;
   return f;
 }
 

@@ -1,4 +1,4 @@
-// serving_fault_test.cpp - the five serving faults of the catalog
+// serving_fault_test.cpp - the eight serving faults of the catalog
 // (touchstone/reference_forward.h: Faults) on cpu_simd, quantized path (batch
 // invariant, so a clean batch equals the sessions alone bit for bit): each
 // changes the result it names and nothing else; also layer taps in a batch and
@@ -217,6 +217,54 @@ TEST_F(ServingFaults, VerifyRowShiftOnlyShiftsContinuingAllPositionCalls) {
     EXPECT_EQ(std::memcmp(got[0].data() + V_, alone[0].data(), (rows - 1) * V_ * sizeof(float)), 0);
     EXPECT_FALSE(same(got[0], alone[0]));
   }
+}
+
+// fork_shared_kv: the fork writes into its source's KV rows, so the source
+// continuing after the fork's own tokens reads them; a clean fork leaves it alone.
+TEST_F(ServingFaults, ForkSharedKvLetsTheForkOverwriteTheSource) {
+  const auto next = tokens(3, 40), theirs = tokens(4, 41);
+  for (const char* f : {"", "fork_shared_kv"}) {
+    ts_session* clean = open("", 12, 0);
+    const auto want = prefill(clean, next, true);
+    ts_session* src = open(f, 12, 0);
+    ts_session* fork = nullptr;
+    ASSERT_EQ(api_->fork_session(src, 8, &fork), TS_OK) << api_->last_error();
+    prefill(fork, theirs, false);  // rows 8..11: the source's, if shared
+    EXPECT_EQ(same(prefill(src, next, true), want), *f == 0) << f;
+    for (ts_session* s : {clean, src, fork}) api_->free_session(s);
+  }
+}
+
+// batch_all_positions_shift: in a step_batch of several entries, an
+// all-position entry returns row i-1 as row i; alone, or in a batch of one,
+// nothing changes.
+TEST_F(ServingFaults, BatchAllPositionsShiftOnlyInSeveralEntryBatches) {
+  const Plan p = plan3();  // entries 0 and 2 all positions
+  const auto alone = run("", p, false);
+  EXPECT_EQ(run("batch_all_positions_shift", p, false), alone);
+  const auto got = run("batch_all_positions_shift", p, true);
+  EXPECT_TRUE(same(got[1], alone[1]));
+  for (size_t k : {0u, 2u}) {
+    const size_t rows = p.tok[k].size();
+    EXPECT_EQ(std::memcmp(got[k].data() + V_, alone[k].data(), (rows - 1) * V_ * sizeof(float)), 0)
+        << k;
+    EXPECT_FALSE(same(got[k], alone[k])) << k;
+  }
+  const Plan one = {{5}, {tokens(6, 20)}, {true}};
+  EXPECT_EQ(run("batch_all_positions_shift", one, true), run("", one, false));
+}
+
+// batch_page_boundary_leak: entry i > 0 whose token sits at position 32 reads
+// that row from entry i-1's cache; entry 0, and an entry away from a page
+// boundary, are right.
+TEST_F(ServingFaults, PageBoundaryLeakHitsOnlyLaterEntriesAtAPageStart) {
+  const Plan p = {{20, 32, 9}, {tokens(1, 50), tokens(1, 51), tokens(2, 52)}, {false, false, true}};
+  const auto alone = run("", p, false);
+  EXPECT_EQ(run("batch_page_boundary_leak", p, false), alone);
+  const auto got = run("batch_page_boundary_leak", p, true);
+  EXPECT_TRUE(same(got[0], alone[0]));
+  EXPECT_FALSE(same(got[1], alone[1]));  // position 32, entry 1
+  EXPECT_TRUE(same(got[2], alone[2]));   // positions 9 and 10
 }
 
 }  // namespace

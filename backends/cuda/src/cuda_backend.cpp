@@ -474,7 +474,7 @@ void upload_rope_tables(CudaSession& s, const CudaModel& m) {
 }
 
 // The session's fault (touchstone/faults.h): parsed, refused when it is one of
-// the two serving faults not implemented here, the split-K slice count set.
+// a serving fault not implemented here, the split-K slice count set.
 void set_fault(CudaSession& s, const char* name, int32_t n_threads) {
   try {
     s.faults = touchstone::parse_fault(name ? name : "");
@@ -483,7 +483,8 @@ void set_fault(CudaSession& s, const char* name, int32_t n_threads) {
   }
   // batch_token_count_split would need a split-K set per step_batch call,
   // batch_kv_leak an attention launch that reads a second sequence's KV cache.
-  if (s.faults.batch_token_count_split || s.faults.batch_kv_leak) {
+  if (s.faults.batch_token_count_split || s.faults.batch_kv_leak || s.faults.fork_shared_kv ||
+      s.faults.batch_all_positions_shift || s.faults.batch_page_boundary_leak) {
     throw StatusError(TS_ERR_UNSUPPORTED,
                       fmt::format("cuda does not implement fault '{}' (a serving fault; of those "
                                   "cuda implements fork_short_copy, batch_position_offset and "

@@ -277,7 +277,12 @@ struct LlamaCpp {
     // softmaxes (ggml_flash_attn_ext_reduce_partials): thread-count dependent.
     c.flags = TS_CAP_ALL_POSITION_LOGITS;
     if (knobs().flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED) {
-      c.flags |= TS_CAP_BITWISE_DETERMINISM;
+      // Not across fork_session: a fork shares its source's KV cells
+      // (llama_memory_seq_cp), so the fork's and the source's later tokens take
+      // cells after each other's and attention sums the cells in another order
+      // than in a fresh session fed the same calls (measured: prefix_fork max
+      // |diff| 2.1e-5 on F32, 1.7 on Gemma 3 Q4_K_M; docs/backends/llamacpp.md#serving).
+      c.flags |= TS_CAP_BITWISE_DETERMINISM | TS_CAP_BITWISE_NOT_ACROSS_FORKS;
     } else {
       c.determinism_note =
           "TOUCHSTONE_LLAMACPP_FLASH_ATTN: decode splits the KV range across threads once it "

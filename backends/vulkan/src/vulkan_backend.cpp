@@ -29,9 +29,10 @@ using touchstone::abi::StatusError;
 // The faults of the catalog this backend implements (docs/backends/vulkan.md,
 // "Fault catalog"), by name: one added to the catalog later is refused until
 // it is implemented here, never silently ignored. Of the serving faults,
-// batch_token_count_split (a split-K set per call: a pipeline per batch size)
-// and batch_kv_leak (a second sequence's KV cache bound into attention) are
-// refused.
+// batch_token_count_split (a split-K set per call: a pipeline per batch size),
+// batch_kv_leak (a second sequence's KV cache bound into attention) and the
+// three only cpu_simd implements (fork_shared_kv, batch_all_positions_shift,
+// batch_page_boundary_leak) are refused.
 bool implements_fault(const std::string& name) {
   static const char* const kImplemented[] = {"rope_base_off_1pct",
                                              "rope_layout",

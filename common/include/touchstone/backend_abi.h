@@ -85,6 +85,14 @@ typedef enum ts_status {
  * chunk. So a sequence gives the same bits alone, in any batch, chunked any way
  * and after a fork. Which weight paths the claim covers: batch_invariant_paths. */
 #define TS_CAP_BATCH_INVARIANT (1u << 7)
+/* With TS_CAP_BITWISE_DETERMINISM: the claim stops at fork_session. A fork, and
+ * its source after the fork, may give other bits than a fresh session fed the
+ * same tokens in the same calls (e.g. llama.cpp: a fork shares its source's KV
+ * cells, so its later tokens sit in other cells and attention sums them in
+ * another order). The serving checks then judge forks with the profile; every
+ * other comparison stays bitwise. Ignored without TS_CAP_BITWISE_DETERMINISM or
+ * with TS_CAP_BATCH_INVARIANT for the path (that claim covers forks). */
+#define TS_CAP_BITWISE_NOT_ACROSS_FORKS (1u << 8)
 
 /* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
  * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */

@@ -20,6 +20,7 @@
 
 #include "touchstone/error.h"
 #include "touchstone/file_io.h"
+#include "touchstone/json_depth.h"
 
 namespace touchstone {
 
@@ -574,6 +575,7 @@ std::string plain_message(const json::exception& e) {
 
 Manifest parse_manifest_text(const std::string& path, const std::string& text) {
   json root;
+  check_json_depth(text, path);  // DuplicateKeyCheck keeps a JSON pointer per level
   DuplicateKeyCheck dup(path);
   try {
     root = json::parse(text, std::ref(dup), /*allow_exceptions=*/true, /*ignore_comments=*/false);

@@ -11,15 +11,19 @@
 
 #include "touchstone/error.h"
 #include "touchstone/file_io.h"
+#include "touchstone/json_depth.h"
 
 namespace touchstone {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr std::array<const char*, 10> kCoverable = {
-    "logits_nmse", "logits_max_abs", "kld_mean", "kld_p99", "top1_agreement",
-    "ppl_ratio",   "greedy",         "bitwise",  "argmax",  "isolation_max_abs"};
+// Not `bitwise`: that violation is a capability the backend still claims
+// (TS_CAP_BITWISE_DETERMINISM, TS_CAP_BATCH_INVARIANT) failing. A broken claim is
+// withdrawn where it does not hold, never waived (docs/known-divergences.md).
+constexpr std::array<const char*, 9> kCoverable = {
+    "logits_nmse", "logits_max_abs", "kld_mean", "kld_p99",          "top1_agreement",
+    "ppl_ratio",   "greedy",         "argmax",   "isolation_max_abs"};
 const std::set<std::string> kEntryKeys = {"id",          "backend", "model", "weights",
                                           "profile",     "item",    "why",   "measured_on",
                                           "reviewed_by", "checks"};
@@ -74,6 +78,13 @@ KnownDivergence read_entry(const std::string& file, size_t index, const json& j)
   if (checks == j.end() || !checks->is_object() || checks->empty())
     throw Error("{}: 'checks' must be a non-empty object", in.where());
   for (const auto& [name, b] : checks->items()) {
+    if (name == "bitwise")
+      throw Error(
+          "{}: checks.bitwise: a failed bitwise claim is withdrawn, not waived: the backend "
+          "must declare TS_CAP_BITWISE_DETERMINISM / TS_CAP_BATCH_INVARIANT only where it holds "
+          "(e.g. TS_CAP_BITWISE_NOT_ACROSS_FORKS, batch_invariant_paths; "
+          "docs/known-divergences.md)",
+          in.where());
     if (!KnownDivergences::coverable(name))
       throw Error("{}: checks.{}: not a check a known divergence can cover (one of: {})",
                   in.where(), name, fmt::join(kCoverable, ", "));
@@ -145,10 +156,13 @@ bool KnownDivergences::lower_bound(const std::string& check) {
 void KnownDivergences::load(const std::string& path) {
   const std::string text = fileio::read_file(path, "known divergences");
   json j;
+  check_json_depth(text, path);
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw Error("{}: not valid JSON (byte {}): {}", path, e.byte, e.what());
+  } catch (const json::exception& e) {  // e.g. out_of_range 406: a number overflows (1e400)
+    throw Error("{}: not valid JSON: {}", path, e.what());
   }
   if (!j.is_object() || j.value("format", "") != "touchstone-known-divergences")
     throw Error("{}: 'format' must be \"touchstone-known-divergences\"", path);

@@ -17,6 +17,9 @@ namespace {
 
 using report_detail::printable;
 
+// Every string the table prints that a backend, a manifest or a file supplied.
+std::string t(const std::string& s) { return terminal_text(s); }
+
 // The first step whose logits break the profile and, separately, the first greedy
 // flip: "logits@0; flip@7: 12'a'→9'b'".
 std::string divergence_cell(const CaseResult& c) {
@@ -49,13 +52,13 @@ std::string known_divergence_lines(const Report& r) {
   auto add = [&](const std::string& name, const std::optional<KnownDivergenceMatch>& k) {
     if (!k) return;
     if (o.empty()) o += "\nknown divergences (reviewed; not counted as failures):\n";
-    o += fmt::format("  {} / {}: '{}' ({}; measured on {}, reviewed by {})\n", r.info.backend, name,
-                     k->id, k->source, k->measured_on, k->reviewed_by);
+    o += fmt::format("  {} / {}: '{}' ({}; measured on {}, reviewed by {})\n", t(r.info.backend),
+                     t(name), t(k->id), t(k->source), t(k->measured_on), t(k->reviewed_by));
     for (const auto& c : k->checks) {
       o += fmt::format("      {} {:.3e} (measured {:.3e}, accepted {} {:.3e})\n", c.check, c.value,
                        c.measured, KnownDivergences::lower_bound(c.check) ? ">=" : "<=", c.accept);
     }
-    o += fmt::format("      why: {}\n", k->why);
+    o += fmt::format("      why: {}\n", t(k->why));
   };
   for (const CaseResult& c : r.cases) add(c.name, c.known_divergence);
   for (const ScoringResult& s : r.scoring) add(s.name, s.known_divergence);
@@ -90,7 +93,33 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
+std::string terminal_text(const std::string& s) {
+  const std::string u = sanitize_utf8(s);  // valid UTF-8 from here on
+  std::string o;
+  for (size_t i = 0; i < u.size(); ++i) {
+    const auto c = static_cast<unsigned char>(u[i]);
+    const auto next = i + 1 < u.size() ? static_cast<unsigned char>(u[i + 1]) : 0u;
+    if (c == '\n') {
+      o += "\\n";
+    } else if (c == '\r') {
+      o += "\\r";
+    } else if (c == '\t') {
+      o += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      o += fmt::format("\\x{:02x}", c);
+    } else if (c == 0xC2 && next >= 0x80 && next <= 0x9F) {  // C1: U+0080..U+009F
+      o += fmt::format("\\u{{{:x}}}", next);
+      ++i;
+    } else {
+      o += char(c);
+    }
+  }
+  return o;
+}
+
 std::string Report::verdict() const {
+  const auto failed = [](const auto& row) { return !row.acceptable(); };
+  if (std::ranges::any_of(cases, failed) || std::ranges::any_of(scoring, failed)) return "FAIL";
   if (!skipped.empty()) return "SKIP";
   if (!unsupported.empty()) return "UNSUPPORTED";
   if (!complete) return "INCOMPLETE";
@@ -126,7 +155,7 @@ std::string metric_cell(const CaseResult& c, double v) {
 std::string not_supported_text(const Report& r) {
   std::string o;
   for (const NotSupportedCheck& n : r.not_supported)
-    o += fmt::format("  {} / {}: NOT SUPPORTED: {}\n", r.info.backend, n.check, n.reason);
+    o += fmt::format("  {} / {}: NOT SUPPORTED: {}\n", t(r.info.backend), t(n.check), t(n.reason));
   for (const CaseResult& c : r.cases) {
     if (c.not_supported.empty()) continue;
     std::string names;
@@ -134,7 +163,7 @@ std::string not_supported_text(const Report& r) {
     o += fmt::format(
         "  {} / {}: top-{} log-probabilities: NOT SUPPORTED: {}; KL is a lower bound "
         "(docs/metrics.md#top-n-backends), up to {} reference top-K tokens missing from a row\n",
-        r.info.backend, c.name, c.logprobs_top_n, names, c.topn_missing_max);
+        t(r.info.backend), t(c.name), c.logprobs_top_n, t(names), c.topn_missing_max);
   }
   return o.empty() ? o : "\nnot supported by this backend:\n" + o;
 }
@@ -144,27 +173,29 @@ std::string not_supported_text(const Report& r) {
 std::string format_table(const Report& r) {
   std::string o;
   const RunInfo& i = r.info;
+  const std::string backend = t(i.backend);
   o += fmt::format(
       "backend {} ({}), device: {}\nmodel {} sha256 {}\nweights {}, profile '{}', suite '{}', "
       "threads {}, {}\n\n",
-      i.backend, i.backend_path, i.device, i.model_name, i.model_sha256, i.weight_path, i.profile,
-      i.suite, i.n_threads, i.execution.empty() ? "in process" : i.execution);
+      t(i.backend), t(i.backend_path), t(i.device), t(i.model_name), t(i.model_sha256),
+      t(i.weight_path), t(i.profile), t(i.suite), i.n_threads,
+      i.execution.empty() ? "in process" : t(i.execution));
   o += fmt::format("{:<12} {:<27} {:<7} {:>9} {:>10} {:>10} {:>10}  {}\n", "backend", "case",
                    "verdict", "matched", "NMSE max", "max|Δ|", "KLD mean", "first divergence");
   for (const CaseResult& c : r.cases) {
-    o += fmt::format("{:<12} {:<27} {:<7} {:>4}/{:<4} {:>10} {:>10} {:>10.2e}  {}\n", i.backend,
-                     c.name, row_verdict(c), c.n_matched, c.n_total, metric_cell(c, c.nmse_max),
+    o += fmt::format("{:<12} {:<27} {:<7} {:>4}/{:<4} {:>10} {:>10} {:>10.2e}  {}\n", backend,
+                     t(c.name), row_verdict(c), c.n_matched, c.n_total, metric_cell(c, c.nmse_max),
                      metric_cell(c, c.max_abs), c.kld_mean, divergence_cell(c));
   }
   for (const NotSupportedCheck& n : r.not_supported) {
-    o += fmt::format("{:<12} {:<27} {}\n", i.backend, n.check, "NOT SUPPORTED");
+    o += fmt::format("{:<12} {:<27} {}\n", backend, t(n.check), "NOT SUPPORTED");
   }
   for (const ScoringResult& s : r.scoring) {
     const auto& st = s.stats;
     o += fmt::format(
         "{:<12} {:<27} {:<7} {:>9} {:>10.2e} {:>10.2e} {:>10.2e}  KLD p99 {:.2e} max {:.2e}, "
         "top-1 {:.4f}, RMS Δp {:.2e}, PPL {:.4f}/{:.4f} (ratio {:.5f}), max ref tail {:.1e}\n",
-        i.backend, s.name, row_verdict(s), fmt::format("{} pos", st.n_positions), s.topk_nmse,
+        backend, t(s.name), row_verdict(s), fmt::format("{} pos", st.n_positions), s.topk_nmse,
         s.topk_max_abs, st.kld.mean, st.kld.p99, st.kld.max, st.top1_agreement, st.rms_delta_p,
         st.ppl_test, st.ppl_ref, st.ppl_ratio, st.max_p_tail);
   }
@@ -174,11 +205,11 @@ std::string format_table(const Report& r) {
     for (const std::string& f : c.failures) {
       if (!any) o += "\nwhy:\n";
       any = true;
-      o += fmt::format("  {} / {}: {}\n", i.backend, c.name, f);
+      o += fmt::format("  {} / {}: {}\n", backend, t(c.name), t(f));
     }
     for (const GreedyDivergence& d : c.near_ties) {
       o += fmt::format("  {} / {}: near-tie accepted at step {} (margin {:.4f}): {}{} vs {}{}\n",
-                       i.backend, c.name, d.step, d.ref_margin, d.ref_id, printable(d.ref_text),
+                       backend, t(c.name), d.step, d.ref_margin, d.ref_id, printable(d.ref_text),
                        d.test_id, printable(d.test_text));
     }
   }
@@ -187,7 +218,7 @@ std::string format_table(const Report& r) {
     for (const std::string& f : s.failures) {
       if (!any) o += "\nwhy:\n";
       any = true;
-      o += fmt::format("  {} / {}: {}\n", i.backend, s.name, f);
+      o += fmt::format("  {} / {}: {}\n", backend, t(s.name), t(f));
     }
   }
   o += known_divergence_lines(r);
@@ -201,12 +232,13 @@ std::string format_table(const Report& r) {
         greedy_steps);
   }
   const size_t done = r.cases.size() + r.scoring.size();
-  if (!r.skipped.empty() || !r.unsupported.empty()) {
-    o += fmt::format("\nverdict: {}: {}\n", r.verdict(), r.skipped + r.unsupported);
-  } else if (!r.complete) {
+  const std::string verdict = r.verdict();
+  if (verdict == "SKIP" || verdict == "UNSUPPORTED") {
+    o += fmt::format("\nverdict: {}: {}\n", verdict, t(r.skipped + r.unsupported));
+  } else if (verdict == "INCOMPLETE") {
     o += fmt::format("\nverdict: INCOMPLETE ({} of {} checks finished)\n", done, r.n_planned);
   } else {
-    o += fmt::format("\nverdict: {}\n", r.verdict());
+    o += fmt::format("\nverdict: {}\n", verdict);
   }
   return sanitize_utf8(o);
 }

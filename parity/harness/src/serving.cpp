@@ -2,10 +2,15 @@
 // entry point. The checks: serving_batch.cpp, serving_fork.cpp, serving_verify.cpp.
 #include "touchstone/serving.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstring>
+#include <random>
 
 #include "row_compare.h"
+#include "serving_batch.h"
 #include "serving_internal.h"
 #include "touchstone/error.h"
 #include "touchstone/metrics.h"
@@ -15,9 +20,11 @@ namespace touchstone {
 ServingPlan ServingPlan::quick() {
   ServingPlan p;
   p.batch_sizes = {2, 4};
+  p.needle_length = 264;
+  p.filler_lengths = {72, 40, 24};
   p.filler_min = 10;
   p.filler_max = 32;
-  p.filler_chunk_max = 8;
+  p.verify_max = 9;
   p.decode_steps = 16;
   p.draft_lengths = {1, 4, 16};
   return p;
@@ -26,9 +33,11 @@ ServingPlan ServingPlan::quick() {
 ServingPlan ServingPlan::smoke() {
   ServingPlan p;
   p.batch_sizes = {3};
+  p.needle_length = 72;
+  p.filler_lengths = {40, 24};
   p.filler_min = 10;
   p.filler_max = 16;
-  p.filler_chunk_max = 4;
+  p.verify_max = 5;
   p.decode_steps = 8;
   p.draft_lengths = {4};
   return p;
@@ -37,9 +46,11 @@ ServingPlan ServingPlan::smoke() {
 ServingPlan ServingPlan::full() {
   ServingPlan p;
   p.batch_sizes = {2, 4, 8, 16};
+  p.needle_length = 2100;
+  p.filler_lengths = {2100, 520, 264, 136, 72, 40};
   p.filler_min = 10;
   p.filler_max = 2048;
-  p.filler_chunk_max = 128;
+  p.verify_max = 17;
   p.decode_steps = 16;
   p.draft_lengths = {1, 2, 4, 8, 16};
   return p;
@@ -53,9 +64,12 @@ ServingPlan ServingPlan::named(const std::string& name) {
 }
 
 int32_t ServingPlan::context_needed(size_t needle_tokens) const {
-  // A filler holds its prompt plus one token per needle step (prompt chunks + decodes).
-  const size_t filler = size_t(filler_max) + needle_tokens + size_t(decode_steps) + 2;
-  return int32_t(std::max(filler, needle_tokens + 1));
+  // The long sequences; a decoding filler (its prompt, then up to verify_max
+  // tokens per needle step); the needle with a fork's suffix or a verify's drafts.
+  size_t n = std::max(needle_tokens + 2 * size_t(verify_max) + 64, size_t(needle_length));
+  for (int32_t l : filler_lengths) n = std::max(n, size_t(l));
+  const size_t filler = size_t(filler_max) + size_t(decode_steps + 2) * size_t(verify_max);
+  return int32_t(std::max(n, filler) + 1);
 }
 
 ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions& session,
@@ -63,6 +77,7 @@ ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions
   ServingOptions o;
   o.session = session;
   o.bitwise = (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0;
+  o.fork_bitwise = o.bitwise && (caps.flags & TS_CAP_BITWISE_NOT_ACROSS_FORKS) == 0;
   const uint32_t path_bit = 1u << unsigned(session.weight_path);
   o.batch_invariant = (caps.flags & TS_CAP_BATCH_INVARIANT) != 0 &&
                       (caps.batch_invariant_paths == 0 || (caps.batch_invariant_paths & path_bit));
@@ -74,6 +89,20 @@ ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions
 
 bool ServingOptions::runs(const std::string& check) const {
   return checks.empty() || std::find(checks.begin(), checks.end(), check) != checks.end();
+}
+
+bool ServingOptions::runs_batch(int b) const {
+  return b >= 2 && (max_batch <= 0 || b <= max_batch);
+}
+
+std::string ServingOptions::no_rows_reason() const {
+  if (std::ranges::none_of(plan.batch_sizes, [&](int b) { return runs_batch(b); })) {
+    return fmt::format(
+        "the backend's max_batch ({}) is below every batch size of the serving plan ({}): no "
+        "batch ran, no row was compared",
+        max_batch, fmt::join(plan.batch_sizes, ", "));
+  }
+  return "no row was compared";
 }
 
 size_t ServingOptions::n_checks() const {
@@ -89,6 +118,25 @@ const std::vector<std::string>& serving_check_names() {
   return names;
 }
 
+namespace {
+
+// The needle extended to the plan's needle_length: the other cases' tokens,
+// then seeded ids.
+std::vector<int32_t> extended(const std::vector<int32_t>& needle, const ServingOptions& opt,
+                              int32_t n_vocab) {
+  const size_t n = std::max(needle.size(), size_t(opt.plan.needle_length));
+  std::vector<int32_t> out = needle;
+  for (size_t i = 0; out.size() < n && i < opt.extension.size(); ++i) {
+    if (opt.extension[i] >= 0 && opt.extension[i] < n_vocab) out.push_back(opt.extension[i]);
+  }
+  std::mt19937_64 rng(opt.plan.seed ^ 0x10a6ull);
+  const std::vector<int32_t> rest = detail::random_tokens(rng, n - out.size(), n_vocab);
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+}  // namespace
+
 std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_t> prompt,
                                       std::span<const int32_t> continuation, const Profile& profile,
                                       const ServingOptions& opt) {
@@ -96,9 +144,11 @@ std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_
   std::vector<int32_t> needle(prompt.begin(), prompt.end());
   const size_t steps = std::min(continuation.size(), size_t(opt.plan.decode_steps));
   needle.insert(needle.end(), continuation.begin(), continuation.begin() + std::ptrdiff_t(steps));
+  const std::vector<int32_t> long_needle = extended(needle, opt, model.n_vocab());
+  const detail::Needles needles{needle, long_needle, prompt.size()};
   std::vector<CaseResult> out;
   if (opt.runs("serving.batch_invariance") || opt.runs("serving.content_isolation"))
-    out = detail::check_batches(model, needle, prompt.size(), profile, opt);
+    out = detail::check_batches(model, needles, profile, opt);
   if (opt.runs("serving.prefix_fork")) {
     out.push_back(detail::timed(
         [&] { return detail::check_prefix_fork(model, needle, prompt.size(), profile, opt); }));

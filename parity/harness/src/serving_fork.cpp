@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <random>
 #include <set>
 
 #include "row_compare.h"
@@ -11,85 +12,118 @@
 namespace touchstone::detail {
 namespace {
 
-// Continues `s` with needle[from..]: the rest of the prompt as one prefill
-// chunk, then one decode per token; the rows and their positions.
-PositionedRows continue_from(Session& s, std::span<const int32_t> needle, size_t from,
-                             size_t prompt_len) {
+// Feeds tokens[from, to) to s: the first `chunk` of them as one prefill, then
+// one decode each; the rows and their positions.
+PositionedRows feed(Session& s, std::span<const int32_t> tokens, size_t from, size_t to,
+                    size_t chunk) {
   PositionedRows out;
   size_t at = from;
-  if (at < prompt_len) {
-    out.rows.push_back(s.prefill(needle.subspan(at, prompt_len - at)));
-    out.positions.push_back(int(prompt_len - 1));
-    at = prompt_len;
+  if (chunk > 0 && at < to) {
+    const size_t n = std::min(chunk, to - at);
+    out.rows.push_back(s.prefill(tokens.subspan(at, n)));
+    at += n;
+    out.positions.push_back(int(at) - 1);
   }
-  for (; at < needle.size(); ++at) {
+  for (; at < to; ++at) {
     out.rows.emplace_back(size_t(s.n_vocab()));
     if (at == 0) {
-      out.rows.back() = s.prefill(needle.first(1));
+      out.rows.back() = s.prefill(tokens.first(1));
     } else {
-      s.decode(needle[at], out.rows.back());
+      s.decode(tokens[at], out.rows.back());
     }
     out.positions.push_back(int(at));
   }
   return out;
 }
 
-// A fresh session that prefills needle[0..n) in one chunk and continues the same way.
-PositionedRows fresh_from(const Model& m, const SessionOptions& so, std::span<const int32_t> needle,
-                          size_t n, size_t prompt_len) {
-  Session s(m, so);
-  if (n > 0) s.prefill(needle.first(n));
-  return continue_from(s, needle, n, prompt_len);
-}
+// One sequence checked two ways: `got` (a fork, or the source) and `want` (a
+// fresh session fed the same tokens), both fed in the same calls from `at` on.
+struct Branch {
+  std::string label;
+  std::vector<int32_t> tokens;
+  std::unique_ptr<Session> got, want;
+  bool bits = false;  // bitwise required, because of `claim`
+  const char* claim = "";
+  size_t at = 0;  // tokens fed so far
+};
+
+struct ForkRun {
+  const Profile& profile;
+  const ServingOptions& opt;
+  std::string mode;
+  CaseResult& r;
+
+  // Feeds the branch up to `to` (the first `chunk` tokens as one prefill) and compares.
+  void advance(Branch& b, size_t to, size_t chunk, const std::string& phase) {
+    to = std::min(to, b.tokens.size());
+    if (to <= b.at) return;
+    const PositionedRows want = feed(*b.want, b.tokens, b.at, to, chunk);
+    const PositionedRows got = feed(*b.got, b.tokens, b.at, to, chunk);
+    b.at = to;
+    DriftMeter m{{fmt::format("{}, {}", b.label, phase), int(b.tokens.size())}};
+    compare_rows(want, got, b.bits, b.claim, profile,
+                 fmt::format(" ({}, {}; {})", b.label, phase, mode), r, m);
+    r.drift.push_back(m.point);
+  }
+};
+
+constexpr size_t kSuffix = 6;  // a fork's own tokens: a chunk of 3 and a decode, then 2 decodes
 
 }  // namespace
 
-// The source prefills the prompt in one chunk and decodes a few tokens; forks
-// at 1, the middle and the end of the prompt, and at its current position,
-// continue the needle; then the source itself continues. Each is compared with
-// a fresh session. Bits are required where the computation is the same call
-// sequence (a fork at the end of the prompt, the source) on a bitwise backend,
-// and everywhere on a batch-invariant one.
+// The source prefills the prompt in one chunk and decodes a few needle tokens.
+// Forks at 1, the middle and the end of the prompt and at the source's
+// position each continue with their own seeded suffix (a prefill chunk and a
+// decode); then the source continues the needle; then every fork decodes the
+// rest of its suffix. Each is compared with a fresh session fed the same
+// tokens, so a fork that aliases its source's or a sibling's KV rows, or
+// copies too few, shows. Bits are required where the calls are the same (a
+// fork at the end of the prompt, the source) on a bitwise backend, and
+// everywhere on a batch-invariant one; a backend whose bitwise claim stops at
+// fork_session (TS_CAP_BITWISE_NOT_ACROSS_FORKS) is held to bits only before
+// the first fork, and to the profile from then on.
 CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
                              const Profile& profile, const ServingOptions& opt) {
   CaseResult r;
   r.name = "serving.prefix_fork";
-  const std::string mode = model.library()->has_fork() ? "fork_session" : "emulated by the harness";
-  Session src(model, opt.session);
-  src.prefill(needle.first(prompt_len));
+  ForkRun run{profile, opt,
+              model.library()->has_fork() ? "fork_session" : "emulated by the harness", r};
+  const char* claim = opt.batch_invariant ? "TS_CAP_BATCH_INVARIANT" : "TS_CAP_BITWISE_DETERMINISM";
   const size_t ahead = std::min(prompt_len + 4, needle.size());
-  for (size_t at = prompt_len; at < ahead; ++at) {
-    Row row(size_t(model.n_vocab()));
-    src.decode(needle[at], row);
+  std::mt19937_64 rng(opt.plan.seed ^ 0xf0f0ull);
+  // The same calls as its fresh twin: bits on a bitwise backend.
+  Branch src{"the source session",
+             {needle.begin(), needle.end()},
+             nullptr,
+             nullptr,
+             opt.bitwise || opt.batch_invariant,
+             opt.bitwise ? "TS_CAP_BITWISE_DETERMINISM" : "TS_CAP_BATCH_INVARIANT",
+             0};
+  const std::vector<int32_t> own = random_tokens(rng, 2, model.n_vocab());
+  src.tokens.insert(src.tokens.end(), own.begin(), own.end());
+  src.got = std::make_unique<Session>(model, opt.session);
+  src.want = std::make_unique<Session>(model, opt.session);
+  run.advance(src, ahead, prompt_len, "before forking");
+  std::vector<Branch> forks;
+  for (size_t n : std::set<size_t>{1, std::max<size_t>(1, prompt_len / 2), prompt_len, ahead}) {
+    Branch b{fmt::format("fork at n_prefix {} of a {}-token prompt", n, prompt_len),
+             {needle.begin(), needle.begin() + std::ptrdiff_t(n)},
+             src.got->fork(int32_t(n)),
+             std::make_unique<Session>(model, opt.session),
+             opt.batch_invariant || (opt.fork_bitwise && n == prompt_len),
+             claim,
+             n};
+    const std::vector<int32_t> suffix = random_tokens(rng, kSuffix, model.n_vocab());
+    b.tokens.insert(b.tokens.end(), suffix.begin(), suffix.end());
+    b.want->prefill(std::span<const int32_t>(b.tokens).first(n));
+    run.advance(b, n + 4, 3, "its own suffix");
+    forks.push_back(std::move(b));
   }
-  const std::set<size_t> points = {1, std::max<size_t>(1, prompt_len / 2), prompt_len, ahead};
-  for (size_t n : points) {
-    std::unique_ptr<Session> fork = src.fork(int32_t(n));
-    const PositionedRows got = continue_from(*fork, needle, n, prompt_len);
-    const PositionedRows want = fresh_from(model, opt.session, needle, n, prompt_len);
-    const bool same_calls = n == prompt_len;  // both prefilled the prompt in one chunk
-    const bool bits = opt.batch_invariant || (opt.bitwise && same_calls);
-    const std::string label =
-        fmt::format("fork at n_prefix {} of a {}-token prompt", n, prompt_len);
-    DriftMeter m{{label, int(n)}};
-    compare_rows(want, got, bits,
-                 opt.batch_invariant ? "TS_CAP_BATCH_INVARIANT" : "TS_CAP_BITWISE_DETERMINISM",
-                 profile, fmt::format(" ({}; {})", label, mode), r, m);
-    r.drift.push_back(m.point);
-  }
-  // The source after its forks: as if they never happened.
-  PositionedRows after = continue_from(src, needle, ahead, prompt_len);
-  Session fresh(model, opt.session);
-  fresh.prefill(needle.first(prompt_len));
-  for (size_t at = prompt_len; at < ahead; ++at) {
-    Row row(size_t(model.n_vocab()));
-    fresh.decode(needle[at], row);
-  }
-  const PositionedRows want = continue_from(fresh, needle, ahead, prompt_len);
-  DriftMeter m{{"the source after its forks", int(ahead)}};
-  compare_rows(want, after, opt.bitwise, "TS_CAP_BITWISE_DETERMINISM", profile,
-               fmt::format(" (the source session after forking; {})", mode), r, m);
-  r.drift.push_back(m.point);
+  // The source's cells are now shared with its forks.
+  src.bits = opt.batch_invariant || opt.fork_bitwise;
+  src.claim = opt.batch_invariant ? "TS_CAP_BATCH_INVARIANT" : "TS_CAP_BITWISE_DETERMINISM";
+  run.advance(src, src.tokens.size(), 0, "continued after its forks");
+  for (Branch& b : forks) run.advance(b, b.tokens.size(), 0, "after its siblings and the source");
   finish_rows(r, "a forked KV prefix differs from a fresh prefill");
   return r;
 }

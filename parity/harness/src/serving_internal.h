@@ -46,11 +46,13 @@ struct IsolationRuns {
 };
 
 // Judges every shape against one baseline: 4 x the largest noise of any shape
-// (0: bitwise). A backend whose repeats differ (a server batching by arrival
-// time) has noise somewhere; one whose repeats never differ must give the needle
-// the same bits with other contents. Appends each shape's x-vs-y drift to
-// r.drift; violations "isolation_max_abs" / "non_finite".
-void judge_isolation(const std::vector<IsolationRuns>& runs, CaseResult& r);
+// (0: bitwise), capped at the profile's logits_max_abs_max. A backend whose
+// repeats differ (a server batching by arrival time) has noise somewhere; one
+// whose repeats never differ must give the needle the same bits with other
+// contents. The runs that set the noise are judged against the needle alone
+// before (serving_batch.cpp). Appends each shape's x-vs-y drift to r.drift;
+// violations "isolation_max_abs" / "non_finite".
+void judge_isolation(const std::vector<IsolationRuns>& runs, const Profile& profile, CaseResult& r);
 
 // Runs fn, timing it into the result it returns.
 template <typename Fn>
@@ -61,9 +63,9 @@ CaseResult timed(Fn&& fn) {
   return r;
 }
 
-std::vector<CaseResult> check_batches(const Model& model, std::span<const int32_t> needle,
-                                      size_t prompt_len, const Profile& profile,
-                                      const ServingOptions& opt);
+struct Needles;  // serving_batch.h
+std::vector<CaseResult> check_batches(const Model& model, const Needles& needles,
+                                      const Profile& profile, const ServingOptions& opt);
 CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
                              const Profile& profile, const ServingOptions& opt);
 CaseResult check_speculative(const Model& model, std::span<const int32_t> prompt,

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "row_compare.h"
 #include "serving_internal.h"
@@ -40,65 +41,135 @@ struct VerifyRun {
   const Greedy& plain;
 };
 
-// One speculative run with drafts of k tokens into r; false once it failed.
-bool verify_run(const VerifyRun& v, int k, std::mt19937_64& rng, CaseResult& r, DriftMeter& m) {
-  Session s(v.m, v.o.session);
-  const size_t steps = v.plain.tokens.size(), P = v.prompt.size();
-  std::vector<int32_t> out = {metrics::argmax(s.prefill(v.prompt))};
-  size_t proposed = 0, accepted_total = 0;
-  const std::string where = fmt::format(" (speculative verify, K = {})", k);
-  if (out[0] != v.plain.tokens[0]) {  // the same prefill call as the plain run
-    if (r.first_logit_violation_step < 0) {
-      r.first_logit_violation_step = int(P) - 1;
-      r.first_logit_violation =
-          fmt::format("the prompt's greedy token is {}, {} in the plain run{}", out[0],
-                      v.plain.tokens[0], where);
-    }
-    return false;
+// One speculative sequence with drafts of k tokens: propose() the next verify
+// input, judge() the all-position rows it returned, until done.
+struct Verifier {
+  const VerifyRun& v;
+  int k;
+  std::string where;
+  std::mt19937_64 rng;
+  DriftMeter meter;
+  std::unique_ptr<Session> s;
+  std::vector<int32_t> out, input;
+  int32_t pos0 = 0;
+  size_t proposed = 0, accepted = 0;
+  bool done = false;
+
+  Verifier(const VerifyRun& run, int drafts, const std::string& label)
+      : v(run),
+        k(drafts),
+        where(fmt::format(" (speculative verify, {})", label)),
+        rng(run.o.plan.seed ^ uint64_t(drafts) * 0x9e3779b97f4a7c15ull),
+        meter{{label, drafts}},
+        s(std::make_unique<Session>(run.m, run.o.session)) {}
+
+  // Prefills the prompt: its greedy token must be the plain run's (the same call).
+  void start(CaseResult& r) {
+    out = {metrics::argmax(s->prefill(v.prompt))};
+    done = out.size() >= v.plain.tokens.size();
+    if (out[0] == v.plain.tokens[0]) return;
+    done = true;
+    if (r.first_logit_violation_step >= 0) return;
+    r.first_logit_violation_step = int(v.prompt.size()) - 1;
+    r.first_logit_violation = fmt::format("the prompt's greedy token is {}, {} in the plain run{}",
+                                          out[0], v.plain.tokens[0], where);
   }
-  std::uniform_int_distribution<int32_t> any(0, v.m.n_vocab() - 1);
-  while (out.size() < steps) {
+  // [last, d1..dk]: drafts from the golden continuation, one seeded wrong.
+  void propose() {
     const size_t j = out.size();  // index of the next token to generate
-    std::vector<int32_t> input = {out.back()};
+    input = {out.back()};
     for (size_t i = 0; i < size_t(k) && j + i < v.golden.size(); ++i)
       input.push_back(v.golden[j + i]);
-    if (input.size() > 1 && rng() % 2) {  // a seeded wrong draft
+    const int32_t V = v.m.n_vocab();
+    if (input.size() > 1 && rng() % 2) {
       const size_t w = 1 + size_t(rng() % (input.size() - 1));
-      input[w] = (input[w] + 1 + any(rng) % (v.m.n_vocab() - 1)) % v.m.n_vocab();
+      input[w] =
+          (input[w] + 1 + std::uniform_int_distribution<int32_t>(0, V - 1)(rng) % (V - 1)) % V;
     }
-    const int32_t pos0 = s.position();
-    const std::vector<float> all = s.prefill_all(input);
-    const size_t V = size_t(v.m.n_vocab());
-    size_t acc = 0;
-    while (acc + 1 < input.size() &&
-           metrics::argmax(std::span<const float>(all.data() + acc * V, V)) == input[acc + 1])
-      ++acc;
-    proposed += input.size() - 1;
-    accepted_total += acc;
-    for (size_t i = 0; i <= acc && j + i <= steps; ++i) {
-      const std::span<const float> row(all.data() + i * V, V);
-      const size_t g = j + i;  // plain row index at the same position
-      if (g >= steps) break;
-      m.add(v.plain.rows[g], row);
-      compare_row(v.plain.rows[g], row, pos0 + int(i), v.o.batch_invariant,
-                  "TS_CAP_BATCH_INVARIANT", v.p, where, r);
-      const int32_t tok = i < acc ? input[i + 1] : metrics::argmax(row);
-      if (tok != v.plain.tokens[g]) {
-        if (metrics::top2_margin(v.plain.rows[g]) < v.p.near_tie_margin) return true;  // near tie
-        if (r.first_logit_violation_step < 0) {
-          r.first_logit_violation_step = int(P + g) - 1;
-          r.first_logit_violation =
-              fmt::format("token #{} is {} after verification, {} in plain greedy decoding{}", g,
-                          tok, v.plain.tokens[g], where);
-        }
-        return false;
-      }
-      out.push_back(tok);
-    }
-    s.rewind(pos0 + 1 + int32_t(acc));
+    pos0 = s->position();
   }
-  m.point.label += fmt::format(", {} of {} drafted tokens accepted", accepted_total, proposed);
-  return true;
+  void judge(std::span<const float> all, CaseResult& r);
+};
+
+void Verifier::judge(std::span<const float> all, CaseResult& r) {
+  const size_t V = size_t(v.m.n_vocab()), steps = v.plain.tokens.size(), j = out.size();
+  size_t acc = 0;
+  while (acc + 1 < input.size() && metrics::argmax(all.subspan(acc * V, V)) == input[acc + 1])
+    ++acc;
+  proposed += input.size() - 1;
+  accepted += acc;
+  for (size_t i = 0; i <= acc && j + i < steps; ++i) {
+    const std::span<const float> row = all.subspan(i * V, V);
+    const size_t g = j + i;  // plain row index at the same position
+    meter.add(v.plain.rows[g], row);
+    compare_row(v.plain.rows[g], row, pos0 + int(i), v.o.batch_invariant, "TS_CAP_BATCH_INVARIANT",
+                v.p, where, r);
+    const int32_t tok = i < acc ? input[i + 1] : metrics::argmax(row);
+    if (tok != v.plain.tokens[g]) {
+      done = true;
+      if (metrics::top2_margin(v.plain.rows[g]) < v.p.near_tie_margin) return;  // near tie
+      if (r.first_logit_violation_step < 0) {
+        r.first_logit_violation_step = int(v.prompt.size() + g) - 1;
+        r.first_logit_violation =
+            fmt::format("token #{} is {} after verification, {} in plain greedy decoding{}", g, tok,
+                        v.plain.tokens[g], where);
+      }
+      return;
+    }
+    out.push_back(tok);
+  }
+  s->rewind(pos0 + 1 + int32_t(acc));
+  done = out.size() >= steps;
+  if (done)
+    meter.point.label += fmt::format(", {} of {} drafted tokens accepted", accepted, proposed);
+}
+
+// Each K alone: one all-position prefill per verification.
+void verify_alone(const VerifyRun& v, int k, CaseResult& r) {
+  Verifier q(v, k, fmt::format("K = {}", k));
+  q.start(r);
+  while (!q.done) {
+    q.propose();
+    const std::vector<float> all = q.s->prefill_all(q.input);
+    q.judge(all, r);
+  }
+  r.drift.push_back(q.meter.point);
+}
+
+// Every K at once (one K: two sequences): each round, the unfinished
+// sequences verify their drafts in step_batch calls of all-position entries
+// (at most max_batch each).
+void verify_batched(const VerifyRun& v, CaseResult& r) {
+  std::vector<int> ks = v.o.plan.draft_lengths;
+  if (ks.size() == 1) ks.push_back(ks[0]);
+  std::vector<std::unique_ptr<Verifier>> qs;
+  for (int k : ks) {
+    qs.push_back(std::make_unique<Verifier>(
+        v, k, fmt::format("K = {}, verifying in step_batch beside the other sequences", k)));
+    qs.back()->start(r);
+  }
+  const size_t V = size_t(v.m.n_vocab());
+  const size_t most = v.o.max_batch > 0 ? size_t(v.o.max_batch) : qs.size();
+  for (;;) {
+    std::vector<Verifier*> live;
+    for (auto& q : qs)
+      if (!q->done) live.push_back(q.get());
+    if (live.empty()) break;
+    for (size_t at = 0; at < live.size(); at += most) {
+      const size_t n = std::min(most, live.size() - at);
+      std::vector<std::vector<float>> rows(n);
+      std::vector<Session::Step> steps;
+      for (size_t i = 0; i < n; ++i) {
+        Verifier& q = *live[at + i];
+        q.propose();
+        rows[i].assign(q.input.size() * V, 0.0f);
+        steps.push_back({q.s.get(), q.input, true, rows[i]});
+      }
+      Session::step_batch(steps);
+      for (size_t i = 0; i < n; ++i) live[at + i]->judge(rows[i], r);
+    }
+  }
+  for (auto& q : qs) r.drift.push_back(q->meter.point);
 }
 
 }  // namespace
@@ -111,12 +182,8 @@ CaseResult check_speculative(const Model& model, std::span<const int32_t> prompt
   const size_t steps = std::max<size_t>(1, size_t(opt.plan.decode_steps));
   const Greedy plain = plain_greedy(model, opt.session, prompt, steps);
   const VerifyRun v{model, opt, profile, prompt, continuation, plain};
-  for (int k : opt.plan.draft_lengths) {
-    std::mt19937_64 rng(opt.plan.seed ^ uint64_t(k) * 0x9e3779b97f4a7c15ull);
-    DriftMeter m{{fmt::format("K = {}", k), k}};
-    verify_run(v, k, rng, r, m);
-    r.drift.push_back(m.point);
-  }
+  for (int k : opt.plan.draft_lengths) verify_alone(v, k, r);
+  verify_batched(v, r);
   finish_rows(r, "speculative verification differs from plain decoding");
   return r;
 }

@@ -91,6 +91,29 @@ TEST(Report, IncompleteOrEmptyRunIsNeverPass) {
   EXPECT_NE(to_json(r).find("\"complete\": false"), std::string::npos);
 }
 
+TEST(Report, TerminalTextShowsEveryControlCharacter) {
+  EXPECT_EQ(terminal_text("a\n\nverdict: PASS\r\t\x1b[8m\x7f\xc2\x9b\xff"),
+            "a\\n\\nverdict: PASS\\r\\t\\x1b[8m\\x7f\\u{9b}\xef\xbf\xbd");
+  EXPECT_EQ(terminal_text("plain \xc3\xa9"), "plain \xc3\xa9");
+}
+
+TEST(Report, AFailedRowOutranksSkipUnsupportedAndIncomplete) {
+  Report r;
+  CaseResult failed;
+  failed.passed = false;
+  r.cases.push_back(failed);
+  r.skipped = "no device";
+  EXPECT_EQ(r.verdict(), "FAIL");
+  r.skipped.clear();
+  r.unsupported = "refused";
+  EXPECT_EQ(r.verdict(), "FAIL");
+  r.unsupported.clear();
+  EXPECT_EQ(r.verdict(), "FAIL");  // incomplete, but a row already failed
+  r.cases.clear();
+  r.skipped = "no device";
+  EXPECT_EQ(r.verdict(), "SKIP");
+}
+
 TEST(Report, AtomicWriteReplacesAndNamesErrors) {
   const auto dir = std::filesystem::temp_directory_path() / "touchstone_report_test";
   std::filesystem::create_directories(dir);

@@ -77,9 +77,9 @@ IsolationRuns shape(float x0, float y0, double noise) {
   return s;
 }
 
-CaseResult judge(const std::vector<IsolationRuns>& runs) {
+CaseResult judge(const std::vector<IsolationRuns>& runs, const Profile& p = {}) {
   CaseResult r;
-  judge_isolation(runs, r);
+  judge_isolation(runs, p, r);
   finish_rows(r, "isolation");
   return r;
 }
@@ -95,6 +95,24 @@ TEST(JudgeIsolation, OneShapesNoiseIsTheBaselineOfEvery) {
   // Shape 0's repeats were identical, shape 1's differed by 0.1: 0.3 is within 4 x 0.1.
   EXPECT_TRUE(judge({shape(0.5f, 0.8f, 0.0), shape(0.5f, 0.5f, 0.1)}).passed);
   EXPECT_FALSE(judge({shape(0.5f, 1.0f, 0.0), shape(0.5f, 0.5f, 0.1)}).passed);
+}
+
+TEST(JudgeIsolation, TheNoiseAllowanceIsCappedAtTheProfilesTolerance) {
+  // Repeats 1.0 apart would allow 4.0; the profile allows 0.002.
+  Profile p;
+  p.logits_max_abs_max = 0.002;
+  EXPECT_TRUE(judge({shape(0.5f, 0.8f, 1.0)}).passed);
+  const CaseResult r = judge({shape(0.5f, 0.8f, 1.0)}, p);
+  EXPECT_FALSE(r.passed);
+  ASSERT_EQ(r.violations.size(), 1u);
+  EXPECT_EQ(r.violations[0].check, "isolation_max_abs");
+}
+
+TEST(JudgeIsolation, NonFiniteIsAFailNeverNoise) {
+  const CaseResult r = judge({shape(0.5f, NAN, HUGE_VAL)});
+  EXPECT_FALSE(r.passed);
+  ASSERT_EQ(r.violations.size(), 1u);
+  EXPECT_EQ(r.violations[0].check, "non_finite");
 }
 
 }  // namespace

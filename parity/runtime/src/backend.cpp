@@ -91,6 +91,11 @@ Session::Session(const Model& model, const SessionOptions& o)
   opt.max_context = o.max_context;
   opt.fault = o.fault.empty() ? nullptr : o.fault.c_str();
   session_ = lib_->channel().open_session(model.handle(), opt);
+  if (session_ == 0) {
+    throw BackendError(
+        TS_ERR_INTERNAL,
+        fmt::format("backend '{}': open_session returned TS_OK with a NULL session", lib_->name()));
+  }
   n_vocab_ = model.n_vocab();
 }
 
@@ -155,6 +160,11 @@ std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
     return s;
   }
   const Handle h = lib_->channel().fork_session(session_, n_prefix);
+  if (h == 0 || h == session_) {  // in process: no runner to check the handle
+    throw BackendError(TS_ERR_INTERNAL,
+                       fmt::format("backend '{}': fork_session returned TS_OK with {} session",
+                                   lib_->name(), h == 0 ? "a NULL" : "its source"));
+  }
   std::unique_ptr<Session> s(new Session(*model_, options_, h));
   s->appended(prefix);
   return s;

@@ -63,6 +63,15 @@ int64_t int_member(const http::Response& r, const json& o, const char* key) {
   return it->get<int64_t>();
 }
 
+// String member `key` of object `o`: `fallback` when absent, else malformed().
+std::string string_member(const http::Response& r, const json& o, const char* key,
+                          const char* fallback) {
+  const auto it = o.find(key);
+  if (it == o.end()) return fallback;
+  if (!it->is_string()) malformed(r, fmt::format("'{}' is not a string", key));
+  return it->get<std::string>();
+}
+
 class HttpChannel final : public BackendChannel {
  public:
   HttpChannel(const std::string& url, const HttpOptions& o)
@@ -70,9 +79,10 @@ class HttpChannel final : public BackendChannel {
     info_.api_version = TS_BACKEND_API_VERSION;
     info_.name = "http";
     info_.path = url;
-    const json props = answer_json(client_.get("/props"));
-    model_path_ = props.value("model_path", std::string());
-    info_.version = props.value("build_info", std::string("unknown"));
+    const http::Response r = client_.get("/props");
+    const json props = answer_json(r);
+    model_path_ = string_member(r, props, "model_path", "");
+    info_.version = string_member(r, props, "build_info", "unknown");
     info_.device = fmt::format("llama-server at {} serving {}", url,
                                model_path_.empty() ? "(model_path not given)" : model_path_);
     info_.step_batch = true;  // concurrent requests

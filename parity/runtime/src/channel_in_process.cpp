@@ -117,7 +117,8 @@ class InProcessChannel final : public BackendChannel {
     if (api_->api_version < 6 || caps.struct_size < sizeof(caps)) {
       caps.batch_invariant_paths = 0;
       caps.max_batch = 0;
-      caps.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY);
+      caps.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
+                      TS_CAP_BITWISE_NOT_ACROSS_FORKS);
     }
     caps.struct_size = sizeof(caps);
     return caps;

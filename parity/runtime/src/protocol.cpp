@@ -227,7 +227,8 @@ ts_capabilities decode_capabilities(Reader& r, std::string& note_storage, uint32
     c.max_batch = r.i32("max_batch");
     if (c.max_batch < 0) throw ProtocolError("capabilities reply: max_batch {} < 0", c.max_batch);
   } else {
-    c.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY);
+    c.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
+                 TS_CAP_BITWISE_NOT_ACROSS_FORKS);
   }
   return c;
 }

@@ -106,6 +106,14 @@ struct Reference {
     } catch (const touchstone::Error& e) {
       throw StatusError(TS_ERR_UNSUPPORTED, e.what());
     }
+    // The serving faults of issue 37 stand for bugs of a fast engine's paged KV
+    // cache and flattened batch; the scalar reference does not model them.
+    if (faults.fork_shared_kv || faults.batch_all_positions_shift ||
+        faults.batch_page_boundary_leak) {
+      throw StatusError(TS_ERR_UNSUPPORTED,
+                        "the reference does not implement fault '" + faults.name +
+                            "' (cpu_simd does: docs/metrics.md#fault-catalog-and-margins)");
+    }
     if (faults.quantized_only()) {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "fault '" + faults.name +

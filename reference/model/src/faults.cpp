@@ -44,6 +44,9 @@ constexpr FaultEntry kFaults[] = {
     {"fork_short_copy", [](Faults& f) { f.fork_short_copy = true; }},
     {"batch_position_offset", [](Faults& f) { f.batch_position_offset = true; }},
     {"verify_row_shift", [](Faults& f) { f.verify_row_shift = true; }},
+    {"fork_shared_kv", [](Faults& f) { f.fork_shared_kv = true; }},
+    {"batch_all_positions_shift", [](Faults& f) { f.batch_all_positions_shift = true; }},
+    {"batch_page_boundary_leak", [](Faults& f) { f.batch_page_boundary_leak = true; }},
 };
 
 }  // namespace

@@ -65,15 +65,21 @@ struct Report {
   bool complete = false;
   int n_planned = 0;  // cases + passages the run set out to check
   // Set when the run could not check anything: the backend has no device here
-  // (TS_ERR_DEVICE) or refuses this model / weight path (TS_ERR_UNSUPPORTED).
+  // (TS_ERR_DEVICE) or refuses this model / weight path (TS_ERR_UNSUPPORTED)
+  // before the first check ran; after that the same status is a FAIL row
+  // (docs/report-format.md#verdict-order).
   std::string skipped, unsupported;
   double seconds = 0.0;  // wall time of the whole run
   // True only for a complete run with at least one result, every one PASS or
   // a reviewed known divergence (touchstone/known_divergence.h).
   bool passed() const;
+  // True once any check has a result row.
+  bool started() const { return !cases.empty() || !scoring.empty(); }
   int n_known_divergences() const;
-  // "PASS", "KNOWN_DIVERGENCE" (passed(), with at least one known divergence),
-  // "FAIL", "SKIP", "UNSUPPORTED" or "INCOMPLETE".
+  // The verdict order (docs/report-format.md#verdict-order): "FAIL" when any
+  // row failed, whatever else the run says; else "SKIP", "UNSUPPORTED",
+  // "INCOMPLETE", "FAIL" (nothing checked), "KNOWN_DIVERGENCE" (passed(), with
+  // at least one known divergence) or "PASS".
   std::string verdict() const;
 };
 
@@ -102,5 +108,10 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // characters XML 1.0 forbids (C0 controls but tab/LF/CR, U+FFFE, U+FFFF)
 // written as the text "\xNN" / "\u{FFFE}".
 std::string xml_escape(const std::string& s);
+
+// sanitize_utf8(s) for the terminal: every control character (C0, DEL, C1)
+// shown as a visible escape ("\n", "\r", "\t", "\x1b", "\u{9b}"), never
+// interpreted, so a backend's string cannot start a line or move the cursor.
+std::string terminal_text(const std::string& s);
 
 }  // namespace touchstone

@@ -46,6 +46,9 @@ inline constexpr size_t kHeaderSize = 16;
 // Largest payload either side accepts unless it expects a known larger size:
 // requests are small; logits replies are checked against the exact size.
 inline constexpr uint64_t kMaxRequestPayload = 64ull << 20;
+// Largest logits reply (prefill, step_batch) a runner sizes a buffer for: a
+// request asking for more is refused before anything is allocated.
+inline constexpr uint64_t kMaxLogitsReply = 4ull << 30;
 
 enum class Op : uint32_t {
   kHello = 1,           // -> u32 protocol version; reply: BackendInfo

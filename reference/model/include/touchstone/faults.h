@@ -59,13 +59,27 @@ struct Faults {
   bool verify_row_shift = false;  // "verify_row_shift": an all-position prefill that continues a
                                   // sequence (position > 0) returns row i-1 as row i
                                   // (speculative_verify)
+  // Serving faults that escaped the checks before issue 37 (written without the
+  // catalog, planted in cpu_simd; docs/serving-checks.md#faults-each-check-catches):
+  bool fork_shared_kv = false;  // "fork_shared_kv": fork_session shares the source's KV rows
+                                // instead of copying them (the fork's writes land in the
+                                // source's cache and in its siblings') (prefix_fork)
+  bool batch_all_positions_shift = false;  // "batch_all_positions_shift": in a step_batch of
+                                           // two or more entries, an all-position entry
+                                           // returns row i-1 as row i (batch_invariance)
+  bool batch_page_boundary_leak = false;   // "batch_page_boundary_leak": in step_batch, entry
+                                           // i > 0 reads the newest KV row of a token at a
+                                           // page boundary (position p > 0, p % kFaultPageRows
+                                           // == 0) from entry i-1's cache (batch_invariance)
+  static constexpr int32_t kFaultPageRows = 32;  // batch_page_boundary_leak's page size
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
   // The serving faults (a backend without step_batch / fork_session refuses them).
   bool serving() const {
     return batch_token_count_split || batch_kv_leak || fork_short_copy || batch_position_offset ||
-           verify_row_shift;
+           verify_row_shift || fork_shared_kv || batch_all_positions_shift ||
+           batch_page_boundary_leak;
   }
 };
 
