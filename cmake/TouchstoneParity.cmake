@@ -125,8 +125,8 @@ set(TOUCHSTONE_SERVING_FAULT_EXPECTATIONS
   verify_row_shift=serving.speculative_verify fork_shared_kv=serving.prefix_fork
   batch_all_positions_shift=serving.batch_invariance
   batch_page_boundary_leak=serving.batch_invariance)
-# The serving faults only cpu_simd implements (the reference, vulkan and cuda refuse them).
-set(TOUCHSTONE_SERVING_FAULTS_CPU_SIMD_ONLY fork_shared_kv batch_all_positions_shift
+# The serving faults the reference and cuda refuse (cpu_simd and vulkan implement them).
+set(TOUCHSTONE_SERVING_FAULTS_NOT_IN_REFERENCE_CUDA fork_shared_kv batch_all_positions_shift
   batch_page_boundary_leak)
 # On full precision: the quantized-only faults must leave the path passing,
 # fp16_accumulation must still fail.

@@ -99,14 +99,16 @@ Forward::Forward(Context& ctx, const Kernels& kernels, const DeviceWeights& weig
   const size_t kv_rows = size_t(max_ctx_) + (faults_.kv_write_next ? 1 : 0);
   using K = Buffer::Kind;
   argmax_ = Buffer(ctx, sizeof(int32_t), K::Host);
+  kv_ = std::make_shared<KvCache>();
   for (int32_t l = 0; l < c.n_layer; ++l) {
-    kc_.emplace_back(ctx, f32(kv_rows * kv_dim), K::Device);
-    vc_.emplace_back(ctx, f32(kv_rows * kv_dim), K::Device);
+    kv_->k.emplace_back(ctx, f32(kv_rows * kv_dim), K::Device);
+    kv_->v.emplace_back(ctx, f32(kv_rows * kv_dim), K::Device);
     if (faults_.kv_write_next) {
-      kc_.back().zero();
-      vc_.back().zero();
+      kv_->k.back().zero();
+      kv_->v.back().zero();
     }
   }
+  if (faults_.batch_page_boundary_leak) page_save_ = Buffer(ctx, f32(2 * kv_dim), K::Device);
   taps_buf_ = Buffer(ctx, f32(size_t(c.n_layer) * TS_TAP_POINTS * d), K::Host);
   build_rope_tables();
   if (const char* p = std::getenv("TOUCHSTONE_VULKAN_PROFILE"); p && *p && *p != '0')
@@ -199,10 +201,13 @@ void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* l
   shift_rows(start, n, all_positions, logits);
 }
 
-// The faults logits_row_shift (any all-position call) and verify_row_shift
-// (one that continues a sequence): row i holds row i-1.
-void Forward::shift_rows(int32_t start, int32_t n, bool all_positions, float* logits) const {
-  const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && start > 0);
+// The faults logits_row_shift (any all-position call), verify_row_shift (one
+// that continues a sequence) and batch_all_positions_shift (an entry of a
+// step_batch of several): row i holds row i-1.
+void Forward::shift_rows(int32_t start, int32_t n, bool all_positions, float* logits,
+                         bool in_batch) const {
+  const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && start > 0) ||
+                     (faults_.batch_all_positions_shift && in_batch);
   if (!shift || !all_positions || n <= 1) return;
   const size_t v = size_t(w_.config.n_vocab);
   std::memmove(logits + v, logits, f32(size_t(n - 1) * v));

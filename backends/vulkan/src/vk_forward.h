@@ -55,6 +55,9 @@ struct Segment {
   uint32_t out_rows = 0;     // logits rows: 0, 1 (its last token) or n
   uint32_t out_row0 = 0;     // their first row in the pass's logits
   bool tap = false;          // record its last row's layer taps into f's taps
+  // batch_page_boundary_leak fault: entry i-1's sequence, whose KV row at a
+  // page boundary in this segment replaces this sequence's own for the attention
+  const Forward* page_from = nullptr;
 };
 
 // One pass: the segments' rows in `act`, dispatches not bound to a session
@@ -91,7 +94,8 @@ class Forward {
   // ABI v6 fork_session: a new sequence with this one's options whose KV cache
   // holds this one's first n_prefix positions (copied on the device);
   // 0 <= n_prefix <= position() (the adapter checks). The fork_short_copy
-  // fault copies n_prefix - 1 entries and zeroes the last.
+  // fault copies n_prefix - 1 entries and zeroes the last; fork_shared_kv
+  // shares this sequence's KV buffers (every write lands in both).
   std::unique_ptr<Forward> fork(int32_t n_prefix) const;
   // ABI v6 step_batch: each entry appends its tokens exactly as run() would,
   // in passes of up to kChunk rows over all entries (vk_batch.cpp). Entries
@@ -137,7 +141,9 @@ class Forward {
   // call's last chunk (records the layer taps when they are on).
   void run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, float* logits, bool argmax,
                  bool last);
-  void shift_rows(int32_t start, int32_t n, bool all_positions, float* logits) const;
+  // in_batch: an entry of a step_batch of two or more (batch_all_positions_shift).
+  void shift_rows(int32_t start, int32_t n, bool all_positions, float* logits,
+                  bool in_batch = false) const;
   // This sequence's segment for n tokens at pos_ (rope_origin_, kv_len_).
   Segment segment(uint32_t row0, uint32_t n, uint32_t out_rows, uint32_t out_row0, bool tap);
   // Records pass p and runs it (one command buffer), then advances every
@@ -149,6 +155,9 @@ class Forward {
   // The graph (vk_graph.cpp), with this sequence's kernels and faults.
   void record(Recorder& r, const Pass& p);
   void record_attention(Recorder& r, const Pass& p, size_t l);
+  // batch_page_boundary_leak fault: each segment's page-boundary KV row of layer
+  // l swapped for its page_from's (restore: swapped back after the attention).
+  void record_page_leak(Recorder& r, const Pass& p, size_t l, bool restore) const;
   void record_ffn(Recorder& r, const Pass& p, size_t l);
   // x += post_norm(W in) (post_norm: an empty Buffer for none); with p.tap, each
   // tapping segment's last row of the block output goes to tap point `point` of layer l.
@@ -176,7 +185,13 @@ class Forward {
   std::unique_ptr<Profiler> prof_;  // TOUCHSTONE_VULKAN_PROFILE=1
   Activations act_;                 // this sequence's own passes
   Buffer argmax_, taps_buf_;        // host-visible
-  std::vector<Buffer> kc_, vc_;     // per layer [max_ctx][n_head_kv * head_dim], RoPE applied
+  // Per layer [max_ctx][n_head_kv * head_dim], RoPE applied. Owned by this
+  // sequence alone, except under the fork_shared_kv fault.
+  struct KvCache {
+    std::vector<Buffer> k, v;
+  };
+  std::shared_ptr<KvCache> kv_;
+  Buffer page_save_;  // batch_page_boundary_leak fault: the swapped-out K and V rows
   // RoPE (cos, sin) tables, one per distinct (base, scale) of the layers, and
   // each layer's table: [max_ctx][n_rot / 2] vec2.
   std::vector<Buffer> rope_tables_;

@@ -104,12 +104,13 @@ void Forward::record_attention(Recorder& r, const Pass& p, size_t l) {
     Forward& f = *s.f;
     r.with(f.sets_).dispatch(
         k_.rope_store(),
-        {&a.q, &a.k, &a.v, &f.kc_[l], &f.vc_[l], &f.rope_tables_[f.rope_of_layer_[l]]},
+        {&a.q, &a.k, &a.v, &f.kv_->k[l], &f.kv_->v[l], &f.rope_tables_[f.rope_of_layer_[l]]},
         RopeStorePush{s.n, s.pos0, uint32_t(c.n_head), uint32_t(c.n_head_kv), hd, s.rope_origin,
                       uint32_t(c.n_rot), neox, s.row0},
         s.n);
   }
   r.barrier();
+  if (faults_.batch_page_boundary_leak) record_page_leak(r, p, l, false);
   // Faults: attention_scale (1/hd), kv_position_off_by_one (drop_newest),
   // rewind_noop (kv_len kept past a rewind: the stale entries are attended).
   const double scale = faults_.attention_scale ? 1.0 / double(hd) : c.attn_scale;
@@ -126,10 +127,11 @@ void Forward::record_attention(Recorder& r, const Pass& p, size_t l) {
                            uint32_t(c.layers[l].sliding_window),
                            s.row0};
     r.with(s.f->sets_)
-        .dispatch(k_.attention(hd), {&a.q, &s.f->kc_[l], &s.f->vc_[l], &a.scores, &a.att}, ap,
+        .dispatch(k_.attention(hd), {&a.q, &s.f->kv_->k[l], &s.f->kv_->v[l], &a.scores, &a.att}, ap,
                   uint32_t(c.n_head), s.n);
   }
   r.barrier();
+  if (faults_.batch_page_boundary_leak) record_page_leak(r, p, l, true);
   record_block_out(r, p, L.wo, a.att, L.post_attn_norm, l, TS_TAP_ATTN_OUT);
 }
 

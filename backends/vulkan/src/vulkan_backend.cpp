@@ -29,10 +29,9 @@ using touchstone::abi::StatusError;
 // The faults of the catalog this backend implements (docs/backends/vulkan.md,
 // "Fault catalog"), by name: one added to the catalog later is refused until
 // it is implemented here, never silently ignored. Of the serving faults,
-// batch_token_count_split (a split-K set per call: a pipeline per batch size),
-// batch_kv_leak (a second sequence's KV cache bound into attention) and the
-// three only cpu_simd implements (fork_shared_kv, batch_all_positions_shift,
-// batch_page_boundary_leak) are refused.
+// batch_token_count_split (a split-K set per call: a pipeline per batch size)
+// and batch_kv_leak (a second sequence's KV cache bound into attention) are
+// refused.
 bool implements_fault(const std::string& name) {
   static const char* const kImplemented[] = {"rope_base_off_1pct",
                                              "rope_layout",
@@ -55,7 +54,10 @@ bool implements_fault(const std::string& name) {
                                              "session_order_reduction",
                                              "fork_short_copy",
                                              "batch_position_offset",
-                                             "verify_row_shift"};
+                                             "verify_row_shift",
+                                             "fork_shared_kv",
+                                             "batch_all_positions_shift",
+                                             "batch_page_boundary_leak"};
   for (const char* n : kImplemented)
     if (name == n) return true;
   return false;
