@@ -28,22 +28,8 @@
  * table ends at `position`); it refuses any other number and names both.
  * Structs passed in carry struct_size so fields can be appended later.
  *
- * Version 2 (2026-11-22) appended prefill_greedy (TS_CAP_DEVICE_GREEDY).
- * Version 3 (2026-11-25) appended architectures and model_features: which model
- * families and features the backend computes, readable before any load.
- * Version 4 (2026-11-25) appended set_taps and read_taps: per-layer activations
- * of the last position, so the harness can name the first divergent layer.
- *
- * Version 5 (2026-11-26):
- *   [http / top-N logprobs] TS_CAP_TOP_N_LOGPROBS and ts_capabilities.top_n
- *   (appended at the end of ts_capabilities, struct_size guarded): a backend
- *   that only knows the top_n most likely tokens of each position (a
- *   completion server answering n_probs) returns natural-log probabilities for
- *   those tokens and -INFINITY for every other entry of a logits row. The
- *   harness then switches to top-N metrics (docs/metrics.md#top-n-backends).
- *   A caller passes struct_size = sizeof(ts_capabilities) only to a table with
- *   api_version >= 5, TS_CAPABILITIES_V4_SIZE to an older one; a backend fills
- *   at most struct_size bytes and writes back the size it filled.
+ * Each member's full rule (shapes, units, errors) and what each version
+ * appended: docs/contract.md.
  */
 #ifndef TOUCHSTONE_BACKEND_ABI_H
 #define TOUCHSTONE_BACKEND_ABI_H
