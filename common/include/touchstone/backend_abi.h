@@ -28,22 +28,8 @@
  * table ends at `position`); it refuses any other number and names both.
  * Structs passed in carry struct_size so fields can be appended later.
  *
- * Version 2 (2026-11-22) appended prefill_greedy (TS_CAP_DEVICE_GREEDY).
- * Version 3 (2026-11-25) appended architectures and model_features: which model
- * families and features the backend computes, readable before any load.
- * Version 4 (2026-11-25) appended set_taps and read_taps: per-layer activations
- * of the last position, so the harness can name the first divergent layer.
- *
- * Version 5 (2026-11-26):
- *   [http / top-N logprobs] TS_CAP_TOP_N_LOGPROBS and ts_capabilities.top_n
- *   (appended at the end of ts_capabilities, struct_size guarded): a backend
- *   that only knows the top_n most likely tokens of each position (a
- *   completion server answering n_probs) returns natural-log probabilities for
- *   those tokens and -INFINITY for every other entry of a logits row. The
- *   harness then switches to top-N metrics (docs/metrics.md#top-n-backends).
- *   A caller passes struct_size = sizeof(ts_capabilities) only to a table with
- *   api_version >= 5, TS_CAPABILITIES_V4_SIZE to an older one; a backend fills
- *   at most struct_size bytes and writes back the size it filled.
+ * Each member's full rule (shapes, units, errors) and what each version
+ * appended: docs/contract.md.
  */
 #ifndef TOUCHSTONE_BACKEND_ABI_H
 #define TOUCHSTONE_BACKEND_ABI_H
@@ -79,19 +65,10 @@ typedef enum ts_status {
 /* ---- api_version >= 5 [http / top-N logprobs] ---- */
 #define TS_CAP_TOP_N_LOGPROBS (1u << 6) /* rows hold top_n log-probs, -INFINITY elsewhere */
 /* ---- api_version >= 6 [serving] ---- */
-/* A token's logits and KV entries are bitwise independent of every other token
- * computed in the same call: other entries of a step_batch (their number,
- * lengths, positions and contents) and the other tokens of its own prefill
- * chunk. So a sequence gives the same bits alone, in any batch, chunked any way
- * and after a fork. Which weight paths the claim covers: batch_invariant_paths. */
+/* A token's bits do not depend on the other tokens of its call (batch, chunk, fork);
+ * for the paths in batch_invariant_paths. */
 #define TS_CAP_BATCH_INVARIANT (1u << 7)
-/* With TS_CAP_BITWISE_DETERMINISM: the claim stops at fork_session. A fork, and
- * its source after the fork, may give other bits than a fresh session fed the
- * same tokens in the same calls (e.g. llama.cpp: a fork shares its source's KV
- * cells, so its later tokens sit in other cells and attention sums them in
- * another order). The serving checks then judge forks with the profile; every
- * other comparison stays bitwise. Ignored without TS_CAP_BITWISE_DETERMINISM or
- * with TS_CAP_BATCH_INVARIANT for the path (that claim covers forks). */
+/* With TS_CAP_BITWISE_DETERMINISM: the bitwise claim stops at fork_session. */
 #define TS_CAP_BITWISE_NOT_ACROSS_FORKS (1u << 8)
 
 /* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
@@ -111,12 +88,8 @@ typedef struct ts_capabilities {
   int32_t top_n; /* TS_CAP_TOP_N_LOGPROBS: finite entries per row (at most); else 0 */
   /* ---- api_version >= 6 [serving]; read only when the filled struct_size
    * covers it ---- */
-  /* TS_CAP_BATCH_INVARIANT: bit (1u << ts_weight_path) for each weight path the
-   * claim covers; 0 with the flag set = every path. Ignored without the flag. */
-  uint32_t batch_invariant_paths;
-  /* Most entries one step_batch call accepts (more: TS_ERR_INVALID_ARGUMENT);
-   * 0 = no limit beyond memory. */
-  int32_t max_batch;
+  uint32_t batch_invariant_paths; /* bit (1u << ts_weight_path) per path; 0 = every path */
+  int32_t max_batch;              /* most entries per step_batch; 0 = no limit */
 } ts_capabilities;
 
 /* The size of a version 1-4 ts_capabilities (everything before top_n). */
@@ -140,10 +113,8 @@ typedef struct ts_session_options {
                           TS_ERR_UNSUPPORTED */
 } ts_session_options;
 
-/* Layer taps (api_version >= 4): per layer, TS_TAP_POINTS vectors of n_embd
- * float32, in this order. The attention and FFN outputs are the values added to
- * the residual stream (after the output projection and any post-norm, before
- * the add); the residual is the stream after the layer's last add. */
+/* Layer taps (api_version >= 4): per layer, TS_TAP_POINTS vectors of n_embd float32,
+ * in this order (what each holds: docs/contract.md, "Version 4: layer taps"). */
 #define TS_TAP_ATTN_OUT 0
 #define TS_TAP_FFN_OUT 1
 #define TS_TAP_RESIDUAL 2
@@ -192,64 +163,26 @@ typedef struct ts_backend {
   int32_t (*position)(const ts_session* session);
 
   /* ---- api_version >= 2 ---- */
-  /* Greedy step, for backends with TS_CAP_DEVICE_GREEDY (NULL otherwise):
-   * append n_tokens exactly as prefill does (n_tokens == 1 is a decode step) and
-   * write to *token_out the argmax of the last position's logits, the lowest
-   * token id among equal maxima (NaN never wins), computed where the logits
-   * are: no n_vocab-sized buffer crosses to the caller. */
+  /* TS_CAP_DEVICE_GREEDY (else NULL): prefill, then *token_out = argmax of the last
+   * position (lowest id among equal maxima, NaN never wins), computed on the device. */
   ts_status (*prefill_greedy)(ts_session* session, const int32_t* tokens, int32_t n_tokens,
                               int32_t* token_out);
 
   /* ---- api_version >= 3 ---- */
-  /* What the backend computes, declared before any load (docs/model-families.md).
-   * architectures: comma-separated GGUF general.architecture values it loads,
-   * e.g. "llama" or "llama,qwen2,qwen3,gemma3,phi3".
-   * model_features: comma-separated feature names it computes beyond a plain
-   * Llama ("neox_rope,qk_norm,geglu,..."; "" = none; "*" = all).
-   * The harness reads the model's config first and reports a model that needs an
-   * architecture or feature outside these lists as UNSUPPORTED, naming what is
-   * missing, without calling load_model. NULL = not declared: load_model decides
-   * (and must still refuse what it cannot compute with TS_ERR_UNSUPPORTED). */
-  const char* architectures;
-  const char* model_features;
+  const char* architectures;  /* comma-separated general.architecture values; NULL = not declared */
+  const char* model_features; /* comma-separated feature names; "" = none, "*" = all */
 
-  /* ---- api_version >= 4 ---- */
-  /* Layer taps (optional: both NULL when not implemented). After
-   * set_taps(session, 1), every prefill / decode / prefill_greedy call records
-   * the activations of the LAST position it processed; read_taps copies the
-   * latest record into out: n_layer * TS_TAP_POINTS * n_embd float32,
-   * out[(layer * TS_TAP_POINTS + point) * n_embd + i] (n_layer = GGUF
-   * <arch>.block_count, n_embd = <arch>.embedding_length). n_floats must equal
-   * that size (TS_ERR_INVALID_ARGUMENT otherwise, naming both); read_taps before
-   * any recorded call, or with taps off, is TS_ERR_INVALID_ARGUMENT.
-   * set_taps(session, 0) stops recording. Recording must not change logits. */
+  /* ---- api_version >= 4 ---- (both NULL or both set) */
+  /* enable != 0: record the last position's taps of each later call; logits unchanged. */
   ts_status (*set_taps)(ts_session* session, int32_t enable);
+  /* out: [n_layer][TS_TAP_POINTS][n_embd] float32; n_floats must equal that size. */
   ts_status (*read_taps)(ts_session* session, float* out, int64_t n_floats);
 
-  /* ---- api_version >= 6 [serving] (docs/serving-checks.md) ---- */
-  /* Advances n_entries sessions (1 <= n_entries <= max_batch when max_batch > 0):
-   * entry i appends its tokens at its session's position exactly as
-   * prefill(session, tokens, n_tokens, all_positions, logits_out) would, and
-   * must give the same result within the backend's own numerics (bitwise, when
-   * it claims TS_CAP_BATCH_INVARIANT). Sequences may differ in length and
-   * position, prefill chunks and decode steps mixed. A backend that sets
-   * TS_CAP_BATCHED_SESSIONS computes them in one forward pass (each weight
-   * matrix read once for every entry's tokens); one that loops leaves it clear.
-   * Errors (no session changes position; last_error names the entry index):
-   * TS_ERR_INVALID_ARGUMENT for n_entries < 1 or over max_batch, a NULL or
-   * repeated session, sessions of different models or weight paths, a wrong
-   * struct_size, a bad token, a NULL buffer or all_positions without
-   * TS_CAP_ALL_POSITION_LOGITS; TS_ERR_CONTEXT_FULL for an entry with no room.
-   * NULL: not implemented (the harness runs the entries one prefill at a time
-   * and reports batching as emulated). */
+  /* ---- api_version >= 6 [serving] ---- (NULL = not implemented) */
+  /* Each entry appends as prefill would; on error no session moves and last_error
+   * names the entry (errors: docs/contract.md, "Version 6: serving"). */
   ts_status (*step_batch)(const ts_batch_entry* entries, int32_t n_entries);
-  /* A new session with src's options (weight path, threads, max_context, fault)
-   * whose KV cache holds src's first n_prefix positions (0 <= n_prefix <=
-   * position(src), else TS_ERR_INVALID_ARGUMENT): copied or shared copy-on-write,
-   * the backend's choice. position(*out) == n_prefix; src is unchanged and stays
-   * usable; the two sessions are independent from then on (either may be
-   * rewound, advanced or freed first). Taps start off. Free *out with
-   * free_session. NULL: not implemented (TS_CAP_KV_PREFIX_COPY clear). */
+  /* *out: a new session holding src's first n_prefix (<= position(src)) positions. */
   ts_status (*fork_session)(ts_session* src, int32_t n_prefix, ts_session** out);
 } ts_backend;
 
