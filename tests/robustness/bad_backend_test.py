@@ -198,8 +198,10 @@ def main():
         errors = orphan_run(cmd, env, state)
         print("\n".join("FAILED: " + e for e in errors) or "orphan run: PASS, nothing left running")
         return 1 if errors else 0
-    if mode in ("sigterm", "sigint", "sigkill"):
-        sig = {"sigterm": signal.SIGTERM, "sigint": signal.SIGINT, "sigkill": signal.SIGKILL}[mode]
+    stop = {"sigterm": signal.SIGTERM, "sigint": signal.SIGINT, "sighup": signal.SIGHUP,
+            "sigkill": signal.SIGKILL}
+    if mode in stop:
+        sig = stop[mode]
         env["TOUCHSTONE_BAD_MODE"] = "spawn_hang"
         cmd[cmd.index("--timeout") + 1] = "600"
         errors = stopped_run(cmd, env, rj, state, sig)
