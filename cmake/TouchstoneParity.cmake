@@ -116,15 +116,20 @@ set(TOUCHSTONE_FAULT_EXPECTATIONS
   session_order_reduction=consistency.run_to_run@0+)
 # The serving faults: each must fail its serving check (quick plan). A backend
 # that refuses some of them registers the rest (list(FILTER ... EXCLUDE)).
+# CHECK/LAYER:POINT: where the backend has layer taps, the failure also names
+# that first divergent layer tap (batch entry or fork against the sequence
+# alone; "after": every tap matches, the rows returned are wrong);
+# speculative_verify's all-position rows are not located.
 # The last three escaped every serving plan before issue 37 (forks that share
 # KV rows, all-position rows shifted inside a batch, a KV row read from the
 # previous entry at a 32-token page boundary).
 set(TOUCHSTONE_SERVING_FAULT_EXPECTATIONS
-  batch_token_count_split=serving.batch_invariance batch_kv_leak=serving.content_isolation
-  fork_short_copy=serving.prefix_fork batch_position_offset=serving.batch_invariance
-  verify_row_shift=serving.speculative_verify fork_shared_kv=serving.prefix_fork
-  batch_all_positions_shift=serving.batch_invariance
-  batch_page_boundary_leak=serving.batch_invariance)
+  batch_token_count_split=serving.batch_invariance/0:attn
+  batch_kv_leak=serving.content_isolation/0:attn fork_short_copy=serving.prefix_fork/0:attn
+  batch_position_offset=serving.batch_invariance/0:attn
+  verify_row_shift=serving.speculative_verify fork_shared_kv=serving.prefix_fork/0:attn
+  batch_all_positions_shift=serving.batch_invariance/after
+  batch_page_boundary_leak=serving.batch_invariance/0:attn)
 # The serving faults the reference and cuda refuse (cpu_simd and vulkan implement them).
 set(TOUCHSTONE_SERVING_FAULTS_NOT_IN_REFERENCE_CUDA fork_shared_kv batch_all_positions_shift
   batch_page_boundary_leak)
@@ -426,7 +431,7 @@ function(touchstone_add_fault_tests backend weights)
     elseif(_expect MATCHES "^(serving\\.[a-z_]+)")
       # Only the named serving check runs (quick plan): the fault must fail it.
       set(_mode --serving-only --serving-plan quick --serving-check ${CMAKE_MATCH_1} --threads 1
-                --expect-fail --expect-step ${_expect})
+                --expect-fail --expect-step ${_expect} ${_layer})
     else()
       set(_mode --no-scoring --no-consistency --max-steps ${_fa_MAX_STEPS} --threads 1 --expect-fail
                 --expect-step ${_expect} ${_layer})

@@ -402,6 +402,14 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
                               plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
     ServingOptions opt = serving_options(caps, so, plan);
     opt.checks = o.serving_checks;
+    // A failing batch or fork comparison names its first divergent layer
+    // where the backend has taps and the profile a layer tolerance.
+    if (const std::optional<double> tol = in.profile->layer_tolerance();
+        lib.has_taps() && tol && g.tap_record_size() > 0) {
+      opt.tap_floats = g.tap_record_size();
+      opt.tap_dim = size_t(g.tap_dim);
+      opt.layer_tolerance = *tol;
+    }
     for (const GoldenCase& c : in.golden.cases) {  // text to extend the needle with
       if (c.name == first) continue;
       opt.extension.insert(opt.extension.end(), c.prompt_ids.begin(), c.prompt_ids.end());

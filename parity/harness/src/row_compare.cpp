@@ -112,6 +112,7 @@ void finish_rows(CaseResult& r, const std::string& what) {
   if (r.first_logit_violation_step >= 0) {
     r.failures.push_back(fmt::format("{}: position {}: {}", what, r.first_logit_violation_step,
                                      r.first_logit_violation));
+    if (std::string l = layer_line(r); !l.empty()) r.failures.push_back(std::move(l));
   }
   r.passed = r.failures.empty() && r.backend_error.empty();
 }

@@ -41,7 +41,12 @@ bool compare_row(std::span<const float> ref, std::span<const float> test, int po
 // Keeps one violation per check in r, with the worst value seen.
 void note_violation(CaseResult& r, const std::string& check, double value, double limit);
 
-// Sets r.passed; a violation becomes a failure line "<what>: position N: <why>".
+// Sets r.passed; a violation becomes a failure line "<what>: position N: <why>",
+// followed by the located layer's line when the serving checks located it.
 void finish_rows(CaseResult& r, const std::string& what);
+
+// The failure line of r's located first divergent layer (r.layer_locus;
+// serving_taps.cpp), "" when not located.
+std::string layer_line(const CaseResult& r);
 
 }  // namespace touchstone::detail

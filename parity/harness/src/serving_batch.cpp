@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "row_compare.h"
 #include "serving_batch.h"
@@ -29,10 +30,27 @@ std::vector<const Seq*> in_slots(const Shape& s, const std::vector<Seq>& cast) {
   return seqs;
 }
 
+// The layer taps of one entry: sequence `slot`'s feed number `feed`, at its
+// last position (what a backend records per call). run_batch / run_alone
+// stop once they have read them.
+struct TapProbe {
+  size_t slot = 0, feed = 0, n_floats = 0;
+  std::vector<float> taps;
+};
+
+// The feed of q that returned the row at `pos`.
+size_t feed_at(const Seq& q, int pos) {
+  for (size_t k = 0; k < q.feeds.size(); ++k) {
+    if (int(q.feeds[k].begin) <= pos && pos < int(q.feeds[k].begin + q.feeds[k].n)) return k;
+  }
+  throw Error("serving check: no feed holds a compared position (a harness bug)");
+}
+
 // Runs the sequences through Session::step_batch, one feed of each active
 // sequence per call, until every sequence is fed; each row goes to `sink`.
+// With a probe: the probed entry's taps are read and the run stops there.
 void run_batch(const Model& m, const SessionOptions& so, const std::vector<const Seq*>& seqs,
-               const RowSink& sink) {
+               const RowSink& sink, TapProbe* probe = nullptr) {
   const size_t V = size_t(m.n_vocab());
   std::vector<std::unique_ptr<Session>> sessions;
   for (size_t i = 0; i < seqs.size(); ++i) sessions.push_back(std::make_unique<Session>(m, so));
@@ -46,6 +64,7 @@ void run_batch(const Model& m, const SessionOptions& so, const std::vector<const
       left = left || next[i] < seqs[i]->feeds.size();
       if (step < seqs[i]->start_step || next[i] >= seqs[i]->feeds.size()) continue;
       const Feed& f = seqs[i]->feeds[next[i]];
+      if (probe && i == probe->slot && next[i] == probe->feed) sessions[i]->set_taps(true);
       logits[i].assign((f.all ? f.n : 1) * V, 0.0f);
       steps.push_back({sessions[i].get(),
                        std::span<const int32_t>(seqs[i]->tokens.data() + f.begin, f.n), f.all,
@@ -55,6 +74,11 @@ void run_batch(const Model& m, const SessionOptions& so, const std::vector<const
     if (!left) return;
     if (steps.empty()) continue;
     Session::step_batch(steps);
+    if (probe && next[probe->slot] == probe->feed &&
+        std::find(fed.begin(), fed.end(), probe->slot) != fed.end()) {
+      probe->taps = sessions[probe->slot]->read_taps(probe->n_floats);
+      return;
+    }
     for (size_t i : fed) {
       const Feed& f = seqs[i]->feeds[next[i]++];
       const size_t rows = f.all ? f.n : 1;
@@ -65,12 +89,20 @@ void run_batch(const Model& m, const SessionOptions& so, const std::vector<const
   }
 }
 
-// The sequence alone, fed the same way through prefill / decode / all-position prefill.
-PositionedRows run_alone(const Model& m, const SessionOptions& so, const Seq& q) {
+// The sequence alone, fed the same way through prefill / decode / all-position
+// prefill. With a probe: the probed feed's taps are read and the run stops there.
+PositionedRows run_alone(const Model& m, const SessionOptions& so, const Seq& q,
+                         TapProbe* probe = nullptr) {
   const size_t V = size_t(m.n_vocab());
   Session s(m, so);
   PositionedRows out;
-  for (const Feed& f : q.feeds) {
+  for (size_t k = 0; k < q.feeds.size(); ++k) {
+    if (probe && k == probe->feed + 1) {
+      probe->taps = s.read_taps(probe->n_floats);
+      return out;
+    }
+    if (probe && k == probe->feed) s.set_taps(true);
+    const Feed& f = q.feeds[k];
     const std::span<const int32_t> t(q.tokens.data() + f.begin, f.n);
     if (f.all) {
       const std::vector<float> all = s.prefill_all(t);
@@ -89,6 +121,7 @@ PositionedRows run_alone(const Model& m, const SessionOptions& so, const Seq& q)
     }
     out.positions.push_back(int(f.begin + f.n - 1));
   }
+  if (probe) probe->taps = s.read_taps(probe->n_floats);
   return out;
 }
 
@@ -128,7 +161,33 @@ struct BatchRun {
   // Runs the shape with the first contents: every entry compared with its
   // sequence alone into inv (when `judge`); returns the needle's rows.
   PositionedRows judged_run(const Shape& s, bool judge, CaseResult& inv, DriftMeter& meter);
+  // The layer taps of the sequence at `slot` of shape s (contents y when
+  // other_contents), in the batch or alone, at the last position of the
+  // entry that returned the row at `pos`.
+  std::vector<float> batch_taps(const Shape& s, bool other_contents, size_t slot, int pos);
+  std::vector<float> alone_taps(const Shape& s, size_t slot, int pos);
 };
+
+std::vector<float> BatchRun::batch_taps(const Shape& s, bool other_contents, size_t slot, int pos) {
+  const std::vector<const Seq*> seqs = in_slots(s, cast(s.schedule, other_contents));
+  TapProbe probe{slot, feed_at(*seqs[slot], pos), opt.tap_floats, {}};
+  run_batch(
+      model, opt.session, seqs, [](size_t, int, std::span<const float>) {}, &probe);
+  return probe.taps;
+}
+
+std::vector<float> BatchRun::alone_taps(const Shape& s, size_t slot, int pos) {
+  const Seq& q = cast(s.schedule, false)[s.cast_at(int(slot))];
+  TapProbe probe{0, feed_at(q, pos), opt.tap_floats, {}};
+  run_alone(model, opt.session, q, &probe);
+  return probe.taps;
+}
+
+// The last position of the entry of q that returned the row at `pos`.
+int entry_end(const Seq& q, int pos) {
+  const Feed& f = q.feeds[feed_at(q, pos)];
+  return int(f.begin + f.n) - 1;
+}
 
 PositionedRows BatchRun::judged_run(const Shape& s, bool judge, CaseResult& inv,
                                     DriftMeter& meter) {
@@ -136,6 +195,8 @@ PositionedRows BatchRun::judged_run(const Shape& s, bool judge, CaseResult& inv,
   std::vector<size_t> cursor(seqs.size(), 0);
   PositionedRows needle;
   const size_t needle_slot = size_t(s.needle_slot);
+  std::optional<std::pair<size_t, int>> failed;  // this run's first failing (slot, position)
+  const bool failed_before = inv.first_logit_violation_step >= 0;
   run_batch(model, opt.session, seqs, [&](size_t slot, int pos, std::span<const float> row) {
     if (slot == needle_slot) {
       needle.positions.push_back(pos);
@@ -149,9 +210,20 @@ PositionedRows BatchRun::judged_run(const Shape& s, bool judge, CaseResult& inv,
     const std::string where =
         fmt::format(" ({}; slot {}: {}; batching {})", s.label(), slot, seqs[slot]->name, mode);
     meter.add(want.rows[k], row);
-    compare_row(want.rows[k], row, pos, opt.batch_invariant, "TS_CAP_BATCH_INVARIANT", profile,
-                where, inv);
+    if (!compare_row(want.rows[k], row, pos, opt.batch_invariant, "TS_CAP_BATCH_INVARIANT", profile,
+                     where, inv) &&
+        !failed)
+      failed = {slot, pos};
   });
+  if (failed && !failed_before) {
+    try_locate(inv, opt, [&] {
+      const auto [slot, pos] = *failed;
+      note_layers(inv, alone_taps(s, slot, pos), batch_taps(s, false, slot, pos), opt,
+                  opt.batch_invariant, entry_end(*seqs[slot], pos),
+                  fmt::format(" ({}; slot {}: {}; taps of the entry ending there, batch vs alone)",
+                              s.label(), slot, seqs[slot]->name));
+    });
+  }
   return needle;
 }
 
@@ -267,6 +339,16 @@ std::vector<CaseResult> check_batches(const Model& model, const Needles& needles
       compare_rows(in_x, in_y, true,
                    "TS_CAP_BITWISE_DETERMINISM (other sequences' contents changed this one)",
                    profile, where, iso, mi);
+      if (iso.first_logit_violation_step >= 0) {
+        try_locate(iso, opt, [&] {
+          const size_t slot = size_t(s.needle_slot);
+          const int pos = iso.first_logit_violation_step;
+          const Seq& q = run.cast(s.schedule, false)[s.cast_at(s.needle_slot)];
+          note_layers(iso, run.batch_taps(s, false, slot, pos), run.batch_taps(s, true, slot, pos),
+                      opt, true, entry_end(q, pos),
+                      fmt::format(" ({}; the needle's taps with both filler contents)", s.label()));
+        });
+      }
       iso.drift.push_back(mi.point);
     } else {
       noisy.push_back(isolation_runs(run, s, std::move(in_x), where, iso));

@@ -2,25 +2,44 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
 #include <memory>
 #include <random>
 #include <set>
 
 #include "row_compare.h"
 #include "serving_internal.h"
+#include "touchstone/error.h"
 
 namespace touchstone::detail {
 namespace {
 
+// The layer taps of a branch's calls (floats > 0: taps on), one record per
+// row; the first error reading them stops the log (the rows still count).
+struct TapLog {
+  size_t floats = 0;
+  std::vector<Row> taps;
+  std::string error;
+};
+
 // Feeds tokens[from, to) to s: the first `chunk` of them as one prefill, then
-// one decode each; the rows and their positions.
+// one decode each; the rows and their positions, each call's taps into `log`.
 PositionedRows feed(Session& s, std::span<const int32_t> tokens, size_t from, size_t to,
-                    size_t chunk) {
+                    size_t chunk, TapLog& log) {
   PositionedRows out;
+  auto called = [&] {
+    if (log.floats == 0 || !log.error.empty()) return;
+    try {
+      log.taps.push_back(s.read_taps(log.floats));
+    } catch (const std::exception& e) {
+      log.error = e.what();
+    }
+  };
   size_t at = from;
   if (chunk > 0 && at < to) {
     const size_t n = std::min(chunk, to - at);
     out.rows.push_back(s.prefill(tokens.subspan(at, n)));
+    called();
     at += n;
     out.positions.push_back(int(at) - 1);
   }
@@ -31,6 +50,7 @@ PositionedRows feed(Session& s, std::span<const int32_t> tokens, size_t from, si
     } else {
       s.decode(tokens[at], out.rows.back());
     }
+    called();
     out.positions.push_back(int(at));
   }
   return out;
@@ -53,17 +73,44 @@ struct ForkRun {
   std::string mode;
   CaseResult& r;
 
-  // Feeds the branch up to `to` (the first `chunk` tokens as one prefill) and compares.
+  // Layer taps on in the branch's sessions (a fork starts with them off).
+  void taps_on(Branch& b) const {
+    if (opt.tap_floats == 0) return;
+    try {
+      b.got->set_taps(true);
+      b.want->set_taps(true);
+    } catch (const std::exception&) {  // read_taps then fails, and the failure line says why
+    }
+  }
+
+  // Feeds the branch up to `to` (the first `chunk` tokens as one prefill) and
+  // compares; the first failure's layer is located from the calls' taps.
   void advance(Branch& b, size_t to, size_t chunk, const std::string& phase) {
     to = std::min(to, b.tokens.size());
     if (to <= b.at) return;
-    const PositionedRows want = feed(*b.want, b.tokens, b.at, to, chunk);
-    const PositionedRows got = feed(*b.got, b.tokens, b.at, to, chunk);
+    TapLog want_taps{opt.tap_floats, {}, {}}, got_taps{opt.tap_floats, {}, {}};
+    const PositionedRows want = feed(*b.want, b.tokens, b.at, to, chunk, want_taps);
+    const PositionedRows got = feed(*b.got, b.tokens, b.at, to, chunk, got_taps);
     b.at = to;
     DriftMeter m{{fmt::format("{}, {}", b.label, phase), int(b.tokens.size())}};
+    const bool failed_before = r.first_logit_violation_step >= 0;
     compare_rows(want, got, b.bits, b.claim, profile,
                  fmt::format(" ({}, {}; {})", b.label, phase, mode), r, m);
     r.drift.push_back(m.point);
+    if (failed_before || r.first_logit_violation_step < 0) return;
+    for (size_t i = 0; i < want.positions.size(); ++i) {  // the call that returned the row
+      if (want.positions[i] < r.first_logit_violation_step) continue;
+      try_locate(r, opt, [&] {
+        for (const TapLog* t : {&want_taps, &got_taps}) {
+          if (!t->error.empty()) throw Error(t->error);
+          if (t->taps.size() <= i) throw Error("a call's taps are missing (a harness bug)");
+        }
+        note_layers(
+            r, want_taps.taps[i], got_taps.taps[i], opt, b.bits, want.positions[i],
+            fmt::format(" ({}, {}; taps of that call against a fresh session's)", b.label, phase));
+      });
+      return;
+    }
   }
 };
 
@@ -103,6 +150,7 @@ CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle
   src.tokens.insert(src.tokens.end(), own.begin(), own.end());
   src.got = std::make_unique<Session>(model, opt.session);
   src.want = std::make_unique<Session>(model, opt.session);
+  run.taps_on(src);
   run.advance(src, ahead, prompt_len, "before forking");
   std::vector<Branch> forks;
   for (size_t n : std::set<size_t>{1, std::max<size_t>(1, prompt_len / 2), prompt_len, ahead}) {
@@ -116,6 +164,7 @@ CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle
     const std::vector<int32_t> suffix = random_tokens(rng, kSuffix, model.n_vocab());
     b.tokens.insert(b.tokens.end(), suffix.begin(), suffix.end());
     b.want->prefill(std::span<const int32_t>(b.tokens).first(n));
+    run.taps_on(b);
     run.advance(b, n + 4, 3, "its own suffix");
     forks.push_back(std::move(b));
   }

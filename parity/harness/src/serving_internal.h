@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -53,6 +55,25 @@ struct IsolationRuns {
 // before (serving_batch.cpp). Appends each shape's x-vs-y drift to r.drift;
 // violations "isolation_max_abs" / "non_finite".
 void judge_isolation(const std::vector<IsolationRuns>& runs, const Profile& profile, CaseResult& r);
+
+// Layer taps of the serving checks (o.tap_floats > 0). The first tap record
+// entry, layers in order and points in order within a layer, where `test`
+// differs from `ref`: any bit when `bitwise`, else NMSE over
+// o.layer_tolerance; nullopt when every tap matches (or a record has the
+// wrong size).
+std::optional<LayerDivergence> first_divergent_tap(std::span<const float> ref,
+                                                   std::span<const float> test,
+                                                   const ServingOptions& o, bool bitwise,
+                                                   int position);
+// Locates r's first failure once: its first divergent layer at `position`
+// (the last position of the call whose taps were read), `where` saying which
+// sequence; finish_rows adds the line (layer_line).
+void note_layers(CaseResult& r, std::span<const float> ref, std::span<const float> test,
+                 const ServingOptions& o, bool bitwise, int position, const std::string& where);
+// Runs `locate` (which reads taps and calls note_layers) for r's first
+// failure, once, when taps are on: a backend or harness error there is kept
+// as r.layer_not_located (a line of the failure), never a verdict of its own.
+void try_locate(CaseResult& r, const ServingOptions& o, const std::function<void()>& locate);
 
 // Runs fn, timing it into the result it returns.
 template <typename Fn>

@@ -115,8 +115,12 @@ struct CaseResult {
   std::string first_logit_violation;                 // what broke there
   int tap_steps_compared = 0;                        // golden tap steps compared (0 = no taps)
   std::optional<LayerDivergence> first_layer_divergence;
-  double nmse_max = 0.0;  // over compared steps
-  double max_abs = 0.0;   // over compared steps
+  // Serving checks: where the first failing row's layer taps were compared
+  // (" at position N (<shape, slot, ...>)"; "" = not located, no taps).
+  std::string layer_locus;
+  std::string layer_not_located;  // why the taps of that failure could not be read
+  double nmse_max = 0.0;          // over compared steps
+  double max_abs = 0.0;           // over compared steps
   double kld_mean = 0.0, kld_max = 0.0;
   size_t nonfinite = 0;         // NaN/Inf logits seen
   int device_greedy_steps = 0;  // steps re-run through prefill_greedy (TS_CAP_DEVICE_GREEDY)

@@ -91,6 +91,12 @@ struct ServingOptions {
   // golden tokens); seeded ids fill up what it lacks.
   std::vector<int32_t> extension;
   std::vector<std::string> checks;  // names of serving_check_names() to run; empty = all
+  // Layer taps (ABI v4) naming the first divergent layer of a failing batch
+  // or fork comparison: floats of one record (n_layer * TS_TAP_POINTS *
+  // n_embd), n_embd, and the NMSE tolerance per tap where bits are not
+  // claimed. tap_floats 0: not located (no taps, or no layer tolerance).
+  size_t tap_floats = 0, tap_dim = 0;
+  double layer_tolerance = 0.0;
   bool runs(const std::string& check) const;
   size_t n_checks() const;  // how many of the four run
   // Whether the plan's batches of b sequences run (b >= 2, at most max_batch).
