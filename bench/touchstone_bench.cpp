@@ -59,9 +59,9 @@
 #include <vector>
 
 #include "noisy_neighbour.h"
-#include "touchstone/backend.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/runtime/backend.h"
 
 namespace {
 

@@ -4,7 +4,9 @@
 #                               touchstone-contract-test (BUILD_TESTING), exporters
 #   lib/touchstone/             the backends (libtouchstone_backend_<name>.so), found by the CLI
 #                               relative to its own location (<bin>/../lib/touchstone)
-#   include/touchstone/         backend_abi.h (the contract), backend_adapter.hpp (C++ helper)
+#   include/touchstone/abi/     backend_abi.h (the contract), backend_adapter.hpp (C++ helper);
+#                               include/touchstone/{backend_abi.h,backend_adapter.hpp} forward
+#                               to them (the paths of SDKs before the module layout)
 #   lib/cmake/Touchstone/       find_package(Touchstone): Touchstone::abi,
 #                               Touchstone::touchstone, touchstone_add_parity_tests(TARGET ...)
 #   share/pkgconfig/touchstone.pc
@@ -23,9 +25,16 @@ target_include_directories(touchstone_abi INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/common/include> $<INSTALL_INTERFACE:include>)
 set_target_properties(touchstone_abi PROPERTIES EXPORT_NAME abi)
 install(TARGETS touchstone_abi EXPORT TouchstoneTargets COMPONENT dev)
-install(FILES ${PROJECT_SOURCE_DIR}/common/include/touchstone/backend_abi.h
-              ${PROJECT_SOURCE_DIR}/common/include/touchstone/backend_adapter.hpp
-        DESTINATION include/touchstone COMPONENT dev)
+install(FILES ${PROJECT_SOURCE_DIR}/common/include/touchstone/abi/backend_abi.h
+              ${PROJECT_SOURCE_DIR}/common/include/touchstone/abi/backend_adapter.hpp
+        DESTINATION include/touchstone/abi COMPONENT dev)
+# Backends written against the earlier include/touchstone/<header> paths keep building.
+foreach(_h backend_abi.h backend_adapter.hpp)
+  file(WRITE ${CMAKE_BINARY_DIR}/sdk_compat/${_h}
+    "/* Forwards to touchstone/abi/${_h}, the header's path in the module layout. */\n"
+    "#include \"touchstone/abi/${_h}\"\n")
+  install(FILES ${CMAKE_BINARY_DIR}/sdk_compat/${_h} DESTINATION include/touchstone COMPONENT dev)
+endforeach()
 
 install(TARGETS touchstone touchstone-backend-runner EXPORT TouchstoneTargets
         RUNTIME DESTINATION bin COMPONENT runtime)

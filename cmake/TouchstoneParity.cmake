@@ -271,7 +271,7 @@ function(_touchstone_parity_tests backend backend_arg weights labels models slow
         ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 1200 COST ${_cost})
     endforeach()
   endforeach()
-  # The golden-free consistency checks (touchstone/consistency.h) on the first
+  # The golden-free consistency checks (touchstone/harness/consistency.h) on the first
   # model's first case, 24 tokens: prefill vs decode, chunked prefill, rewind +
   # replay, 1/2/3 threads, run to run.
   set(_t parity.${backend}.${weights}.consistency)
@@ -287,7 +287,7 @@ endfunction()
 # touchstone_add_serving_tests(<backend> <weights> MODELS m... [PLAN quick|full]
 #                              [PROFILE name] [KNOWN_DIVERGENCES file.json] [LABELS l...])
 #
-# The serving checks (touchstone/serving.h, docs/serving-checks.md) on each
+# The serving checks (touchstone/harness/serving.h, docs/serving-checks.md) on each
 # model's first case: serving.<backend>.<weights>.<model> (PLAN full:
 # serving.<backend>.<weights>.<model>.full). One backend thread, as the
 # per-case tests. PROFILE: the tolerance profile (default: the weight path's).

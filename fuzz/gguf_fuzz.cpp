@@ -1,4 +1,4 @@
-// libFuzzer target: the GGUF reader (reference/gguf). Any input must open or
+// libFuzzer target: the GGUF reader (model/gguf). Any input must open or
 // throw touchstone::Error; for a file that opens, every accessor and the
 // dequantization of every tensor (bounded to kMaxElements) must work or throw
 // Error, and the tokenizer data read from it must build a Tokenizer or throw.
@@ -8,10 +8,10 @@
 #include <cstdlib>
 
 #include "fuzz_util.h"
-#include "touchstone/error.h"
-#include "touchstone/gguf.h"
-#include "touchstone/quant.h"
-#include "touchstone/tokenizer.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/model/tokenizer.h"
 
 namespace {
 constexpr uint64_t kMaxElements = uint64_t{1} << 20;  // bounds memory and time per input

@@ -22,8 +22,8 @@
 #include <utility>
 
 #include "fuzz_util.h"
-#include "touchstone/error.h"
-#include "touchstone/golden.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/golden.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -1,6 +1,6 @@
 // make_seeds.cpp - writes the generated seed inputs of the committed corpora
 // (fuzz/corpus/<target>/seed_*): tiny GGUF files (built with
-// reference/gguf/tests/gguf_builder.h), a tiny golden (write_golden_file) and
+// model/gguf/tests/gguf_builder.h), a tiny golden (write_golden_file) and
 // child-process protocol frames (protocol.h's encoders). Run by hand from the
 // repository root after a format change:  build/fuzz/make_seeds fuzz/corpus
 #include <cstdio>
@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "../reference/gguf/tests/gguf_builder.h"
-#include "touchstone/golden.h"
-#include "touchstone/protocol.h"
+#include "../model/gguf/tests/gguf_builder.h"
+#include "touchstone/golden/golden.h"
+#include "touchstone/runtime/protocol.h"
 
 namespace tg = touchstone::gguf;
 using tg::testing::GgufBuilder;

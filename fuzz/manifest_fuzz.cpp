@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "fuzz_util.h"
-#include "touchstone/error.h"
-#include "touchstone/manifest.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/manifest.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static touchstone::fuzz::MemFile file("manifest_fuzz");

@@ -1,4 +1,4 @@
-// libFuzzer target: the child-process protocol decoder (touchstone/protocol.h)
+// libFuzzer target: the child-process protocol decoder (touchstone/runtime/protocol.h)
 // as the harness runs it on a runner's replies: header, then each reply kind;
 // and as the runner runs it on the harness's step_batch / fork_session requests.
 // Any input must decode or throw ProtocolError; nothing else.
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/protocol.h"
+#include "touchstone/runtime/protocol.h"
 
 using namespace touchstone::protocol;
 

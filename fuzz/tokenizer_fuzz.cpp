@@ -1,4 +1,4 @@
-// libFuzzer target: the tokenizer (reference/tokenizer), encode/decode round
+// libFuzzer target: the tokenizer (model/tokenizer), encode/decode round
 // trip. The first input byte picks the tokenizer and flags, the rest is text.
 //
 //  * byte-level BPE ("gpt2"): the real SmolLM2 vocabulary, loaded once from the
@@ -22,9 +22,9 @@
 #include <string_view>
 #include <vector>
 
-#include "touchstone/error.h"
-#include "touchstone/gguf.h"
-#include "touchstone/tokenizer.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/tokenizer.h"
 
 namespace ts = touchstone;
 

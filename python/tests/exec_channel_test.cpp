@@ -14,7 +14,7 @@
 #include <sstream>
 #include <string>
 
-#include "touchstone/backend.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone {
 namespace {

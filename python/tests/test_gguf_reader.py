@@ -1,5 +1,5 @@
 """examples/gguf_reader.py: the NumPy dequantization against a scalar transcription
-of reference/gguf/src/quant.cpp (float32 operations in the same order), and the
+of model/gguf/src/quant.cpp (float32 operations in the same order), and the
 reader's refusal of truncated files. Skipped without NumPy.
 
 The test models of tests/models cover F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and

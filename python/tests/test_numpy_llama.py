@@ -3,7 +3,7 @@ models (tests/models/llama-test-f32.gguf, gemma3-test-f32.gguf): step_batch give
 every entry the logits its own prefill gives, fork copies the KV prefix and leaves
 the source alone, and both work through serve()'s request loop. Gemma 3's switches
 (layer pattern, per-family key and tensor refusal, NeoX RoPE, tanh GELU, QK-norm)
-against scalar transcriptions of reference/model. Skipped without NumPy.
+against scalar transcriptions of reference/transformer. Skipped without NumPy.
 """
 
 import math

@@ -172,8 +172,8 @@ class Records(unittest.TestCase):
             P.BackendInfo(nmae="x")
 
     def test_constants_match_the_c_headers(self):
-        """Every constant against common/include/touchstone/backend_abi.h and
-        parity/runtime/include/touchstone/protocol.h (when the sources are there)."""
+        """Every constant against common/include/touchstone/abi/backend_abi.h and
+        parity/runtime/include/touchstone/runtime/protocol.h (when the sources are there)."""
         root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
         abi = os.path.join(root, "common", "include", "touchstone", "backend_abi.h")
         proto = os.path.join(root, "parity", "runtime", "include", "touchstone", "protocol.h")

@@ -1,7 +1,7 @@
 """serve()'s request loop against fake engines, over a real socketpair.
 
 Checks what the harness relies on: the hello reply, the shared argument checks
-(touchstone/backend_adapter.hpp: token ids, room, rewind range, weight path,
+(touchstone/abi/backend_adapter.hpp: token ids, room, rewind range, weight path,
 faults), the mapping of Python exceptions to ts_status + message, the sizes of
 what an engine returns, and a clean exit on EOF.
 """

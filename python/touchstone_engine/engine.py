@@ -1,8 +1,8 @@
 """What an engine implements: Engine (the backend), its models and Sessions.
 
 The calls and their meaning are the session contract of
-common/include/touchstone/backend_abi.h (docs/contract.md); serve() checks
-every request the way the C++ adapter (touchstone/backend_adapter.hpp) does
+common/include/touchstone/abi/backend_abi.h (docs/contract.md); serve() checks
+every request the way the C++ adapter (touchstone/abi/backend_adapter.hpp) does
 before an engine sees it, so an engine computes and nothing else:
 
     class MySession(Session):

@@ -7,7 +7,7 @@ Standard library only. Every frame is
 little-endian. A reply carries ``op | REPLY_BIT`` and its payload starts with an
 i32 ts_status; a status other than TS_OK is followed by an error string and
 nothing else. Strings are u32 length + bytes; logits are raw little-endian fp32.
-Mirrors parity/runtime/include/touchstone/protocol.h; decoding is bounds-checked
+Mirrors parity/runtime/include/touchstone/runtime/protocol.h; decoding is bounds-checked
 and raises ProtocolError naming the message and the field.
 """
 
@@ -15,7 +15,7 @@ import struct
 
 VERSION = 4
 MIN_VERSION = 3  # the oldest harness an engine still answers (with that version's fields)
-API_VERSION = 6  # TS_BACKEND_API_VERSION of common/include/touchstone/backend_abi.h
+API_VERSION = 6  # TS_BACKEND_API_VERSION of common/include/touchstone/abi/backend_abi.h
 API_VERSION_OF = {3: 5, 4: API_VERSION}  # the newest ABI each protocol version carries
 MAGIC = 0x31505354  # bytes "TSP1"
 REPLY_BIT = 0x8000

@@ -238,7 +238,7 @@ class Server:
             traceback.print_exc(file=sys.stderr)
             return P.error_payload(P.TS_ERR_INTERNAL, _last_line(e))
 
-    # ---- checks every engine gets (touchstone/backend_adapter.hpp) ----
+    # ---- checks every engine gets (touchstone/abi/backend_adapter.hpp) ----
     def _new_handle(self):
         h = self._next
         self._next += 1
@@ -434,7 +434,7 @@ class Server:
 
 
 class _Batch:
-    """The checks of a step_batch request (touchstone/backend_adapter.hpp's
+    """The checks of a step_batch request (touchstone/abi/backend_adapter.hpp's
     batch_items), each message naming the entry."""
 
     def __init__(self, server, request):

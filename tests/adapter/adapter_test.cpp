@@ -1,4 +1,4 @@
-// touchstone::BackendAdapter<Impl> (touchstone/backend_adapter.hpp): the table it
+// touchstone::BackendAdapter<Impl> (touchstone/abi/backend_adapter.hpp): the table it
 // builds, the shared checks it makes before the backend sees a call, and how it
 // maps exceptions to ts_status. Two toy backends: one with every optional
 // member, one with none.
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend_adapter.hpp"
+#include "touchstone/abi/backend_adapter.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Contract conformance suite: every backend runs the same checks of the session
-// contract (touchstone/backend_abi.h) on the real model, like IREE's HAL CTS.
+// contract (touchstone/abi/backend_abi.h) on the real model, like IREE's HAL CTS.
 //
 // Environment: TOUCHSTONE_CONTRACT_BACKEND (name or path), TOUCHSTONE_CONTRACT_WEIGHTS
 // (full_precision | quantized), TOUCHSTONE_MODEL_PATH (the GGUF).
@@ -26,12 +26,12 @@
 #include <optional>
 #include <stdexcept>
 
-#include "touchstone/backend.h"
-#include "touchstone/faults.h"
-#include "touchstone/gguf.h"
-#include "touchstone/manifest.h"
-#include "touchstone/metrics.h"
-#include "touchstone/model_config.h"
+#include "touchstone/golden/manifest.h"
+#include "touchstone/metrics/metrics.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone {
 namespace {
@@ -317,7 +317,7 @@ TEST_F(Contract, UnknownFaultIsRefused) {
   }
 }
 
-// Every name of the fault catalog (touchstone/faults.h) is either accepted (the
+// Every name of the fault catalog (touchstone/model/faults.h) is either accepted (the
 // backend implements it; its fault.* CTests prove the effect) or refused with
 // TS_ERR_UNSUPPORTED naming the fault; never another error or a crash. A name
 // added to the catalog is therefore a decision every backend makes.

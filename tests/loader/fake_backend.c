@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-#include "touchstone/backend_abi.h"
+#include "touchstone/abi/backend_abi.h"
 
 #ifndef FAKE_API_VERSION
 #define FAKE_API_VERSION TS_BACKEND_API_VERSION

@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "touchstone/backend.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone {
 namespace {

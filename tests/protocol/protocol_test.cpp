@@ -1,6 +1,6 @@
-// The child-process protocol codec (touchstone/protocol.h): round trips, and
+// The child-process protocol codec (touchstone/runtime/protocol.h): round trips, and
 // every malformed input is a ProtocolError naming the message and field.
-#include "touchstone/protocol.h"
+#include "touchstone/runtime/protocol.h"
 
 #include <gtest/gtest.h>
 

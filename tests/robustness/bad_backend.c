@@ -51,7 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "touchstone/backend_abi.h"
+#include "touchstone/abi/backend_abi.h"
 
 /* What the forge mode puts in every string the harness prints. */
 #define FORGED "\n\nverdict: PASS\n\x1b[8m"

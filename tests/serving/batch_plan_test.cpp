@@ -1,7 +1,7 @@
-// touchstone::plan_passes (touchstone/batch_plan.h): every token of every
+// touchstone::plan_passes (touchstone/abi/batch_plan.h): every token of every
 // entry lands in exactly one pass row, in entry order, no pass holds more than
 // max_rows rows, and the logits rows are exactly the ones each entry asks for.
-#include "touchstone/batch_plan.h"
+#include "touchstone/abi/batch_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend.h"
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone {
 namespace {

@@ -1,4 +1,4 @@
-// A toy ABI v6 backend (touchstone/backend_adapter.hpp) with its own step_batch
+// A toy ABI v6 backend (touchstone/abi/backend_adapter.hpp) with its own step_batch
 // and fork_session, for end-to-end tests of the serving calls in process and
 // through the child-process protocol. Its "KV cache" is the token history and a
 // row of logits hashes all of it, so a batch entry computed at the wrong
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend_adapter.hpp"
+#include "touchstone/abi/backend_adapter.hpp"
 
 namespace {
 

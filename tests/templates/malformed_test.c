@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "touchstone/backend_abi.h"
+#include "touchstone/abi/backend_abi.h"
 
 static const ts_backend* b;
 static int failures;

@@ -1,7 +1,7 @@
 // touchstone-backend-runner --fd N LIBRARY
 // touchstone-backend-runner --stdio LIBRARY
 //
-// The child side of the child-process protocol (touchstone/protocol.h,
+// The child side of the child-process protocol (touchstone/runtime/protocol.h,
 // docs/protocol.md): loads one backend library in this process, then answers
 // requests on fd N (or: reads them on stdin and answers on stdout, for a
 // harness on another machine, `--backend "stdio:ssh HOST
@@ -25,10 +25,10 @@
 #include <map>
 #include <set>
 
-#include "touchstone/backend.h"
-#include "touchstone/backend_channel.h"
-#include "touchstone/protocol.h"
-#include "touchstone/stop_signals.h"
+#include "touchstone/runtime/backend.h"
+#include "touchstone/runtime/backend_channel.h"
+#include "touchstone/runtime/protocol.h"
+#include "touchstone/runtime/stop_signals.h"
 
 namespace touchstone {
 namespace {
@@ -95,6 +95,12 @@ class Runner {
   std::string step_batch(Reader& r);
   void check_batch_size(const std::vector<protocol::DecodedBatchEntry>& req);
   std::string fork_session(Reader& r);
+  // The other ops with arguments beyond a handle, each answering TS_OK + its result.
+  std::string load_model(Reader& r);
+  std::string open_session(Reader& r);
+  std::string prefill(Reader& r);
+  std::string prefill_greedy(Reader& r);
+  std::string read_taps(Reader& r);
   // ABI v6 members are called only when the table has them (version >= 6, non-NULL).
   void need(bool has, const char* member) const {
     if (!has || version_ < 4) {
@@ -243,6 +249,76 @@ std::string Runner::fork_session(Reader& r) {
   return w.bytes();
 }
 
+std::string Runner::load_model(Reader& r) {
+  const std::string path = r.str("path");
+  r.finish();
+  int32_t n_vocab = 0;
+  const Handle h = ch_->load_model(path, &n_vocab);
+  models_[h] = n_vocab;
+  Writer w;
+  w.i32(TS_OK).u64(h).i32(n_vocab);
+  return w.bytes();
+}
+
+std::string Runner::open_session(Reader& r) {
+  const Handle m = model(r);
+  ts_session_options o{};
+  o.struct_size = sizeof o;
+  o.weight_path = ts_weight_path(r.i32("weight_path"));
+  o.n_threads = r.i32("n_threads");
+  o.max_context = r.i32("max_context");
+  const std::string fault = r.str("fault");
+  r.finish();
+  o.fault = fault.empty() ? nullptr : fault.c_str();
+  const Handle s = ch_->open_session(m, o);
+  sessions_[s] = models_[m];
+  Writer w;
+  w.i32(TS_OK).u64(s);
+  return w.bytes();
+}
+
+// The tokens of a prefill request: n_tokens, then exactly that many ids.
+std::vector<int32_t> request_tokens(Reader& r, const char* op) {
+  const int32_t n = r.i32("n_tokens");
+  if (n < 0 || size_t(n) * 4 != r.remaining()) {
+    throw Error("runner: {}: n_tokens {} does not match the {} bytes of tokens", op, n,
+                r.remaining());
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  r.i32s("tokens", tokens);
+  return tokens;
+}
+
+std::string Runner::prefill(Reader& r) {
+  const Handle s = session(r);
+  const bool all = r.i32("all_positions") != 0;
+  const std::vector<int32_t> tokens = request_tokens(r, "prefill");
+  const size_t out = reply_floats(size_t(sessions_[s]), all ? tokens.size() : 1, 0, "prefill");
+  ch_->prefill(s, tokens, all, std::span<float>(guarded(out).data(), out));
+  check_guard(out, all ? "prefill(all positions)" : "prefill");
+  return floats_reply(out);
+}
+
+std::string Runner::prefill_greedy(Reader& r) {
+  const Handle s = session(r);
+  const std::vector<int32_t> tokens = request_tokens(r, "prefill_greedy");
+  Writer w;
+  w.i32(TS_OK).i32(ch_->prefill_greedy(s, tokens));
+  return w.bytes();
+}
+
+std::string Runner::read_taps(Reader& r) {
+  const Handle s = session(r);
+  const uint64_t n = r.u64("n_floats");
+  r.finish();
+  if (n == 0 || n > (uint64_t{1} << 28)) {
+    throw Error("runner: read_taps: n_floats {} outside [1, 2^28]", n);
+  }
+  ch_->read_taps(s, std::span<float>(guarded(size_t(n)).data(), size_t(n)));
+  check_guard(size_t(n), "read_taps");
+  return floats_reply(size_t(n));
+}
+
 std::string Runner::handle(Op op, Reader& r) {
   Writer w;
   w.i32(TS_OK);
@@ -251,15 +327,8 @@ std::string Runner::handle(Op op, Reader& r) {
       r.finish();
       protocol::encode(w, ch_->capabilities(), version_);
       return w.bytes();
-    case Op::kLoadModel: {
-      const std::string path = r.str("path");
-      r.finish();
-      int32_t n_vocab = 0;
-      const Handle h = ch_->load_model(path, &n_vocab);
-      models_[h] = n_vocab;
-      w.u64(h).i32(n_vocab);
-      return w.bytes();
-    }
+    case Op::kLoadModel:
+      return load_model(r);
     case Op::kFreeModel: {
       const Handle h = model(r);
       r.finish();
@@ -267,21 +336,8 @@ std::string Runner::handle(Op op, Reader& r) {
       models_.erase(h);
       return w.bytes();
     }
-    case Op::kOpenSession: {
-      const Handle m = model(r);
-      ts_session_options o{};
-      o.struct_size = sizeof o;
-      o.weight_path = ts_weight_path(r.i32("weight_path"));
-      o.n_threads = r.i32("n_threads");
-      o.max_context = r.i32("max_context");
-      const std::string fault = r.str("fault");
-      r.finish();
-      o.fault = fault.empty() ? nullptr : fault.c_str();
-      const Handle s = ch_->open_session(m, o);
-      sessions_[s] = models_[m];
-      w.u64(s);
-      return w.bytes();
-    }
+    case Op::kOpenSession:
+      return open_session(r);
     case Op::kFreeSession: {
       const Handle h = session(r);
       r.finish();
@@ -289,21 +345,8 @@ std::string Runner::handle(Op op, Reader& r) {
       sessions_.erase(h);
       return w.bytes();
     }
-    case Op::kPrefill: {
-      const Handle s = session(r);
-      const bool all = r.i32("all_positions") != 0;
-      const int32_t n = r.i32("n_tokens");
-      if (n < 0 || size_t(n) * 4 != r.remaining()) {
-        throw Error("runner: prefill: n_tokens {} does not match the {} bytes of tokens", n,
-                    r.remaining());
-      }
-      std::vector<int32_t> tokens(static_cast<size_t>(n));
-      r.i32s("tokens", tokens);
-      const size_t out = reply_floats(size_t(sessions_[s]), all ? size_t(n) : 1, 0, "prefill");
-      ch_->prefill(s, tokens, all, std::span<float>(guarded(out).data(), out));
-      check_guard(out, all ? "prefill(all positions)" : "prefill");
-      return floats_reply(out);
-    }
+    case Op::kPrefill:
+      return prefill(r);
     case Op::kDecode: {
       const Handle s = session(r);
       const int32_t token = r.i32("token");
@@ -313,18 +356,8 @@ std::string Runner::handle(Op op, Reader& r) {
       check_guard(out, "decode");
       return floats_reply(out);
     }
-    case Op::kPrefillGreedy: {
-      const Handle s = session(r);
-      const int32_t n = r.i32("n_tokens");
-      if (n < 0 || size_t(n) * 4 != r.remaining()) {
-        throw Error("runner: prefill_greedy: n_tokens {} does not match the {} bytes of tokens", n,
-                    r.remaining());
-      }
-      std::vector<int32_t> tokens(static_cast<size_t>(n));
-      r.i32s("tokens", tokens);
-      w.i32(ch_->prefill_greedy(s, tokens));
-      return w.bytes();
-    }
+    case Op::kPrefillGreedy:
+      return prefill_greedy(r);
     case Op::kRewind: {
       const Handle s = session(r);
       const int32_t p = r.i32("position");
@@ -345,17 +378,8 @@ std::string Runner::handle(Op op, Reader& r) {
       ch_->set_taps(s, enable);
       return w.bytes();
     }
-    case Op::kReadTaps: {
-      const Handle s = session(r);
-      const uint64_t n = r.u64("n_floats");
-      r.finish();
-      if (n == 0 || n > (uint64_t{1} << 28)) {
-        throw Error("runner: read_taps: n_floats {} outside [1, 2^28]", n);
-      }
-      ch_->read_taps(s, std::span<float>(guarded(size_t(n)).data(), size_t(n)));
-      check_guard(size_t(n), "read_taps");
-      return floats_reply(size_t(n));
-    }
+    case Op::kReadTaps:
+      return read_taps(r);
     case Op::kStepBatch:
       return step_batch(r);
     case Op::kForkSession:

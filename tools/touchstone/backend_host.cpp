@@ -8,9 +8,9 @@
 
 #include "cli_common.h"
 #include "model_support.h"
-#include "touchstone/process_tree.h"
-#include "touchstone/report.h"
-#include "touchstone/tokenizer.h"
+#include "touchstone/model/tokenizer.h"
+#include "touchstone/report/report.h"
+#include "touchstone/runtime/process_tree.h"
 
 namespace touchstone::cli {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "touchstone/backend.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {
 

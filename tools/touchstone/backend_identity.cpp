@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "touchstone/gguf.h"
-#include "touchstone/quant.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/quant.h"
 
 namespace touchstone::cli {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend.h"
-#include "touchstone/report.h"
+#include "touchstone/report/report.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {
 

@@ -5,8 +5,8 @@
 #include <filesystem>
 
 #include "model_facts.h"
-#include "touchstone/error.h"
-#include "touchstone/gguf.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/gguf.h"
 
 namespace touchstone::cli {
 

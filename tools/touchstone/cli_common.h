@@ -6,9 +6,9 @@
 #include <memory>
 #include <string>
 
-#include "touchstone/backend.h"
-#include "touchstone/manifest.h"
-#include "touchstone/tokenizer.h"
+#include "touchstone/golden/manifest.h"
+#include "touchstone/model/tokenizer.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {
 

@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "cli_common.h"
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone::cli {
 

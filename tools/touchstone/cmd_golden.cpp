@@ -15,13 +15,13 @@
 #include "cli_common.h"
 #include "model_facts.h"
 #include "own_model.h"
-#include "touchstone/error.h"
-#include "touchstone/file_io.h"
-#include "touchstone/gguf.h"
-#include "touchstone/golden.h"
-#include "touchstone/model_config.h"
-#include "touchstone/model_store.h"
-#include "touchstone/recorder.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
+#include "touchstone/golden/golden.h"
+#include "touchstone/harness/model_store.h"
+#include "touchstone/harness/recorder.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
 
 namespace touchstone::cli {
 namespace {

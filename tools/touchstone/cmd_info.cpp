@@ -10,10 +10,10 @@
 #include "backend_identity.h"
 #include "cli_common.h"
 #include "model_support.h"
-#include "touchstone/backend.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
-#include "touchstone/quant.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {
 namespace {

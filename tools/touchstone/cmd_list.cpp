@@ -8,8 +8,8 @@
 #include <string>
 
 #include "cli_common.h"
-#include "touchstone/golden.h"
-#include "touchstone/manifest.h"
+#include "touchstone/golden/golden.h"
+#include "touchstone/golden/manifest.h"
 
 namespace touchstone::cli {
 namespace {

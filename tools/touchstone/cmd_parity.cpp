@@ -17,19 +17,19 @@
 #include "progress.h"
 #include "readable_reports.h"
 #include "top_n_plan.h"
-#include "touchstone/backend.h"
-#include "touchstone/consistency.h"
-#include "touchstone/error.h"
-#include "touchstone/faults.h"
-#include "touchstone/gguf.h"
-#include "touchstone/golden.h"
-#include "touchstone/known_divergence.h"
-#include "touchstone/model_store.h"
-#include "touchstone/parity.h"
-#include "touchstone/report.h"
-#include "touchstone/report_view.h"
-#include "touchstone/serving.h"
-#include "touchstone/stale.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/golden.h"
+#include "touchstone/harness/consistency.h"
+#include "touchstone/harness/known_divergence.h"
+#include "touchstone/harness/model_store.h"
+#include "touchstone/harness/parity.h"
+#include "touchstone/harness/serving.h"
+#include "touchstone/harness/stale.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/report/report.h"
+#include "touchstone/report/report_view.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {
 namespace {
@@ -45,7 +45,7 @@ struct Opts {
   bool no_scoring = false, expect_fail = false, in_process = false, trust_goldens = false;
   bool consistency = false, consistency_only = false, no_consistency = false;
   int consistency_tokens = 0;  // 0: the suite's, else 96
-  // Serving checks (touchstone/serving.h): on by default for a backend with
+  // Serving checks (touchstone/harness/serving.h): on by default for a backend with
   // step_batch or fork_session; --serving runs them (emulated) for any backend.
   bool serving = false, serving_only = false, no_serving = false;
   std::string serving_plan;  // smoke | quick | full; "" = the suite's (serving_plan())
@@ -320,7 +320,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   }
 }
 
-// The golden-free checks (touchstone/consistency.h) on the first case's prompt and
+// The golden-free checks (touchstone/harness/consistency.h) on the first case's prompt and
 // golden continuation (at most --consistency-tokens, else the suite's
 // consistency_tokens, else 96), as five more result rows.
 void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
@@ -383,7 +383,7 @@ ServingPlan serving_plan(const Opts& o, const Inputs& in, BackendLibrary& lib) {
   return o.suite == "full" && native ? ServingPlan::full() : ServingPlan::quick();
 }
 
-// The serving checks (touchstone/serving.h) on the first case's prompt and
+// The serving checks (touchstone/harness/serving.h) on the first case's prompt and
 // golden continuation, as four more result rows; sessions sized for the plan.
 void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
   const std::string& first =
@@ -553,12 +553,8 @@ int run_parity(const Opts& o) {
   return caught ? 0 : kExitFail;
 }
 
-}  // namespace
-
-void add_parity(CLI::App& app, int& exit_code) {
-  auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("parity", "Compare a backend with the goldens");
-  cmd->footer(kExitCodesHelp);
+// What runs: the backend, the cases and passages, the golden-free checks.
+void add_selection_options(CLI::App* cmd, Opts* o) {
   cmd->add_option("--backend,-b", o->backend,
                   "Backend name (libtouchstone_backend_NAME.so), library path, \"exec:CMD ...\", "
                   "or http://HOST:PORT (a llama-server, docs/backends/http.md)");
@@ -581,6 +577,9 @@ void add_parity(CLI::App& app, int& exit_code) {
                   "trim when no --scoring is named, else every position)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--no-scoring", o->no_scoring, "Skip the teacher-forced scoring passages");
+}
+
+void add_check_options(CLI::App* cmd, Opts* o) {
   cmd->add_flag("--consistency", o->consistency,
                 "Also run the golden-free consistency checks (prefill vs decode, chunked prefill, "
                 "rewind + replay, thread counts, run to run; default when no --case/--scoring)");
@@ -607,6 +606,10 @@ void add_parity(CLI::App& app, int& exit_code) {
                   "of 10-2048 tokens); default: the suite's serving_plan, else quick (full for "
                   "the full suite on a native batch)")
       ->check(CLI::IsMember({"smoke", "quick", "full"}));
+}
+
+// How the backend runs: weight path, profile, threads, time limit, process.
+void add_run_options(CLI::App* cmd, Opts* o) {
   cmd->add_option("--weights", o->weights, "full_precision | quantized");
   cmd->add_option("--profile", o->profile,
                   "Tolerance profile (default: exact for full_precision, quantized otherwise)");
@@ -619,6 +622,10 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_flag("--in-process", o->in_process,
                 "Load the backend into the harness process (debugging): no time limit, and a "
                 "crash takes the run down");
+}
+
+// Test only: a fault injected, and what its run must report.
+void add_test_options(CLI::App* cmd, Opts* o) {
   cmd->add_option("--fault", o->fault,
                   "Test only: inject a named fault into the backend (the catalog: "
                   "docs/metrics.md#fault-catalog-and-margins)")
@@ -651,6 +658,10 @@ void add_parity(CLI::App& app, int& exit_code) {
                   "the last layer)")
       ->check([](const std::string& v) { return expect_layer_spec_error(v); })
       ->needs(expect_fail);
+}
+
+// Inputs (manifest, goldens, known divergences) and the reports written.
+void add_io_options(CLI::App* cmd, Opts* o) {
   cmd->add_option("--known-divergences", o->known_divergences,
                   "Reviewed expected failures (JSON, docs/known-divergences.md; repeatable): a "
                   "failing check within an entry's accepted numbers is KNOWN_DIVERGENCE, not "
@@ -666,6 +677,19 @@ void add_parity(CLI::App& app, int& exit_code) {
   cmd->add_flag("--trust-goldens", o->trust_goldens,
                 "Read a golden whose sha256 does not match the manifest's pin, or that lacks its "
                 "checksum header, and skip the stale-golden check (debugging only)");
+}
+
+}  // namespace
+
+void add_parity(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("parity", "Compare a backend with the goldens");
+  cmd->footer(kExitCodesHelp);
+  add_selection_options(cmd, o.get());
+  add_check_options(cmd, o.get());
+  add_run_options(cmd, o.get());
+  add_test_options(cmd, o.get());
+  add_io_options(cmd, o.get());
   cmd->callback([o, &exit_code] { exit_code = run_parity(*o); });
 }
 

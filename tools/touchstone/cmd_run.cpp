@@ -11,11 +11,11 @@
 
 #include "backend_host.h"
 #include "cli_common.h"
-#include "touchstone/chat.h"
-#include "touchstone/error.h"
-#include "touchstone/gguf.h"
-#include "touchstone/metrics.h"
-#include "touchstone/tokenizer.h"
+#include "touchstone/common/error.h"
+#include "touchstone/harness/chat.h"
+#include "touchstone/metrics/metrics.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/tokenizer.h"
 
 namespace touchstone::cli {
 namespace {
@@ -58,17 +58,76 @@ std::string hex_bytes(const std::string& b) {
   return h;
 }
 
+struct RunOpts {
+  std::string model, prompt, backend = "reference", weights = "full_precision";
+  int n_predict = 64, threads = 0;
+  bool chat = false, stop_at_eos = true, in_process = false, json = false;
+  int top_k = 10;
+  double timeout = 300.0;
+};
+
+// Greedy generation with the options: the continuation as text, or one JSON object.
+void generate(const RunOpts& o) {
+  Tokenizer tok = load_tokenizer(o.model);
+  std::string text = o.prompt;
+  const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(o.model));
+  if (o.chat) text = render_chat(chat, o.prompt);  // the model's own template
+  const std::vector<int32_t> ids = tok.encode(text, true, true);
+  if (ids.empty()) throw Error("the prompt encodes to zero tokens");
+  // The backend's n_vocab must be the model's vocabulary size: the logits
+  // buffers are sized by it.
+  BackendHost host(HostOptions{o.backend, o.in_process, o.timeout, o.model,
+                               SessionOptions{parse_weight_path(o.weights), o.threads, 0, ""},
+                               tok.n_vocab()});
+  Session& session = host.session();
+  fmt::print(stderr, "[{} on {}; {} prompt tokens]\n", host.library().name(),
+             host.library().device_name(), ids.size());
+  if (!o.chat && !o.json) fmt::print("{}", o.prompt);
+  std::fflush(stdout);
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  std::vector<int32_t> generated;
+  std::string out_bytes;
+  std::vector<float> logits = session.prefill(ids);
+  const auto end_turn = end_of_turn_token(o.model, tok);
+  for (int i = 0; i < o.n_predict; ++i) {
+    const int32_t next = metrics::argmax(logits);
+    const bool stop = o.stop_at_eos && (next == tok.eos() || (end_turn && next == *end_turn));
+    const std::string piece = tok.token_bytes(next);
+    if (o.json) {
+      steps.push_back({{"step", i},
+                       {"token", next},
+                       {"text", sanitize_utf8(piece)},
+                       {"bytes_hex", hex_bytes(piece)},
+                       {"top_k", top_k_json(logits, o.top_k, tok)}});
+    }
+    if (stop) break;
+    generated.push_back(next);
+    out_bytes += piece;
+    if (!o.json) fmt::print("{}", piece);
+    std::fflush(stdout);
+    if (i + 1 < o.n_predict) session.decode(next, logits);
+  }
+  if (o.json) {
+    nlohmann::ordered_json j = {{"model", o.model},
+                                {"backend", host.library().name()},
+                                {"device", sanitize_utf8(host.library().device_name())},
+                                {"weights", o.weights},
+                                {"prompt_text", sanitize_utf8(text)},
+                                {"prompt_ids", ids},
+                                {"generated_ids", generated},
+                                {"generated_text", sanitize_utf8(out_bytes)},
+                                {"generated_bytes_hex", hex_bytes(out_bytes)},
+                                {"steps", steps}};
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    fmt::print("\n");
+  }
+}
+
 }  // namespace
 
 void add_run(CLI::App& app, int& exit_code) {
-  struct Opts {
-    std::string model, prompt, backend = "reference", weights = "full_precision";
-    int n_predict = 64, threads = 0;
-    bool chat = false, stop_at_eos = true, in_process = false, json = false;
-    int top_k = 10;
-    double timeout = 300.0;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<RunOpts>();
   CLI::App* cmd =
       app.add_subcommand("run", "Greedy generation: prints the continuation as it is generated");
   cmd->add_option("--model,-m", o->model, "GGUF model file")->required();
@@ -93,60 +152,7 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--top-k", o->top_k, "With --json: logits listed per step")
       ->check(CLI::Range(1, 1000).description("an integer in [1, 1000]"));
   cmd->callback([o, &exit_code] {
-    Tokenizer tok = load_tokenizer(o->model);
-    std::string text = o->prompt;
-    const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(o->model));
-    if (o->chat) text = render_chat(chat, o->prompt);  // the model's own template
-    const std::vector<int32_t> ids = tok.encode(text, true, true);
-    if (ids.empty()) throw Error("the prompt encodes to zero tokens");
-    // The backend's n_vocab must be the model's vocabulary size: the logits
-    // buffers are sized by it.
-    BackendHost host(HostOptions{o->backend, o->in_process, o->timeout, o->model,
-                                 SessionOptions{parse_weight_path(o->weights), o->threads, 0, ""},
-                                 tok.n_vocab()});
-    Session& session = host.session();
-    fmt::print(stderr, "[{} on {}; {} prompt tokens]\n", host.library().name(),
-               host.library().device_name(), ids.size());
-    if (!o->chat && !o->json) fmt::print("{}", o->prompt);
-    std::fflush(stdout);
-    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
-    std::vector<int32_t> generated;
-    std::string out_bytes;
-    std::vector<float> logits = session.prefill(ids);
-    const auto end_turn = end_of_turn_token(o->model, tok);
-    for (int i = 0; i < o->n_predict; ++i) {
-      const int32_t next = metrics::argmax(logits);
-      const bool stop = o->stop_at_eos && (next == tok.eos() || (end_turn && next == *end_turn));
-      const std::string piece = tok.token_bytes(next);
-      if (o->json) {
-        steps.push_back({{"step", i},
-                         {"token", next},
-                         {"text", sanitize_utf8(piece)},
-                         {"bytes_hex", hex_bytes(piece)},
-                         {"top_k", top_k_json(logits, o->top_k, tok)}});
-      }
-      if (stop) break;
-      generated.push_back(next);
-      out_bytes += piece;
-      if (!o->json) fmt::print("{}", piece);
-      std::fflush(stdout);
-      if (i + 1 < o->n_predict) session.decode(next, logits);
-    }
-    if (o->json) {
-      nlohmann::ordered_json j = {{"model", o->model},
-                                  {"backend", host.library().name()},
-                                  {"device", sanitize_utf8(host.library().device_name())},
-                                  {"weights", o->weights},
-                                  {"prompt_text", sanitize_utf8(text)},
-                                  {"prompt_ids", ids},
-                                  {"generated_ids", generated},
-                                  {"generated_text", sanitize_utf8(out_bytes)},
-                                  {"generated_bytes_hex", hex_bytes(out_bytes)},
-                                  {"steps", steps}};
-      fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
-    } else {
-      fmt::print("\n");
-    }
+    generate(*o);
     exit_code = 0;
   });
 }

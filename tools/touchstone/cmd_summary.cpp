@@ -7,63 +7,34 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli_common.h"
 #include "readable_reports.h"
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone::cli {
 namespace {
 
+// One row of the table: the worst figures over a run's checks.
 struct Row {
-  std::string backend, model, weights, suite, verdict, note;
   int checks = 0, passed = 0;
-  double nmse = 0, max_abs = 0, kld = 0, seconds = 0;
+  double nmse = 0, max_abs = 0, kld = 0;
 };
 
-double num(const nlohmann::json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
-}
-
-Row read_row(const std::string& path) {
+Row worst(const RunView& v) {
   Row r;
-  r.backend = path;
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    r.verdict = "MISSING";
-    r.note = "no report: " + path;
-    return r;
-  }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    r.verdict = "INVALID";
-    r.note = "not a JSON report: " + path;
-    return r;
-  }
-  r.backend = j.value("/backend/name"_json_pointer, std::string("?"));
-  r.model = j.value("/model/name"_json_pointer, std::string("?"));
-  r.weights = j.value("weight_path", std::string("?"));
-  r.suite = j.value("suite", std::string("?"));
-  r.verdict = j.value("verdict", std::string(j.value("passed", false) ? "PASS" : "FAIL"));
-  r.note = j.value("reason", std::string());
-  r.seconds = num(j, "seconds");
-  for (const char* kind : {"cases", "scoring"}) {
-    for (const auto& c : j.value(kind, nlohmann::json::array())) {
-      ++r.checks;
-      r.passed += c.value("passed", false) ? 1 : 0;
-      r.nmse = std::max(r.nmse, num(c, kind[0] == 'c' ? "nmse_max" : "topk_nmse"));
-      r.max_abs = std::max(r.max_abs, num(c, kind[0] == 'c' ? "max_abs" : "topk_max_abs"));
-      r.kld = std::max(r.kld, c.contains("kld") ? num(c["kld"], "mean") : num(c, "kld_mean"));
-    }
+  for (const ItemView& c : v.items) {
+    if (c.kind == "not_supported") continue;
+    ++r.checks;
+    r.passed += c.passed ? 1 : 0;
+    r.nmse = std::max(r.nmse, c.nmse);
+    r.max_abs = std::max(r.max_abs, c.max_abs);
+    r.kld = std::max(r.kld, c.kld_mean);
   }
   return r;
 }
+
+std::string field(const std::string& s) { return s.empty() ? "?" : s; }
 
 }  // namespace
 
@@ -84,20 +55,18 @@ void add_summary(CLI::App& app, int& exit_code) {
                "time");
     std::vector<RunView> runs;
     for (const std::string& path : *files) {
-      Row r = read_row(path);
-      runs.push_back(read_report_view(path));  // stricter: every field's type is checked
-      if (runs.back().verdict == "INVALID" && r.verdict != "INVALID") {
-        r.verdict = "INVALID";
-        r.note = runs.back().reason;
-      }
-      const bool good = r.verdict == "PASS" || r.verdict == "KNOWN_DIVERGENCE" ||
-                        r.verdict == "SKIP" || r.verdict == "UNSUPPORTED";
+      const RunView& v = runs.emplace_back(read_report_view(path));  // every field's type checked
+      const Row r = worst(v);
+      const bool good = v.verdict == "PASS" || v.verdict == "KNOWN_DIVERGENCE" ||
+                        v.verdict == "SKIP" || v.verdict == "UNSUPPORTED";
       ok = ok && good;
+      const bool read = v.verdict != "MISSING" && v.verdict != "INVALID";
       fmt::print(
           "{:<14} {:<28} {:<15} {:<7} {:<12} {:>3}/{:<3} {:>10.2e} {:>10.2e} {:>10.2e} {:>7.0f}s\n",
-          r.backend, r.model, r.weights, r.suite, r.verdict, r.passed, r.checks, r.nmse, r.max_abs,
-          r.kld, r.seconds);
-      if (!r.note.empty()) fmt::print("  {}\n", r.note.substr(0, 300));
+          read ? field(v.backend) : path, read ? field(v.model) : "", read ? field(v.weights) : "",
+          read ? field(v.suite) : "", v.verdict, r.passed, r.checks, r.nmse, r.max_abs, r.kld,
+          v.seconds);
+      if (!v.reason.empty()) fmt::print("  {}\n", v.reason.substr(0, 300));
     }
     if (readable->any()) write_readable_reports(*readable, runs);
     exit_code = ok ? 0 : kExitFail;

@@ -1,5 +1,5 @@
 // touchstone tokenize --model M.gguf (--prompt TEXT | --jsonl FILE|-): token ids of
-// texts with the model's own tokenizer (reference/tokenizer), without running the
+// texts with the model's own tokenizer (model/tokenizer), without running the
 // model. --jsonl reads one JSON string per line and prints one JSON array of ids
 // per line, in order (what ci/check_tokenizer.py compares with HF tokenizers).
 #include <fmt/format.h>
@@ -12,8 +12,8 @@
 #include <string>
 
 #include "cli_common.h"
-#include "touchstone/error.h"
-#include "touchstone/tokenizer.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/tokenizer.h"
 
 namespace touchstone::cli {
 

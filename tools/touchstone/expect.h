@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "touchstone/report.h"
+#include "touchstone/report/report.h"
 
 namespace touchstone::cli {
 

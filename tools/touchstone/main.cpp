@@ -9,7 +9,7 @@
 
 #include "build_info.h"
 #include "cli_common.h"
-#include "touchstone/report.h"
+#include "touchstone/report/report.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Touchstone: parity harness for LLM inference backends"};

@@ -2,8 +2,8 @@
 
 #include <map>
 
-#include "touchstone/error.h"
-#include "touchstone/gguf.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/gguf.h"
 
 namespace touchstone::cli {
 

@@ -12,9 +12,9 @@
 #include <optional>
 #include <string>
 
-#include "touchstone/chat.h"
-#include "touchstone/model_config.h"
-#include "touchstone/tokenizer.h"
+#include "touchstone/harness/chat.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/tokenizer.h"
 
 namespace touchstone::cli {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "model_facts.h"
-#include "touchstone/model_config.h"
+#include "touchstone/model/model_config.h"
 
 namespace touchstone::cli {
 namespace {

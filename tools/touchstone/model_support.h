@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "touchstone/backend.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {
 

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "touchstone/error.h"
-#include "touchstone/file_io.h"
-#include "touchstone/manifest.h"
-#include "touchstone/model_store.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
+#include "touchstone/golden/manifest.h"
+#include "touchstone/harness/model_store.h"
 
 namespace touchstone::cli {
 namespace {

@@ -1,7 +1,7 @@
 #include "readable_reports.h"
 
-#include "touchstone/report.h"
-#include "touchstone/report_render.h"
+#include "touchstone/report/report.h"
+#include "touchstone/report/report_render.h"
 
 namespace touchstone::cli {
 

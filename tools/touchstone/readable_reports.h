@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/report_view.h"
+#include "touchstone/report/report_view.h"
 
 namespace touchstone::cli {
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "backend_host.h"
-#include "touchstone/golden.h"
-#include "touchstone/parity.h"
-#include "touchstone/report.h"
+#include "touchstone/golden/golden.h"
+#include "touchstone/harness/parity.h"
+#include "touchstone/report/report.h"
 
 namespace touchstone::cli {
 

@@ -1,38 +1,24 @@
 // cpu_simd_backend.cpp - the cpu_simd backend behind the session contract
-// (touchstone/backend_abi.h) through touchstone::BackendAdapter, which applies
+// (touchstone/abi/backend_abi.h) through touchstone::BackendAdapter, which applies
 // the shared argument checks. Built as libtouchstone_backend_cpu_simd.so.
 #include "cpu_simd_backend.h"
 
 #include <cblas.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine.h"
-#include "touchstone/backend_impl.h"
-#include "touchstone/quant.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/model/quant.h"
 
 namespace touchstone::cpu_simd {
 namespace {
 
 using touchstone::abi::StatusError;
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto p = line.find(':');
-      if (p != std::string::npos) return line.substr(p + 2);
-    }
-  }
-  return "unknown CPU";
-}
 
 // TOUCHSTONE_CPU_SIMD_TARGET (kernels.h: select_isa_from_env): a target this
 // build lacks or this CPU cannot run refuses the model and the session.
@@ -113,8 +99,7 @@ struct CpuSimd {
                              : hwy_current_target() + " (forced by TOUCHSTONE_CPU_SIMD_TARGET)";
     const char* act = std::getenv("TOUCHSTONE_CPU_SIMD_ACTIVATIONS");
     const bool int8 = act && std::string(act) == "int8";
-    return "CPU: " + cpu_model() + " (" + std::to_string(std::thread::hardware_concurrency()) +
-           " hardware threads; fp32 kernels: Highway " + target +
+    return touchstone::abi::cpu_device_name() + "; fp32 kernels: Highway " + target +
            (int8 ? std::string("; quantized path: int8 activations, ") + qlevel_name(qlevel())
                  : std::string("; quantized path: fp32 activations, blocks dequantized in "
                                "registers")) +

@@ -1,7 +1,7 @@
 #pragma once
 #include <cstdint>
 
-#include "touchstone/backend_abi.h"
+#include "touchstone/abi/backend_abi.h"
 namespace touchstone::cpu_simd {
 // The ts_backend table (exported by entry.cpp; linked directly by the unit tests).
 const ts_backend* backend_table();

@@ -30,10 +30,10 @@
 #include <limits>
 
 #include "engine_ops.h"
-#include "touchstone/backend_impl.h"
-#include "touchstone/error.h"
-#include "touchstone/quant.h"
-#include "touchstone/scalar_ops.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/model/scalar_ops.h"
 
 namespace touchstone::cpu_simd {
 

@@ -13,10 +13,10 @@
 #include "kernels.h"
 #include "solo_governor.h"
 #include "thread_pool.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
-#include "touchstone/model_weights.h"
-#include "touchstone/reference_forward.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/model_weights.h"
 
 namespace touchstone::cpu_simd {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine.h"
-#include "touchstone/batch_plan.h"
+#include "touchstone/abi/batch_plan.h"
 
 namespace touchstone::cpu_simd {
 

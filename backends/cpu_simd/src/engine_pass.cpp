@@ -1,7 +1,7 @@
 // engine_pass.cpp - one forward pass of the cpu_simd engine over the tokens of
 // one or several sessions (engine.h: Session::Seg), every family of
 // ModelConfig in one pass, like the reference
-// (reference/model/src/reference_forward.cpp): RMSNorm, optional Q/K/V biases,
+// (reference/transformer/src/reference_forward.cpp): RMSNorm, optional Q/K/V biases,
 // optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
 // dimensions (per-layer base / linear scale, rope_freqs divisors), GQA with an
 // optional sliding window and the model's attention scale, optional
@@ -15,9 +15,9 @@
 
 #include "engine.h"
 #include "engine_ops.h"
-#include "touchstone/backend_abi.h"
-#include "touchstone/faults.h"
-#include "touchstone/scalar_ops.h"
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/scalar_ops.h"
 
 namespace touchstone::cpu_simd {
 

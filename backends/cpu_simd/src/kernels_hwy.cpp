@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "kernels.h"
-#include "touchstone/quant.h"
-#include "touchstone/scalar_ops.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/model/scalar_ops.h"
 
 #ifndef TS_CPU_H2F_EXACT
 #define TS_CPU_H2F_EXACT
@@ -426,6 +426,105 @@ HWY_ATTR HWY_INLINE void Q4BlockAVX2(const uint8_t* const* qs, const float* HWY_
 }
 #endif
 
+// Decode prefetches this many bytes ahead of the block it reads.
+constexpr size_t kPrefetch = 4096;
+using VecF = hn::Vec<hn::ScalableTag<float>>;
+
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
+// AVX3, Q4_0 / Q4_1, one block of NR rows x NT tokens (see QTile). 16 lanes:
+// the block's 16 possible weights in one register, table[k] = float(k) * d + m
+// (Q4_1) / float(k - 8) * d (Q4_0), formed exactly as the generic form, then
+// one vpermps per 16 weights picks them by nibble.
+template <int T, int NR, int NT>
+HWY_ATTR HWY_INLINE void Q4BlockAVX3(const uint8_t* const* qs, const float* HWY_RESTRICT x,
+                                     size_t ldx, VecF (&acc)[NR][NT]) {
+  const hn::ScalableTag<float> df;
+  constexpr size_t off = Block32QsOffset(T);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i nib[NR];
+  __m512 table[NR];
+  // The NR rows' fp16 (d, m) (Q4_1) or d (Q4_0) in one vcvtph2ps, kept as
+  // fp32 in memory so that the table FMA reads them as embedded
+  // broadcasts ({1to16}) instead of shuffle-port broadcasts.
+  const uint8_t* blk[NR];
+  for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
+  alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, junk] (Q4_0) per row r
+  _mm256_store_ps(sc, BlockHeadsF32<NR>(blk));
+  asm volatile("" : : "m"(sc) : "memory");  // reload: vbroadcastss from memory, not a shuffle
+  for (int r = 0; r < NR; ++r) {
+    nib[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[r])));
+    if constexpr (T == kQ4_0) {
+      table[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(8))),
+                               _mm512_set1_ps(sc[2 * r]));
+    } else {
+      // k * d is exact in fp32 (k < 16, d has an 11-bit significand), so
+      // the single rounding of the FMA equals ggml's mul-then-add.
+      table[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iota), _mm512_set1_ps(sc[2 * r]),
+                                 _mm512_set1_ps(sc[2 * r + 1]));
+    }
+  }
+  for (int half = 0; half < 2; ++half) {
+    VecF w[NR];
+    for (int r = 0; r < NR; ++r) {
+      // vpermps reads the low 4 bits of each index lane: the low nibble as is.
+      const __m512i idx = half == 0 ? nib[r] : _mm512_srli_epi32(nib[r], 4);
+      w[r].raw = _mm512_permutexvar_ps(idx, table[r]);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const auto xv = hn::LoadU(df, x + size_t(t) * ldx + size_t(half) * 16);
+      for (int r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
+    }
+  }
+}
+#endif
+
+// One block of NR rows x NT tokens, any 32-element type, N lanes at a time:
+// each weight formed as ggml's dequantize_row_* does (d[r], m[r]: the rows'
+// scales as vectors; qh[r]: Q5_0's high bits), one MulAdd per weight vector
+// and token.
+template <int T, int NR, int NT>
+HWY_ATTR HWY_INLINE void QBlockLanes(const uint8_t* const* qs, const uint32_t* qh, const VecF* d,
+                                     const VecF* m, const float* HWY_RESTRICT x, size_t ldx,
+                                     VecF (&acc)[NR][NT]) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const hn::Rebind<int8_t, decltype(df)> di8;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const size_t N = hn::Lanes(df);
+  const auto mask = hn::Set(di, 0x0f);
+  for (size_t j = 0; j < 32; j += N) {
+    VecF w[NR];
+    for (int r = 0; r < NR; ++r) {
+      if constexpr (T == kQ8_0) {
+        w[r] = hn::Mul(
+            hn::ConvertTo(
+                df, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs[r]) + j))),
+            d[r]);
+      } else if constexpr (T == kQ5_0) {
+        // ggml dequantize_row_q5_0: q = nibble | bit i of qh << 4; float(q - 16) * d
+        const auto nib = hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15)));
+        const auto lo = j < 16 ? hn::And(nib, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(nib);
+        const auto hi = hn::And(hn::Set(du, qh[r]) >> hn::Iota(du, uint32_t(j)), hn::Set(du, 1));
+        const auto q = hn::BitCast(di, hn::Or(lo, hn::ShiftLeft<4>(hi)));
+        w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 16))), d[r]);
+      } else {
+        const auto raw = hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15))));
+        const auto q = j < 16 ? hn::And(raw, mask) : hn::ShiftRight<4>(raw);
+        if constexpr (T == kQ4_0) {
+          w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 8))), d[r]);
+        } else {
+          w[r] = hn::Add(hn::Mul(hn::ConvertTo(df, q), d[r]), m[r]);
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const auto xv = hn::LoadU(df, x + size_t(t) * ldx + j);
+      for (int r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
+    }
+  }
+}
+
 // One register tile: NR weight rows x NT tokens. Every (row, token) output has
 // its own accumulator vector and sees exactly the same operation sequence
 // (blocks in order, N-lane chunks in order, one FMA each, then SumOfLanes)
@@ -433,24 +532,17 @@ HWY_ATTR HWY_INLINE void Q4BlockAVX2(const uint8_t* const* qs, const float* HWY_
 // decode bitwise, thread-count independence). NR > 1 gives decode several
 // independent FMA chains and memory streams; NT > 1 reuses each dequantized
 // weight vector for NT tokens (prefill).
-constexpr size_t kPrefetch = 4096;
 template <int T, int NR, int NT>
 HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes, size_t nb,
                                const float* HWY_RESTRICT x, size_t ldx, float* HWY_RESTRICT out,
                                size_t ldo) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::Rebind<uint8_t, decltype(df)> du8;
-  const hn::Rebind<int8_t, decltype(df)> di8;
-  const hn::RebindToUnsigned<decltype(df)> du;
   constexpr size_t bb = Block32Bytes(T), off = Block32QsOffset(T);
-  const size_t N = hn::Lanes(df);
-  hn::Vec<decltype(df)> acc[NR][NT];
+  VecF acc[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = hn::Zero(df);
-  const auto mask = hn::Set(di, 0x0f);
   for (size_t b = 0; b < nb; ++b) {
-    hn::Vec<decltype(df)> d[NR], m[NR];
+    VecF d[NR], m[NR];
     const uint8_t* qs[NR];
     uint32_t qh[NR] = {};  // Q5_0: the 32 high bits
     for (int r = 0; r < NR; ++r) {
@@ -465,44 +557,7 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
     }
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
     if constexpr (T == kQ4_0 || T == kQ4_1) {
-      // 16 lanes: the block's 16 possible weights in one register,
-      // table[k] = float(k) * d + m (Q4_1) / float(k - 8) * d (Q4_0), formed
-      // exactly as below, then one vpermps per 16 weights picks them by nibble.
-      const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-      __m512i nib[NR];
-      __m512 table[NR];
-      // The NR rows' fp16 (d, m) (Q4_1) or d (Q4_0) in one vcvtph2ps, kept as
-      // fp32 in memory so that the table FMA reads them as embedded
-      // broadcasts ({1to16}) instead of shuffle-port broadcasts.
-      const uint8_t* blk[NR];
-      for (int r = 0; r < NR; ++r) blk[r] = qs[r] - off;
-      alignas(32) float sc[8];  // [d_r, m_r] (Q4_1) / [d_r, junk] (Q4_0) per row r
-      _mm256_store_ps(sc, BlockHeadsF32<NR>(blk));
-      asm volatile("" : : "m"(sc) : "memory");  // reload: vbroadcastss from memory, not a shuffle
-      for (int r = 0; r < NR; ++r) {
-        nib[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[r])));
-        if constexpr (T == kQ4_0) {
-          table[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(8))),
-                                   _mm512_set1_ps(sc[2 * r]));
-        } else {
-          // k * d is exact in fp32 (k < 16, d has an 11-bit significand), so
-          // the single rounding of the FMA equals ggml's mul-then-add.
-          table[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iota), _mm512_set1_ps(sc[2 * r]),
-                                     _mm512_set1_ps(sc[2 * r + 1]));
-        }
-      }
-      for (int half = 0; half < 2; ++half) {
-        hn::Vec<decltype(df)> w[NR];
-        for (int r = 0; r < NR; ++r) {
-          // vpermps reads the low 4 bits of each index lane: the low nibble as is.
-          const __m512i idx = half == 0 ? nib[r] : _mm512_srli_epi32(nib[r], 4);
-          w[r].raw = _mm512_permutexvar_ps(idx, table[r]);
-        }
-        for (int t = 0; t < NT; ++t) {
-          const auto xv = hn::LoadU(df, x + size_t(t) * ldx + b * 32 + size_t(half) * 16);
-          for (int r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
-        }
-      }
+      Q4BlockAVX3<T, NR, NT>(qs, x + b * 32, ldx, acc);
       continue;
     }
 #endif
@@ -515,37 +570,7 @@ HWY_ATTR HWY_INLINE void QTile(const uint8_t* HWY_RESTRICT row, size_t row_bytes
       continue;
     }
 #endif
-    for (size_t j = 0; j < 32; j += N) {
-      hn::Vec<decltype(df)> w[NR];
-      for (int r = 0; r < NR; ++r) {
-        if constexpr (T == kQ8_0) {
-          w[r] = hn::Mul(
-              hn::ConvertTo(
-                  df,
-                  hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs[r]) + j))),
-              d[r]);
-        } else if constexpr (T == kQ5_0) {
-          // ggml dequantize_row_q5_0: q = nibble | bit i of qh << 4; float(q - 16) * d
-          const auto nib = hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15)));
-          const auto lo = j < 16 ? hn::And(nib, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(nib);
-          const auto hi = hn::And(hn::Set(du, qh[r]) >> hn::Iota(du, uint32_t(j)), hn::Set(du, 1));
-          const auto q = hn::BitCast(di, hn::Or(lo, hn::ShiftLeft<4>(hi)));
-          w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 16))), d[r]);
-        } else {
-          const auto raw = hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(du8, qs[r] + (j & 15))));
-          const auto q = j < 16 ? hn::And(raw, mask) : hn::ShiftRight<4>(raw);
-          if constexpr (T == kQ4_0) {
-            w[r] = hn::Mul(hn::ConvertTo(df, hn::Sub(q, hn::Set(di, 8))), d[r]);
-          } else {
-            w[r] = hn::Add(hn::Mul(hn::ConvertTo(df, q), d[r]), m[r]);
-          }
-        }
-      }
-      for (int t = 0; t < NT; ++t) {
-        const auto xv = hn::LoadU(df, x + size_t(t) * ldx + b * 32 + j);
-        for (int r = 0; r < NR; ++r) acc[r][t] = hn::MulAdd(w[r], xv, acc[r][t]);
-      }
-    }
+    QBlockLanes<T, NR, NT>(qs, qh, d, m, x + b * 32, ldx, acc);
   }
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t)
@@ -635,6 +660,126 @@ HWY_ATTR HWY_INLINE void DequantQ4Table(DF df, int type, const uint8_t* src, flo
   }
 }
 
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX2)
+// Q5_0 with byte operations (Q5Bytes): ~0.5 instead of ~1.25 ops per weight.
+HWY_ATTR HWY_INLINE void DequantQ5AVX2(const uint8_t* src, float* y, size_t nb) {
+  for (size_t i = 0; i < nb; ++i, src += 22, y += 32) {
+    __builtin_prefetch(src + kPrefetch);  // decode streams the rows from memory once
+    const __m256 d = _mm256_set1_ps(H2F(src));
+    const __m256i q = Q5Bytes(src);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int c = 0; c < 4; ++c) {
+      const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[c]));
+      _mm256_storeu_ps(y + 8 * c, _mm256_mul_ps(w, d));
+    }
+  }
+}
+#endif
+
+// The 32-element types (Q4_0, Q4_1, Q5_0, Q8_0), N <= 16 lanes at a time.
+HWY_ATTR HWY_INLINE void Dequant32(int type, const uint8_t* src, float* y, size_t nb) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const hn::Rebind<int8_t, decltype(df)> di8;
+  const size_t N = hn::Lanes(df);
+  const size_t bb = Block32Bytes(type), off = Block32QsOffset(type);
+  for (size_t i = 0; i < nb; ++i, src += bb, y += 32) {
+    if ((i * bb) % 64 < bb) __builtin_prefetch(src + kPrefetch);
+    const auto d = hn::Set(df, H2F(src));
+    const auto m = hn::Set(df, type == kQ4_1 ? H2F(src + 2) : 0.0f);
+    uint32_t qh = 0;  // Q5_0: bit i is element i's fifth bit
+    if (type == kQ5_0) memcpy(&qh, src + 2, 4);
+    const uint8_t* qs = src + off;
+    for (size_t l = 0; l < 32; l += N) {
+      hn::Vec<decltype(df)> w;
+      if (type == kQ8_0) {
+        const auto q = hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs) + l);
+        w = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, q)), d);
+      } else {
+        const auto raw = hn::PromoteTo(du, hn::LoadU(du8, qs + (l & 15)));
+        auto q = l < 16 ? hn::And(raw, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(raw);
+        if (type == kQ5_0) {
+          const auto hi = hn::And(hn::Set(du, qh) >> hn::Iota(du, uint32_t(l)), hn::Set(du, 1));
+          q = hn::Or(q, hn::ShiftLeft<4>(hi));
+        }
+        const auto qi = hn::BitCast(di, q);
+        if (type == kQ4_1) {
+          w = hn::Add(hn::Mul(hn::ConvertTo(df, qi), d), m);
+        } else {
+          w = hn::Mul(hn::ConvertTo(df, hn::Sub(qi, hn::Set(di, type == kQ4_0 ? 8 : 16))), d);
+        }
+      }
+      hn::StoreU(w, df, y + l);
+    }
+  }
+}
+
+// Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes per 256 elements.
+HWY_ATTR HWY_INLINE void DequantQ4K(const uint8_t* src, float* y, size_t nb) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const size_t N = hn::Lanes(df);
+  for (size_t i = 0; i < nb; ++i, src += 144) {
+    for (size_t l = 0; l < 144; l += 64) __builtin_prefetch(src + kPrefetch + l);
+    const float d = H2F(src), dmin = H2F(src + 2);
+    const uint8_t* scales = src + 4;
+    const uint8_t* q = src + 16;
+    for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+      for (int h = 0; h < 2; ++h) {
+        const int k = is + h;
+        const uint8_t sc = k < 4 ? uint8_t(scales[k] & 63)
+                                 : uint8_t((scales[k + 4] & 0xF) | ((scales[k - 4] >> 6) << 4));
+        const uint8_t m = k < 4 ? uint8_t(scales[k + 4] & 63)
+                                : uint8_t((scales[k + 4] >> 4) | ((scales[k] >> 6) << 4));
+        const auto d1 = hn::Set(df, d * float(sc)), m1 = hn::Set(df, dmin * float(m));
+        for (size_t l = 0; l < 32; l += N) {
+          const auto raw = hn::PromoteTo(du, hn::LoadU(du8, q + l));
+          const auto v = h == 0 ? hn::And(raw, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(raw);
+          hn::StoreU(hn::Sub(hn::Mul(d1, hn::ConvertTo(df, hn::BitCast(di, v))), m1), df,
+                     y + size_t(h) * 32 + l);
+        }
+      }
+      y += 64;
+    }
+  }
+}
+
+// Q6_K: {ql[128], qh[64], scales[16] (int8), d} = 210 bytes per 256 elements.
+HWY_ATTR HWY_INLINE void DequantQ6K(const uint8_t* src, float* y, size_t nb) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const size_t N = hn::Lanes(df);
+  for (size_t i = 0; i < nb; ++i, src += 210) {
+    for (size_t l = 0; l < 210; l += 64) __builtin_prefetch(src + kPrefetch + l);
+    const float d = H2F(src + 208);
+    for (int n = 0; n < 2; ++n) {
+      const uint8_t* ql = src + n * 64;
+      const uint8_t* qh = src + 128 + n * 32;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192) + n * 8;
+      for (int g = 0; g < 4; ++g) {
+        for (size_t l = 0; l < 32; l += N) {
+          const float ds = d * float(sc[l / 16 + size_t(2 * g)]);
+          const auto qlv = hn::PromoteTo(du, hn::LoadU(du8, ql + l + size_t(g & 1) * 32));
+          const auto lo = g < 2 ? hn::And(qlv, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(qlv);
+          const auto qhv = hn::PromoteTo(du, hn::LoadU(du8, qh + l));
+          const auto hi = hn::And(qhv >> hn::Set(du, uint32_t(2 * g)), hn::Set(du, 3));
+          const auto q =
+              hn::Sub(hn::BitCast(di, hn::Or(lo, hn::ShiftLeft<4>(hi))), hn::Set(di, 32));
+          hn::StoreU(hn::Mul(hn::Set(df, ds), hn::ConvertTo(df, q)), df, y + size_t(g) * 32 + l);
+        }
+      }
+      y += 128;
+    }
+  }
+}
+
 // Q4_K / Q6_K blocks (256 elements) dequantized with vectors, each value
 // formed exactly as ggml's dequantize_row_q4_K / _q6_K (and
 // touchstone::gguf::dequantize_row) does, same fp32 operations in the same
@@ -646,114 +791,27 @@ HWY_ATTR HWY_INLINE void DequantQ4Table(DF df, int type, const uint8_t* src, flo
 // Other types: the reference routine. Returns false for no vector form.
 HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::Rebind<uint8_t, decltype(df)> du8;
-  const hn::Rebind<int8_t, decltype(df)> di8;
-  const size_t N = hn::Lanes(df);
-  if (N > 16) return false;  // chunks must not straddle a 16-element scale group
+  if (hn::Lanes(df) > 16) return false;  // chunks must not straddle a 16-element scale group
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX2)
-  if (type == kQ5_0) {  // Q5_0 with byte operations: ~0.5 instead of ~1.25 ops per weight
-    for (size_t i = 0; i < nb; ++i, src += 22, y += 32) {
-      __builtin_prefetch(src + kPrefetch);  // decode streams the rows from memory once
-      const __m256 d = _mm256_set1_ps(H2F(src));
-      const __m256i q = Q5Bytes(src);
-      const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-      const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-      for (int c = 0; c < 4; ++c) {
-        const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[c]));
-        _mm256_storeu_ps(y + 8 * c, _mm256_mul_ps(w, d));
-      }
-    }
+  if (type == kQ5_0) {
+    DequantQ5AVX2(src, y, nb);
     return true;
   }
 #endif
-  if ((type == kQ4_0 || type == kQ4_1) && N == 16) {
+  if ((type == kQ4_0 || type == kQ4_1) && hn::Lanes(df) == 16) {
     DequantQ4Table(df, type, src, y, nb);
     return true;
   }
-  if (type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0) {  // 32-element blocks
-    const size_t bb = Block32Bytes(type), off = Block32QsOffset(type);
-    for (size_t i = 0; i < nb; ++i, src += bb, y += 32) {
-      if ((i * bb) % 64 < bb) __builtin_prefetch(src + kPrefetch);
-      const auto d = hn::Set(df, H2F(src));
-      const auto m = hn::Set(df, type == kQ4_1 ? H2F(src + 2) : 0.0f);
-      uint32_t qh = 0;  // Q5_0: bit i is element i's fifth bit
-      if (type == kQ5_0) memcpy(&qh, src + 2, 4);
-      const uint8_t* qs = src + off;
-      for (size_t l = 0; l < 32; l += N) {
-        hn::Vec<decltype(df)> w;
-        if (type == kQ8_0) {
-          const auto q = hn::LoadU(di8, reinterpret_cast<const int8_t*>(qs) + l);
-          w = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, q)), d);
-        } else {
-          const auto raw = hn::PromoteTo(du, hn::LoadU(du8, qs + (l & 15)));
-          auto q = l < 16 ? hn::And(raw, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(raw);
-          if (type == kQ5_0) {
-            const auto hi = hn::And(hn::Set(du, qh) >> hn::Iota(du, uint32_t(l)), hn::Set(du, 1));
-            q = hn::Or(q, hn::ShiftLeft<4>(hi));
-          }
-          const auto qi = hn::BitCast(di, q);
-          if (type == kQ4_1) {
-            w = hn::Add(hn::Mul(hn::ConvertTo(df, qi), d), m);
-          } else {
-            w = hn::Mul(hn::ConvertTo(df, hn::Sub(qi, hn::Set(di, type == kQ4_0 ? 8 : 16))), d);
-          }
-        }
-        hn::StoreU(w, df, y + l);
-      }
-    }
+  if (type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0) {
+    Dequant32(type, src, y, nb);
     return true;
   }
-  if (type == kQ4_K) {  // Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes
-    for (size_t i = 0; i < nb; ++i, src += 144) {
-      for (size_t l = 0; l < 144; l += 64) __builtin_prefetch(src + kPrefetch + l);
-      const float d = H2F(src), dmin = H2F(src + 2);
-      const uint8_t* scales = src + 4;
-      const uint8_t* q = src + 16;
-      for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
-        for (int h = 0; h < 2; ++h) {
-          const int k = is + h;
-          const uint8_t sc = k < 4 ? uint8_t(scales[k] & 63)
-                                   : uint8_t((scales[k + 4] & 0xF) | ((scales[k - 4] >> 6) << 4));
-          const uint8_t m = k < 4 ? uint8_t(scales[k + 4] & 63)
-                                  : uint8_t((scales[k + 4] >> 4) | ((scales[k] >> 6) << 4));
-          const auto d1 = hn::Set(df, d * float(sc)), m1 = hn::Set(df, dmin * float(m));
-          for (size_t l = 0; l < 32; l += N) {
-            const auto raw = hn::PromoteTo(du, hn::LoadU(du8, q + l));
-            const auto v = h == 0 ? hn::And(raw, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(raw);
-            hn::StoreU(hn::Sub(hn::Mul(d1, hn::ConvertTo(df, hn::BitCast(di, v))), m1), df,
-                       y + size_t(h) * 32 + l);
-          }
-        }
-        y += 64;
-      }
-    }
+  if (type == kQ4_K) {
+    DequantQ4K(src, y, nb);
     return true;
   }
-  if (type == kQ6_K) {  // Q6_K: {ql[128], qh[64], scales[16] (int8), d} = 210 bytes
-    for (size_t i = 0; i < nb; ++i, src += 210) {
-      for (size_t l = 0; l < 210; l += 64) __builtin_prefetch(src + kPrefetch + l);
-      const float d = H2F(src + 208);
-      for (int n = 0; n < 2; ++n) {
-        const uint8_t* ql = src + n * 64;
-        const uint8_t* qh = src + 128 + n * 32;
-        const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192) + n * 8;
-        for (int g = 0; g < 4; ++g) {
-          for (size_t l = 0; l < 32; l += N) {
-            const float ds = d * float(sc[l / 16 + size_t(2 * g)]);
-            const auto qlv = hn::PromoteTo(du, hn::LoadU(du8, ql + l + size_t(g & 1) * 32));
-            const auto lo = g < 2 ? hn::And(qlv, hn::Set(du, 0x0f)) : hn::ShiftRight<4>(qlv);
-            const auto qhv = hn::PromoteTo(du, hn::LoadU(du8, qh + l));
-            const auto hi = hn::And(qhv >> hn::Set(du, uint32_t(2 * g)), hn::Set(du, 3));
-            const auto q =
-                hn::Sub(hn::BitCast(di, hn::Or(lo, hn::ShiftLeft<4>(hi))), hn::Set(di, 32));
-            hn::StoreU(hn::Mul(hn::Set(df, ds), hn::ConvertTo(df, q)), df, y + size_t(g) * 32 + l);
-          }
-        }
-        y += 128;
-      }
-    }
+  if (type == kQ6_K) {
+    DequantQ6K(src, y, nb);
     return true;
   }
   return false;

@@ -235,6 +235,47 @@ void quantize_act_avx2(const float* x, size_t n, ActRow out) {
 // Scales per block pair: v = [d_w0 x, m_w0 x, d_w1 x, m_w1 x] (fp16 -> fp32) times
 // [d_a0, s_a0, d_a1, s_a1]; the d terms scale the 8 int32 lanes of their
 // block (one vpermps), the m terms accumulate in a 4-lane register.
+// One row's block pair (b0, b1 = b0 + one block): its weights w as
+// [lo0 hi0 lo1 hi1] (Q8_0: the 64 signed bytes) and its scales v.
+template <QType T>
+__attribute__((always_inline)) inline void vnni_pair(const uint8_t* b0, const uint8_t* b1,
+                                                     __m512i& w, __m128& v) {
+  constexpr size_t bb = kBlockBytes[tix(T)];
+  static_assert(bb > 0);
+  if constexpr (T == QType::Q8_0) {
+    w = _mm512_mask_broadcast_i64x4(
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))), 0xf0,
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)));
+  } else {
+    constexpr int off = T == QType::Q4_1 ? 4 : 2;
+    __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + off)));
+    z = _mm512_mask_broadcast_i32x4(z, 0xff00,
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + off)));
+    // 128-bit chunks 1 and 3 take the high nibbles (words 8-15, 24-31).
+    z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4);
+    w = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+  }
+  uint32_t h0, h1;
+  if constexpr (T == QType::Q4_1) {
+    std::memcpy(&h0, b0, 4);  // d, m
+    std::memcpy(&h1, b1, 4);
+    v = _mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0)));
+  } else {
+    uint16_t d0, d1;
+    std::memcpy(&d0, b0, 2);
+    std::memcpy(&d1, b1, 2);
+    if constexpr (T == QType::Q4_0) {
+      // Q4_0: v = [d0, -8 d0, d1, -8 d1] from the halves [d0 d0 d1 d1].
+      h0 = uint32_t(d0) * 0x10001u;
+      h1 = uint32_t(d1) * 0x10001u;
+      v = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0))),
+                     _mm_setr_ps(1.0f, -8.0f, 1.0f, -8.0f));
+    } else {
+      v = _mm_cvtph_ps(_mm_set_epi32(0, 0, int(d1), int(d0)));  // [d0 0 d1 0]
+    }
+  }
+}
+
 // Per output: blocks in order, the same operations whatever NR and NT are.
 template <QType T, int NR, int NT>
 void tile_vnni(const uint8_t* const* rows, size_t nb, const ActRow* X, float* out /*[NT][NR]*/) {
@@ -246,11 +287,8 @@ void tile_vnni(const uint8_t* const* rows, size_t nb, const ActRow* X, float* ou
       acc[r][t] = _mm512_setzero_ps();
       macc[r][t] = _mm_setzero_ps();
     }
-  const __m512i lo_mask = _mm512_set1_epi8(0x0f);
   const __m512i idx02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i zero = _mm512_setzero_si512();
-  // Q4_0: v = [d0, -8 d0, d1, -8 d1] from the halves [d0 d0 d1 d1].
-  const __m128 q40_mul = _mm_setr_ps(1.0f, -8.0f, 1.0f, -8.0f);
   const size_t npair = nb / 2;
   for (size_t p = 0; p < npair; ++p) {
     __m512i w[NR];
@@ -264,37 +302,7 @@ void tile_vnni(const uint8_t* const* rows, size_t nb, const ActRow* X, float* ou
         __builtin_prefetch(b0 + kPrefetch);
         if constexpr (2 * bb > 64) __builtin_prefetch(b0 + kPrefetch + 64);
       }
-      if constexpr (T == QType::Q8_0) {
-        w[r] = _mm512_mask_broadcast_i64x4(
-            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
-            0xf0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)));
-      } else {
-        constexpr int off = T == QType::Q4_1 ? 4 : 2;
-        __m512i z =
-            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + off)));
-        z = _mm512_mask_broadcast_i32x4(
-            z, 0xff00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + off)));
-        // 128-bit chunks 1 and 3 take the high nibbles (words 8-15, 24-31).
-        z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4);
-        w[r] = _mm512_and_si512(z, lo_mask);
-      }
-      uint32_t h0, h1;
-      if constexpr (T == QType::Q4_1) {
-        std::memcpy(&h0, b0, 4);  // d, m
-        std::memcpy(&h1, b1, 4);
-        v[r] = _mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0)));
-      } else {
-        uint16_t d0, d1;
-        std::memcpy(&d0, b0, 2);
-        std::memcpy(&d1, b1, 2);
-        if constexpr (T == QType::Q4_0) {
-          h0 = uint32_t(d0) * 0x10001u;
-          h1 = uint32_t(d1) * 0x10001u;
-          v[r] = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, int(h1), int(h0))), q40_mul);
-        } else {
-          v[r] = _mm_cvtph_ps(_mm_set_epi32(0, 0, int(d1), int(d0)));  // [d0 0 d1 0]
-        }
-      }
+      vnni_pair<T>(b0, b1, w[r], v[r]);
     }
     for (int t = 0; t < NT; ++t) {
       const __m512i a = _mm512_loadu_si512(X[t].qs + p * 64);

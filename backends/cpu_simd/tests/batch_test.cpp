@@ -22,7 +22,7 @@
 
 #include "cpu_simd_backend.h"
 #include "kernels.h"
-#include "touchstone/backend_abi.h"
+#include "touchstone/abi/backend_abi.h"
 #include "touchstone/test_model.h"
 
 namespace {

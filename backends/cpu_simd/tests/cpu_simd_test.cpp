@@ -19,8 +19,8 @@
 
 #include "cpu_simd_backend.h"
 #include "kernels.h"
-#include "touchstone/quant.h"
-#include "touchstone/scalar_ops.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/model/scalar_ops.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // family_test.cpp - cpu_simd computes every family of ModelConfig like the reference.
 //
-// Tiny random GGUF models (reference/model/tests/tiny_family.h: llama, qwen2, qwen3,
+// Tiny random GGUF models (model/core/tests/tiny_family.h: llama, qwen2, qwen3,
 // gemma3, phi3, and variants with its optional features: rope_freqs, linear RoPE
 // scaling, partial rotary, soft-capping, rope.freq_base_swa) run through cpu_simd on both weight
 // paths (F32 matrices are used in place on the quantized path) and through the reference
@@ -19,11 +19,11 @@
 #include "cpu_simd_backend.h"
 #include "engine.h"
 #include "tiny_family.h"
-#include "touchstone/backend_abi.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
-#include "touchstone/model_weights.h"
-#include "touchstone/reference_forward.h"
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/model_weights.h"
+#include "touchstone/reference/reference_forward.h"
 #include "touchstone/test_model.h"
 
 namespace {

@@ -12,7 +12,7 @@
 #include "cpu_simd_backend.h"
 #include "gguf_builder.h"
 #include "kernels.h"
-#include "touchstone/quant.h"
+#include "touchstone/model/quant.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // serving_fault_test.cpp - the eight serving faults of the catalog
-// (touchstone/reference_forward.h: Faults) on cpu_simd, quantized path (batch
+// (touchstone/model/faults.h: Faults) on cpu_simd, quantized path (batch
 // invariant, so a clean batch equals the sessions alone bit for bit): each
 // changes the result it names and nothing else; also layer taps in a batch and
 // sessions of different faults in one call. Real model; skipped without it.
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "cpu_simd_backend.h"
-#include "touchstone/backend_abi.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
 #include "touchstone/test_model.h"
 
 namespace {

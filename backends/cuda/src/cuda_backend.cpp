@@ -1,5 +1,5 @@
 // cuda_backend.cpp - the CUDA backend behind the session contract
-// (touchstone/backend_abi.h) through touchstone::BackendAdapter, which applies
+// (touchstone/abi/backend_abi.h) through touchstone::BackendAdapter, which applies
 // the shared argument checks. Built as libtouchstone_backend_cuda.so with
 // cuda_forward.cpp (the forward pass), cuda_run.cpp (one session's calls),
 // cuda_batch.cpp (ABI v6 step_batch and fork_session) and kernels.cu; this
@@ -11,7 +11,7 @@
 //    per-layer RoPE base and sliding window, Q/K/V biases, QK-norm, post-norms,
 //    GeGLU, embedding / attention scale, logit soft-capping; fused QKV and
 //    gate|up matrices are split at load as row ranges of one upload).
-//  * The fault catalog (touchstone/faults.h) but two serving faults
+//  * The fault catalog (touchstone/model/faults.h) but two serving faults
 //    (batch_token_count_split, batch_kv_leak: refused), and the ABI v4 layer
 //    taps (recorded on the device with plain launches).
 //  * ABI v6: step_batch runs the entries' tokens in passes of up to kMaxBatch
@@ -47,13 +47,13 @@
 
 #include "cuda_session.h"
 #include "kernels.h"
-#include "touchstone/backend_abi.h"
-#include "touchstone/backend_impl.h"
-#include "touchstone/error.h"
-#include "touchstone/faults.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
-#include "touchstone/quant.h"
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/quant.h"
 
 namespace touchstone::cuda {
 namespace {
@@ -304,7 +304,7 @@ CudaModel::CudaModel(gguf::File f, touchstone::ModelConfig c, int dev)
 
 namespace {
 
-// One layer's tensors, named and shaped as reference/model/src/model_weights.cpp
+// One layer's tensors, named and shaped as model/core/src/model_weights.cpp
 // reads them (fused attn_qkv / gate|up ffn_up split by rows).
 DevLayer load_layer(WeightLoader& ld, const touchstone::ModelConfig& c, int l) {
   const int d = c.n_embd, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
@@ -473,7 +473,7 @@ void upload_rope_tables(CudaSession& s, const CudaModel& m) {
   }
 }
 
-// The session's fault (touchstone/faults.h): parsed, refused when it is one of
+// The session's fault (touchstone/model/faults.h): parsed, refused when it is one of
 // a serving fault not implemented here, the split-K slice count set.
 void set_fault(CudaSession& s, const char* name, int32_t n_threads) {
   try {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cuda_session.h"
-#include "touchstone/batch_plan.h"
+#include "touchstone/abi/batch_plan.h"
 
 namespace touchstone::cuda {
 namespace {

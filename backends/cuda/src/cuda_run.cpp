@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cuda_session.h"
-#include "touchstone/backend_impl.h"
+#include "touchstone/abi/backend_impl.h"
 
 namespace touchstone::cuda {
 namespace {
@@ -68,7 +68,7 @@ void advance(CudaSession& s, int n) {
 }
 
 // The logits_perturb_1e-3 fault: logit i of position p times
-// 1 + noise * fault_noise_sign(p * n_vocab + i) (touchstone/faults.h), fp64, on the host.
+// 1 + noise * fault_noise_sign(p * n_vocab + i) (touchstone/model/faults.h), fp64, on the host.
 void perturb_logits(const CudaSession& s, float* rows, int n_rows, int first_pos) {
   if (s.faults.logit_noise == 0.0) return;
   const size_t V = size_t(s.model->cfg.n_vocab);

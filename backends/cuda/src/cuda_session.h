@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "kernels.h"
-#include "touchstone/backend_abi.h"
-#include "touchstone/faults.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
 
 namespace touchstone::cuda {
 

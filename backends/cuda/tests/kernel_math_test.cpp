@@ -1,7 +1,7 @@
 // kernel_math_test.cpp - the CUDA kernels' per-element / per-block maths
 // (touchstone/cuda/kernel_math.h), tested on the host with g++: no GPU needed.
 // Reference: touchstone::gguf::dequantize_row / fp32_to_fp16, touchstone::ops
-// (scalar_ops.h) and the formulas of reference/model/src/reference_forward.cpp
+// (scalar_ops.h) and the formulas of reference/transformer/src/reference_forward.cpp
 // (restated here where they are private).
 #include <gtest/gtest.h>
 
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "touchstone/cuda/kernel_math.h"
-#include "touchstone/quant.h"
-#include "touchstone/scalar_ops.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/model/scalar_ops.h"
 
 namespace {
 

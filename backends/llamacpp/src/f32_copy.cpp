@@ -12,7 +12,7 @@
 #include <string>
 #include <system_error>
 
-#include "touchstone/backend_adapter.hpp"
+#include "touchstone/abi/backend_adapter.hpp"
 
 namespace touchstone::llamacpp {
 namespace {

@@ -1,5 +1,5 @@
 // llamacpp_backend.cpp - llama.cpp (CPU) behind the session contract
-// (touchstone/backend_abi.h) through touchstone::BackendAdapter, driving only
+// (touchstone/abi/backend_abi.h) through touchstone::BackendAdapter, driving only
 // llama.cpp's public C API (llama.h). docs/backends/llamacpp.md.
 //
 //   load_model    llama_model_load_from_file (CPU, n_gpu_layers 0, mmap)
@@ -38,7 +38,8 @@
 #include <vector>
 
 #include "f32_copy.h"
-#include "touchstone/backend_adapter.hpp"
+#include "touchstone/abi/backend_adapter.hpp"
+#include "touchstone/abi/backend_impl.h"
 
 namespace touchstone::llamacpp {
 namespace {
@@ -80,18 +81,6 @@ void init_llama() {
     llama_log_set(log_callback, nullptr);
     llama_backend_init();
   });
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto p = line.find(':');
-      if (p != std::string::npos) return line.substr(p + 2);
-    }
-  }
-  return "unknown CPU";
 }
 
 // ---- knobs (environment; docs/backends/llamacpp.md) --------------------------
@@ -262,11 +251,10 @@ struct LlamaCpp {
   static std::string device_name() {
     init_llama();
     const Knobs k = knobs();
-    return "CPU: " + cpu_model() + " (" + std::to_string(std::thread::hardware_concurrency()) +
-           " hardware threads); llama.cpp " + std::string(TOUCHSTONE_LLAMACPP_VERSION) +
-           " (llama-cpp-python sdist), KV cache " + ggml_type_name(k.kv_type) +
-           ", flash attention " + llama_flash_attn_type_name(k.flash_attn) + "; " +
-           llama_print_system_info();
+    return touchstone::abi::cpu_device_name() + "); llama.cpp " +
+           std::string(TOUCHSTONE_LLAMACPP_VERSION) + " (llama-cpp-python sdist), KV cache " +
+           ggml_type_name(k.kv_type) + ", flash attention " +
+           llama_flash_attn_type_name(k.flash_attn) + "; " + llama_print_system_info();
   }
 
   static void capabilities(ts_capabilities& c) {

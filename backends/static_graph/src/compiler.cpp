@@ -360,6 +360,65 @@ std::string lower_to_buffers(const std::string& text, const CompileOptions& opt)
   return out;
 }
 
+namespace {
+
+// The object cache key of a graph: its text, the pipeline and the host CPU
+// with every feature it has (an object compiled for one CPU never loads on another).
+std::string graph_cache_key(const std::string& text, const CompileOptions& opt) {
+  std::string cpu = host_cpu_name();
+  llvm::StringMap<bool> f = llvm::sys::getHostCPUFeatures();
+  std::vector<std::string> on;
+  for (auto& kv : f)
+    if (kv.second) on.push_back(kv.first().str());
+  std::sort(on.begin(), on.end());
+  for (auto& s : on) cpu += "," + s;
+  char key[32];
+  std::snprintf(key, sizeof key, "%016llx",
+                static_cast<unsigned long long>(
+                    fnv1a(text, fnv1a(pipeline_description(opt) + cpu + "llvm22"))));
+  return key;
+}
+
+// The lowered module optimised (O3) and compiled for the host by MLIR's
+// ExecutionEngine, with the runner utilities and, for parallel graphs, OpenMP.
+std::unique_ptr<mlir::ExecutionEngine> jit_for_host(mlir::Operation* module,
+                                                    const CompileOptions& opt, bool keep_object) {
+  auto tmb = host_tmb();
+  auto tm = tmb.createTargetMachine();
+  if (!tm) throw std::runtime_error("static_graph: cannot create the host target machine");
+  auto transformer = mlir::makeOptimizingTransformer(3, 0, tm->get());
+  mlir::ExecutionEngineOptions eo;
+  eo.transformer = transformer;
+  eo.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
+  const std::string rt = runner_utils_path();
+  llvm::SmallVector<llvm::StringRef, 2> libs;
+  if (!rt.empty()) libs.push_back(rt);
+  if (opt.parallel) libs.push_back(openmp_runtime());
+  eo.sharedLibPaths = libs;
+  eo.enableObjectDump = keep_object;
+  auto engine = mlir::ExecutionEngine::create(module, eo, std::move(*tm));
+  if (!engine) {
+    throw std::runtime_error("static_graph: ExecutionEngine::create failed: " +
+                             llvm::toString(engine.takeError()));
+  }
+  return std::move(*engine);
+}
+
+// Writes the compiled object (and the lowered argument count) to the cache,
+// atomically (a temporary file renamed), for other processes to load.
+void store_in_cache(mlir::ExecutionEngine& engine, const std::string& cache_dir,
+                    const std::string& cache_path, int lowered_args) {
+  std::error_code ec;
+  std::filesystem::create_directories(cache_dir, ec);
+  const std::string tmp = cache_path + ".tmp" + std::to_string(::getpid());
+  std::ofstream(cache_path + ".nargs") << lowered_args << "\n";
+  engine.dumpToObjectFile(tmp);
+  std::filesystem::rename(tmp, cache_path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+}  // namespace
+
 std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std::string& func_name,
                                              const CompileOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -367,29 +426,17 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
   CompileOptions opt = options;
   opt.parallel = opt.parallel && opt.vectorize && !openmp_runtime().empty();
   const std::string symbol = "_mlir__mlir_ciface_" + func_name;
-  std::string cpu = host_cpu_name();
-  {
-    llvm::StringMap<bool> f = llvm::sys::getHostCPUFeatures();
-    std::vector<std::string> on;
-    for (auto& kv : f)
-      if (kv.second) on.push_back(kv.first().str());
-    std::sort(on.begin(), on.end());
-    for (auto& s : on) cpu += "," + s;
-  }
-  char key[32];
-  std::snprintf(key, sizeof key, "%016llx",
-                static_cast<unsigned long long>(
-                    fnv1a(text, fnv1a(pipeline_description(opt) + cpu + "llvm22"))));
+  const std::string key = graph_cache_key(text, opt);
   std::string cache_path;
   std::unique_ptr<CacheLock> lock;
   if (!opt.cache_dir.empty()) {
     cache_path = opt.cache_dir + "/" + func_name + "-" + key + ".o";
-    if (auto g = load_from_cache(cache_path, symbol, key, t0)) return g;
+    if (auto g = load_from_cache(cache_path, symbol, key.c_str(), t0)) return g;
     // Another process (ctest -j, parallel parity runs) may be compiling the
     // same graph right now: wait for it and load its object instead of
     // compiling the graph a second time.
     lock = std::make_unique<CacheLock>(opt.cache_dir, cache_path + ".lock");
-    if (auto g = load_from_cache(cache_path, symbol, key, t0)) return g;
+    if (auto g = load_from_cache(cache_path, symbol, key.c_str(), t0)) return g;
   }
 
   auto ctx = make_context();
@@ -423,25 +470,8 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
   });
   times[3] = lap();
 
-  auto tmb = host_tmb();
-  auto tm = tmb.createTargetMachine();
-  if (!tm) throw std::runtime_error("static_graph: cannot create the host target machine");
-  auto transformer = mlir::makeOptimizingTransformer(3, 0, tm->get());
-  mlir::ExecutionEngineOptions eo;
-  eo.transformer = transformer;
-  eo.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
-  const std::string rt = runner_utils_path();
-  llvm::SmallVector<llvm::StringRef, 2> libs;
-  if (!rt.empty()) libs.push_back(rt);
-  if (opt.parallel) libs.push_back(openmp_runtime());
-  eo.sharedLibPaths = libs;
-  eo.enableObjectDump = !cache_path.empty();
-  auto engine = mlir::ExecutionEngine::create(*m, eo, std::move(*tm));
-  if (!engine) {
-    throw std::runtime_error("static_graph: ExecutionEngine::create failed: " +
-                             llvm::toString(engine.takeError()));
-  }
-  auto fn = (*engine)->lookupPacked("_mlir_ciface_" + func_name);
+  std::unique_ptr<mlir::ExecutionEngine> engine = jit_for_host(*m, opt, !cache_path.empty());
+  auto fn = engine->lookupPacked("_mlir_ciface_" + func_name);
   times[4] = lap();
   if (const char* v = std::getenv("TOUCHSTONE_STATIC_GRAPH_VERBOSE"); v && *v) {
     std::fprintf(stderr,
@@ -453,18 +483,10 @@ std::unique_ptr<CompiledGraph> compile_graph(const std::string& text, const std:
     throw std::runtime_error("static_graph: lookup failed: " + llvm::toString(fn.takeError()));
   auto g = std::make_unique<EngineGraph>();
   g->fn = *fn;
-  g->engine = std::move(*engine);
+  g->engine = std::move(engine);
   g->cache_key = key;
   g->lowered_num_args = lowered_args;
-  if (!cache_path.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(opt.cache_dir, ec);
-    const std::string tmp = cache_path + ".tmp" + std::to_string(::getpid());
-    std::ofstream(cache_path + ".nargs") << lowered_args << "\n";
-    g->engine->dumpToObjectFile(tmp);
-    std::filesystem::rename(tmp, cache_path, ec);
-    if (ec) std::filesystem::remove(tmp, ec);
-  }
+  if (!cache_path.empty()) store_in_cache(*g->engine, opt.cache_dir, cache_path, lowered_args);
   g->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return g;
 }

@@ -12,12 +12,12 @@
 #include <thread>
 
 #include "kquant_pack.h"
-#include "touchstone/backend_impl.h"
-#include "touchstone/error.h"
-#include "touchstone/faults.h"
-#include "touchstone/gguf.h"
-#include "touchstone/quant.h"
-#include "touchstone/scalar_ops.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/model/scalar_ops.h"
 
 namespace touchstone::static_graph {
 

@@ -12,8 +12,9 @@
 
 #include "compiler.h"
 #include "graph.h"
-#include "touchstone/model_config.h"
-#include "touchstone/reference_forward.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/model_weights.h"
 
 namespace touchstone::static_graph {
 

@@ -49,6 +49,46 @@ nlohmann::json arg_json(const ArgInfo& a) {
   return nlohmann::json{{"name", a.name}, {"shape", a.shape}, {"dtype", a.elem}};
 }
 
+// check/: one decode step after a short prompt, its inputs (the KV caches and
+// RoPE tables before the step, the token, position and tap row) and the JIT's
+// logits, for running the exported decode module elsewhere and comparing.
+void write_reference_io(Model& model, WeightMode mode, const std::string& out_dir,
+                        const ExportOptions& opt) {
+  namespace fs = std::filesystem;
+  fs::create_directories(fs::path(out_dir) / "check");
+  Session s(model, mode, opt.capacity, 1);
+  s.buckets.windows.clear();
+  s.buckets.prefill.clear();  // token by token: only the decode graph is compiled
+  const std::vector<int32_t> prompt{1, 504, 3458, 282, 253};
+  std::vector<float> logits(size_t(model.dims.n_vocab));
+  s.prefill(prompt.data(), int32_t(prompt.size()), false, logits.data());
+  const int32_t pos = s.position(), tok = 2115;
+  const auto dump = [&](const std::string& n, const void* p, const std::vector<int64_t>& shape,
+                        const std::string& e) {
+    write_npy((fs::path(out_dir) / "check" / n).string(), p, shape, e);
+  };
+  const int64_t L = model.dims.n_layer, KVH = model.dims.n_head_kv, hd = model.dims.head_dim;
+  const int64_t per_layer = KVH * hd * opt.capacity;  // floats of one layer's K (and V) cache
+  for (int64_t l = 0; l < L; ++l) {
+    dump("k_cache." + std::to_string(l) + ".npy", s.k_cache() + l * per_layer, {1, per_layer, 1},
+         "f32");
+    dump("v_cache." + std::to_string(l) + ".npy", s.v_cache() + l * per_layer,
+         {1, KVH * opt.capacity, hd}, "f32");
+  }
+  const int64_t half = model.dims.rot() / 2;
+  for (size_t k = 0; k < model.rope_tables.size(); ++k) {
+    const std::string sfx = k == 0 ? "" : "." + std::to_string(k);
+    dump("rope_cos" + sfx + ".npy", s.rope_cos(k), {1, opt.capacity, half}, "f32");
+    dump("rope_sin" + sfx + ".npy", s.rope_sin(k), {1, opt.capacity, half}, "f32");
+  }
+  const int32_t tap_row = 0;  // the decode step's only row
+  dump("tap_row.npy", &tap_row, {1, 1}, "i32");
+  dump("tokens.npy", &tok, {1, 1}, "i32");
+  dump("pos.npy", &pos, {1, 1}, "i32");
+  s.decode(tok, logits.data());
+  dump("expected_logits.npy", logits.data(), {1, model.dims.n_vocab}, "f32");
+}
+
 }  // namespace
 
 void export_modules(const std::string& model_path, const std::string& out_dir,
@@ -95,41 +135,7 @@ void export_modules(const std::string& model_path, const std::string& out_dir,
     write_npy((fs::path(out_dir) / "weights" / (name + ".npy")).string(), t.data.get(), t.shape,
               t.elem);
   }
-  if (opt.with_reference_io) {
-    // One decode step after a short prompt: inputs (KV state before the step) and JIT logits.
-    fs::create_directories(fs::path(out_dir) / "check");
-    Session s(*model, mode, opt.capacity, 1);
-    s.buckets.windows.clear();
-    s.buckets.prefill.clear();  // token by token: only the decode graph is compiled
-    const std::vector<int32_t> prompt{1, 504, 3458, 282, 253};
-    std::vector<float> logits(size_t(model->dims.n_vocab));
-    s.prefill(prompt.data(), int32_t(prompt.size()), false, logits.data());
-    const int32_t pos = s.position(), tok = 2115;
-    const auto dump = [&](const std::string& n, const void* p, const std::vector<int64_t>& shape,
-                          const std::string& e) {
-      write_npy((fs::path(out_dir) / "check" / n).string(), p, shape, e);
-    };
-    const int64_t L = model->dims.n_layer, KVH = model->dims.n_head_kv, hd = model->dims.head_dim;
-    const int64_t per_layer = KVH * hd * opt.capacity;  // floats of one layer's K (and V) cache
-    for (int64_t l = 0; l < L; ++l) {
-      dump("k_cache." + std::to_string(l) + ".npy", s.k_cache() + l * per_layer, {1, per_layer, 1},
-           "f32");
-      dump("v_cache." + std::to_string(l) + ".npy", s.v_cache() + l * per_layer,
-           {1, KVH * opt.capacity, hd}, "f32");
-    }
-    const int64_t half = model->dims.rot() / 2;
-    for (size_t k = 0; k < model->rope_tables.size(); ++k) {
-      const std::string sfx = k == 0 ? "" : "." + std::to_string(k);
-      dump("rope_cos" + sfx + ".npy", s.rope_cos(k), {1, opt.capacity, half}, "f32");
-      dump("rope_sin" + sfx + ".npy", s.rope_sin(k), {1, opt.capacity, half}, "f32");
-    }
-    const int32_t tap_row = 0;  // the decode step's only row
-    dump("tap_row.npy", &tap_row, {1, 1}, "i32");
-    dump("tokens.npy", &tok, {1, 1}, "i32");
-    dump("pos.npy", &pos, {1, 1}, "i32");
-    s.decode(tok, logits.data());
-    dump("expected_logits.npy", logits.data(), {1, model->dims.n_vocab}, "f32");
-  }
+  if (opt.with_reference_io) write_reference_io(*model, mode, out_dir, opt);
   std::ofstream(fs::path(out_dir) / "manifest.json") << man.dump(2) << "\n";
 }
 

@@ -1,12 +1,12 @@
 // kquant_pack.cpp - Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in the graph's layouts
 // (kquant_pack.h).
-// Block formats: ggml-common.h; the values follow reference/gguf/src/quant.cpp
+// Block formats: ggml-common.h; the values follow model/gguf/src/quant.cpp
 // (deq_q5_0, deq_q5_1, deq_q4_K, deq_q5_K, deq_q6_K) operation by operation.
 #include "kquant_pack.h"
 
 #include <cstring>
 
-#include "touchstone/quant.h"
+#include "touchstone/model/quant.h"
 
 namespace touchstone::static_graph {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "engine.h"
-#include "touchstone/gguf.h"
+#include "touchstone/model/gguf.h"
 
 namespace touchstone::static_graph {
 

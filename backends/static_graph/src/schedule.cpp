@@ -450,52 +450,61 @@ std::string schedule_variant() {
   return v ? v : "";
 }
 
-// Tags every batch matmul with its tile configuration (sg_tile = id) or
-// sg_fallback and returns the transform script for the module.
-std::string make_schedule(mlir::ModuleOp module, bool parallel) {
-  const int64_t vw = host_vector_floats();
-  const std::string variant = schedule_variant();
-  std::map<TileSizes, int64_t> configs;
-  std::map<std::pair<int64_t, bool>, int64_t> fb_configs;  // (strip, batch) -> id
-  mlir::MLIRContext* ctx = module->getContext();
+// The dequantizing matmuls (a block-quantized weight feeding a batch matmul):
+// each tagged sg_qmm = its index, with the tile sizes of its schedule.
+std::vector<Quant> tag_quantized(mlir::ModuleOp module, int64_t vw, const std::string& variant,
+                                 bool parallel) {
   std::vector<Quant> quants;
-  if (variant != "interchange" && variant != "no-fuse") {
-    llvm::SmallVector<mlir::linalg::BatchMatmulOp> mms;
-    module->walk([&](mlir::linalg::BatchMatmulOp mm) { mms.push_back(mm); });
-    for (auto mm : mms) {
-      auto at = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(0)->get().getType());
-      auto bt = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(1)->get().getType());
-      if (!at || !bt || !at.hasStaticShape() || !bt.hasStaticShape()) continue;
-      const int64_t M = at.getDimSize(1), N = bt.getDimSize(2);
-      TileSizes t = pick_tiles(M, N, at.getDimSize(2), vw);
-      // The dequantized tile (one block x NT columns) is a vector of 32 * NT
-      // floats, lowered fully unrolled: NT = one vector register keeps the LLVM
-      // code (and compile time) small. M = 1: one row per register tile.
-      if (M == 1) t = TileSizes{1, N % vw == 0 ? vw : 0, 0};
-      if (t.n > vw && N % vw == 0) {
-        t.m = std::min<int64_t>(t.m * t.n / vw, 8);
-        while (M % t.m) --t.m;
-        t.n = vw;
-      }
-      if (t.m == 0 || t.n == 0) continue;
-      // M = 1: two vector widths of columns per tile (two independent FMA
-      // chains per iteration): 1.03 s CPU per 64 decoded tokens vs 1.25 s
-      // (one width) and 1.12 s (four), 2026-11-26.
-      const int64_t wide = variant == "qvec1" ? 1 : variant == "qvec4" ? 4 : 2;
-      if (M == 1 && N % (wide * vw) == 0) t.n = wide * vw;
-      if (parallel) t.strip = strip_width(N, t.n);
-      int64_t R = 0;
-      mlir::linalg::GenericOp g = block_matmul(mm, R);
-      if (!g) continue;
-      auto last = llvm::dyn_cast<mlir::RankedTensorType>(g->getOperand(1).getType());
-      t.k = last.getDimSize(unsigned(R - 1)) % 4 == 0 ? 4 : 1;  // unroll of the innermost block dim
-      const auto id =
-          mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), int64_t(quants.size()));
-      g->setAttr("sg_qmm", id);
-      tag_producers(g, id);
-      quants.push_back(Quant{g, R, M, t});
+  if (variant == "interchange" || variant == "no-fuse") return quants;
+  mlir::MLIRContext* ctx = module->getContext();
+  llvm::SmallVector<mlir::linalg::BatchMatmulOp> mms;
+  module->walk([&](mlir::linalg::BatchMatmulOp mm) { mms.push_back(mm); });
+  for (auto mm : mms) {
+    auto at = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(0)->get().getType());
+    auto bt = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(1)->get().getType());
+    if (!at || !bt || !at.hasStaticShape() || !bt.hasStaticShape()) continue;
+    const int64_t M = at.getDimSize(1), N = bt.getDimSize(2);
+    TileSizes t = pick_tiles(M, N, at.getDimSize(2), vw);
+    // The dequantized tile (one block x NT columns) is a vector of 32 * NT
+    // floats, lowered fully unrolled: NT = one vector register keeps the LLVM
+    // code (and compile time) small. M = 1: one row per register tile.
+    if (M == 1) t = TileSizes{1, N % vw == 0 ? vw : 0, 0};
+    if (t.n > vw && N % vw == 0) {
+      t.m = std::min<int64_t>(t.m * t.n / vw, 8);
+      while (M % t.m) --t.m;
+      t.n = vw;
     }
+    if (t.m == 0 || t.n == 0) continue;
+    // M = 1: two vector widths of columns per tile (two independent FMA
+    // chains per iteration): 1.03 s CPU per 64 decoded tokens vs 1.25 s
+    // (one width) and 1.12 s (four), 2026-11-26.
+    const int64_t wide = variant == "qvec1" ? 1 : variant == "qvec4" ? 4 : 2;
+    if (M == 1 && N % (wide * vw) == 0) t.n = wide * vw;
+    if (parallel) t.strip = strip_width(N, t.n);
+    int64_t R = 0;
+    mlir::linalg::GenericOp g = block_matmul(mm, R);
+    if (!g) continue;
+    auto last = llvm::dyn_cast<mlir::RankedTensorType>(g->getOperand(1).getType());
+    t.k = last.getDimSize(unsigned(R - 1)) % 4 == 0 ? 4 : 1;  // unroll of the innermost block dim
+    const auto id = mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), int64_t(quants.size()));
+    g->setAttr("sg_qmm", id);
+    tag_producers(g, id);
+    quants.push_back(Quant{g, R, M, t});
   }
+  return quants;
+}
+
+// The plain batch matmuls: tagged sg_tile = id of their tile configuration, or
+// sg_fallback (with sg_fbpar = id of its parallel strip configuration).
+struct MatmulConfigs {
+  std::map<TileSizes, int64_t> tiles;
+  std::map<std::pair<int64_t, bool>, int64_t> fallbacks;  // (strip, batch) -> id
+};
+
+MatmulConfigs tag_matmuls(mlir::ModuleOp module, int64_t vw, const std::string& variant,
+                          bool parallel) {
+  MatmulConfigs c;
+  mlir::MLIRContext* ctx = module->getContext();
   module->walk([&](mlir::linalg::BatchMatmulOp mm) {
     auto a = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(0)->get().getType());
     auto b = llvm::dyn_cast<mlir::RankedTensorType>(mm.getDpsInputOperand(1)->get().getType());
@@ -510,7 +519,7 @@ std::string make_schedule(mlir::ModuleOp module, bool parallel) {
           parallel && b && b.hasStaticShape() ? strip_width(b.getDimSize(2), vw) : 0;
       if (strip > 0 || (parallel && batch)) {
         const auto key = std::make_pair(strip, batch);
-        auto it = fb_configs.emplace(key, int64_t(fb_configs.size())).first;
+        auto it = c.fallbacks.emplace(key, int64_t(c.fallbacks.size())).first;
         mm->setAttr("sg_fbpar",
                     mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), it->second));
       }
@@ -520,35 +529,48 @@ std::string make_schedule(mlir::ModuleOp module, bool parallel) {
       t.strip = strip_width(b.getDimSize(2), t.n);
       t.batch = batch;
     }
-    auto it = configs.emplace(t, int64_t(configs.size())).first;
+    auto it = c.tiles.emplace(t, int64_t(c.tiles.size())).first;
     mm->setAttr("sg_tile", mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 64), it->second));
   });
-  std::string script = kScheduleHead;
-  for (const auto& [t, id] : configs) {
-    std::string block = kScheduleTile;
-    std::string par = "    %mmPID = transform.merge_handles %mmID : !transform.any_op\n";
-    if (t.strip > 0 || t.batch) {
-      par = kScheduleForall;
-      replace_all(par, "PSIZES", join({t.batch ? 1 : 0, 0, t.strip}));
-    }
-    replace_all(block, "PARTILE", par);
-    replace_all(block, "ID", std::to_string(id));
-    replace_all(block, "MT", std::to_string(t.m));
-    replace_all(block, "NT", std::to_string(t.n));
-    replace_all(block, "KT", std::to_string(t.k));
-    replace_all(block, "ORDER", t.k_outer ? "[0, 1, 3, 2]" : "[0, 2, 1, 3]");
-    // k innermost: the accumulator tile is loop-invariant there (registers).
-    replace_all(block, "HOIST",
-                t.k_outer ? ""
-                          : "transform.loop.hoist_loop_invariant_subsets %l" + std::to_string(id) +
-                                "#3 : !transform.any_op");
-    script += block;
+  return c;
+}
+
+// The transform script of one tile configuration.
+std::string tile_block(const TileSizes& t, int64_t id) {
+  std::string block = kScheduleTile;
+  std::string par = "    %mmPID = transform.merge_handles %mmID : !transform.any_op\n";
+  if (t.strip > 0 || t.batch) {
+    par = kScheduleForall;
+    replace_all(par, "PSIZES", join({t.batch ? 1 : 0, 0, t.strip}));
   }
+  replace_all(block, "PARTILE", par);
+  replace_all(block, "ID", std::to_string(id));
+  replace_all(block, "MT", std::to_string(t.m));
+  replace_all(block, "NT", std::to_string(t.n));
+  replace_all(block, "KT", std::to_string(t.k));
+  replace_all(block, "ORDER", t.k_outer ? "[0, 1, 3, 2]" : "[0, 2, 1, 3]");
+  // k innermost: the accumulator tile is loop-invariant there (registers).
+  replace_all(block, "HOIST",
+              t.k_outer ? ""
+                        : "transform.loop.hoist_loop_invariant_subsets %l" + std::to_string(id) +
+                              "#3 : !transform.any_op");
+  return block;
+}
+
+// Tags every batch matmul with its tile configuration (sg_tile = id) or
+// sg_fallback and returns the transform script for the module.
+std::string make_schedule(mlir::ModuleOp module, bool parallel) {
+  const int64_t vw = host_vector_floats();
+  const std::string variant = schedule_variant();
+  const std::vector<Quant> quants = tag_quantized(module, vw, variant, parallel);
+  const MatmulConfigs c = tag_matmuls(module, vw, variant, parallel);
+  std::string script = kScheduleHead;
+  for (const auto& [t, id] : c.tiles) script += tile_block(t, id);
   for (size_t q = 0; q < quants.size(); ++q)
     script += quants[q].M == 1 && variant != "gemv-tiled" ? quant_block_vec(quants[q], q)
                                                           : quant_block_tiled(quants[q], q);
   std::string fallback;
-  for (const auto& [key, id] : fb_configs) {
+  for (const auto& [key, id] : c.fallbacks) {
     std::string block = kScheduleFallbackForall;
     replace_all(block, "PSIZES", join({key.second ? 1 : 0, 0, key.first}));
     replace_all(block, "ID", std::to_string(id));

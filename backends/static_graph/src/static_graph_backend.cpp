@@ -1,5 +1,5 @@
 // static_graph_backend.cpp - the static_graph backend behind the session
-// contract (touchstone/backend_abi.h) through touchstone::BackendAdapter:
+// contract (touchstone/abi/backend_abi.h) through touchstone::BackendAdapter:
 // whole-model graphs built from the GGUF model, compiled by MLIR (TOSA -> LLVM)
 // and run with mlir::ExecutionEngine.
 #include <filesystem>
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "engine.h"
-#include "touchstone/backend_impl.h"
-#include "touchstone/faults.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/model/faults.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // family_test.cpp - static_graph computes every family of ModelConfig like the reference.
 //
-// Tiny random GGUF models (reference/model/tests/tiny_family.h: llama, qwen2, qwen3,
+// Tiny random GGUF models (model/core/tests/tiny_family.h: llama, qwen2, qwen3,
 // gemma3, phi3, and variants with the optional features: rope_freqs, linear RoPE
 // scaling, partial rotary, soft-capping, rope.freq_base_swa) run through the
 // full-precision graphs and through the reference (ReferenceTransformer). The
@@ -19,10 +19,10 @@
 #include "engine.h"
 #include "gguf_builder.h"
 #include "tiny_family.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
-#include "touchstone/model_weights.h"
-#include "touchstone/reference_forward.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/model_weights.h"
+#include "touchstone/reference/reference_forward.h"
 
 namespace {
 

@@ -17,9 +17,9 @@
 #include "compiler.h"
 #include "engine.h"
 #include "graph.h"
-#include "touchstone/gguf.h"
-#include "touchstone/llama_weights.h"
-#include "touchstone/reference_forward.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/llama_weights.h"
+#include "touchstone/reference/reference_forward.h"
 
 namespace sg = touchstone::static_graph;
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "touchstone/batch_plan.h"
+#include "touchstone/abi/batch_plan.h"
 #include "vk_forward.h"
 
 namespace touchstone::vk {

@@ -3,8 +3,8 @@
 
 #include <cstring>
 
-#include "touchstone/backend_impl.h"
-#include "touchstone/quant.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/model/quant.h"
 
 namespace touchstone::vk {
 namespace {

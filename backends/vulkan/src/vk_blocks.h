@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "touchstone/gguf.h"
+#include "touchstone/model/gguf.h"
 
 namespace touchstone::vk {
 

@@ -161,13 +161,21 @@ void check(VkResult r, const char* what) {
 std::shared_ptr<Context> Context::create() {
   std::shared_ptr<Context> c(new Context());
   c->validation_ = env_flag("TOUCHSTONE_VULKAN_VALIDATION");
+  c->create_instance();
+  c->read_device();
+  c->create_device();
+  c->check_validation();
+  return c;
+}
+
+void Context::create_instance() {
   constexpr const char* kLayer = "VK_LAYER_KHRONOS_validation";
 
   auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
   app.pApplicationName = "touchstone";
   app.apiVersion = VK_API_VERSION_1_1;
   std::vector<const char*> layers, exts;
-  if (c->validation_) {
+  if (validation_) {
     if (!instance_has_layer(kLayer)) {
       throw StatusError(TS_ERR_INTERNAL,
                         "TOUCHSTONE_VULKAN_VALIDATION=1 but VK_LAYER_KHRONOS_validation is not "
@@ -179,7 +187,7 @@ std::shared_ptr<Context> Context::create() {
   // (VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation).
   const bool debug_utils = instance_has_extension(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
   if (debug_utils) exts.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
-  if (c->validation_ && !debug_utils) {
+  if (validation_ && !debug_utils) {
     throw StatusError(TS_ERR_INTERNAL,
                       "validation requested but VK_EXT_debug_utils is unavailable");
   }
@@ -192,7 +200,7 @@ std::shared_ptr<Context> Context::create() {
                     VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
   mci.pfnUserCallback = messenger_cb;
-  mci.pUserData = c.get();
+  mci.pUserData = this;
 
   auto ici = vk_struct<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
   ici.pApplicationInfo = &app;
@@ -201,43 +209,47 @@ std::shared_ptr<Context> Context::create() {
   ici.enabledExtensionCount = uint32_t(exts.size());
   ici.ppEnabledExtensionNames = exts.data();
   if (debug_utils) ici.pNext = &mci;  // also reports errors of vkCreateInstance itself
-  const VkResult r = vkCreateInstance(&ici, nullptr, &c->instance_);
+  const VkResult r = vkCreateInstance(&ici, nullptr, &instance_);
   if (r != VK_SUCCESS) {
     throw StatusError(TS_ERR_DEVICE, "no usable Vulkan driver (vkCreateInstance: VkResult " +
                                          std::to_string(int(r)) + ")");
   }
   if (debug_utils) {
-    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
-        vkGetInstanceProcAddr(c->instance_, "vkCreateDebugUtilsMessengerEXT"));
-    if (create)
-      check(create(c->instance_, &mci, nullptr, &c->messenger_), "vkCreateDebugUtilsMessengerEXT");
+    auto create_messenger = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
+    if (create_messenger) {
+      check(create_messenger(instance_, &mci, nullptr, &messenger_),
+            "vkCreateDebugUtilsMessengerEXT");
+    }
   }
+}
 
-  c->phys_ = select_device(c->instance_, &c->queue_family_);
+void Context::read_device() {
+  phys_ = select_device(instance_, &queue_family_);
   auto sg = vk_struct<VkPhysicalDeviceSubgroupProperties>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
   auto p2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
   p2.pNext = &sg;
-  vkGetPhysicalDeviceProperties2(c->phys_, &p2);
-  c->info_.name = p2.properties.deviceName;
-  c->info_.type = type_name(p2.properties.deviceType);
-  c->info_.subgroup_size = sg.subgroupSize;
-  c->info_.subgroup_arithmetic = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
-                                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
-  c->info_.subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                              (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
-  c->info_.max_storage_buffer_range = p2.properties.limits.maxStorageBufferRange;
-  c->info_.max_group_count_x = p2.properties.limits.maxComputeWorkGroupCount[0];
+  vkGetPhysicalDeviceProperties2(phys_, &p2);
+  info_.name = p2.properties.deviceName;
+  info_.type = type_name(p2.properties.deviceType);
+  info_.subgroup_size = sg.subgroupSize;
+  info_.subgroup_arithmetic = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                              (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
+                              (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+  info_.subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
+  info_.max_storage_buffer_range = p2.properties.limits.maxStorageBufferRange;
+  info_.max_group_count_x = p2.properties.limits.maxComputeWorkGroupCount[0];
   const char* sg_env = std::getenv("TOUCHSTONE_VULKAN_SUBGROUP");
-  c->use_subgroup_ = c->info_.subgroup_arithmetic && !(sg_env && std::strcmp(sg_env, "0") == 0);
+  use_subgroup_ = info_.subgroup_arithmetic && !(sg_env && std::strcmp(sg_env, "0") == 0);
   VkPhysicalDeviceFeatures features{};
-  vkGetPhysicalDeviceFeatures(c->phys_, &features);
-  c->info_.int64 = features.shaderInt64 == VK_TRUE;
+  vkGetPhysicalDeviceFeatures(phys_, &features);
+  info_.int64 = features.shaderInt64 == VK_TRUE;
   // matmul_rows.comp runs one subgroup of 8 per workgroup, shuffles within it
   // and loads through 64-bit vectors.
-  const bool rows_ok = c->info_.subgroup_shuffle && sg.subgroupSize == 8 && c->info_.int64;
-  c->matmul_rows_ = rows_ok && p2.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  const bool rows_ok = info_.subgroup_shuffle && sg.subgroupSize == 8 && info_.int64;
+  matmul_rows_ = rows_ok && p2.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   if (const char* mm = std::getenv("TOUCHSTONE_VULKAN_MATMUL"); mm && *mm) {
     if (std::strcmp(mm, "rows") == 0) {
       if (!rows_ok) {
@@ -247,39 +259,39 @@ std::shared_ptr<Context> Context::create() {
             "has " +
                 std::to_string(sg.subgroupSize) + ")");
       }
-      c->matmul_rows_ = true;
+      matmul_rows_ = true;
     } else if (std::strcmp(mm, "split") == 0) {
-      c->matmul_rows_ = false;
+      matmul_rows_ = false;
     } else {
       throw StatusError(TS_ERR_INVALID_ARGUMENT,
                         std::string("TOUCHSTONE_VULKAN_MATMUL=") + mm + ": expected rows or split");
     }
   }
-  vkGetPhysicalDeviceMemoryProperties(c->phys_, &c->mem_);
+  vkGetPhysicalDeviceMemoryProperties(phys_, &mem_);
+}
 
+void Context::create_device() {
   const float prio = 1.0f;
   auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
-  qci.queueFamilyIndex = c->queue_family_;
+  qci.queueFamilyIndex = queue_family_;
   qci.queueCount = 1;
   qci.pQueuePriorities = &prio;
   auto dci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
   VkPhysicalDeviceFeatures enabled{};
-  enabled.shaderInt64 = c->info_.int64 ? VK_TRUE : VK_FALSE;  // matmul_rows.comp
+  enabled.shaderInt64 = info_.int64 ? VK_TRUE : VK_FALSE;  // matmul_rows.comp
   dci.pEnabledFeatures = &enabled;
-  check(vkCreateDevice(c->phys_, &dci, nullptr, &c->device_), "vkCreateDevice");
-  vkGetDeviceQueue(c->device_, c->queue_family_, 0, &c->queue_);
+  check(vkCreateDevice(phys_, &dci, nullptr, &device_), "vkCreateDevice");
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
 
   auto pci = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
   pci.flags =
       VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT | VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
-  pci.queueFamilyIndex = c->queue_family_;
-  check(vkCreateCommandPool(c->device_, &pci, nullptr, &c->pool_), "vkCreateCommandPool");
+  pci.queueFamilyIndex = queue_family_;
+  check(vkCreateCommandPool(device_, &pci, nullptr, &pool_), "vkCreateCommandPool");
   auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
-  check(vkCreateFence(c->device_, &fci, nullptr, &c->fence_), "vkCreateFence");
-  c->check_validation();
-  return c;
+  check(vkCreateFence(device_, &fci, nullptr, &fence_), "vkCreateFence");
 }
 
 Context::~Context() {

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <string>
 
-#include "touchstone/backend_impl.h"
+#include "touchstone/abi/backend_impl.h"
 
 namespace touchstone::vk {
 
@@ -84,6 +84,12 @@ class Context {
   void on_validation_error(const char* message);
 
  private:
+  // The steps of create(): the instance (validation layer and messenger when
+  // asked), the physical device and what it offers (subgroups, int64, the
+  // matmul shader choice), then the device, its queue, command pool and fence.
+  void create_instance();
+  void read_device();
+  void create_device();
   Context() = default;
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/scalar_ops.h"
+#include "touchstone/model/scalar_ops.h"
 
 namespace touchstone::vk {
 namespace {

@@ -1,6 +1,6 @@
 // vk_forward.h - sequences on the device: activations, KV caches and the
 // forward graph of any ModelConfig family (same formulas as
-// reference/model/src/reference_forward.cpp, fp32 accumulation; the graph is
+// reference/transformer/src/reference_forward.cpp, fp32 accumulation; the graph is
 // recorded in vk_graph.cpp). A pass computes up to kChunk token rows in one
 // command buffer: one sequence's chunk (run(), greedy()) or the rows of several
 // sequences (step_batch(), vk_batch.cpp: every matmul over all their rows,
@@ -14,7 +14,8 @@
 #include <span>
 #include <vector>
 
-#include "touchstone/reference_forward.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/model_weights.h"
 #include "vk_buffer.h"
 #include "vk_kernels.h"
 #include "vk_weights.h"

@@ -1,5 +1,5 @@
 // vk_graph.cpp - the forward graph of one pass (vk_forward.h: Pass), driven by
-// the ModelConfig (reference/model/src/reference_forward.cpp has the formulas):
+// the ModelConfig (reference/transformer/src/reference_forward.cpp has the formulas):
 //   x = embd[token] * embd_scale
 //   per layer: RMSNorm -> Q/K/V matmuls (+ biases) -> per-head QK RMSNorm ->
 //     RoPE (interleaved or NeoX, first n_rot dims, this layer's table) + KV store ->

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/gguf.h"
+#include "touchstone/model/gguf.h"
 #include "vk_buffer.h"
 #include "vk_context.h"
 #include "vk_profile.h"

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "touchstone/quant.h"
+#include "touchstone/model/quant.h"
 #include "vk_blocks.h"
 #include "vk_kernels.h"
 

@@ -7,7 +7,7 @@
 // is dequantized to fp32 at load.
 //
 // Fused tensors (Phi-3's attn_qkv = [q; k; v] rows, ffn_up = [gate; up] rows)
-// are split at load into their row ranges, as reference/model/src/model_weights.cpp
+// are split at load into their row ranges, as model/core/src/model_weights.cpp
 // does; the blocks of a row are contiguous, so the split keeps the bytes.
 #pragma once
 
@@ -15,8 +15,8 @@
 #include <memory>
 #include <vector>
 
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
 #include "vk_buffer.h"
 
 namespace touchstone::vk {

@@ -1,5 +1,5 @@
 // vulkan_backend.cpp - the Vulkan backend behind the session contract
-// (touchstone/backend_abi.h) through touchstone::BackendAdapter, which applies
+// (touchstone/abi/backend_abi.h) through touchstone::BackendAdapter, which applies
 // the shared argument checks. Built as libtouchstone_backend_vulkan.so.
 //
 // load_model creates the Vulkan context (TS_ERR_DEVICE when there is no
@@ -13,10 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend_impl.h"
-#include "touchstone/gguf.h"
-#include "touchstone/model_config.h"
-#include "touchstone/reference_forward.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/model/faults.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/model_weights.h"
 #include "vk_context.h"
 #include "vk_forward.h"
 #include "vk_kernels.h"

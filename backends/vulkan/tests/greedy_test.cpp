@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/gguf.h"
-#include "touchstone/llama_config.h"
-#include "touchstone/metrics.h"
+#include "touchstone/metrics/metrics.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/llama_config.h"
 #include "vk_buffer.h"
 #include "vk_context.h"
 #include "vk_forward.h"

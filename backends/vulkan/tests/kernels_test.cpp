@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "touchstone/quant.h"
-#include "touchstone/scalar_ops.h"
+#include "touchstone/model/quant.h"
+#include "touchstone/model/scalar_ops.h"
 #include "vk_blocks.h"
 #include "vk_buffer.h"
 #include "vk_context.h"
@@ -228,7 +228,7 @@ TEST_P(KernelTest, RmsNormMatchesCpu) {
   expect_close(read(O), want, "rms_norm");
 }
 
-// SwiGLU and GeGLU (tanh GELU, touchstone/scalar_ops.h), gates up to |x| ~ 15.
+// SwiGLU and GeGLU (tanh GELU, touchstone/model/scalar_ops.h), gates up to |x| ~ 15.
 TEST_P(KernelTest, GluMatchesCpu) {
   const uint32_t n = 1000;
   for (uint32_t gelu : {0u, 1u}) {
@@ -358,7 +358,7 @@ TEST_P(KernelTest, NeoxPartialRopeAndSlidingWindowMatchCpu) {
                              pos0 + n_tok, window},
                n_head, n_tok);
   });
-  // CPU: touchstone/scalar_ops.h's rope_neox, then the windowed attention in fp64.
+  // CPU: touchstone/model/scalar_ops.h's rope_neox, then the windowed attention in fp64.
   std::vector<float> qr = q, kr = k;
   for (uint32_t t = 0; t < n_tok; ++t) {
     for (uint32_t h = 0; h < n_head; ++h)
@@ -404,7 +404,7 @@ TEST_P(KernelTest, NeoxPartialRopeAndSlidingWindowMatchCpu) {
 }
 
 // The elementwise kernels of the model families: Q/K/V bias, residual add,
-// logit soft-capping (touchstone/scalar_ops.h: softcap), tap row copy.
+// logit soft-capping (touchstone/model/scalar_ops.h: softcap), tap row copy.
 TEST_P(KernelTest, ElementwiseKernelsMatchCpu) {
   const uint32_t n = 100, n_tok = 3, vocab = 70, rows = 2, src_off = 40, dst_off = 9;
   const float cap = 30.0f;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend.h"
+#include "touchstone/runtime/backend.h"
 
 namespace touchstone {
 namespace {

@@ -1,16 +1,17 @@
 /* template_backend.c - a complete Touchstone backend in C11: scalar, one thread, Llama only.
- * Copy it to start a backend (docs/writing-a-backend.md); the contract is touchstone/backend_abi.h.
- * It reads the GGUF (every read checked against the file size), dequantizes the weights to fp32 at
- * load (full_precision; quantized is refused) and runs reference/model's forward pass: RMSNorm,
- * interleaved RoPE, GQA attention, SwiGLU, in fp32 (RoPE angles in double). A token's result does
- * not depend on how tokens are split into calls: prefill(n) == n decode steps, bit for bit. */
+ * Copy it to start a backend (docs/writing-a-backend.md); the contract is
+ * touchstone/abi/backend_abi.h. It reads the GGUF (every read checked against the file size),
+ * dequantizes the weights to fp32 at load (full_precision; quantized is refused) and runs
+ * reference/transformer's forward pass: RMSNorm, interleaved RoPE, GQA attention, SwiGLU, in fp32
+ * (RoPE angles in double). A token's result does not depend on how tokens are split into calls:
+ * prefill(n) == n decode steps, bit for bit. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "touchstone/backend_abi.h"
+#include "touchstone/abi/backend_abi.h"
 
 static _Thread_local char g_error[1024]; /* last_error() is per thread (the contract) */
 static const char* last_error(void) { return g_error; }

@@ -1,16 +1,16 @@
 // template_backend.cpp - a complete Touchstone backend as a C++20 class: scalar, one thread,
 // Llama only. Copy it to start a backend (docs/writing-a-backend.md).
 //
-// touchstone::BackendAdapter<TemplateBackend> (touchstone/backend_adapter.hpp) builds the C table
-// of touchstone/backend_abi.h from this class and applies the checks every backend shares (null
-// pointers, struct sizes, token ids, room in the KV cache, rewind range); exceptions become
+// touchstone::BackendAdapter<TemplateBackend> (touchstone/abi/backend_adapter.hpp) builds the C
+// table of touchstone/abi/backend_abi.h from this class and applies the checks every backend shares
+// (null pointers, struct sizes, token ids, room in the KV cache, rewind range); exceptions become
 // statuses (StatusError(status, message), std::bad_alloc -> TS_ERR_OUT_OF_MEMORY).
 //
 // The model: the GGUF is read here, every weight dequantized to fp32 at load (full_precision;
 // the quantized path is refused with TS_ERR_UNSUPPORTED), and the forward pass is
-// reference/model's: RMSNorm, interleaved RoPE, GQA attention, SwiGLU FFN, in fp32 (RoPE angles
-// in double). A token's result does not depend on how tokens are split into calls, so prefill(n)
-// equals n decode steps bit for bit (TS_CAP_BITWISE_DETERMINISM).
+// reference/transformer's: RMSNorm, interleaved RoPE, GQA attention, SwiGLU FFN, in fp32 (RoPE
+// angles in double). A token's result does not depend on how tokens are split into calls, so
+// prefill(n) equals n decode steps bit for bit (TS_CAP_BITWISE_DETERMINISM).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/backend_adapter.hpp"
+#include "touchstone/abi/backend_adapter.hpp"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // default_profiles.cpp - the tolerance profiles of goldens/manifest.json, for the
 // manifests `touchstone golden --model PATH.gguf --cases ...` writes for a user's
 // own model. GoldenTest.DefaultProfilesMatchTheProjectManifest keeps them equal.
-#include "touchstone/manifest.h"
+#include "touchstone/golden/manifest.h"
 
 namespace touchstone {
 

@@ -1,5 +1,5 @@
 // Whole-file I/O for goldens and the manifest: see file_io.h.
-#include "touchstone/file_io.h"
+#include "touchstone/golden/file_io.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone::fileio {
 

@@ -1,13 +1,13 @@
 // GoldenFile lookups and validation (shared by the writer and the reader).
 // Layout: docs/golden-format.md.
-#include "touchstone/golden.h"
+#include "touchstone/golden/golden.h"
 
 #include <fmt/format.h>
 
 #include <cstdint>
 #include <set>
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone {
 

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <array>
 
-#include "touchstone/error.h"
-#include "touchstone/file_io.h"
-#include "touchstone/golden.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
+#include "touchstone/golden/golden.h"
 
 namespace touchstone {
 

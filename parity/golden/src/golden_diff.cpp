@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "touchstone/golden.h"
+#include "touchstone/golden/golden.h"
 
 namespace touchstone {
 

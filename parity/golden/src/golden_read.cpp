@@ -10,9 +10,9 @@
 
 #include "golden_checksum.h"
 #include "h5util.h"
-#include "touchstone/error.h"
-#include "touchstone/file_io.h"
-#include "touchstone/golden.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
+#include "touchstone/golden/golden.h"
 
 namespace touchstone {
 

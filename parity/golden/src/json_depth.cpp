@@ -1,6 +1,6 @@
-#include "touchstone/json_depth.h"
+#include "touchstone/golden/json_depth.h"
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone {
 

@@ -1,5 +1,5 @@
 // goldens/manifest.json parsing: strict, every error names file + JSON pointer.
-#include "touchstone/manifest.h"
+#include "touchstone/golden/manifest.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,9 +18,9 @@
 #include <set>
 #include <sstream>
 
-#include "touchstone/error.h"
-#include "touchstone/file_io.h"
-#include "touchstone/json_depth.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
+#include "touchstone/golden/json_depth.h"
 
 namespace touchstone {
 

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/error.h"
-#include "touchstone/golden.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/golden.h"
 
 namespace golden_testing {
 

@@ -16,9 +16,9 @@
 #include <string>
 
 #include "golden_fixture.h"
-#include "touchstone/error.h"
-#include "touchstone/golden.h"
-#include "touchstone/manifest.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/golden.h"
+#include "touchstone/golden/manifest.h"
 
 using namespace golden_testing;  // NOLINT(google-build-using-namespace): test helpers
 

@@ -14,8 +14,8 @@
 #include <string>
 
 #include "golden_fixture.h"
-#include "touchstone/error.h"
-#include "touchstone/golden.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/golden.h"
 
 using namespace golden_testing;  // NOLINT(google-build-using-namespace): test helpers
 

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "touchstone/error.h"
-#include "touchstone/manifest.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/manifest.h"
 
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;

@@ -4,10 +4,10 @@
 
 #include <string>
 
-#include "touchstone/chat.h"
-#include "touchstone/error.h"
-#include "touchstone/recorder.h"
-#include "touchstone/stale.h"
+#include "touchstone/common/error.h"
+#include "touchstone/harness/chat.h"
+#include "touchstone/harness/recorder.h"
+#include "touchstone/harness/stale.h"
 
 using touchstone::GoldenCase;
 using touchstone::GoldenFile;

@@ -1,5 +1,5 @@
-// chat.cpp - see touchstone/chat.h.
-#include "touchstone/chat.h"
+// chat.cpp - see touchstone/harness/chat.h.
+#include "touchstone/harness/chat.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/error.h"
-#include "touchstone/gguf.h"
+#include "touchstone/common/error.h"
+#include "touchstone/model/gguf.h"
 
 namespace touchstone {
 namespace {

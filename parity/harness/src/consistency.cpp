@@ -1,5 +1,5 @@
-// consistency.cpp - see touchstone/consistency.h.
-#include "touchstone/consistency.h"
+// consistency.cpp - see touchstone/harness/consistency.h.
+#include "touchstone/harness/consistency.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "row_compare.h"
-#include "touchstone/metrics.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone {
 namespace {

@@ -1,6 +1,6 @@
 // Known divergences: loading (strict, every error names file, entry and field)
-// and matching against results (touchstone/known_divergence.h).
-#include "touchstone/known_divergence.h"
+// and matching against results (touchstone/harness/known_divergence.h).
+#include "touchstone/harness/known_divergence.h"
 
 #include <fmt/format.h>
 
@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "touchstone/error.h"
-#include "touchstone/file_io.h"
-#include "touchstone/json_depth.h"
+#include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
+#include "touchstone/golden/json_depth.h"
 
 namespace touchstone {
 namespace {

@@ -1,4 +1,4 @@
-#include "touchstone/model_store.h"
+#include "touchstone/harness/model_store.h"
 
 #include <openssl/evp.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <memory>
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone {
 

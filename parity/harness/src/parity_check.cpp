@@ -1,4 +1,4 @@
-#include "touchstone/parity.h"
+#include "touchstone/harness/parity.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone {
 namespace {
@@ -182,6 +182,45 @@ std::string where(const Progress& at, const char* unit) {
 
 // The teacher-forced steps of one case; a failing backend call throws, with
 // `at` saying where.
+// The golden's record of one step: its top-K ids and logits, its greedy token.
+struct GoldenStep {
+  std::span<const int32_t> ids;
+  std::span<const float> vals;
+  int32_t token = 0;
+};
+
+// A greedy flip at step s (test_tok != the golden's): a near tie (accepted, kept in
+// r.near_ties) or a divergence (r.first_divergence). Returns true when it fails a
+// profile that requires identical greedy tokens: the sequences differ from here.
+bool judge_flip(const Tokenizer& tok, const Profile& p, int s, const GoldenStep& ref,
+                int32_t test_tok, std::span<const float> row, CaseResult& r) {
+  const metrics::NearTieVerdict v =
+      metrics::near_tie(ref.ids, ref.vals, test_tok, row, p.near_tie_margin, p.near_tie_top_k);
+  GreedyDivergence d{s,
+                     ref.token,
+                     test_tok,
+                     tok.token_bytes(ref.token),
+                     tok.token_bytes(test_tok),
+                     v.ref_margin,
+                     v.accepted,
+                     v.test_in_ref_topk,
+                     v.ref_in_test_topk};
+  if (!r.first_divergence) r.first_divergence = d;
+  if (!v.accepted && r.first_unaccepted_flip_step < 0) r.first_unaccepted_flip_step = s;
+  if (v.accepted) {
+    r.near_ties.push_back(d);
+    return false;
+  }
+  if (!p.greedy_identical()) return false;
+  r.failures.push_back(fmt::format(
+      "greedy diverges at step {}: reference {} {:?} vs backend {} {:?} (reference top-2 margin "
+      "{:.4f} nats; near-tie needs < {} and both in each other's top-{}: {}/{})",
+      s, ref.token, d.ref_text, test_tok, d.test_text, v.ref_margin, p.near_tie_margin,
+      p.near_tie_top_k, v.test_in_ref_topk ? "yes" : "no", v.ref_in_test_topk ? "yes" : "no"));
+  r.violations.push_back({"greedy", double(s), 0.0});
+  return true;
+}
+
 void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
                     CaseResult& r, std::vector<double>& kls, std::vector<int32_t>& host_argmax,
                     Progress& at, const ProgressFn& progress) {
@@ -231,35 +270,10 @@ void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g,
     host_argmax.push_back(test_tok);
     if (test_tok == ref_tok) {
       ++r.n_matched;
-    } else {
-      const metrics::NearTieVerdict v = metrics::near_tie(
-          ref_ids, ref_vals, test_tok, top_n > 0 ? std::span<const float>(finite_floor(row)) : row,
-          p.near_tie_margin, p.near_tie_top_k);
-      GreedyDivergence d{s,
-                         ref_tok,
-                         test_tok,
-                         tok.token_bytes(ref_tok),
-                         tok.token_bytes(test_tok),
-                         v.ref_margin,
-                         v.accepted,
-                         v.test_in_ref_topk,
-                         v.ref_in_test_topk};
-      if (!r.first_divergence) r.first_divergence = d;
-      if (!v.accepted && r.first_unaccepted_flip_step < 0) r.first_unaccepted_flip_step = s;
-      if (v.accepted) {
-        r.near_ties.push_back(d);
-      } else if (p.greedy_identical()) {
-        r.failures.push_back(
-            fmt::format("greedy diverges at step {}: reference {} {:?} vs backend {} {:?} "
-                        "(reference top-2 margin "
-                        "{:.4f} nats; near-tie needs < {} and both in each other's top-{}: {}/{})",
-                        s, ref_tok, d.ref_text, test_tok, d.test_text, v.ref_margin,
-                        p.near_tie_margin, p.near_tie_top_k, v.test_in_ref_topk ? "yes" : "no",
-                        v.ref_in_test_topk ? "yes" : "no"));
-        r.violations.push_back({"greedy", double(s), 0.0});
-        stop = true;  // sequences have diverged: later steps are not comparable
-        continue;
-      }
+    } else if (judge_flip(tok, p, s, {ref_ids, ref_vals, ref_tok}, test_tok,
+                          top_n > 0 ? std::span<const float>(finite_floor(row)) : row, r)) {
+      stop = true;  // sequences have diverged: later steps are not comparable
+      continue;
     }
     if (s + 1 < r.n_total) {
       at = {"decode", s + 1};

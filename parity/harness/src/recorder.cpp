@@ -1,10 +1,10 @@
-#include "touchstone/recorder.h"
+#include "touchstone/harness/recorder.h"
 
 #include <algorithm>
 
-#include "touchstone/chat.h"
-#include "touchstone/error.h"
-#include "touchstone/metrics.h"
+#include "touchstone/common/error.h"
+#include "touchstone/harness/chat.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone {
 namespace {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "touchstone/metrics.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone::detail {
 void note_violation(CaseResult& r, const std::string& check, double value, double limit) {

@@ -5,8 +5,8 @@
 #include <span>
 #include <string>
 
-#include "touchstone/manifest.h"
-#include "touchstone/parity.h"
+#include "touchstone/golden/manifest.h"
+#include "touchstone/harness/parity.h"
 
 namespace touchstone::detail {
 

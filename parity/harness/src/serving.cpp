@@ -1,6 +1,6 @@
-// serving.cpp - see touchstone/serving.h: the plans, the shared pieces and the
+// serving.cpp - see touchstone/harness/serving.h: the plans, the shared pieces and the
 // entry point. The checks: serving_batch.cpp, serving_fork.cpp, serving_verify.cpp.
-#include "touchstone/serving.h"
+#include "touchstone/harness/serving.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,8 +12,8 @@
 #include "row_compare.h"
 #include "serving_batch.h"
 #include "serving_internal.h"
-#include "touchstone/error.h"
-#include "touchstone/metrics.h"
+#include "touchstone/common/error.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone {
 

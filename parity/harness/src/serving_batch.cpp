@@ -1,5 +1,5 @@
 // serving_batch.cpp - serving.batch_invariance and serving.content_isolation
-// (touchstone/serving.h); the shapes: serving_batch_shape.cpp.
+// (touchstone/harness/serving.h); the shapes: serving_batch_shape.cpp.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,8 +14,8 @@
 #include "row_compare.h"
 #include "serving_batch.h"
 #include "serving_internal.h"
-#include "touchstone/error.h"
-#include "touchstone/metrics.h"
+#include "touchstone/common/error.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone::detail {
 namespace {

@@ -1,4 +1,4 @@
-// serving_fork.cpp - serving.prefix_fork (touchstone/serving.h).
+// serving_fork.cpp - serving.prefix_fork (touchstone/harness/serving.h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 
 #include "row_compare.h"
 #include "serving_internal.h"
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone::detail {
 namespace {

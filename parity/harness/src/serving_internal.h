@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "touchstone/serving.h"
+#include "touchstone/harness/serving.h"
 
 namespace touchstone::detail {
 

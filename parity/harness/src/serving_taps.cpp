@@ -7,8 +7,8 @@
 
 #include "row_compare.h"
 #include "serving_internal.h"
-#include "touchstone/golden.h"
-#include "touchstone/metrics.h"
+#include "touchstone/golden/golden.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone::detail {
 

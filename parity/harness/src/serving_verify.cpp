@@ -1,4 +1,4 @@
-// serving_verify.cpp - serving.speculative_verify (touchstone/serving.h).
+// serving_verify.cpp - serving.speculative_verify (touchstone/harness/serving.h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -6,7 +6,7 @@
 
 #include "row_compare.h"
 #include "serving_internal.h"
-#include "touchstone/metrics.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone::detail {
 namespace {

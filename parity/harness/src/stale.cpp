@@ -1,13 +1,13 @@
 // Stale-golden check: the manifest against what the golden recorded.
-#include "touchstone/stale.h"
+#include "touchstone/harness/stale.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
 
-#include "touchstone/error.h"
-#include "touchstone/recorder.h"
+#include "touchstone/common/error.h"
+#include "touchstone/harness/recorder.h"
 
 namespace touchstone {
 

@@ -12,8 +12,8 @@
 #include <optional>
 #include <string>
 
-#include "touchstone/chat.h"
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
+#include "touchstone/harness/chat.h"
 
 namespace touchstone {
 namespace {

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "touchstone/model_store.h"
+#include "touchstone/harness/model_store.h"
 
 namespace touchstone {
 namespace {

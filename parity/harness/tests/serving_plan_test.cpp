@@ -1,4 +1,4 @@
-// serving_plan_test.cpp - the named serving plans (touchstone/serving.h): each
+// serving_plan_test.cpp - the named serving plans (touchstone/harness/serving.h): each
 // is smaller than the next, the smoke plan still has every kind of batch
 // (needle + at least two fillers, all-position entries) and a draft length
 // above 1, sequences cross page and tile boundaries, and an unknown name lists
@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <string>
 
-#include "touchstone/error.h"
-#include "touchstone/serving.h"
+#include "touchstone/common/error.h"
+#include "touchstone/harness/serving.h"
 
 namespace touchstone {
 namespace {

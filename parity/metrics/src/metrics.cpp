@@ -1,12 +1,12 @@
-// Parity metrics. Formulas and conventions: touchstone/metrics.h, docs/metrics.md.
-#include "touchstone/metrics.h"
+// Parity metrics. Formulas and conventions: touchstone/metrics/metrics.h, docs/metrics.md.
+#include "touchstone/metrics/metrics.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone::metrics {
 namespace {
@@ -186,6 +186,46 @@ double top2_margin(std::span<const float> logits) {
   return static_cast<double>(t.values[0]) - static_cast<double>(t.values[1]);
 }
 
+namespace {
+
+// The test logits outside the reference's top-K ids: their largest and
+// smallest value, and log Q_tail = log-sum-exp over them (index ascending)
+// minus lse_test; -inf when there are none (K == V: Q_tail = 0).
+struct TestTail {
+  double max = -kInf, min = kInf, log_q = -kInf;
+};
+
+TestTail test_tail(std::span<const int32_t> ref_topk_ids, std::span<const float> test_logits,
+                   double lse_test) {
+  const size_t K = ref_topk_ids.size(), V = test_logits.size();
+  std::vector<int32_t> sorted_ids(ref_topk_ids.begin(), ref_topk_ids.end());
+  std::sort(sorted_ids.begin(), sorted_ids.end());
+  // Calls fn(logit) for every id not stored, index ascending.
+  auto for_tail = [&](auto&& fn) {
+    size_t s = 0;
+    for (size_t j = 0; j < V; ++j) {
+      if (s < K && static_cast<size_t>(sorted_ids[s]) == j) {
+        ++s;
+        continue;
+      }
+      fn(static_cast<double>(test_logits[j]));
+    }
+  };
+  TestTail t;
+  for_tail([&](double x) {
+    t.max = std::max(t.max, x);
+    t.min = std::min(t.min, x);
+  });
+  if (K < V) {
+    double sum = 0.0;
+    for_tail([&](double x) { sum += std::exp(x - t.max); });
+    t.log_q = t.max + std::log(sum) - lse_test;
+  }
+  return t;
+}
+
+}  // namespace
+
 KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
                               std::span<const float> ref_topk_logits, double ref_lse,
                               std::span<const float> test_logits) {
@@ -230,35 +270,8 @@ KlEstimate kl_divergence_topk(std::span<const int32_t> ref_topk_ids,
     kl += p * d;
   }
 
-  // Test tail: log-sum-exp over the ids not stored, index ascending.
-  std::vector<int32_t> sorted_ids(ref_topk_ids.begin(), ref_topk_ids.end());
-  std::sort(sorted_ids.begin(), sorted_ids.end());
-  double tail_max = -kInf;
-  double t_tailmin = kInf;
-  {
-    size_t s = 0;
-    for (size_t j = 0; j < V; ++j) {
-      if (s < K && static_cast<size_t>(sorted_ids[s]) == j) {
-        ++s;
-        continue;
-      }
-      tail_max = std::max(tail_max, static_cast<double>(test_logits[j]));
-      t_tailmin = std::min(t_tailmin, static_cast<double>(test_logits[j]));
-    }
-  }
-  double log_q_tail = -kInf;  // empty tail (K == V): Q_tail = 0
-  if (K < V) {
-    double sum = 0.0;
-    size_t s = 0;
-    for (size_t j = 0; j < V; ++j) {
-      if (s < K && static_cast<size_t>(sorted_ids[s]) == j) {
-        ++s;
-        continue;
-      }
-      sum += std::exp(static_cast<double>(test_logits[j]) - tail_max);
-    }
-    log_q_tail = tail_max + std::log(sum) - lse_test;
-  }
+  const TestTail tail = test_tail(ref_topk_ids, test_logits, lse_test);
+  const double log_q_tail = tail.log_q, t_tailmin = tail.min;
   const double q_tail = std::exp(log_q_tail);
 
   double gap_bound = 0.0;

@@ -1,11 +1,11 @@
 // kl_divergence_topn: the KL lower bound for top-N log-probability rows
-// (definition in touchstone/metrics.h and docs/metrics.md#top-n-backends).
+// (definition in touchstone/metrics/metrics.h and docs/metrics.md#top-n-backends).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "touchstone/error.h"
-#include "touchstone/metrics.h"
+#include "touchstone/common/error.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace touchstone::metrics {
 namespace {

@@ -1,6 +1,6 @@
-// Unit tests for touchstone/metrics.h. Expected values are closed forms
+// Unit tests for touchstone/metrics/metrics.h. Expected values are closed forms
 // computed by hand (derivations in the comments), not re-runs of the code.
-#include "touchstone/metrics.h"
+#include "touchstone/metrics/metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <numeric>
 #include <vector>
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace mt = touchstone::metrics;
 using touchstone::Error;

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "touchstone/metrics.h"
+#include "touchstone/metrics/metrics.h"
 
 namespace mt = touchstone::metrics;
 

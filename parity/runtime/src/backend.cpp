@@ -1,8 +1,8 @@
-#include "touchstone/backend.h"
+#include "touchstone/runtime/backend.h"
 
 #include <algorithm>
 
-#include "touchstone/error.h"
+#include "touchstone/common/error.h"
 
 namespace touchstone {
 

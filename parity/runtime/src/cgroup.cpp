@@ -1,4 +1,4 @@
-// The cgroup v2 half of touchstone/process_tree.h: a child cgroup per backend
+// The cgroup v2 half of touchstone/runtime/process_tree.h: a child cgroup per backend
 // process, killed as a whole through cgroup.kill and then removed.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <sstream>
 #include <string>
 
-#include "touchstone/process_tree.h"
+#include "touchstone/runtime/process_tree.h"
 
 namespace touchstone::proc {
 namespace {

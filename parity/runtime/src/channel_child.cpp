@@ -1,5 +1,5 @@
 // The child-process channel: the backend runs in `touchstone-backend-runner`,
-// reached over a socketpair with the protocol of touchstone/protocol.h. Every
+// reached over a socketpair with the protocol of touchstone/runtime/protocol.h. Every
 // call has a deadline; a hang is killed, a death is reaped and named.
 #include <fcntl.h>
 #include <poll.h>
@@ -20,10 +20,10 @@
 #include <thread>
 #include <utility>
 
-#include "touchstone/backend.h"
-#include "touchstone/backend_channel.h"
-#include "touchstone/process_tree.h"
-#include "touchstone/stop_signals.h"
+#include "touchstone/runtime/backend.h"
+#include "touchstone/runtime/backend_channel.h"
+#include "touchstone/runtime/process_tree.h"
+#include "touchstone/runtime/stop_signals.h"
 
 namespace touchstone {
 namespace {
@@ -456,7 +456,7 @@ void ChildChannel::spawn(const std::string& program, std::vector<std::string> ar
 // (every process in it), its process group (the child leads one) and, since
 // the harness is a child subreaper (spawn), every descendant left, orphans that
 // moved to a group or session of their own included, scan after scan
-// (touchstone/process_tree.h). Other channels' live processes are spared.
+// (touchstone/runtime/process_tree.h). Other channels' live processes are spared.
 void ChildChannel::end_tree() noexcept {
   proc::cgroup_kill(cgroup_);
   if (pid_ > 0) ::kill(-pid_, SIGKILL);

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "http_client.h"
-#include "touchstone/backend_channel.h"
+#include "touchstone/runtime/backend_channel.h"
 
 namespace touchstone {
 namespace {

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "touchstone/backend.h"
-#include "touchstone/backend_channel.h"
+#include "touchstone/runtime/backend.h"
+#include "touchstone/runtime/backend_channel.h"
 
 namespace touchstone {
 namespace fs = std::filesystem;

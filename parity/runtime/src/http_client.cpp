@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "touchstone/backend_channel.h"
+#include "touchstone/runtime/backend_channel.h"
 
 namespace touchstone::http {
 namespace {

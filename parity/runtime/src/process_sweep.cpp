@@ -1,4 +1,4 @@
-// The descendant sweep of touchstone/process_tree.h: /proc scanned with raw
+// The descendant sweep of touchstone/runtime/process_tree.h: /proc scanned with raw
 // system calls into a static table, so that a signal handler may run it.
 #include <fcntl.h>
 #include <signal.h>
@@ -7,7 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "touchstone/process_tree.h"
+#include "touchstone/runtime/process_tree.h"
 
 namespace touchstone::proc {
 namespace {

@@ -1,4 +1,4 @@
-#include "touchstone/protocol.h"
+#include "touchstone/runtime/protocol.h"
 
 #include <bit>
 #include <cstring>

@@ -1,7 +1,7 @@
-// The stop-signal handlers of touchstone/stop_signals.h. They run on whatever
+// The stop-signal handlers of touchstone/runtime/stop_signals.h. They run on whatever
 // thread the signal interrupts, so they use only async-signal-safe calls and
 // the fixed table below.
-#include "touchstone/stop_signals.h"
+#include "touchstone/runtime/stop_signals.h"
 
 #include <signal.h>
 #include <sys/prctl.h>

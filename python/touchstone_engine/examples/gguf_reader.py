@@ -3,7 +3,7 @@
 Reads the metadata and the tensor directory with bounds checks (a malformed or
 truncated file raises GGUFError naming the offset), maps the tensor data with
 numpy.memmap, and dequantizes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-Q4_K, Q5_K and Q6_K to float32 exactly as reference/gguf/src/quant.cpp does
+Q4_K, Q5_K and Q6_K to float32 exactly as model/gguf/src/quant.cpp does
 (the same float32 operations in the same order, so the values are bitwise the
 reference's). Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 """

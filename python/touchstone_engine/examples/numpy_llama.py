@@ -5,9 +5,9 @@
 
 Reads the GGUF itself (gguf_reader.py), dequantizes every weight to float32 at
 load, and computes the way the scalar reference does
-(reference/model/src/reference_forward.cpp), in whole-sequence NumPy form. The
+(reference/transformer/src/reference_forward.cpp), in whole-sequence NumPy form. The
 model is data: Config reads the family's switches from the metadata (as
-reference/model/src/model_config.cpp does) and the one pass below follows them.
+model/core/src/model_config.cpp does) and the one pass below follows them.
 
     x   = token_embd[token] * embd_scale                 (Gemma 3: fp32(sqrt(n_embd)); else 1)
     per layer l (its RoPE base and scale, its sliding window):
@@ -64,7 +64,7 @@ F32, F64 = np.float32, np.float64
 QUERY_BLOCK = 256  # queries per attention block (bounds the score matrix)
 
 # "{arch}.*" keys this engine reads or that cannot change what it computes, per
-# family (as reference/model/src/model_config.cpp known_keys); any other key
+# family (as model/core/src/model_config.cpp known_keys); any other key
 # changes the model and is refused by name (as the reference does).
 COMMON_KEYS = {
     "block_count", "context_length", "embedding_length", "feed_forward_length",

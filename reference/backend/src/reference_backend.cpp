@@ -1,5 +1,5 @@
 // reference_backend.cpp - the scalar reference transformer behind the session
-// contract (touchstone/backend_abi.h) through touchstone::BackendAdapter, which
+// contract (touchstone/abi/backend_abi.h) through touchstone::BackendAdapter, which
 // applies the shared argument checks. Built as libtouchstone_backend_reference.so.
 #include <algorithm>
 #include <cstring>
@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "touchstone/backend_impl.h"
-#include "touchstone/gguf.h"
-#include "touchstone/llama_weights.h"
-#include "touchstone/reference_forward.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/llama_weights.h"
+#include "touchstone/reference/reference_forward.h"
 
 namespace {
 

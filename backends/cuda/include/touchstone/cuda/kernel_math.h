@@ -5,7 +5,7 @@
 // functions below, and this header also compiles with g++ (no CUDA), so the
 // maths is unit-tested on the host (backends/cuda/tests/kernel_math_test.cpp)
 // against touchstone::gguf::dequantize_row and the reference formulas of
-// reference/model/src/reference_forward.cpp, on machines without a GPU.
+// reference/transformer/src/reference_forward.cpp, on machines without a GPU.
 //
 // Rounding: nvcc contracts a*b+c into an FMA by default, g++ in ISO mode does
 // not. Wherever the result must be bit-identical to the reference (block
@@ -90,7 +90,7 @@ TS_HD uint32_t float_to_bits(float f) {
   return u;
 }
 
-// ---- ggml block layouts (ggml-common.h; identical to touchstone/quant.h,
+// ---- ggml block layouts (ggml-common.h; identical to touchstone/model/quant.h,
 // static_assert'ed in the host tests). fp16 fields are raw binary16 bits. ------
 inline constexpr int kQK = 32;     // Q4_0 / Q4_1 / Q8_0 block, and the "chunk" of every type
 inline constexpr int kQK_K = 256;  // K-quant super-block
@@ -282,7 +282,7 @@ TS_HD int64_t row_bytes(WType type, int64_t n) {
   return 0;
 }
 
-// ---- the quantized-only faults (touchstone/faults.h), applied to the blocks --------
+// ---- the quantized-only faults (touchstone/model/faults.h), applied to the blocks --------
 // quant_scale_min_swap and nibble_order are bugs in a kernel's block decoding; the
 // backend uploads blocks corrupted so that the correct kernels read them as the
 // buggy kernel would (as cpu_simd's Session::corrupt_quantized_copy). Host only.
@@ -360,7 +360,7 @@ TS_HD float row_dot_emulated(WType type, const void* row, const float* x, int64_
   return warp_sum_emulated(lanes);
 }
 
-// ---- RoPE (touchstone/scalar_ops.h: ops::rope_interleaved / ops::rope_neox) ---------
+// ---- RoPE (touchstone/model/scalar_ops.h: ops::rope_interleaved / ops::rope_neox) ---------
 // The angle table is built on the host with exactly the reference formula (fp64
 // pow/cos/sin) and uploaded; the rotation itself is done in fp64 and rounded
 // once, so a rotated pair is bit-identical to the reference.

@@ -1,0 +1,196 @@
+/* touchstone/abi/backend_abi.h - THE SESSION CONTRACT. Read this first.
+ *
+ * A backend is a shared library (libtouchstone_backend_<name>.so) that exports
+ * one C symbol, `touchstone_backend_entry`, returning a table of function
+ * pointers. The harness dlopen()s the library by name or by path, checks
+ * `api_version`, and drives the token loop through a session:
+ *
+ *    model   = load_model(gguf_path)            weights, in the backend's own layout
+ *    session = open_session(model, options)     owns its KV cache
+ *    prefill(tokens[n])  -> logits [n_vocab] of the last position
+ *                           (or [n, n_vocab], row-major, when all_positions != 0)
+ *    decode(token)       -> logits [n_vocab] of the new position
+ *    rewind(p)           -> drop KV entries at positions >= p (KV truncation)
+ *    position()          -> number of tokens in the KV cache
+ *
+ * Units and dtypes: token ids are int32 in [0, n_vocab); logits are float32
+ * raw (pre-softmax) values, natural-log scale; positions count tokens from 0.
+ * The caller owns every output buffer; the backend never allocates memory the
+ * caller must free (except through the *_free functions).
+ *
+ * Errors: every function returns a ts_status. On anything but TS_OK the
+ * backend's last_error() returns a human-readable message (thread-local, valid
+ * until the next call on that thread). No C++ exception may cross this ABI.
+ *
+ * Versioning (after ggml's ggml-backend-reg): members are only ever appended
+ * to ts_backend. A loader accepts api_version 1 .. TS_BACKEND_API_VERSION and
+ * reads a member added in version N only when api_version >= N (a version-1
+ * table ends at `position`); it refuses any other number and names both.
+ * Structs passed in carry struct_size so fields can be appended later.
+ *
+ * Each member's full rule (shapes, units, errors) and what each version
+ * appended: docs/contract.md.
+ */
+#ifndef TOUCHSTONE_BACKEND_ABI_H
+#define TOUCHSTONE_BACKEND_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_BACKEND_API_VERSION 6
+#define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
+
+typedef enum ts_status {
+  TS_OK = 0,
+  TS_ERR_INVALID_ARGUMENT = 1, /* bad token id, bad position, bad option */
+  TS_ERR_UNSUPPORTED = 2,      /* weight type / option / feature not supported */
+  TS_ERR_IO = 3,               /* model file unreadable or malformed */
+  TS_ERR_OUT_OF_MEMORY = 4,
+  TS_ERR_CONTEXT_FULL = 5, /* position would exceed the session's max context */
+  TS_ERR_DEVICE = 6,       /* no usable device / device call failed */
+  TS_ERR_INTERNAL = 7
+} ts_status;
+
+/* Capability flags (ts_capabilities.flags). */
+#define TS_CAP_ALL_POSITION_LOGITS (1u << 0) /* prefill can return logits of every position */
+#define TS_CAP_DEVICE_GREEDY (1u << 1)       /* greedy argmax computed on the device      */
+#define TS_CAP_BATCHED_SESSIONS (1u << 2)    /* v6: step_batch is one forward pass        */
+#define TS_CAP_KV_PREFIX_COPY (1u << 3)      /* v6: fork_session copies a KV prefix        */
+#define TS_CAP_BITWISE_DETERMINISM (1u << 4) /* same inputs -> same bits, any thread count */
+#define TS_CAP_STATIC_SHAPES (1u << 5)       /* prefill runs in fixed shape buckets       */
+/* ---- api_version >= 5 [http / top-N logprobs] ---- */
+#define TS_CAP_TOP_N_LOGPROBS (1u << 6) /* rows hold top_n log-probs, -INFINITY elsewhere */
+/* ---- api_version >= 6 [serving] ---- */
+/* A token's bits do not depend on the other tokens of its call (batch, chunk, fork);
+ * for the paths in batch_invariant_paths. */
+#define TS_CAP_BATCH_INVARIANT (1u << 7)
+/* With TS_CAP_BITWISE_DETERMINISM: the bitwise claim stops at fork_session. */
+#define TS_CAP_BITWISE_NOT_ACROSS_FORKS (1u << 8)
+
+/* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
+ * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */
+#define TS_WEIGHT_TYPE_BIT(ggml_type) (1ull << (ggml_type))
+
+typedef struct ts_capabilities {
+  uint32_t struct_size;         /* sizeof(ts_capabilities), set by the caller */
+  uint32_t flags;               /* TS_CAP_* */
+  uint64_t weight_types;        /* TS_WEIGHT_TYPE_BIT(...) of GGUF types it consumes */
+  int32_t max_context;          /* tokens; 0 = limited only by the model */
+  int32_t n_shape_buckets;      /* number of valid entries in shape_buckets */
+  int32_t shape_buckets[16];    /* static prefill lengths, ascending */
+  const char* determinism_note; /* why not deterministic, or NULL */
+  /* ---- api_version >= 5 [http / top-N logprobs]; read only when the filled
+   * struct_size covers it ---- */
+  int32_t top_n; /* TS_CAP_TOP_N_LOGPROBS: finite entries per row (at most); else 0 */
+  /* ---- api_version >= 6 [serving]; read only when the filled struct_size
+   * covers it ---- */
+  uint32_t batch_invariant_paths; /* bit (1u << ts_weight_path) per path; 0 = every path */
+  int32_t max_batch;              /* most entries per step_batch; 0 = no limit */
+} ts_capabilities;
+
+/* The size of a version 1-4 ts_capabilities (everything before top_n). */
+#define TS_CAPABILITIES_V4_SIZE (offsetof(ts_capabilities, top_n))
+/* The size of a version 5 ts_capabilities (everything before batch_invariant_paths). */
+#define TS_CAPABILITIES_V5_SIZE (offsetof(ts_capabilities, batch_invariant_paths))
+
+/* Which weights the session computes with. */
+typedef enum ts_weight_path {
+  TS_WEIGHTS_FULL_PRECISION = 0, /* every weight dequantized to fp32 at load */
+  TS_WEIGHTS_QUANTIZED = 1       /* weights stay in their GGUF block format  */
+} ts_weight_path;
+
+typedef struct ts_session_options {
+  uint32_t struct_size; /* sizeof(ts_session_options), set by the caller */
+  ts_weight_path weight_path;
+  int32_t n_threads;   /* 0 = backend default (number of cores) */
+  int32_t max_context; /* 0 = model's context_length */
+  const char* fault;   /* test-only fault injection name, NULL = none;
+                          a backend that does not know it returns
+                          TS_ERR_UNSUPPORTED */
+} ts_session_options;
+
+/* Layer taps (api_version >= 4): per layer, TS_TAP_POINTS vectors of n_embd float32,
+ * in this order (what each holds: docs/contract.md, "Version 4: layer taps"). */
+#define TS_TAP_ATTN_OUT 0
+#define TS_TAP_FFN_OUT 1
+#define TS_TAP_RESIDUAL 2
+#define TS_TAP_POINTS 3
+
+typedef struct ts_model ts_model;     /* opaque, backend-defined */
+typedef struct ts_session ts_session; /* opaque, backend-defined */
+
+/* One sequence's share of a step_batch call (api_version >= 6). */
+typedef struct ts_batch_entry {
+  uint32_t struct_size;  /* sizeof(ts_batch_entry), the same in every entry: the
+                            array's stride (fields may be appended later) */
+  ts_session* session;   /* distinct in every entry of one call */
+  const int32_t* tokens; /* n_tokens token ids in [0, n_vocab) */
+  int32_t n_tokens;      /* >= 1; 1 = a decode step, more = a prefill chunk */
+  int32_t all_positions; /* != 0: logits of every token (TS_CAP_ALL_POSITION_LOGITS) */
+  float* logits_out;     /* n_vocab floats, or n_tokens * n_vocab when all_positions;
+                            buffers of different entries must not overlap */
+} ts_batch_entry;
+
+typedef struct ts_backend {
+  uint32_t api_version; /* == TS_BACKEND_API_VERSION */
+  const char* name;     /* "reference", "cpu_simd", ... */
+  const char* version;  /* backend's own version string */
+
+  const char* (*last_error)(void);
+  /* Human-readable device description ("CPU: AMD EPYC ...", "Vulkan: llvmpipe"). */
+  const char* (*device_name)(void);
+  ts_status (*capabilities)(ts_capabilities* out);
+
+  ts_status (*load_model)(const char* gguf_path, ts_model** out);
+  void (*free_model)(ts_model* model);
+  int32_t (*n_vocab)(const ts_model* model);
+
+  ts_status (*open_session)(ts_model* model, const ts_session_options* options, ts_session** out);
+  void (*free_session)(ts_session* session);
+
+  /* Append n_tokens at the current position. logits_out holds n_vocab floats,
+   * or n_tokens * n_vocab when all_positions != 0 (needs TS_CAP_ALL_POSITION_LOGITS). */
+  ts_status (*prefill)(ts_session* session, const int32_t* tokens, int32_t n_tokens,
+                       int32_t all_positions, float* logits_out);
+  /* Append one token; logits_out holds n_vocab floats. */
+  ts_status (*decode)(ts_session* session, int32_t token, float* logits_out);
+  /* Truncate the KV cache to `position` tokens (0 <= position <= position()). */
+  ts_status (*rewind)(ts_session* session, int32_t position);
+  int32_t (*position)(const ts_session* session);
+
+  /* ---- api_version >= 2 ---- */
+  /* TS_CAP_DEVICE_GREEDY (else NULL): prefill, then *token_out = argmax of the last
+   * position (lowest id among equal maxima, NaN never wins), computed on the device. */
+  ts_status (*prefill_greedy)(ts_session* session, const int32_t* tokens, int32_t n_tokens,
+                              int32_t* token_out);
+
+  /* ---- api_version >= 3 ---- */
+  const char* architectures;  /* comma-separated general.architecture values; NULL = not declared */
+  const char* model_features; /* comma-separated feature names; "" = none, "*" = all */
+
+  /* ---- api_version >= 4 ---- (both NULL or both set) */
+  /* enable != 0: record the last position's taps of each later call; logits unchanged. */
+  ts_status (*set_taps)(ts_session* session, int32_t enable);
+  /* out: [n_layer][TS_TAP_POINTS][n_embd] float32; n_floats must equal that size. */
+  ts_status (*read_taps)(ts_session* session, float* out, int64_t n_floats);
+
+  /* ---- api_version >= 6 [serving] ---- (NULL = not implemented) */
+  /* Each entry appends as prefill would; on error no session moves and last_error
+   * names the entry (errors: docs/contract.md, "Version 6: serving"). */
+  ts_status (*step_batch)(const ts_batch_entry* entries, int32_t n_entries);
+  /* *out: a new session holding src's first n_prefix (<= position(src)) positions. */
+  ts_status (*fork_session)(ts_session* src, int32_t n_prefix, ts_session** out);
+} ts_backend;
+
+/* The one exported symbol. */
+typedef const ts_backend* (*ts_backend_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOUCHSTONE_BACKEND_ABI_H */

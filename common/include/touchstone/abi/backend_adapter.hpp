@@ -1,0 +1,497 @@
+// touchstone/abi/backend_adapter.hpp - write a Touchstone backend as a C++ class.
+//
+// The session contract is the C table in touchstone/abi/backend_abi.h. This
+// header-only helper (C++20, standard library only) builds that table from a
+// class, in the spirit of ggml's GGML_BACKEND_DL_IMPL, and applies the checks
+// every backend must apply identically: null pointers, struct_size, weight path,
+// token ids in [0, n_vocab), room in the KV cache, rewind range. Exceptions
+// never cross the ABI: StatusError becomes its status, std::bad_alloc
+// TS_ERR_OUT_OF_MEMORY, any other exception TS_ERR_INTERNAL; the message is
+// kept for last_error().
+//
+//   struct MyBackend {
+//     static constexpr const char* name = "mine";     // ts_backend.name
+//     static constexpr const char* version = "0.1.0";
+//     static constexpr const char* architectures = "llama";  // optional (ABI v3)
+//     static constexpr const char* model_features = "";      // optional (ABI v3)
+//     struct Model {                       // weights, in the backend's layout
+//       int32_t n_vocab() const;
+//     };
+//     struct Session {                     // owns its KV cache
+//       int32_t position() const;          // tokens in the KV cache
+//       int32_t max_context() const;       // tokens it can hold
+//       // logits: n_vocab floats, or tokens.size() * n_vocab when all_positions
+//       void prefill(std::span<const int32_t> tokens, bool all_positions, float* logits);
+//       void rewind(int32_t position);     // 0 <= position <= position(), checked
+//       // optional: void decode(int32_t token, float* logits);  (else prefill of 1)
+//       // optional: int32_t prefill_greedy(std::span<const int32_t> tokens);
+//       //           (sets TS_CAP_DEVICE_GREEDY; lowest id among equal maxima)
+//       // optional: void set_taps(bool on); void read_taps(float* out, int64_t n);
+//       // optional (ABI v6): std::unique_ptr<Session> fork(int32_t n_prefix);
+//       //           (fork_session; sets TS_CAP_KV_PREFIX_COPY; 0 <= n_prefix <=
+//       //           position() checked; the result must report position() == n_prefix)
+//     };
+//     // optional (ABI v6): static void step_batch(std::span<const abi::BatchItem<Session>>);
+//     //   (step_batch; every entry already checked: distinct sessions of one model
+//     //   and weight path, tokens, room, buffers. Set TS_CAP_BATCHED_SESSIONS in
+//     //   capabilities() only when it is one forward pass. If it throws, the
+//     //   adapter rewinds every session to where it was.)
+//     static std::string device_name();
+//     static void capabilities(ts_capabilities& caps);  // zeroed, struct_size set
+//     static std::unique_ptr<Model> load_model(const std::string& gguf_path);
+//     static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o);
+//   };
+//   TOUCHSTONE_BACKEND_ENTRY(MyBackend)   // exports touchstone_backend_entry
+//
+// Throw touchstone::abi::StatusError(TS_ERR_UNSUPPORTED, "why") for a weight
+// type, family or option the backend does not compute, TS_ERR_IO for a file it
+// cannot read, TS_ERR_DEVICE when there is no usable device.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "touchstone/abi/backend_abi.h"
+
+namespace touchstone::abi {
+
+// An error with the ts_status it maps to at the ABI.
+class StatusError : public std::runtime_error {
+ public:
+  StatusError(ts_status status, const std::string& what)
+      : std::runtime_error(what), status_(status) {}
+  ts_status status() const { return status_; }
+
+ private:
+  ts_status status_;
+};
+
+inline std::string& last_error_storage() {
+  thread_local std::string message;
+  return message;
+}
+
+inline const char* last_error() { return last_error_storage().c_str(); }
+
+// ---- checks every backend applies identically (same status, same message) ----
+
+// TS_ERR_INVALID_ARGUMENT naming the index and value of the first token outside [0, n_vocab).
+inline void check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      throw StatusError(TS_ERR_INVALID_ARGUMENT, "token #" + std::to_string(i) + " = " +
+                                                     std::to_string(tokens[i]) + " outside [0, " +
+                                                     std::to_string(n_vocab) + ")");
+    }
+  }
+}
+
+// TS_ERR_CONTEXT_FULL when appending n tokens at `position` would exceed max_context.
+inline void check_room(int64_t position, int64_t n, int64_t max_context) {
+  if (position + n > max_context) {
+    throw StatusError(TS_ERR_CONTEXT_FULL, "position " + std::to_string(position) + " + " +
+                                               std::to_string(n) + " tokens exceeds max context " +
+                                               std::to_string(max_context));
+  }
+}
+
+// TS_ERR_INVALID_ARGUMENT unless 0 <= to <= position.
+inline void check_rewind(int64_t to, int64_t position) {
+  if (to < 0 || to > position) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT, "rewind to " + std::to_string(to) + " outside [0, " +
+                                                   std::to_string(position) + "]");
+  }
+}
+
+// The greedy token of one logits row as prefill_greedy defines it: lowest id
+// among equal maxima, NaN never wins. Throws TS_ERR_INTERNAL when every logit is NaN.
+inline int32_t greedy_argmax(const float* logits, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (logits[i] != logits[i]) continue;  // NaN
+    if (best < 0 || logits[i] > logits[best]) best = i;
+  }
+  if (best < 0) throw StatusError(TS_ERR_INTERNAL, "greedy: every logit is NaN");
+  return static_cast<int32_t>(best);
+}
+
+// read_taps (ABI v4) for a backend that keeps its last record in host memory:
+// TS_ERR_INVALID_ARGUMENT when nothing was recorded or n differs from its size.
+inline void copy_taps(const float* taps, size_t size, float* out, int64_t n) {
+  if (!out) throw StatusError(TS_ERR_INVALID_ARGUMENT, "read_taps: null buffer");
+  if (size == 0) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "read_taps: nothing recorded (set_taps(1) first, then a call)");
+  }
+  if (n < 0 || uint64_t(n) != size) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "read_taps: n_floats " + std::to_string(n) + " != n_layer x " +
+                          std::to_string(TS_TAP_POINTS) + " x n_embd = " + std::to_string(size));
+  }
+  for (size_t i = 0; i < size; ++i) out[i] = taps[i];
+}
+
+// Runs f; any exception becomes a status (and last_error()'s message).
+template <typename F>
+ts_status guard(F&& f) noexcept {
+  try {
+    f();
+    last_error_storage().clear();
+    return TS_OK;
+  } catch (const StatusError& e) {
+    last_error_storage() = e.what();
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    last_error_storage() = "out of memory";
+    return TS_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    last_error_storage() = e.what();
+    return TS_ERR_INTERNAL;
+  } catch (...) {
+    last_error_storage() = "unknown exception";
+    return TS_ERR_INTERNAL;
+  }
+}
+
+inline void require(bool ok, const char* message) {
+  if (!ok) throw StatusError(TS_ERR_INVALID_ARGUMENT, message);
+}
+
+// One entry of a step_batch call (ABI v6) as the backend class sees it, after
+// the adapter's checks: logits holds tokens.size() * n_vocab floats when
+// all_positions, else n_vocab.
+template <class Session>
+struct BatchItem {
+  Session* session = nullptr;
+  std::span<const int32_t> tokens;
+  bool all_positions = false;
+  float* logits = nullptr;
+};
+
+}  // namespace touchstone::abi
+
+namespace touchstone {
+
+// Builds the ts_backend table of Impl (see the top of this file).
+template <class Impl>
+class BackendAdapter {
+  using Model = typename Impl::Model;
+  using Session = typename Impl::Session;
+  struct ModelBox {
+    std::unique_ptr<Model> model;
+    int32_t n_vocab = 0;
+  };
+  struct SessionBox {
+    std::unique_ptr<Session> session;
+    int32_t n_vocab = 0;
+    const ModelBox* model = nullptr;  // step_batch: one model per call
+    int weight_path = 0;              // step_batch: one weight path per call
+  };
+  static ModelBox* box(ts_model* m) { return reinterpret_cast<ModelBox*>(m); }
+  static const ModelBox* box(const ts_model* m) { return reinterpret_cast<const ModelBox*>(m); }
+  static SessionBox* box(ts_session* s) { return reinterpret_cast<SessionBox*>(s); }
+  static const SessionBox* box(const ts_session* s) {
+    return reinterpret_cast<const SessionBox*>(s);
+  }
+
+  static constexpr bool kGreedy = requires(Session & s, std::span<const int32_t> t) {
+    { s.prefill_greedy(t) } -> std::convertible_to<int32_t>;
+  };
+  static constexpr bool kTaps = requires(Session & s, float* out, int64_t n) {
+    s.set_taps(true);
+    s.read_taps(out, n);
+  };
+  static constexpr bool kDecode = requires(Session & s, int32_t t, float* out) {
+    s.decode(t, out);
+  };
+  static constexpr bool kFork = requires(Session & s, int32_t n) {
+    { s.fork(n) } -> std::convertible_to<std::unique_ptr<Session>>;
+  };
+  static constexpr bool kStepBatch = requires(std::span<const abi::BatchItem<Session>> items) {
+    Impl::step_batch(items);
+  };
+
+  static const char* architectures() {
+    if constexpr (requires { Impl::architectures; }) return Impl::architectures;
+    return nullptr;
+  }
+  static const char* model_features() {
+    if constexpr (requires { Impl::model_features; }) return Impl::model_features;
+    return nullptr;
+  }
+
+  static const char* device_name() noexcept {
+    thread_local std::string name;
+    try {
+      name = Impl::device_name();
+    } catch (const std::exception& e) {
+      name = std::string("unknown device (") + e.what() + ")";
+    }
+    return name.c_str();
+  }
+
+  static ts_status capabilities(ts_capabilities* out) noexcept {
+    return abi::guard([&] {
+      abi::require(out && out->struct_size >= TS_CAPABILITIES_V4_SIZE,
+                   "capabilities: null or struct_size too small");
+      // A caller built against an older header passes a smaller struct: fill
+      // only the part it has (ABI v5 appended top_n) and say how much.
+      ts_capabilities c{};
+      Impl::capabilities(c);
+      if constexpr (kGreedy) c.flags |= TS_CAP_DEVICE_GREEDY;
+      // ABI v6: the flags say what the table holds.
+      if constexpr (kFork)
+        c.flags |= TS_CAP_KV_PREFIX_COPY;
+      else
+        c.flags &= ~TS_CAP_KV_PREFIX_COPY;
+      if constexpr (!kStepBatch) c.flags &= ~TS_CAP_BATCHED_SESSIONS;
+      const size_t n = std::min<size_t>(out->struct_size, sizeof(ts_capabilities));
+      c.struct_size = uint32_t(n);
+      std::memcpy(out, &c, n);
+    });
+  }
+
+  static ts_status load_model(const char* path, ts_model** out) noexcept {
+    return abi::guard([&] {
+      abi::require(path && out, "load_model: null argument");
+      *out = nullptr;
+      auto b = std::make_unique<ModelBox>();
+      b->model = Impl::load_model(path);
+      b->n_vocab = b->model->n_vocab();
+      *out = reinterpret_cast<ts_model*>(b.release());
+    });
+  }
+
+  static void free_model(ts_model* m) noexcept { delete box(m); }
+  static int32_t n_vocab(const ts_model* m) noexcept { return m ? box(m)->n_vocab : 0; }
+
+  static ts_status open_session(ts_model* m, const ts_session_options* o,
+                                ts_session** out) noexcept {
+    return abi::guard([&] {
+      abi::require(m && o && out, "open_session: null argument");
+      *out = nullptr;
+      abi::require(o->struct_size >= sizeof(ts_session_options),
+                   "open_session: struct_size too small");
+      // Read as an integer: a C caller may pass a value no enumerator names,
+      // and loading that through the C++ enum type is undefined behaviour.
+      int weight_path = 0;
+      static_assert(sizeof weight_path == sizeof o->weight_path);
+      std::memcpy(&weight_path, &o->weight_path, sizeof weight_path);
+      abi::require(weight_path == TS_WEIGHTS_FULL_PRECISION || weight_path == TS_WEIGHTS_QUANTIZED,
+                   "open_session: unknown weight path");
+      abi::require(o->n_threads >= 0 && o->max_context >= 0,
+                   "open_session: negative n_threads or max_context");
+      auto b = std::make_unique<SessionBox>();
+      b->session = Impl::open_session(*box(m)->model, *o);
+      b->n_vocab = box(m)->n_vocab;
+      b->model = box(m);
+      b->weight_path = weight_path;
+      *out = reinterpret_cast<ts_session*>(b.release());
+    });
+  }
+
+  static ts_status fork_session(ts_session* src, int32_t n_prefix, ts_session** out) noexcept {
+    return abi::guard([&] {
+      abi::require(src && out, "fork_session: null argument");
+      *out = nullptr;
+      if constexpr (kFork) {
+        const SessionBox& from = *box(src);
+        const int32_t position = from.session->position();
+        if (n_prefix < 0 || n_prefix > position) {
+          throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                                 "fork_session: n_prefix " + std::to_string(n_prefix) +
+                                     " outside [0, " + std::to_string(position) + "]");
+        }
+        auto b = std::make_unique<SessionBox>();
+        b->session = from.session->fork(n_prefix);
+        b->n_vocab = from.n_vocab;
+        b->model = from.model;
+        b->weight_path = from.weight_path;
+        if (!b->session || b->session->position() != n_prefix) {
+          throw abi::StatusError(TS_ERR_INTERNAL,
+                                 "fork_session: the forked session does not hold n_prefix = " +
+                                     std::to_string(n_prefix) + " positions");
+        }
+        *out = reinterpret_cast<ts_session*>(b.release());
+      }
+    });
+  }
+
+  // Every check of step_batch before the backend sees an entry; messages name
+  // the entry ("step_batch: entry 3: token #0 = -1 outside [0, 49152)").
+  static std::vector<abi::BatchItem<Session>> batch_items(const ts_batch_entry* e, int32_t n) {
+    abi::require(e != nullptr && n >= 1, "step_batch: null entries or n_entries < 1");
+    const uint32_t stride = e->struct_size;
+    abi::require(stride >= sizeof(ts_batch_entry), "step_batch: entry 0: struct_size too small");
+    ts_capabilities caps{};
+    caps.struct_size = sizeof caps;
+    Impl::capabilities(caps);
+    if (caps.max_batch > 0 && n > caps.max_batch) {
+      throw abi::StatusError(TS_ERR_INVALID_ARGUMENT, "step_batch: " + std::to_string(n) +
+                                                          " entries, max_batch is " +
+                                                          std::to_string(caps.max_batch));
+    }
+    std::vector<abi::BatchItem<Session>> items;
+    const SessionBox* first = nullptr;
+    for (int32_t i = 0; i < n; ++i) {
+      const auto& entry = *reinterpret_cast<const ts_batch_entry*>(
+          reinterpret_cast<const char*>(e) + size_t(i) * stride);
+      const std::string at = "step_batch: entry " + std::to_string(i) + ": ";
+      try {
+        abi::require(entry.struct_size == stride, "struct_size differs from entry 0's");
+        abi::require(entry.session != nullptr, "null session");
+        const SessionBox* b = box(entry.session);
+        if (!first) first = b;
+        abi::require(b->model == first->model, "a session of another model than entry 0's");
+        abi::require(b->weight_path == first->weight_path,
+                     "a session of another weight path than entry 0's");
+        for (const auto& item : items)
+          abi::require(item.session != b->session.get(), "the same session twice in one call");
+        abi::require(!entry.all_positions || (caps.flags & TS_CAP_ALL_POSITION_LOGITS),
+                     "all_positions without TS_CAP_ALL_POSITION_LOGITS");
+        Session& s =
+            appendable(entry.session, entry.tokens, entry.n_tokens, entry.logits_out, "prefill");
+        items.push_back({&s, std::span<const int32_t>(entry.tokens, size_t(entry.n_tokens)),
+                         entry.all_positions != 0, entry.logits_out});
+      } catch (const abi::StatusError& err) {
+        throw abi::StatusError(err.status(), at + err.what());
+      }
+    }
+    return items;
+  }
+
+  static ts_status step_batch(const ts_batch_entry* e, int32_t n) noexcept {
+    return abi::guard([&] {
+      if constexpr (kStepBatch) {
+        const std::vector<abi::BatchItem<Session>> items = batch_items(e, n);
+        std::vector<int32_t> before;
+        for (const auto& item : items) before.push_back(item.session->position());
+        try {
+          Impl::step_batch(std::span<const abi::BatchItem<Session>>(items));
+        } catch (...) {
+          // No session changes position on an error.
+          for (size_t i = 0; i < items.size(); ++i)
+            if (items[i].session->position() > before[i]) items[i].session->rewind(before[i]);
+          throw;
+        }
+      }
+    });
+  }
+
+  static void free_session(ts_session* s) noexcept { delete box(s); }
+
+  // The checks every appending call makes before the backend sees the tokens.
+  static Session& appendable(ts_session* s, const int32_t* tokens, int32_t n, const void* out,
+                             const char* fn) {
+    if (!s || !tokens || !out || n <= 0)
+      throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                             std::string(fn) + ": null buffer or n_tokens <= 0");
+    Session& session = *box(s)->session;
+    abi::check_tokens(tokens, n, box(s)->n_vocab);
+    abi::check_room(session.position(), n, session.max_context());
+    return session;
+  }
+
+  static ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all,
+                           float* logits) noexcept {
+    return abi::guard([&] {
+      appendable(s, tokens, n, logits, "prefill")
+          .prefill(std::span<const int32_t>(tokens, size_t(n)), all != 0, logits);
+    });
+  }
+
+  static ts_status decode(ts_session* s, int32_t token, float* logits) noexcept {
+    return abi::guard([&] {
+      Session& session = appendable(s, &token, 1, logits, "decode");
+      if constexpr (kDecode) {
+        session.decode(token, logits);
+      } else {
+        session.prefill(std::span<const int32_t>(&token, 1), false, logits);
+      }
+    });
+  }
+
+  static ts_status prefill_greedy(ts_session* s, const int32_t* tokens, int32_t n,
+                                  int32_t* token_out) noexcept {
+    return abi::guard([&] {
+      if constexpr (kGreedy) {
+        *token_out = appendable(s, tokens, n, token_out, "prefill_greedy")
+                         .prefill_greedy(std::span<const int32_t>(tokens, size_t(n)));
+      }
+    });
+  }
+
+  static ts_status rewind(ts_session* s, int32_t position) noexcept {
+    return abi::guard([&] {
+      abi::require(s != nullptr, "rewind: null session");
+      Session& session = *box(s)->session;
+      abi::check_rewind(position, session.position());
+      session.rewind(position);
+    });
+  }
+
+  static int32_t position(const ts_session* s) noexcept {
+    return s ? box(s)->session->position() : 0;
+  }
+
+  static ts_status set_taps(ts_session* s, int32_t enable) noexcept {
+    return abi::guard([&] {
+      abi::require(s != nullptr, "set_taps: null session");
+      if constexpr (kTaps) box(s)->session->set_taps(enable != 0);
+    });
+  }
+
+  static ts_status read_taps(ts_session* s, float* out, int64_t n) noexcept {
+    return abi::guard([&] {
+      abi::require(s != nullptr && out != nullptr, "read_taps: null argument");
+      if constexpr (kTaps) box(s)->session->read_taps(out, n);
+    });
+  }
+
+ public:
+  static const ts_backend* table() noexcept {
+    static const ts_backend t = {
+        TS_BACKEND_API_VERSION,
+        Impl::name,
+        Impl::version,
+        abi::last_error,
+        device_name,
+        capabilities,
+        load_model,
+        free_model,
+        n_vocab,
+        open_session,
+        free_session,
+        prefill,
+        decode,
+        rewind,
+        position,
+        kGreedy ? prefill_greedy : nullptr,
+        architectures(),
+        model_features(),
+        kTaps ? set_taps : nullptr,
+        kTaps ? read_taps : nullptr,
+        kStepBatch ? step_batch : nullptr,
+        kFork ? fork_session : nullptr,
+    };
+    return &t;
+  }
+};
+
+}  // namespace touchstone
+
+// Exports the one symbol the harness looks up (TS_BACKEND_ENTRY_SYMBOL).
+#define TOUCHSTONE_BACKEND_ENTRY(Impl)                                                          \
+  extern "C" __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry( \
+      void) {                                                                                   \
+    return ::touchstone::BackendAdapter<Impl>::table();                                         \
+  }

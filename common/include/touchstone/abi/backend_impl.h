@@ -1,0 +1,51 @@
+// touchstone/abi/backend_impl.h - in-tree helpers for implementing the C ABI.
+//
+// The shared argument checks, guard() and touchstone::BackendAdapter<Impl> live
+// in the installed, standard-library-only touchstone/abi/backend_adapter.hpp; this
+// header adds what needs Touchstone's own libraries (touchstone::Error, the
+// fault catalog).
+#pragma once
+
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "touchstone/abi/backend_adapter.hpp"
+#include "touchstone/common/error.h"
+
+namespace touchstone::abi {
+
+// Runs a model loader: UnsupportedModel (another family, a feature the backend
+// lacks) becomes TS_ERR_UNSUPPORTED, any other touchstone::Error (a file it
+// cannot read or parse) TS_ERR_IO, naming the file.
+template <typename F>
+auto load_or_status(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const StatusError&) {
+    throw;
+  } catch (const touchstone::UnsupportedModel& e) {
+    throw StatusError(TS_ERR_UNSUPPORTED, e.what());
+  } catch (const touchstone::Error& e) {
+    throw StatusError(TS_ERR_IO, e.what());
+  }
+}
+
+// The start of a CPU backend's device_name: "CPU: <model name of
+// /proc/cpuinfo> (<N> hardware threads" (the caller closes the parenthesis
+// after adding its own facts). "unknown CPU" where /proc/cpuinfo has no model.
+inline std::string cpu_device_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(f, line)) {
+    const auto p = line.find(':');
+    if (line.rfind("model name", 0) == 0 && p != std::string::npos) {
+      model = line.substr(p + 2);
+      break;
+    }
+  }
+  return "CPU: " + model + " (" + std::to_string(std::thread::hardware_concurrency()) +
+         " hardware threads";
+}
+
+}  // namespace touchstone::abi

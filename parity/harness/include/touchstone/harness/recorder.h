@@ -1,0 +1,44 @@
+// touchstone/harness/recorder.h - records goldens by running a backend (normally the reference).
+#pragma once
+
+#include "touchstone/harness/chat.h"
+
+#include <functional>
+#include <string>
+
+#include "touchstone/golden/golden.h"
+#include "touchstone/golden/manifest.h"
+#include "touchstone/model/tokenizer.h"
+#include "touchstone/runtime/backend.h"
+
+namespace touchstone {
+
+struct RecordOptions {
+  int32_t case_top_k = 64;   // K stored per greedy step
+  int32_t n_full_steps = 2;  // steps whose full-vocabulary logits are stored (keeps goldens < 5 MB)
+  int32_t scoring_top_k = 256;  // K stored per scored position
+  // Layer taps (golden format 2), recorded when the backend has them and
+  // tap_layers/tap_dim are set (the model's block_count / embedding_length).
+  // Steps: the last prompt position (prefill), the first decode step (KV cache
+  // written by prefill, read by decode) and one deeper decode step; ~200 KB per
+  // step for SmolLM2 (30 layers x 3 x 576 floats).
+  std::vector<int32_t> tap_steps = {0, 1, 8};
+  int32_t tap_layers = 0, tap_dim = 0;
+};
+
+// Prompt text handed to the tokenizer: the manifest prompt, rendered with the
+// model's chat template (touchstone/harness/chat.h) when case.chat.
+std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat);
+
+// Greedy decoding of c.n_predict tokens from the prompt (never stops early at
+// EOS: every case has exactly n_predict steps). Step s stores the logits that
+// predicted greedy_ids[s]. `progress(step, total)` is called after every step.
+GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplate& chat,
+                       const ManifestCase& c, const RecordOptions& opt,
+                       const std::function<void(int, int)>& progress = {});
+
+// Teacher-forced pass over the passage (BOS first when the tokenizer adds one).
+GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const ManifestScoring& s,
+                             const RecordOptions& opt);
+
+}  // namespace touchstone

@@ -1,0 +1,181 @@
+// touchstone/runtime/backend.h - C++ view of the session contract for the harness side.
+//
+// Loads a backend library (by name or path), checks its api_version, and wraps
+// the C ABI (touchstone/abi/backend_abi.h) in RAII types that throw touchstone::Error
+// with the backend's own message. Backends themselves never include this file.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/common/error.h"
+#include "touchstone/runtime/backend_channel.h"
+
+namespace touchstone {
+
+// How a batch of sessions advances (ABI v6 step_batch), as the report says it.
+enum class BatchMode {
+  kNative,       // step_batch with TS_CAP_BATCHED_SESSIONS: one forward pass
+  kBackendLoop,  // step_batch without it: the backend runs the entries one by one
+  kHarness       // no step_batch: the harness calls prefill for each entry in order
+};
+// "native", "looped by the backend", "emulated by the harness".
+const char* batch_mode_name(BatchMode mode);
+
+// One loaded backend: in this process (dlopen) or in a child process
+// (`touchstone-backend-runner`, see touchstone/runtime/backend_channel.h).
+class BackendLibrary {
+ public:
+  // `name_or_path`: a path (contains '/' or ends in ".so") is dlopen()ed as is;
+  // a bare name N is searched as libtouchstone_backend_N.so in, in order:
+  // $TOUCHSTONE_BACKEND_PATH (colon-separated), then <dir of this executable>/../lib.
+  // Throws Error naming every place searched, a dlerror, or an api_version mismatch
+  // ("exec:CMD..." too: a command runs only in a child process, see spawn).
+  static std::shared_ptr<BackendLibrary> load(const std::string& name_or_path);
+  // The same library run in a child process: every call has a time limit, and
+  // a crash, exit, hang or protocol violation throws BackendCrash instead of
+  // taking the caller down. Load errors are the runner's, with the same text.
+  // "exec:CMD ARGS..." runs CMD (split on whitespace, found on PATH) as the
+  // child instead of the runner: a program that speaks the protocol itself on
+  // fd 3 (python/touchstone_engine); path() is then the command line.
+  static std::shared_ptr<BackendLibrary> spawn(const std::string& name_or_path,
+                                               const ChildOptions& options);
+  explicit BackendLibrary(std::unique_ptr<BackendChannel> channel) : channel_(std::move(channel)) {}
+  BackendLibrary(const BackendLibrary&) = delete;
+  BackendLibrary& operator=(const BackendLibrary&) = delete;
+
+  BackendChannel& channel() const { return *channel_; }
+  // The table's api_version (1 .. TS_BACKEND_API_VERSION).
+  uint32_t api_version() const { return info().api_version; }
+  // A version >= 2 table whose capabilities claim TS_CAP_DEVICE_GREEDY with a
+  // non-NULL prefill_greedy (never read past a version-1 table).
+  bool has_device_greedy() const { return info().device_greedy; }
+  // A version >= 4 table with set_taps and read_taps (layer taps).
+  bool has_taps() const { return info().taps; }
+  // ABI v6: how Session::step_batch runs here, and whether fork_session is the
+  // backend's own (else Session::fork re-prefills the prefix: emulated).
+  BatchMode batch_mode() const;
+  bool has_fork() const { return info().fork; }
+  const std::string& name() const { return info().name; }
+  const std::string& version() const { return info().version; }
+  const std::string& path() const { return info().path; }
+  const std::string& device_name() const { return info().device; }
+  ts_capabilities capabilities() const { return channel_->capabilities(); }
+  // Child process: false after it died; restart() starts a fresh one (models
+  // and sessions of the old one must be dropped first).
+  bool alive() const { return channel_->alive(); }
+  void restart() { channel_->restart(); }
+
+ private:
+  const BackendInfo& info() const { return channel_->info(); }
+  std::unique_ptr<BackendChannel> channel_;
+};
+
+const char* status_name(ts_status s);
+
+class Model {
+ public:
+  Model(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  int32_t n_vocab() const;
+  Handle handle() const { return model_; }
+  const std::shared_ptr<BackendLibrary>& library() const { return lib_; }
+
+ private:
+  std::shared_ptr<BackendLibrary> lib_;
+  Handle model_ = 0;
+  int32_t n_vocab_ = 0;
+};
+
+struct SessionOptions {
+  ts_weight_path weight_path = TS_WEIGHTS_FULL_PRECISION;
+  int32_t n_threads = 0;
+  int32_t max_context = 0;
+  std::string fault;  // test-only fault injection ("" = none)
+};
+
+class Session {
+ public:
+  Session(const Model& model, const SessionOptions& options);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Logits of the last position, [n_vocab].
+  std::vector<float> prefill(std::span<const int32_t> tokens);
+  // Logits of every position, [n_tokens * n_vocab] row-major.
+  std::vector<float> prefill_all(std::span<const int32_t> tokens);
+  // The same rows, bounded in memory: `tokens` is prefilled in consecutive
+  // all-position calls of at most max_rows() tokens each, and row(i, logits)
+  // is called for every position i in order (logits: [n_vocab], valid during
+  // the call). A 4,096-token passage of Gemma 3 (262,144-entry vocabulary)
+  // would need 4.3 GB in one call.
+  void prefill_all_rows(std::span<const int32_t> tokens,
+                        const std::function<void(size_t, std::span<const float>)>& row);
+  // Tokens per prefill_all_rows call: as many logits rows as fit in 512 MiB (>= 1).
+  size_t max_rows() const;
+  void decode(int32_t token, std::span<float> logits);
+  // True when the backend computes the greedy token itself (TS_CAP_DEVICE_GREEDY).
+  bool has_device_greedy() const { return lib_->has_device_greedy(); }
+  // Appends `tokens` and returns the backend's own argmax of the last position
+  // (prefill_greedy); throws Error when !has_device_greedy().
+  int32_t prefill_greedy(std::span<const int32_t> tokens);
+  void rewind(int32_t position);
+  int32_t position() const;
+  // Layer taps (ABI v4): has_taps(), then set_taps(true) before the calls to
+  // record; read_taps(n) returns the last recorded position's activations,
+  // n = n_layer * TS_TAP_POINTS * n_embd floats. Throw Error without taps.
+  bool has_taps() const { return lib_->has_taps(); }
+  void set_taps(bool enable);
+  std::vector<float> read_taps(size_t n_floats);
+  int32_t n_vocab() const { return n_vocab_; }
+  // ABI v5: N when the backend's rows are top-N log-probabilities
+  // (TS_CAP_TOP_N_LOGPROBS), else 0. Asks capabilities() once; throws its error.
+  int32_t top_n_logprobs();
+
+  // ---- ABI v6 [serving] (docs/serving-checks.md) ----
+  // One sequence's share of step_batch: logits holds n_vocab floats, or
+  // tokens.size() * n_vocab when all_positions.
+  struct Step {
+    Session* session = nullptr;
+    std::span<const int32_t> tokens;
+    bool all_positions = false;
+    std::span<float> logits;
+  };
+  // Advances every step's session (distinct sessions of one model and weight
+  // path): through the backend's step_batch when it has one, else (BatchMode::
+  // kHarness) one prefill per step, in order. Each step's logits are defined as
+  // prefill's. Throws Error for a wrong buffer size or a repeated session,
+  // BackendError with the backend's message otherwise.
+  static void step_batch(std::span<const Step> steps);
+  // A new session holding this one's first n_prefix positions (0 <= n_prefix <=
+  // position()): the backend's fork_session when it has one, else a fresh
+  // session with the same options that prefills the same n_prefix tokens
+  // (emulated: the harness knows every token it appended).
+  std::unique_ptr<Session> fork(int32_t n_prefix);
+  bool fork_native() const { return lib_->has_fork(); }
+  // The tokens in the KV cache, as the harness appended them (position() of them).
+  const std::vector<int32_t>& history() const { return history_; }
+
+ private:
+  Session(const Model& model, const SessionOptions& options, Handle forked);
+  void appended(std::span<const int32_t> tokens) {
+    history_.insert(history_.end(), tokens.begin(), tokens.end());
+  }
+  std::shared_ptr<BackendLibrary> lib_;
+  const Model* model_ = nullptr;
+  SessionOptions options_;
+  Handle session_ = 0;
+  int32_t n_vocab_ = 0;
+  int32_t top_n_ = -1;  // -1 = not asked yet
+  std::vector<int32_t> history_;
+};
+
+}  // namespace touchstone
