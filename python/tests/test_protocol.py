@@ -175,8 +175,8 @@ class Records(unittest.TestCase):
         """Every constant against common/include/touchstone/abi/backend_abi.h and
         parity/runtime/include/touchstone/runtime/protocol.h (when the sources are there)."""
         root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-        abi = os.path.join(root, "common", "include", "touchstone", "backend_abi.h")
-        proto = os.path.join(root, "parity", "runtime", "include", "touchstone", "protocol.h")
+        abi = os.path.join(root, "common", "include", "touchstone", "abi", "backend_abi.h")
+        proto = os.path.join(root, "parity", "runtime", "include", "touchstone", "runtime", "protocol.h")
         if not (os.path.exists(abi) and os.path.exists(proto)):
             self.skipTest("not in a Touchstone source tree")
         with open(abi, encoding="utf-8") as f:

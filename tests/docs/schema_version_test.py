@@ -16,7 +16,7 @@ import re
 import sys
 
 SCHEMA = os.path.join("docs", "report.schema.json")
-HEADER = os.path.join("parity", "harness", "include", "touchstone", "report.h")
+HEADER = os.path.join("parity", "report", "include", "touchstone", "report", "report.h")
 SKIP_DIRS = {".git", "build", "third_party", "node_modules", os.path.join("docs", "history")}
 # "schema_version" / "schema version", then up to a few separators (backticks,
 # quotes, table bars, ':' '=' "is"), then a number or a range of numbers.

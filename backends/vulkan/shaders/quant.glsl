@@ -9,7 +9,7 @@
 //    block (Q5_0: 2 zero bytes after d; Q6_K: 2 zero bytes at the end; Q4_K and
 //    Q5_K as stored), block k = row * (n_in / BE) + e / BE for element e.
 // dequant4(row, q, n_in, n_rows) returns elements 4q..4q+3 of a row.
-// Formulas and operation order: ggml dequantize_row_* (reference/gguf/src/quant.cpp).
+// Formulas and operation order: ggml dequantize_row_* (model/gguf/src/quant.cpp).
 // Faults (faults.glsl): FAULT_NIBBLE_ORDER swaps the low and high nibble of
 // each Q4_0/Q4_1 quant byte, FAULT_SCALE_MIN_SWAP reads a Q4_1 block's d as m
 // and m as d.
