@@ -14,6 +14,7 @@
 #include "engine.h"
 #include "touchstone/abi/backend_impl.h"
 #include "touchstone/model/quant.h"
+#include "touchstone/model/session_fault.h"
 
 namespace touchstone::cpu_simd {
 namespace {
@@ -147,11 +148,7 @@ struct CpuSimd {
     so.int8_activations = int8_activations();
     so.n_threads = o.n_threads;
     so.max_context = o.max_context;
-    try {
-      so.faults = touchstone::parse_fault(o.fault ? o.fault : "");
-    } catch (const touchstone::Error& e) {
-      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-    }
+    so.faults = touchstone::abi::session_fault(o.fault);
     // OpenBLAS runs single-threaded inside our own pool's tasks.
     openblas_set_num_threads(1);
     auto s = std::make_unique<Session>();

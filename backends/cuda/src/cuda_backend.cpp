@@ -54,6 +54,7 @@
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/model_config.h"
 #include "touchstone/model/quant.h"
+#include "touchstone/model/session_fault.h"
 
 namespace touchstone::cuda {
 namespace {
@@ -476,11 +477,7 @@ void upload_rope_tables(CudaSession& s, const CudaModel& m) {
 // The session's fault (touchstone/model/faults.h): parsed, refused when it is one of
 // a serving fault not implemented here, the split-K slice count set.
 void set_fault(CudaSession& s, const char* name, int32_t n_threads) {
-  try {
-    s.faults = touchstone::parse_fault(name ? name : "");
-  } catch (const touchstone::Error& e) {
-    throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-  }
+  s.faults = touchstone::abi::session_fault(name);
   // batch_token_count_split would need a split-K set per step_batch call,
   // batch_kv_leak an attention launch that reads a second sequence's KV cache.
   if (s.faults.batch_token_count_split || s.faults.batch_kv_leak || s.faults.fork_shared_kv ||

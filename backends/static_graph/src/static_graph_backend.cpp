@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "touchstone/abi/backend_impl.h"
 #include "touchstone/model/faults.h"
+#include "touchstone/model/session_fault.h"
 
 namespace {
 
@@ -80,12 +81,7 @@ struct StaticGraph {
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
     // Test only: one deliberate bug of the catalog (docs/backends/static_graph.md#fault-catalog).
-    touchstone::Faults faults;
-    try {
-      faults = touchstone::parse_fault(o.fault ? o.fault : "");
-    } catch (const touchstone::Error& e) {
-      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-    }
+    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault);
     if (faults.serving()) {
       throw StatusError(TS_ERR_UNSUPPORTED, "static_graph does not implement the serving fault '" +
                                                 faults.name + "' (docs/serving-checks.md)");

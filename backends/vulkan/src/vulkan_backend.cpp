@@ -18,6 +18,7 @@
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/model_config.h"
 #include "touchstone/model/model_weights.h"
+#include "touchstone/model/session_fault.h"
 #include "vk_context.h"
 #include "vk_forward.h"
 #include "vk_kernels.h"
@@ -201,12 +202,7 @@ struct Vulkan {
   }
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
-    touchstone::Faults faults;
-    try {
-      faults = touchstone::parse_fault(o.fault ? o.fault : "");
-    } catch (const touchstone::Error& e) {
-      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-    }
+    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault);
     if (!faults.name.empty() && !implements_fault(faults.name)) {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "vulkan does not implement fault '" + faults.name + "'");

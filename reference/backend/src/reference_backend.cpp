@@ -12,6 +12,7 @@
 #include "touchstone/abi/backend_impl.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/llama_weights.h"
+#include "touchstone/model/session_fault.h"
 #include "touchstone/reference/reference_forward.h"
 
 namespace {
@@ -100,19 +101,15 @@ struct Reference {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "the reference backend computes only with fp32 weights (full_precision)");
     }
-    touchstone::Faults faults;
-    try {
-      faults = touchstone::parse_fault(o.fault ? o.fault : "");
-    } catch (const touchstone::Error& e) {
-      throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-    }
-    // The serving faults of issue 37 stand for bugs of a fast engine's paged KV
-    // cache and flattened batch; the scalar reference does not model them.
+    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault);
+    // These serving faults stand for bugs of a fast engine's paged KV cache and
+    // flattened batch; the scalar reference does not model them.
     if (faults.fork_shared_kv || faults.batch_all_positions_shift ||
         faults.batch_page_boundary_leak) {
-      throw StatusError(TS_ERR_UNSUPPORTED,
-                        "the reference does not implement fault '" + faults.name +
-                            "' (cpu_simd does: docs/metrics.md#fault-catalog-and-margins)");
+      throw StatusError(
+          TS_ERR_UNSUPPORTED,
+          "the reference does not implement fault '" + faults.name +
+              "' (cpu_simd and vulkan do: docs/metrics.md#fault-catalog-and-margins)");
     }
     if (faults.quantized_only()) {
       throw StatusError(TS_ERR_UNSUPPORTED,
