@@ -240,8 +240,6 @@ void quantize_act_avx2(const float* x, size_t n, ActRow out) {
 template <QType T>
 __attribute__((always_inline)) inline void vnni_pair(const uint8_t* b0, const uint8_t* b1,
                                                      __m512i& w, __m128& v) {
-  constexpr size_t bb = kBlockBytes[tix(T)];
-  static_assert(bb > 0);
   if constexpr (T == QType::Q8_0) {
     w = _mm512_mask_broadcast_i64x4(
         _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))), 0xf0,
