@@ -88,7 +88,7 @@ std::vector<std::string> split(const std::string& s) {
 struct Group {
   std::string backend, weights;
   std::shared_ptr<touchstone::BackendLibrary> lib;
-  std::unique_ptr<touchstone::Model> model;
+  std::unique_ptr<touchstone::BackendModel> model;
 };
 Group g_cur;
 
@@ -110,7 +110,7 @@ ts_weight_path parse_weights(const std::string& w) {
   return w == "quantized" ? TS_WEIGHTS_QUANTIZED : TS_WEIGHTS_FULL_PRECISION;
 }
 
-touchstone::Model& use(const std::string& backend, const std::string& weights) {
+touchstone::BackendModel& use(const std::string& backend, const std::string& weights) {
   if (g_cur.backend != backend || g_cur.weights != weights) {
     g_cur.model.reset();
     g_cur.lib.reset();
@@ -118,13 +118,13 @@ touchstone::Model& use(const std::string& backend, const std::string& weights) {
     g_cur.backend = backend;
     g_cur.weights = weights;
     g_cur.lib = touchstone::BackendLibrary::load(backend);
-    g_cur.model = std::make_unique<touchstone::Model>(g_cur.lib, g_opt.model);
+    g_cur.model = std::make_unique<touchstone::BackendModel>(g_cur.lib, g_opt.model);
   }
   return *g_cur.model;
 }
 
-touchstone::SessionOptions session_options(const std::string& weights, int32_t max_ctx) {
-  touchstone::SessionOptions o;
+touchstone::BackendSessionOptions session_options(const std::string& weights, int32_t max_ctx) {
+  touchstone::BackendSessionOptions o;
   o.weight_path = parse_weights(weights);
   o.n_threads = g_opt.threads;
   o.max_context = max_ctx;
@@ -184,7 +184,7 @@ void bm_prefill(benchmark::State& state, std::string backend, std::string weight
     auto& model = use(backend, weights);
     const auto tok = prompt(size_t(n), model.n_vocab());
     const FirstCall first;
-    touchstone::Session s(model, session_options(weights, n + 8));
+    touchstone::BackendSession s(model, session_options(weights, n + 8));
     s.prefill(tok);  // warm-up, not timed: lazy graph compilation (static_graph)
     first.done(state, backend + "/" + weights + "/prefill/" + std::to_string(n));
     for (auto _ : state) {
@@ -204,7 +204,7 @@ void bm_decode(benchmark::State& state, std::string backend, std::string weights
     auto& model = use(backend, weights);
     std::vector<float> logits(size_t(model.n_vocab()));
     const FirstCall first;  // for ctx > 0 this includes the prefill of the context
-    touchstone::Session s(model, session_options(weights, ctx + kSteps + 8));
+    touchstone::BackendSession s(model, session_options(weights, ctx + kSteps + 8));
     if (ctx > 0) s.prefill(prompt(size_t(ctx), model.n_vocab()));
     s.decode(1, logits);  // warm-up, not timed: lazy graph compilation (static_graph)
     first.done(state, backend + "/" + weights + "/decode/" + std::to_string(ctx));
@@ -235,11 +235,11 @@ void bm_decode_threads(benchmark::State& state, std::string backend, std::string
   try {
     auto& model = use(backend, weights);
     std::vector<float> logits(size_t(model.n_vocab()));
-    touchstone::SessionOptions o = session_options(weights, kSteps + 8);
+    touchstone::BackendSessionOptions o = session_options(weights, kSteps + 8);
     o.n_threads = threads;
     // Read by cpu_simd when the session is created; other backends ignore it.
     if (!solo_fallback) setenv("TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK", "0", 1);
-    touchstone::Session s(model, o);
+    touchstone::BackendSession s(model, o);
     unsetenv("TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK");
     s.decode(1, logits);  // warm-up, not timed
     std::unique_ptr<touchstone::bench::NoisyNeighbour> neighbour;
@@ -269,21 +269,21 @@ void bm_decode_batch(benchmark::State& state, std::string backend, std::string w
     auto& model = use(backend, weights);
     const auto n = size_t(batch);
     const FirstCall first;  // the B prefills + the warm-up step
-    std::vector<std::unique_ptr<touchstone::Session>> sessions;
+    std::vector<std::unique_ptr<touchstone::BackendSession>> sessions;
     std::vector<int32_t> start, next(n, 1);
     std::vector<std::vector<float>> logits(n, std::vector<float>(size_t(model.n_vocab())));
     for (size_t i = 0; i < n; ++i) {
       const size_t len = 16 + 8 * (i % 8);  // different lengths and contents
-      sessions.push_back(std::make_unique<touchstone::Session>(
+      sessions.push_back(std::make_unique<touchstone::BackendSession>(
           model, session_options(weights, int32_t(len) + kSteps + 8)));
       sessions.back()->prefill(prompt(len, model.n_vocab(), i));
       start.push_back(sessions.back()->position());
     }
-    std::vector<touchstone::Session::Step> steps(n);
+    std::vector<touchstone::BackendSession::Step> steps(n);
     auto step = [&] {
       for (size_t i = 0; i < n; ++i)
         steps[i] = {sessions[i].get(), std::span<const int32_t>(&next[i], 1), false, logits[i]};
-      touchstone::Session::step_batch(steps);
+      touchstone::BackendSession::step_batch(steps);
       for (size_t i = 0; i < n; ++i)  // greedy
         next[i] = int32_t(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin());
     };
@@ -312,10 +312,12 @@ void bm_decode_batch(benchmark::State& state, std::string backend, std::string w
 void bm_ttft(benchmark::State& state, std::string backend, std::string weights, int n) {
   try {
     auto& model = use(backend, weights);
-    { touchstone::Session warm(model, session_options(weights, n + 8)); }  // lazy load not timed
+    {
+      touchstone::BackendSession warm(model, session_options(weights, n + 8));
+    }  // lazy load not timed
     const auto tok = prompt(size_t(n), model.n_vocab());
     for (auto _ : state) {
-      touchstone::Session s(model, session_options(weights, n + 8));
+      touchstone::BackendSession s(model, session_options(weights, n + 8));
       auto logits = s.prefill(tok);
       benchmark::DoNotOptimize(logits.data());
     }

@@ -103,11 +103,11 @@ TEST(ExecBackend, ChildGetsOnlyStdioAndTheSocket) {
 
 TEST(ExecBackend, SessionCallsAndTheSharedChecks) {
   auto lib = BackendLibrary::spawn(fake(), quick());
-  Model model(lib, "model.gguf");
+  BackendModel model(lib, "model.gguf");
   ASSERT_EQ(model.n_vocab(), 8);
-  SessionOptions o;
+  BackendSessionOptions o;
   o.max_context = 6;
-  Session s(model, o);
+  BackendSession s(model, o);
   const std::vector<int32_t> t = {3, 4};
   const std::vector<float> last = s.prefill(t);
   ASSERT_EQ(last.size(), 8u);
@@ -138,9 +138,9 @@ TEST(ExecBackend, SessionCallsAndTheSharedChecks) {
   s.rewind(1);
   EXPECT_EQ(s.position(), 1);
   std::tie(st, msg) = status_of([&] {
-    SessionOptions f;
+    BackendSessionOptions f;
     f.fault = "no_such_fault";
-    Session x(model, f);
+    BackendSession x(model, f);
   });
   EXPECT_EQ(st, TS_ERR_UNSUPPORTED);
   EXPECT_NE(msg.find("unknown fault 'no_such_fault'"), std::string::npos) << msg;
@@ -150,7 +150,7 @@ TEST(ExecBackend, PythonExceptionsBecomeStatuses) {
   auto lib = BackendLibrary::spawn(fake(), quick());
   auto load = [&](const std::string& path) -> std::pair<ts_status, std::string> {
     try {
-      Model m(lib, path);
+      BackendModel m(lib, path);
     } catch (const BackendError& e) {
       return {e.status(), e.what()};
     }
@@ -175,8 +175,8 @@ TEST(ExecBackend, GreedyAndTapsAreDeclaredFromTheSessionClass) {
   auto lib = BackendLibrary::spawn(fake("GreedyTapsEngine"), quick());
   EXPECT_TRUE(lib->has_device_greedy());
   EXPECT_TRUE(lib->has_taps());
-  Model model(lib, "model.gguf");
-  Session s(model, SessionOptions{});
+  BackendModel model(lib, "model.gguf");
+  BackendSession s(model, BackendSessionOptions{});
   s.set_taps(true);
   const std::vector<int32_t> t = {1, 2};
   EXPECT_EQ(s.prefill_greedy(t), 7);
@@ -190,12 +190,13 @@ TEST(ExecBackend, StepBatchAndForkAndTheReplySizeCheck) {
   EXPECT_TRUE(lib->channel().info().step_batch);
   EXPECT_TRUE(lib->has_fork());
   EXPECT_EQ(lib->capabilities().max_batch, 3);
-  Model model(lib, "model.gguf");
-  Session a(model, {}), b(model, {});
+  BackendModel model(lib, "model.gguf");
+  BackendSession a(model, {}), b(model, {});
   a.prefill(std::vector<int32_t>{1, 2});
   const std::vector<int32_t> ta = {3}, tb = {4, 5};
   std::vector<float> la(8), lb(16);
-  Session::step_batch(std::vector<Session::Step>{{&a, ta, false, la}, {&b, tb, true, lb}});
+  BackendSession::step_batch(
+      std::vector<BackendSession::Step>{{&a, ta, false, la}, {&b, tb, true, lb}});
   EXPECT_FLOAT_EQ(la[0], 5.0f);  // token 3 at position 2
   EXPECT_FLOAT_EQ(lb[8], 6.0f);  // token 5 at position 1
   EXPECT_EQ(a.position(), 3);
@@ -204,11 +205,11 @@ TEST(ExecBackend, StepBatchAndForkAndTheReplySizeCheck) {
   EXPECT_FLOAT_EQ(f->prefill(ta)[0], 4.0f);  // token 3 at position 1
 
   auto extra = BackendLibrary::spawn(fake("BatchExtraFloat"), quick());
-  Model m2(extra, "model.gguf");
-  Session c(m2, {});
+  BackendModel m2(extra, "model.gguf");
+  BackendSession c(m2, {});
   std::vector<float> lc(8);
   const std::string msg = error_of<BackendCrash>([&] {
-    Session::step_batch(std::vector<Session::Step>{{&c, ta, false, lc}});
+    BackendSession::step_batch(std::vector<BackendSession::Step>{{&c, ta, false, lc}});
   });
   EXPECT_NE(msg.find("protocol violation in step_batch: 36 bytes of logits, expected 32"),
             std::string::npos)
@@ -249,8 +250,8 @@ TEST(ExecBackend, HangIsKilledAndTheChildRestarts) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string msg;
   {
-    Model model(lib, "m.gguf");
-    Session s(model, SessionOptions{});
+    BackendModel model(lib, "m.gguf");
+    BackendSession s(model, BackendSessionOptions{});
     s.prefill(t);  // prefill #1
     s.decode(2, row);
     s.prefill(t);  // prefill #2 arms the hang
@@ -261,8 +262,8 @@ TEST(ExecBackend, HangIsKilledAndTheChildRestarts) {
   EXPECT_FALSE(lib->alive());
   lib->restart();
   ASSERT_TRUE(lib->alive());
-  Model model(lib, "m.gguf");
-  Session s(model, SessionOptions{});
+  BackendModel model(lib, "m.gguf");
+  BackendSession s(model, BackendSessionOptions{});
   s.prefill(t);  // prefill #3: behaves
   s.decode(2, row);
   EXPECT_EQ(s.position(), 2);

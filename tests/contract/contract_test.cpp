@@ -52,7 +52,7 @@ class Contract : public ::testing::Test {
       lib_ = env("TOUCHSTONE_CONTRACT_CHILD") == "1"
                  ? BackendLibrary::spawn(env("TOUCHSTONE_CONTRACT_BACKEND"), ChildOptions{})
                  : BackendLibrary::load(env("TOUCHSTONE_CONTRACT_BACKEND"));
-      model_ = std::make_unique<Model>(lib_, path);
+      model_ = std::make_unique<BackendModel>(lib_, path);
     } catch (const BackendError& e) {
       if (e.status() != TS_ERR_DEVICE) throw;
       skip_reason_ = e.what();
@@ -67,8 +67,8 @@ class Contract : public ::testing::Test {
     if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
     ASSERT_TRUE(model_) << "model not loaded";
   }
-  SessionOptions options() const {
-    SessionOptions o;
+  BackendSessionOptions options() const {
+    BackendSessionOptions o;
     o.weight_path = env("TOUCHSTONE_CONTRACT_WEIGHTS") == "quantized" ? TS_WEIGHTS_QUANTIZED
                                                                       : TS_WEIGHTS_FULL_PRECISION;
     o.max_context = 256;
@@ -93,7 +93,7 @@ class Contract : public ::testing::Test {
 
  public:  // skip_reason_ is read by main()
   static inline std::shared_ptr<BackendLibrary> lib_;
-  static inline std::unique_ptr<Model> model_;
+  static inline std::unique_ptr<BackendModel> model_;
   static inline std::string skip_reason_;
 };
 
@@ -156,10 +156,10 @@ TEST_F(Contract, CapabilitiesAreSane) {
 }
 
 TEST_F(Contract, PrefillMatchesStepwiseDecode) {
-  Session a(*model_, options());
+  BackendSession a(*model_, options());
   const std::vector<float> pre = a.prefill(kTokens);
   EXPECT_EQ(a.position(), int32_t(kTokens.size()));
-  Session b(*model_, options());
+  BackendSession b(*model_, options());
   std::vector<float> step = b.prefill(std::span<const int32_t>(kTokens.data(), 1));
   for (size_t i = 1; i < kTokens.size(); ++i) b.decode(kTokens[i], step);
   expect_close(pre, step, "prefill(12) vs prefill(1) + 11 decode steps");
@@ -168,9 +168,9 @@ TEST_F(Contract, PrefillMatchesStepwiseDecode) {
 TEST_F(Contract, AllPositionLogitsMatchLastPosition) {
   if (!(lib_->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS))
     GTEST_SKIP() << "no all-position logits";
-  Session a(*model_, options());
+  BackendSession a(*model_, options());
   const std::vector<float> all = a.prefill_all(kTokens);
-  Session b(*model_, options());
+  BackendSession b(*model_, options());
   const std::vector<float> last = b.prefill(kTokens);
   const size_t V = last.size();
   ASSERT_EQ(all.size(), V * kTokens.size());
@@ -178,7 +178,7 @@ TEST_F(Contract, AllPositionLogitsMatchLastPosition) {
 }
 
 TEST_F(Contract, RewindThenReplayReproducesLogits) {
-  Session s(*model_, options());
+  BackendSession s(*model_, options());
   s.prefill(std::span<const int32_t>(kTokens.data(), 6));
   std::vector<float> first(size_t(s.n_vocab())), again(size_t(s.n_vocab()));
   s.decode(kTokens[6], first);
@@ -204,10 +204,10 @@ TEST_F(Contract, LayerTapsRecordTheLastPositionAndLeaveLogitsAlone) {
   if (!lib_->has_taps()) GTEST_SKIP() << "no layer taps (ABI v4 set_taps/read_taps)";
   const ModelConfig c = read_model_config(gguf::File::open(env("TOUCHSTONE_MODEL_PATH")));
   const size_t n = size_t(c.n_layer) * TS_TAP_POINTS * size_t(c.n_embd);
-  Session plain(*model_, options());
+  BackendSession plain(*model_, options());
   const std::vector<float> want = plain.prefill(kTokens);
 
-  Session s(*model_, options());
+  BackendSession s(*model_, options());
   s.set_taps(true);
   EXPECT_THROW(s.read_taps(n), BackendError) << "read before any call";
   const std::vector<float> got = s.prefill(kTokens);
@@ -221,7 +221,7 @@ TEST_F(Contract, LayerTapsRecordTheLastPositionAndLeaveLogitsAlone) {
   EXPECT_THROW(s.read_taps(n - 1), BackendError) << "wrong size";
   for (float v : taps) ASSERT_TRUE(std::isfinite(v));
 
-  Session d(*model_, options());
+  BackendSession d(*model_, options());
   d.set_taps(true);
   d.prefill(std::span<const int32_t>(kTokens.data(), kTokens.size() - 1));
   std::vector<float> logits(size_t(d.n_vocab()));
@@ -247,9 +247,9 @@ TEST_F(Contract, LayerTapsRecordTheLastPositionAndLeaveLogitsAlone) {
 // argmax (lowest id on ties) of the logits prefill would have returned.
 TEST_F(Contract, DeviceGreedyIsTheArgmaxOfTheLogits) {
   if (!(lib_->capabilities().flags & TS_CAP_DEVICE_GREEDY)) GTEST_SKIP() << "no device greedy";
-  Session a(*model_, options());
+  BackendSession a(*model_, options());
   ASSERT_TRUE(a.has_device_greedy());
-  Session b(*model_, options());
+  BackendSession b(*model_, options());
   const std::span<const int32_t> prompt(kTokens.data(), 8);
   EXPECT_EQ(a.prefill_greedy(prompt), metrics::argmax(b.prefill(prompt)));
   EXPECT_EQ(a.position(), 8);
@@ -267,13 +267,13 @@ TEST_F(Contract, DeviceGreedyIsTheArgmaxOfTheLogits) {
 
 TEST_F(Contract, RepeatedRunsAreBitwiseIdenticalWhenClaimed) {
   if (!deterministic()) GTEST_SKIP() << "backend does not claim bitwise determinism";
-  Session a(*model_, options()), b(*model_, options());
+  BackendSession a(*model_, options()), b(*model_, options());
   const std::vector<float> x = a.prefill(kTokens), y = b.prefill(kTokens);
   EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
 }
 
 TEST_F(Contract, BadArgumentsAreErrorsNotCrashes) {
-  Session s(*model_, options());
+  BackendSession s(*model_, options());
   const std::vector<int32_t> bad = {1, 49152};
   try {
     s.prefill(bad);
@@ -292,9 +292,9 @@ TEST_F(Contract, BadArgumentsAreErrorsNotCrashes) {
 }
 
 TEST_F(Contract, ContextFullIsReported) {
-  SessionOptions o = options();
+  BackendSessionOptions o = options();
   o.max_context = 8;
-  Session s(*model_, o);
+  BackendSession s(*model_, o);
   s.prefill(std::span<const int32_t>(kTokens.data(), 8));
   std::vector<float> logits(size_t(s.n_vocab()));
   try {
@@ -307,10 +307,10 @@ TEST_F(Contract, ContextFullIsReported) {
 }
 
 TEST_F(Contract, UnknownFaultIsRefused) {
-  SessionOptions o = options();
+  BackendSessionOptions o = options();
   o.fault = "no_such_fault";
   try {
-    Session s(*model_, o);
+    BackendSession s(*model_, o);
     ADD_FAILURE() << "unknown fault accepted";
   } catch (const BackendError& e) {
     EXPECT_EQ(e.status(), TS_ERR_UNSUPPORTED) << e.what();
@@ -323,16 +323,16 @@ TEST_F(Contract, UnknownFaultIsRefused) {
 // added to the catalog is therefore a decision every backend makes.
 TEST_F(Contract, EveryCatalogFaultIsImplementedOrRefused) {
   try {
-    Session plain(*model_, options());
+    BackendSession plain(*model_, options());
   } catch (const BackendError& e) {
     if (e.status() == TS_ERR_UNSUPPORTED) GTEST_SKIP() << "weight path refused: " << e.what();
     throw;
   }
   for (const std::string& name : fault_names()) {
-    SessionOptions o = options();
+    BackendSessionOptions o = options();
     o.fault = name;
     try {
-      Session s(*model_, o);
+      BackendSession s(*model_, o);
     } catch (const BackendError& e) {
       EXPECT_EQ(e.status(), TS_ERR_UNSUPPORTED) << name << ": " << e.what();
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos)
@@ -343,7 +343,7 @@ TEST_F(Contract, EveryCatalogFaultIsImplementedOrRefused) {
 
 TEST_F(Contract, MissingModelFileIsAnIoError) {
   try {
-    Model m(lib_, "/nonexistent/model.gguf");
+    BackendModel m(lib_, "/nonexistent/model.gguf");
     ADD_FAILURE() << "missing file accepted";
   } catch (const BackendError& e) {
     EXPECT_EQ(e.status(), TS_ERR_IO) << e.what();
@@ -380,21 +380,21 @@ TEST_F(Contract, StepBatchEntriesMatchTheirOwnPrefill) {
     bool all;
   };
   const Plan plan[3] = {{6, 1, false}, {2, 5, false}, {1, 3, all}};
-  std::vector<std::unique_ptr<Session>> batch, alone;
+  std::vector<std::unique_ptr<BackendSession>> batch, alone;
   std::vector<std::vector<float>> got(3);
-  std::vector<Session::Step> steps;
+  std::vector<BackendSession::Step> steps;
   const size_t V = size_t(model_->n_vocab());
   for (size_t i = 0; i < 3; ++i) {
-    batch.push_back(std::make_unique<Session>(*model_, options()));
+    batch.push_back(std::make_unique<BackendSession>(*model_, options()));
     batch[i]->prefill(t.first(plan[i].prefix));
     got[i].resize(plan[i].all ? plan[i].n * V : V);
     steps.push_back({batch[i].get(), t.subspan(plan[i].prefix, plan[i].n), plan[i].all, got[i]});
   }
-  Session::step_batch(steps);
+  BackendSession::step_batch(steps);
   const bool bitwise = batch_invariant();
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(batch[i]->position(), int32_t(plan[i].prefix + plan[i].n)) << "entry " << i;
-    Session s(*model_, options());
+    BackendSession s(*model_, options());
     s.prefill(t.first(plan[i].prefix));
     const auto chunk = t.subspan(plan[i].prefix, plan[i].n);
     const std::vector<float> want = plan[i].all ? s.prefill_all(chunk) : s.prefill(chunk);
@@ -405,17 +405,18 @@ TEST_F(Contract, StepBatchEntriesMatchTheirOwnPrefill) {
 // A refused entry fails the whole call, names the entry and moves no session.
 TEST_F(Contract, StepBatchErrorsNameTheEntryAndMoveNothing) {
   if (!lib_->channel().info().step_batch) GTEST_SKIP() << "no step_batch (ABI v6)";
-  SessionOptions small = options();
+  BackendSessionOptions small = options();
   small.max_context = 8;
-  Session a(*model_, options()), b(*model_, options()), c(*model_, small);
+  BackendSession a(*model_, options()), b(*model_, options()), c(*model_, small);
   a.prefill(std::span<const int32_t>(kTokens.data(), 3));
   c.prefill(std::span<const int32_t>(kTokens.data(), 6));
   const size_t V = size_t(model_->n_vocab());
   std::vector<float> la(V), lb(V), lc(V);
   const std::vector<int32_t> ok = {kTokens[3]}, bad = {1, int32_t(V)}, three = {5, 6, 7};
-  auto refused = [&](const std::vector<Session::Step>& steps, ts_status want, const char* entry) {
+  auto refused = [&](const std::vector<BackendSession::Step>& steps, ts_status want,
+                     const char* entry) {
     try {
-      Session::step_batch(steps);
+      BackendSession::step_batch(steps);
       ADD_FAILURE() << "refused batch accepted (" << entry << ")";
     } catch (const BackendError& e) {
       EXPECT_EQ(e.status(), want) << e.what();
@@ -429,7 +430,8 @@ TEST_F(Contract, StepBatchErrorsNameTheEntryAndMoveNothing) {
   refused({{&a, ok, false, la}, {&b, ok, false, lb}, {&c, three, false, lc}}, TS_ERR_CONTEXT_FULL,
           "entry 2");
   // The sessions are still usable.
-  Session::step_batch(std::vector<Session::Step>{{&a, ok, false, la}, {&b, ok, false, lb}});
+  BackendSession::step_batch(
+      std::vector<BackendSession::Step>{{&a, ok, false, la}, {&b, ok, false, lb}});
   EXPECT_EQ(a.position(), 4);
   EXPECT_EQ(b.position(), 1);
 }
@@ -442,14 +444,14 @@ TEST_F(Contract, ForkContinuesLikeAFreshSession) {
   const std::span<const int32_t> t(kTokens);
   const std::span<const int32_t> cont = t.subspan(9, 3);
   const size_t V = size_t(model_->n_vocab());
-  auto src = std::make_unique<Session>(*model_, options());
+  auto src = std::make_unique<BackendSession>(*model_, options());
   src->prefill(t.first(8));
   for (int32_t n : {5, 8, 0}) {
     auto f = src->fork(n);
     ASSERT_EQ(f->position(), n);
     EXPECT_EQ(src->position(), 8);
     if (n == 0) src.reset();  // the source freed first
-    Session fresh(*model_, options());
+    BackendSession fresh(*model_, options());
     if (n > 0) fresh.prefill(t.first(size_t(n)));
     // A partial prefix was computed in a chunk of 8 by the source, in a chunk of
     // n by the fresh session: bitwise only when batch invariant.
@@ -462,7 +464,7 @@ TEST_F(Contract, ForkContinuesLikeAFreshSession) {
 TEST_F(Contract, ForkLeavesTheSourceUsable) {
   if (!lib_->has_fork()) GTEST_SKIP() << "no fork_session (ABI v6)";
   const std::span<const int32_t> t(kTokens);
-  Session src(*model_, options());
+  BackendSession src(*model_, options());
   src.prefill(t.first(8));
   {
     auto f = src.fork(4);
@@ -470,7 +472,7 @@ TEST_F(Contract, ForkLeavesTheSourceUsable) {
     f->rewind(2);
   }  // the fork freed first
   EXPECT_EQ(src.position(), 8);
-  Session ref(*model_, options());
+  BackendSession ref(*model_, options());
   ref.prefill(t.first(8));
   const std::vector<float> got = src.prefill(t.subspan(8, 4)), want = ref.prefill(t.subspan(8, 4));
   const size_t V = size_t(model_->n_vocab());

@@ -31,7 +31,7 @@ TEST(Loader, LoadsAWellFormedBackendByPath) {
 TEST(Loader, BackendErrorsCarryStatusAndMessage) {
   auto lib = BackendLibrary::load(fake("ok"));
   try {
-    Model m(lib, "x.gguf");
+    BackendModel m(lib, "x.gguf");
     FAIL() << "fake load_model succeeded";
   } catch (const BackendError& e) {
     EXPECT_EQ(e.status(), TS_ERR_DEVICE);

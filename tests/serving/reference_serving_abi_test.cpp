@@ -22,14 +22,14 @@ using Logits = std::vector<float>;
 
 struct ReferenceServingAbi : ::testing::Test {
   std::shared_ptr<BackendLibrary> lib = BackendLibrary::load(REFERENCE_BACKEND_PATH);
-  Model model{lib, TINY_MODEL_PATH};
+  BackendModel model{lib, TINY_MODEL_PATH};
 
-  std::unique_ptr<Session> open(const std::string& fault = "") {
-    SessionOptions o;
+  std::unique_ptr<BackendSession> open(const std::string& fault = "") {
+    BackendSessionOptions o;
     o.n_threads = 2;
     o.max_context = 64;
     o.fault = fault;
-    return std::make_unique<Session>(model, o);
+    return std::make_unique<BackendSession>(model, o);
   }
   size_t v() const { return size_t(model.n_vocab()); }
 };
@@ -51,7 +51,7 @@ TEST_F(ReferenceServingAbi, DeclaresALoopedBatchInvariantStepBatchAndANativeFork
 TEST_F(ReferenceServingAbi, StepBatchIsEachSessionsOwnPrefill) {
   const std::vector<Tokens> history = {{1, 2, 3}, {7}, {4, 4, 9, 12, 30}};
   const std::vector<Tokens> steps = {{5}, {8, 2, 6}, {11}};
-  std::vector<std::unique_ptr<Session>> batched, alone;
+  std::vector<std::unique_ptr<BackendSession>> batched, alone;
   for (const Tokens& h : history) {
     batched.push_back(open());
     batched.back()->prefill(h);
@@ -59,10 +59,10 @@ TEST_F(ReferenceServingAbi, StepBatchIsEachSessionsOwnPrefill) {
     alone.back()->prefill(h);
   }
   std::vector<Logits> out = {Logits(v()), Logits(3 * v()), Logits(v())};
-  std::vector<Session::Step> batch;
+  std::vector<BackendSession::Step> batch;
   for (size_t i = 0; i < steps.size(); ++i)
     batch.push_back({batched[i].get(), steps[i], i == 1, out[i]});
-  Session::step_batch(batch);
+  BackendSession::step_batch(batch);
   EXPECT_TRUE(same_bits(out[0], alone[0]->prefill(steps[0])));
   EXPECT_TRUE(same_bits(out[1], alone[1]->prefill_all(steps[1])));
   EXPECT_TRUE(same_bits(out[2], alone[2]->prefill(steps[2])));
@@ -75,8 +75,8 @@ TEST_F(ReferenceServingAbi, ARefusedStepBatchMovesNoSession) {
   a->prefill(Tokens{1, 2});
   Logits la(v()), lb(v());
   const Tokens good = {3}, bad = {int32_t(v())};
-  const Session::Step batch[] = {{a.get(), good, false, la}, {b.get(), bad, false, lb}};
-  EXPECT_THROW(Session::step_batch(batch), Error);
+  const BackendSession::Step batch[] = {{a.get(), good, false, la}, {b.get(), bad, false, lb}};
+  EXPECT_THROW(BackendSession::step_batch(batch), Error);
   EXPECT_EQ(a->position(), 2);
   EXPECT_EQ(b->position(), 0);
 }

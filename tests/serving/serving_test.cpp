@@ -31,10 +31,10 @@ class Serving : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     lib_ = open(GetParam());
-    model_ = std::make_unique<Model>(lib_, "toy.gguf");
+    model_ = std::make_unique<BackendModel>(lib_, "toy.gguf");
   }
   std::shared_ptr<BackendLibrary> lib_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<BackendModel> model_;
   const std::vector<int32_t> prompt_ = {1, 2, 3, 4, 5, 6, 7};
 };
 
@@ -49,19 +49,19 @@ TEST_P(Serving, InfoAndCapabilities) {
 }
 
 TEST_P(Serving, EachEntryGetsItsOwnPrefillsLogits) {
-  Session a(*model_, {}), b(*model_, {}), c(*model_, {});
+  BackendSession a(*model_, {}), b(*model_, {}), c(*model_, {});
   a.prefill(std::span<const int32_t>(prompt_.data(), 4));
   b.prefill(std::span<const int32_t>(prompt_.data(), 2));
   const std::vector<int32_t> ta = {9}, tb = {3, 4, 5, 6, 7}, tc = {8, 9, 10};
   const size_t V = size_t(model_->n_vocab());
   std::vector<float> la(V), lb(V), lc(3 * V);
-  const std::vector<Session::Step> steps = {
+  const std::vector<BackendSession::Step> steps = {
       {&a, ta, false, la}, {&b, tb, false, lb}, {&c, tc, true, lc}};
-  Session::step_batch(steps);
+  BackendSession::step_batch(steps);
   EXPECT_EQ(a.position(), 5);
   EXPECT_EQ(b.position(), 7);
   EXPECT_EQ(c.position(), 3);
-  Session ra(*model_, {}), rb(*model_, {}), rc(*model_, {});
+  BackendSession ra(*model_, {}), rb(*model_, {}), rc(*model_, {});
   ra.prefill(std::span<const int32_t>(prompt_.data(), 4));
   EXPECT_TRUE(same(la, ra.prefill(ta))) << "decode entry";
   rb.prefill(std::span<const int32_t>(prompt_.data(), 2));
@@ -70,14 +70,14 @@ TEST_P(Serving, EachEntryGetsItsOwnPrefillsLogits) {
 }
 
 TEST_P(Serving, ErrorsNameTheEntryAndMoveNoSession) {
-  Session a(*model_, {}), b(*model_, {});
+  BackendSession a(*model_, {}), b(*model_, {});
   a.prefill(std::span<const int32_t>(prompt_.data(), 3));
   const size_t V = size_t(model_->n_vocab());
   std::vector<float> la(V), lb(V);
   const std::vector<int32_t> ok = {1}, bad = {1, 16};
-  const std::vector<Session::Step> steps = {{&a, ok, false, la}, {&b, bad, false, lb}};
+  const std::vector<BackendSession::Step> steps = {{&a, ok, false, la}, {&b, bad, false, lb}};
   try {
-    Session::step_batch(steps);
+    BackendSession::step_batch(steps);
     ADD_FAILURE() << "a bad token was accepted";
   } catch (const BackendError& e) {
     EXPECT_EQ(e.status(), TS_ERR_INVALID_ARGUMENT);
@@ -86,28 +86,28 @@ TEST_P(Serving, ErrorsNameTheEntryAndMoveNoSession) {
   EXPECT_EQ(a.position(), 3);
   EXPECT_EQ(b.position(), 0);
   // More entries than max_batch (4).
-  std::vector<std::unique_ptr<Session>> s;
+  std::vector<std::unique_ptr<BackendSession>> s;
   std::vector<std::vector<float>> out(5, std::vector<float>(V));
-  std::vector<Session::Step> five;
+  std::vector<BackendSession::Step> five;
   for (int i = 0; i < 5; ++i) {
-    s.push_back(std::make_unique<Session>(*model_, SessionOptions{}));
+    s.push_back(std::make_unique<BackendSession>(*model_, BackendSessionOptions{}));
     five.push_back({s.back().get(), ok, false, out[size_t(i)]});
   }
-  EXPECT_THROW(Session::step_batch(five), BackendError);
+  EXPECT_THROW(BackendSession::step_batch(five), BackendError);
   for (const auto& x : s) EXPECT_EQ(x->position(), 0);
 }
 
 TEST_P(Serving, ForkContinuesLikeAFreshSessionAndLeavesTheSource) {
-  Session src(*model_, {});
+  BackendSession src(*model_, {});
   src.prefill(prompt_);
   auto f = src.fork(4);
   EXPECT_EQ(f->position(), 4);
   EXPECT_EQ(src.position(), 7);
   const std::vector<int32_t> cont = {11, 12};
-  Session fresh(*model_, {});
+  BackendSession fresh(*model_, {});
   fresh.prefill(std::span<const int32_t>(prompt_.data(), 4));
   EXPECT_TRUE(same(f->prefill(cont), fresh.prefill(cont)));
-  Session again(*model_, {});
+  BackendSession again(*model_, {});
   again.prefill(prompt_);
   EXPECT_TRUE(same(src.prefill(cont), again.prefill(cont))) << "the source changed";
   EXPECT_THROW(src.fork(10), Error);
@@ -124,13 +124,13 @@ INSTANTIATE_TEST_SUITE_P(Channels, Serving, ::testing::Values(false, true),
 // The runner guards every entry's buffer with its own sentinel tail.
 TEST(ServingChild, WritingPastOneEntrysBufferIsACrash) {
   auto lib = open(true, "overrun");
-  Model m(lib, "toy.gguf");
-  Session a(m, {}), b(m, {});
+  BackendModel m(lib, "toy.gguf");
+  BackendSession a(m, {}), b(m, {});
   const std::vector<int32_t> t = {1};
   std::vector<float> la(size_t(m.n_vocab())), lb(size_t(m.n_vocab()));
-  const std::vector<Session::Step> steps = {{&a, t, false, la}, {&b, t, false, lb}};
+  const std::vector<BackendSession::Step> steps = {{&a, t, false, la}, {&b, t, false, lb}};
   try {
-    Session::step_batch(steps);
+    BackendSession::step_batch(steps);
     ADD_FAILURE() << "the overrun went unnoticed";
   } catch (const BackendCrash& e) {
     EXPECT_NE(std::string(e.what()).find("step_batch (entry 1) wrote past the end"),
@@ -144,13 +144,13 @@ TEST(ServingChild, WritingPastOneEntrysBufferIsACrash) {
 TEST(ServingChild, AFailedBatchLeavesEveryPosition) {
   for (bool child : {false, true}) {
     auto lib = open(child, "throw");
-    Model m(lib, "toy.gguf");
-    Session a(m, {}), b(m, {});
+    BackendModel m(lib, "toy.gguf");
+    BackendSession a(m, {}), b(m, {});
     a.prefill(std::vector<int32_t>{1, 2});
     const std::vector<int32_t> t = {3, 4};
     std::vector<float> la(size_t(m.n_vocab())), lb(size_t(m.n_vocab()));
-    const std::vector<Session::Step> steps = {{&a, t, false, la}, {&b, t, false, lb}};
-    EXPECT_THROW(Session::step_batch(steps), BackendError);
+    const std::vector<BackendSession::Step> steps = {{&a, t, false, la}, {&b, t, false, lb}};
+    EXPECT_THROW(BackendSession::step_batch(steps), BackendError);
     EXPECT_EQ(a.position(), 2) << (child ? "child" : "in process");
     EXPECT_EQ(b.position(), 0) << (child ? "child" : "in process");
     EXPECT_TRUE(lib->channel().alive());

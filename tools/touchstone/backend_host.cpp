@@ -28,7 +28,7 @@ BackendLibrary& BackendHost::library() {
   return *lib_;
 }
 
-Session& BackendHost::session() {
+BackendSession& BackendHost::session() {
   if (session_) return *session_;
   BackendLibrary& lib = library();
   // The contract's strings are UTF-8 (docs/contract.md): reports carry them.
@@ -45,7 +45,7 @@ Session& BackendHost::session() {
     if (auto why = undeclared_model_support(lib, o_.model_path)) {
       throw BackendError(TS_ERR_UNSUPPORTED, *why);
     }
-    model_ = std::make_unique<Model>(lib_, o_.model_path);
+    model_ = std::make_unique<BackendModel>(lib_, o_.model_path);
   }
   if (o_.expected_n_vocab > 0 && model_->n_vocab() != o_.expected_n_vocab) {
     const int32_t got = model_->n_vocab();
@@ -55,7 +55,7 @@ Session& BackendHost::session() {
                                    "has {} tokens; no logits were requested",
                                    lib.name(), lib.path(), got, o_.expected_n_vocab));
   }
-  session_ = std::make_unique<Session>(*model_, o_.session);
+  session_ = std::make_unique<BackendSession>(*model_, o_.session);
   return *session_;
 }
 

@@ -15,7 +15,7 @@ struct HostOptions {
   bool in_process = false;
   double call_timeout_s = 300.0;  // child process only
   std::string model_path;
-  SessionOptions session;
+  BackendSessionOptions session;
   // The model's vocabulary size (tokenizer / goldens); a backend reporting
   // another n_vocab is refused before any logits are requested from it.
   int32_t expected_n_vocab = 0;
@@ -26,9 +26,9 @@ class BackendHost {
   explicit BackendHost(HostOptions o) : o_(std::move(o)) {}
   // Loads the library (once; again after a crash), the model and a session.
   // Throws BackendError/BackendCrash from the backend, Error for load errors.
-  Session& session();
+  BackendSession& session();
   // The loaded model (loads it, and opens the session, when needed).
-  Model& model() {
+  BackendModel& model() {
     session();
     return *model_;
   }
@@ -43,8 +43,8 @@ class BackendHost {
  private:
   HostOptions o_;
   std::shared_ptr<BackendLibrary> lib_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Session> session_;
+  std::unique_ptr<BackendModel> model_;
+  std::unique_ptr<BackendSession> session_;
 };
 
 // In process only: a backend that calls exit() must not end the harness with

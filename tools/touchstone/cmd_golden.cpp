@@ -115,8 +115,8 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   const ModelFacts& facts = model_facts(model_path);
   Tokenizer tok(facts.tokenizer);
   const ChatTemplate& chat = facts.chat;
-  Model model(lib, model_path);
-  Session session(model, SessionOptions{TS_WEIGHTS_FULL_PRECISION, threads, 0, ""});
+  BackendModel model(lib, model_path);
+  BackendSession session(model, BackendSessionOptions{TS_WEIGHTS_FULL_PRECISION, threads, 0, ""});
   GoldenFile g;
   g.model_name = mm.name;
   g.model_sha256 = mm.sha256;

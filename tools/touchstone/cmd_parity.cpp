@@ -154,7 +154,7 @@ Result backend_failure(BackendHost& host, const Report& report, const std::strin
 // replaces the session for the next one.
 template <typename Result, typename Fn>
 Result guarded(BackendHost& host, const Report& report, const std::string& name, Fn&& check) {
-  Session* session = nullptr;
+  BackendSession* session = nullptr;
   try {
     session = &host.session();
   } catch (const BackendError& e) {
@@ -292,7 +292,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   const ProgressFn on_step = [&](int done, int total) { progress.step(done, total); };
   for (const std::string& n : in.plan.cases) {
     progress.start(n, case_units(n));
-    report.cases.push_back(guarded<CaseResult>(host, report, n, [&](Session& s) {
+    report.cases.push_back(guarded<CaseResult>(host, report, n, [&](BackendSession& s) {
       return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps, on_step);
     }));
     in.known.apply(key, report.cases.back());
@@ -303,7 +303,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   }
   for (const std::string& n : with_scoring ? in.plan.scoring : std::vector<std::string>{}) {
     progress.start(n, scoring_units(n));
-    report.scoring.push_back(guarded<ScoringResult>(host, report, n, [&](Session& s) {
+    report.scoring.push_back(guarded<ScoringResult>(host, report, n, [&](BackendSession& s) {
       bool all = false;
       try {
         all = (host.library().capabilities().flags & TS_CAP_ALL_POSITION_LOGITS) != 0;
@@ -334,10 +334,11 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
   fmt::print(stderr, "  consistency checks on case '{}' ({} tokens)\n", first, tokens.size());
   try {
     const ts_capabilities caps = host.library().capabilities();
-    ConsistencyOptions co{SessionOptions{in.weights, o.threads, planned_context(o, in), o.fault},
-                          (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0,
-                          (caps.flags & TS_CAP_ALL_POSITION_LOGITS) != 0,
-                          {}};
+    ConsistencyOptions co{
+        BackendSessionOptions{in.weights, o.threads, planned_context(o, in), o.fault},
+        (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0,
+        (caps.flags & TS_CAP_ALL_POSITION_LOGITS) != 0,
+        {}};
     for (int32_t i = 0; i < std::clamp(caps.n_shape_buckets, 0, 16); ++i)
       co.buckets.push_back(caps.shape_buckets[i]);
     for (CaseResult& r : check_consistency(host.model(), tokens, *in.profile, co))
@@ -397,7 +398,7 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
     fmt::print(stderr, "  serving checks on case '{}' (batching: {}; fork: {})\n", first,
                report.info.batching, report.info.fork);
     const ts_capabilities caps = lib.capabilities();
-    SessionOptions so{in.weights, o.threads, planned_context(o, in), o.fault};
+    BackendSessionOptions so{in.weights, o.threads, planned_context(o, in), o.fault};
     so.max_context = std::max(so.max_context,
                               plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
     ServingOptions opt = serving_options(caps, so, plan);
@@ -509,7 +510,7 @@ int run_parity(const Opts& o) {
   report.info = run_info(o, *in);
   BackendHost host(
       HostOptions{o.backend, o.in_process, o.timeout, in->model_path,
-                  SessionOptions{in->weights, o.threads, planned_context(o, *in), o.fault},
+                  BackendSessionOptions{in->weights, o.threads, planned_context(o, *in), o.fault},
                   golden_n_vocab(in->golden)});
   report.info.execution = host.execution();
   write_reports(o, report);  // output paths are checked before any backend call

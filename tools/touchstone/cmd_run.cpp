@@ -76,10 +76,10 @@ void generate(const RunOpts& o) {
   if (ids.empty()) throw Error("the prompt encodes to zero tokens");
   // The backend's n_vocab must be the model's vocabulary size: the logits
   // buffers are sized by it.
-  BackendHost host(HostOptions{o.backend, o.in_process, o.timeout, o.model,
-                               SessionOptions{parse_weight_path(o.weights), o.threads, 0, ""},
-                               tok.n_vocab()});
-  Session& session = host.session();
+  BackendHost host(HostOptions{
+      o.backend, o.in_process, o.timeout, o.model,
+      BackendSessionOptions{parse_weight_path(o.weights), o.threads, 0, ""}, tok.n_vocab()});
+  BackendSession& session = host.session();
   fmt::print(stderr, "[{} on {}; {} prompt tokens]\n", host.library().name(),
              host.library().device_name(), ids.size());
   if (!o.chat && !o.json) fmt::print("{}", o.prompt);

@@ -31,17 +31,17 @@ class SessionTest : public ::testing::TestWithParam<ts_weight_path> {
     if (!std::filesystem::exists(model_path())) GTEST_SKIP() << "model not found: " << model_path();
     lib_ = BackendLibrary::load(TOUCHSTONE_VULKAN_LIB);
     try {
-      model_ = std::make_unique<Model>(lib_, model_path());
+      model_ = std::make_unique<BackendModel>(lib_, model_path());
     } catch (const BackendError& e) {
       if (e.status() == TS_ERR_DEVICE) GTEST_SKIP() << "no Vulkan device: " << e.what();
       throw;
     }
   }
-  std::unique_ptr<Session> open(int32_t max_context = 256) {
-    SessionOptions o;
+  std::unique_ptr<BackendSession> open(int32_t max_context = 256) {
+    BackendSessionOptions o;
     o.weight_path = GetParam();
     o.max_context = max_context;
-    return std::make_unique<Session>(*model_, o);
+    return std::make_unique<BackendSession>(*model_, o);
   }
   static std::vector<int32_t> tokens(int n) {
     std::vector<int32_t> t;
@@ -49,7 +49,7 @@ class SessionTest : public ::testing::TestWithParam<ts_weight_path> {
     return t;
   }
   std::shared_ptr<BackendLibrary> lib_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<BackendModel> model_;
 };
 
 TEST_P(SessionTest, RewindReproducesLogitsBitForBit) {

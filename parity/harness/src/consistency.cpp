@@ -17,7 +17,7 @@ namespace {
 using Rows = std::vector<std::vector<float>>;  // logits after each position
 
 // Token by token: prefill the first, decode the rest.
-Rows decode_rows(Session& s, std::span<const int32_t> t) {
+Rows decode_rows(BackendSession& s, std::span<const int32_t> t) {
   Rows rows;
   rows.push_back(s.prefill(t.first(1)));
   for (size_t i = 1; i < t.size(); ++i) {
@@ -27,8 +27,9 @@ Rows decode_rows(Session& s, std::span<const int32_t> t) {
   return rows;
 }
 
-Rows fresh_decode_rows(const Model& m, const SessionOptions& o, std::span<const int32_t> t) {
-  Session s(m, o);
+Rows fresh_decode_rows(const BackendModel& m, const BackendSessionOptions& o,
+                       std::span<const int32_t> t) {
+  BackendSession s(m, o);
   return decode_rows(s, t);
 }
 
@@ -41,11 +42,11 @@ void compare(const Rows& ref, const std::vector<std::pair<size_t, const std::vec
 
 void finish(CaseResult& r, const std::string& what) { detail::finish_rows(r, what); }
 
-CaseResult prefill_vs_decode(const Model& m, std::span<const int32_t> t, const Rows& ref,
+CaseResult prefill_vs_decode(const BackendModel& m, std::span<const int32_t> t, const Rows& ref,
                              const Profile& p, const ConsistencyOptions& o) {
   CaseResult r;
   r.name = "consistency.prefill_vs_decode";
-  Session s(m, o.session);
+  BackendSession s(m, o.session);
   std::vector<std::vector<float>> rows;
   std::vector<std::pair<size_t, const std::vector<float>*>> test;
   if (o.all_positions) {
@@ -65,7 +66,7 @@ CaseResult prefill_vs_decode(const Model& m, std::span<const int32_t> t, const R
   return r;
 }
 
-CaseResult chunked_prefill(const Model& m, std::span<const int32_t> t, const Rows& ref,
+CaseResult chunked_prefill(const BackendModel& m, std::span<const int32_t> t, const Rows& ref,
                            const Profile& p, const ConsistencyOptions& o) {
   CaseResult r;
   r.name = "consistency.chunked_prefill";
@@ -74,7 +75,7 @@ CaseResult chunked_prefill(const Model& m, std::span<const int32_t> t, const Row
   for (int32_t b : o.buckets)
     if (std::find(sizes.begin(), sizes.end(), b) == sizes.end()) sizes.push_back(b);
   for (int32_t c : sizes) {
-    Session s(m, o.session);
+    BackendSession s(m, o.session);
     Rows rows;
     std::vector<std::pair<size_t, const std::vector<float>*>> test;
     std::vector<size_t> ends;
@@ -93,11 +94,11 @@ CaseResult chunked_prefill(const Model& m, std::span<const int32_t> t, const Row
   return r;
 }
 
-CaseResult rewind_replay(const Model& m, std::span<const int32_t> t, const Rows& ref,
+CaseResult rewind_replay(const BackendModel& m, std::span<const int32_t> t, const Rows& ref,
                          const Profile& p, const ConsistencyOptions& o) {
   CaseResult r;
   r.name = "consistency.rewind_replay";
-  Session s(m, o.session);
+  BackendSession s(m, o.session);
   std::vector<int32_t> other(t.rbegin(), t.rend());  // unrelated tokens first
   s.prefill(other);
   s.rewind(0);
@@ -119,15 +120,15 @@ CaseResult rewind_replay(const Model& m, std::span<const int32_t> t, const Rows&
   return r;
 }
 
-CaseResult repeat(const Model& m, std::span<const int32_t> t, const Rows& ref, const Profile& p,
-                  const ConsistencyOptions& o, bool threads) {
+CaseResult repeat(const BackendModel& m, std::span<const int32_t> t, const Rows& ref,
+                  const Profile& p, const ConsistencyOptions& o, bool threads) {
   CaseResult r;
   r.name = threads ? "consistency.threads" : "consistency.run_to_run";
   std::vector<Rows> runs;
   std::vector<int> counts;
   if (threads) {
     for (int n : {1, 2, 3}) {
-      SessionOptions so = o.session;
+      BackendSessionOptions so = o.session;
       so.n_threads = n;
       runs.push_back(fresh_decode_rows(m, so, t));
       counts.push_back(n);
@@ -149,8 +150,9 @@ CaseResult repeat(const Model& m, std::span<const int32_t> t, const Rows& ref, c
 
 }  // namespace
 
-std::vector<CaseResult> check_consistency(const Model& model, std::span<const int32_t> tokens,
-                                          const Profile& profile, const ConsistencyOptions& opt) {
+std::vector<CaseResult> check_consistency(const BackendModel& model,
+                                          std::span<const int32_t> tokens, const Profile& profile,
+                                          const ConsistencyOptions& opt) {
   using Clock = std::chrono::steady_clock;
   const Rows ref = fresh_decode_rows(model, opt.session, tokens);
   std::vector<CaseResult> out;

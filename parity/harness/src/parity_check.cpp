@@ -69,7 +69,7 @@ void record_logit_violations(CaseResult& r, const Profile& p) {
 // TS_CAP_DEVICE_GREEDY: the same teacher-forced steps again through
 // prefill_greedy; the token the backend returns must be the argmax of the
 // logits it returned for that step (lowest id on ties), step for step.
-void check_device_greedy(Session& session, const GoldenCase& g,
+void check_device_greedy(BackendSession& session, const GoldenCase& g,
                          const std::vector<int32_t>& host_argmax, CaseResult& r) {
   try {
     session.rewind(0);
@@ -221,9 +221,9 @@ bool judge_flip(const Tokenizer& tok, const Profile& p, int s, const GoldenStep&
   return true;
 }
 
-void run_case_steps(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
-                    CaseResult& r, std::vector<double>& kls, std::vector<int32_t>& host_argmax,
-                    Progress& at, const ProgressFn& progress) {
+void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenCase& g,
+                    const Profile& p, CaseResult& r, std::vector<double>& kls,
+                    std::vector<int32_t>& host_argmax, Progress& at, const ProgressFn& progress) {
   const size_t K = size_t(g.top_k);
   if (session.n_vocab() != g.n_vocab) {
     throw Error("backend n_vocab {} != golden n_vocab {}", session.n_vocab(), g.n_vocab);
@@ -295,8 +295,8 @@ std::string LayerDivergence::describe() const {
                      tolerance, step);
 }
 
-CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& g, const Profile& p,
-                      int max_steps, const ProgressFn& progress) {
+CaseResult check_case(BackendSession& session, const Tokenizer& tok, const GoldenCase& g,
+                      const Profile& p, int max_steps, const ProgressFn& progress) {
   const auto t0 = Clock::now();
   CaseResult r;
   r.name = g.name;
@@ -433,7 +433,7 @@ static void judge_scoring(ScoringResult& r, const Profile& p) {
   }
 }
 
-ScoringResult check_scoring(Session& session, const GoldenScoring& g, const Profile& p,
+ScoringResult check_scoring(BackendSession& session, const GoldenScoring& g, const Profile& p,
                             bool all_position_logits, int max_positions,
                             const ProgressFn& progress) {
   const auto t0 = Clock::now();

@@ -29,7 +29,7 @@ std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat) {
   }
 }
 
-GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplate& chat,
+GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const ChatTemplate& chat,
                        const ManifestCase& c, const RecordOptions& opt,
                        const std::function<void(int, int)>& progress) {
   GoldenCase g;
@@ -73,8 +73,8 @@ GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplat
   return g;
 }
 
-GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const ManifestScoring& s,
-                             const RecordOptions& opt) {
+GoldenScoring record_scoring(BackendSession& session, const Tokenizer& tok,
+                             const ManifestScoring& s, const RecordOptions& opt) {
   GoldenScoring g;
   g.name = s.name;
   g.text = s.text;

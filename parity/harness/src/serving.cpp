@@ -72,7 +72,7 @@ int32_t ServingPlan::context_needed(size_t needle_tokens) const {
   return int32_t(std::max(n, filler) + 1);
 }
 
-ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions& session,
+ServingOptions serving_options(const ts_capabilities& caps, const BackendSessionOptions& session,
                                ServingPlan plan) {
   ServingOptions o;
   o.session = session;
@@ -137,7 +137,7 @@ std::vector<int32_t> extended(const std::vector<int32_t>& needle, const ServingO
 
 }  // namespace
 
-std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_t> prompt,
+std::vector<CaseResult> check_serving(const BackendModel& model, std::span<const int32_t> prompt,
                                       std::span<const int32_t> continuation, const Profile& profile,
                                       const ServingOptions& opt) {
   if (prompt.empty()) throw Error("serving checks: the needle case has an empty prompt");

@@ -46,18 +46,20 @@ size_t feed_at(const Seq& q, int pos) {
   throw Error("serving check: no feed holds a compared position (a harness bug)");
 }
 
-// Runs the sequences through Session::step_batch, one feed of each active
+// Runs the sequences through BackendSession::step_batch, one feed of each active
 // sequence per call, until every sequence is fed; each row goes to `sink`.
 // With a probe: the probed entry's taps are read and the run stops there.
-void run_batch(const Model& m, const SessionOptions& so, const std::vector<const Seq*>& seqs,
-               const RowSink& sink, TapProbe* probe = nullptr) {
+void run_batch(const BackendModel& m, const BackendSessionOptions& so,
+               const std::vector<const Seq*>& seqs, const RowSink& sink,
+               TapProbe* probe = nullptr) {
   const size_t V = size_t(m.n_vocab());
-  std::vector<std::unique_ptr<Session>> sessions;
-  for (size_t i = 0; i < seqs.size(); ++i) sessions.push_back(std::make_unique<Session>(m, so));
+  std::vector<std::unique_ptr<BackendSession>> sessions;
+  for (size_t i = 0; i < seqs.size(); ++i)
+    sessions.push_back(std::make_unique<BackendSession>(m, so));
   std::vector<size_t> next(seqs.size(), 0);
   std::vector<Row> logits(seqs.size());
   for (int step = 0;; ++step) {
-    std::vector<Session::Step> steps;
+    std::vector<BackendSession::Step> steps;
     std::vector<size_t> fed;
     bool left = false;
     for (size_t i = 0; i < seqs.size(); ++i) {
@@ -73,7 +75,7 @@ void run_batch(const Model& m, const SessionOptions& so, const std::vector<const
     }
     if (!left) return;
     if (steps.empty()) continue;
-    Session::step_batch(steps);
+    BackendSession::step_batch(steps);
     if (probe && next[probe->slot] == probe->feed &&
         std::find(fed.begin(), fed.end(), probe->slot) != fed.end()) {
       probe->taps = sessions[probe->slot]->read_taps(probe->n_floats);
@@ -91,10 +93,10 @@ void run_batch(const Model& m, const SessionOptions& so, const std::vector<const
 
 // The sequence alone, fed the same way through prefill / decode / all-position
 // prefill. With a probe: the probed feed's taps are read and the run stops there.
-PositionedRows run_alone(const Model& m, const SessionOptions& so, const Seq& q,
+PositionedRows run_alone(const BackendModel& m, const BackendSessionOptions& so, const Seq& q,
                          TapProbe* probe = nullptr) {
   const size_t V = size_t(m.n_vocab());
-  Session s(m, so);
+  BackendSession s(m, so);
   PositionedRows out;
   for (size_t k = 0; k < q.feeds.size(); ++k) {
     if (probe && k == probe->feed + 1) {
@@ -135,7 +137,7 @@ double repeat_drift(const PositionedRows& a, const PositionedRows& b) {
 // The batch checks' shared state: the casts of both contents, the alone runs
 // (one per cast member, computed when first needed, reused by every shape).
 struct BatchRun {
-  const Model& model;
+  const BackendModel& model;
   const Profile& profile;
   const ServingOptions& opt;
   Needles needles;
@@ -227,7 +229,7 @@ PositionedRows BatchRun::judged_run(const Shape& s, bool judge, CaseResult& inv,
   return needle;
 }
 
-PositionedRows needle_rows(const Model& m, const SessionOptions& so, const Shape& s,
+PositionedRows needle_rows(const BackendModel& m, const BackendSessionOptions& so, const Shape& s,
                            const std::vector<Seq>& cast) {
   PositionedRows out;
   run_batch(m, so, in_slots(s, cast), [&](size_t slot, int pos, std::span<const float> row) {
@@ -304,7 +306,7 @@ IsolationRuns isolation_runs(BatchRun& run, const Shape& s, PositionedRows in_x,
 
 }  // namespace
 
-std::vector<CaseResult> check_batches(const Model& model, const Needles& needles,
+std::vector<CaseResult> check_batches(const BackendModel& model, const Needles& needles,
                                       const Profile& profile, const ServingOptions& opt) {
   CaseResult inv, iso;
   inv.name = "serving.batch_invariance";

@@ -24,7 +24,7 @@ struct TapLog {
 
 // Feeds tokens[from, to) to s: the first `chunk` of them as one prefill, then
 // one decode each; the rows and their positions, each call's taps into `log`.
-PositionedRows feed(Session& s, std::span<const int32_t> tokens, size_t from, size_t to,
+PositionedRows feed(BackendSession& s, std::span<const int32_t> tokens, size_t from, size_t to,
                     size_t chunk, TapLog& log) {
   PositionedRows out;
   auto called = [&] {
@@ -61,7 +61,7 @@ PositionedRows feed(Session& s, std::span<const int32_t> tokens, size_t from, si
 struct Branch {
   std::string label;
   std::vector<int32_t> tokens;
-  std::unique_ptr<Session> got, want;
+  std::unique_ptr<BackendSession> got, want;
   bool bits = false;  // bitwise required, because of `claim`
   const char* claim = "";
   size_t at = 0;  // tokens fed so far
@@ -129,8 +129,8 @@ constexpr size_t kSuffix = 6;  // a fork's own tokens: a chunk of 3 and a decode
 // everywhere on a batch-invariant one; a backend whose bitwise claim stops at
 // fork_session (TS_CAP_BITWISE_NOT_ACROSS_FORKS) is held to bits only before
 // the first fork, and to the profile from then on.
-CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
-                             const Profile& profile, const ServingOptions& opt) {
+CaseResult check_prefix_fork(const BackendModel& model, std::span<const int32_t> needle,
+                             size_t prompt_len, const Profile& profile, const ServingOptions& opt) {
   CaseResult r;
   r.name = "serving.prefix_fork";
   ForkRun run{profile, opt,
@@ -148,8 +148,8 @@ CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle
              0};
   const std::vector<int32_t> own = random_tokens(rng, 2, model.n_vocab());
   src.tokens.insert(src.tokens.end(), own.begin(), own.end());
-  src.got = std::make_unique<Session>(model, opt.session);
-  src.want = std::make_unique<Session>(model, opt.session);
+  src.got = std::make_unique<BackendSession>(model, opt.session);
+  src.want = std::make_unique<BackendSession>(model, opt.session);
   run.taps_on(src);
   run.advance(src, ahead, prompt_len, "before forking");
   std::vector<Branch> forks;
@@ -157,7 +157,7 @@ CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle
     Branch b{fmt::format("fork at n_prefix {} of a {}-token prompt", n, prompt_len),
              {needle.begin(), needle.begin() + std::ptrdiff_t(n)},
              src.got->fork(int32_t(n)),
-             std::make_unique<Session>(model, opt.session),
+             std::make_unique<BackendSession>(model, opt.session),
              opt.batch_invariant || (opt.fork_bitwise && n == prompt_len),
              claim,
              n};

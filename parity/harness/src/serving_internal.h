@@ -85,11 +85,11 @@ CaseResult timed(Fn&& fn) {
 }
 
 struct Needles;  // serving_batch.h
-std::vector<CaseResult> check_batches(const Model& model, const Needles& needles,
+std::vector<CaseResult> check_batches(const BackendModel& model, const Needles& needles,
                                       const Profile& profile, const ServingOptions& opt);
-CaseResult check_prefix_fork(const Model& model, std::span<const int32_t> needle, size_t prompt_len,
-                             const Profile& profile, const ServingOptions& opt);
-CaseResult check_speculative(const Model& model, std::span<const int32_t> prompt,
+CaseResult check_prefix_fork(const BackendModel& model, std::span<const int32_t> needle,
+                             size_t prompt_len, const Profile& profile, const ServingOptions& opt);
+CaseResult check_speculative(const BackendModel& model, std::span<const int32_t> prompt,
                              std::span<const int32_t> continuation, const Profile& profile,
                              const ServingOptions& opt);
 

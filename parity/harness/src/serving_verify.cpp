@@ -19,9 +19,9 @@ struct Greedy {
   std::vector<Row> rows;
 };
 
-Greedy plain_greedy(const Model& m, const SessionOptions& so, std::span<const int32_t> prompt,
-                    size_t steps) {
-  Session s(m, so);
+Greedy plain_greedy(const BackendModel& m, const BackendSessionOptions& so,
+                    std::span<const int32_t> prompt, size_t steps) {
+  BackendSession s(m, so);
   Greedy g;
   g.rows.push_back(s.prefill(prompt));
   g.tokens.push_back(metrics::argmax(g.rows.back()));
@@ -34,7 +34,7 @@ Greedy plain_greedy(const Model& m, const SessionOptions& so, std::span<const in
 }
 
 struct VerifyRun {
-  const Model& m;
+  const BackendModel& m;
   const ServingOptions& o;
   const Profile& p;
   std::span<const int32_t> prompt, golden;
@@ -49,7 +49,7 @@ struct Verifier {
   std::string where;
   std::mt19937_64 rng;
   DriftMeter meter;
-  std::unique_ptr<Session> s;
+  std::unique_ptr<BackendSession> s;
   std::vector<int32_t> out, input;
   int32_t pos0 = 0;
   size_t proposed = 0, accepted = 0;
@@ -61,7 +61,7 @@ struct Verifier {
         where(fmt::format(" (speculative verify, {})", label)),
         rng(run.o.plan.seed ^ uint64_t(drafts) * 0x9e3779b97f4a7c15ull),
         meter{{label, drafts}},
-        s(std::make_unique<Session>(run.m, run.o.session)) {}
+        s(std::make_unique<BackendSession>(run.m, run.o.session)) {}
 
   // Prefills the prompt: its greedy token must be the plain run's (the same call).
   void start(CaseResult& r) {
@@ -158,14 +158,14 @@ void verify_batched(const VerifyRun& v, CaseResult& r) {
     for (size_t at = 0; at < live.size(); at += most) {
       const size_t n = std::min(most, live.size() - at);
       std::vector<std::vector<float>> rows(n);
-      std::vector<Session::Step> steps;
+      std::vector<BackendSession::Step> steps;
       for (size_t i = 0; i < n; ++i) {
         Verifier& q = *live[at + i];
         q.propose();
         rows[i].assign(q.input.size() * V, 0.0f);
         steps.push_back({q.s.get(), q.input, true, rows[i]});
       }
-      Session::step_batch(steps);
+      BackendSession::step_batch(steps);
       for (size_t i = 0; i < n; ++i) live[at + i]->judge(rows[i], r);
     }
   }
@@ -174,7 +174,7 @@ void verify_batched(const VerifyRun& v, CaseResult& r) {
 
 }  // namespace
 
-CaseResult check_speculative(const Model& model, std::span<const int32_t> prompt,
+CaseResult check_speculative(const BackendModel& model, std::span<const int32_t> prompt,
                              std::span<const int32_t> continuation, const Profile& profile,
                              const ServingOptions& opt) {
   CaseResult r;

@@ -55,15 +55,15 @@ TEST(ServingPlan, SequencesCrossPageAndTileBoundaries) {
 TEST(ServingOptions, BitwiseClaimCanStopAtForks) {
   ts_capabilities caps{};
   caps.flags = TS_CAP_BITWISE_DETERMINISM;
-  ServingOptions o = serving_options(caps, SessionOptions{}, ServingPlan::quick());
+  ServingOptions o = serving_options(caps, BackendSessionOptions{}, ServingPlan::quick());
   EXPECT_TRUE(o.bitwise);
   EXPECT_TRUE(o.fork_bitwise);
   caps.flags |= TS_CAP_BITWISE_NOT_ACROSS_FORKS;
-  o = serving_options(caps, SessionOptions{}, ServingPlan::quick());
+  o = serving_options(caps, BackendSessionOptions{}, ServingPlan::quick());
   EXPECT_TRUE(o.bitwise);
   EXPECT_FALSE(o.fork_bitwise);
   caps.flags = TS_CAP_BITWISE_NOT_ACROSS_FORKS;
-  o = serving_options(caps, SessionOptions{}, ServingPlan::quick());
+  o = serving_options(caps, BackendSessionOptions{}, ServingPlan::quick());
   EXPECT_FALSE(o.bitwise);
   EXPECT_FALSE(o.fork_bitwise);
 }

@@ -50,7 +50,7 @@ std::shared_ptr<BackendLibrary> BackendLibrary::spawn(const std::string& name_or
   return std::make_shared<BackendLibrary>(open_child_process(name_or_path, options));
 }
 
-Model::Model(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path)
+BackendModel::BackendModel(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path)
     : lib_(std::move(lib)) {
   model_ = lib_->channel().load_model(gguf_path, &n_vocab_);
   if (n_vocab_ <= 0) {
@@ -60,9 +60,9 @@ Model::Model(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path)
   }
 }
 
-Model::~Model() { lib_->channel().free_model(model_); }
+BackendModel::~BackendModel() { lib_->channel().free_model(model_); }
 
-int32_t Model::n_vocab() const { return n_vocab_; }
+int32_t BackendModel::n_vocab() const { return n_vocab_; }
 
 BatchMode BackendLibrary::batch_mode() const {
   if (!info().step_batch) return BatchMode::kHarness;
@@ -82,7 +82,7 @@ const char* batch_mode_name(BatchMode mode) {
   return "?";
 }
 
-Session::Session(const Model& model, const SessionOptions& o)
+BackendSession::BackendSession(const BackendModel& model, const BackendSessionOptions& o)
     : lib_(model.library()), model_(&model), options_(o) {
   ts_session_options opt{};
   opt.struct_size = sizeof(opt);
@@ -99,30 +99,31 @@ Session::Session(const Model& model, const SessionOptions& o)
   n_vocab_ = model.n_vocab();
 }
 
-Session::Session(const Model& model, const SessionOptions& o, Handle forked)
+BackendSession::BackendSession(const BackendModel& model, const BackendSessionOptions& o,
+                               Handle forked)
     : lib_(model.library()),
       model_(&model),
       options_(o),
       session_(forked),
       n_vocab_(model.n_vocab()) {}
 
-Session::~Session() { lib_->channel().free_session(session_); }
+BackendSession::~BackendSession() { lib_->channel().free_session(session_); }
 
-std::vector<float> Session::prefill(std::span<const int32_t> tokens) {
+std::vector<float> BackendSession::prefill(std::span<const int32_t> tokens) {
   std::vector<float> logits(static_cast<size_t>(n_vocab_));
   lib_->channel().prefill(session_, tokens, false, logits);
   appended(tokens);
   return logits;
 }
 
-std::vector<float> Session::prefill_all(std::span<const int32_t> tokens) {
+std::vector<float> BackendSession::prefill_all(std::span<const int32_t> tokens) {
   std::vector<float> logits(tokens.size() * size_t(n_vocab_));
   lib_->channel().prefill(session_, tokens, true, logits);
   appended(tokens);
   return logits;
 }
 
-void Session::step_batch(std::span<const Step> steps) {
+void BackendSession::step_batch(std::span<const Step> steps) {
   if (steps.empty()) return;
   const std::shared_ptr<BackendLibrary>& lib = steps[0].session->lib_;
   std::vector<BatchCall> calls;
@@ -150,12 +151,12 @@ void Session::step_batch(std::span<const Step> steps) {
   for (const Step& st : steps) st.session->appended(st.tokens);
 }
 
-std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
+std::unique_ptr<BackendSession> BackendSession::fork(int32_t n_prefix) {
   if (n_prefix < 0 || size_t(n_prefix) > history_.size())
     throw Error("fork: n_prefix {} outside [0, {}]", n_prefix, history_.size());
   const std::span<const int32_t> prefix(history_.data(), size_t(n_prefix));
   if (!lib_->has_fork()) {  // emulated: a fresh session prefills the same tokens
-    auto s = std::make_unique<Session>(*model_, options_);
+    auto s = std::make_unique<BackendSession>(*model_, options_);
     if (n_prefix > 0) s->prefill(prefix);
     return s;
   }
@@ -165,18 +166,19 @@ std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
                        fmt::format("backend '{}': fork_session returned TS_OK with {} session",
                                    lib_->name(), h == 0 ? "a NULL" : "its source"));
   }
-  std::unique_ptr<Session> s(new Session(*model_, options_, h));
+  std::unique_ptr<BackendSession> s(new BackendSession(*model_, options_, h));
   s->appended(prefix);
   return s;
 }
 
-size_t Session::max_rows() const {
+size_t BackendSession::max_rows() const {
   constexpr size_t kMaxLogitsBytes = size_t{512} << 20;
   return std::max<size_t>(1, kMaxLogitsBytes / (size_t(n_vocab_) * sizeof(float)));
 }
 
-void Session::prefill_all_rows(std::span<const int32_t> tokens,
-                               const std::function<void(size_t, std::span<const float>)>& row) {
+void BackendSession::prefill_all_rows(
+    std::span<const int32_t> tokens,
+    const std::function<void(size_t, std::span<const float>)>& row) {
   const size_t V = size_t(n_vocab_), chunk = max_rows();
   std::vector<float> logits;
   for (size_t start = 0; start < tokens.size(); start += chunk) {
@@ -188,7 +190,7 @@ void Session::prefill_all_rows(std::span<const int32_t> tokens,
   }
 }
 
-void Session::decode(int32_t token, std::span<float> logits) {
+void BackendSession::decode(int32_t token, std::span<float> logits) {
   if (logits.size() != size_t(n_vocab_)) {
     throw Error("decode: logits buffer holds {} floats, n_vocab is {}", logits.size(), n_vocab_);
   }
@@ -196,7 +198,7 @@ void Session::decode(int32_t token, std::span<float> logits) {
   history_.push_back(token);
 }
 
-int32_t Session::prefill_greedy(std::span<const int32_t> tokens) {
+int32_t BackendSession::prefill_greedy(std::span<const int32_t> tokens) {
   const int32_t tok = lib_->channel().prefill_greedy(session_, tokens);
   if (tok < 0 || tok >= n_vocab_) {
     throw Error("{}: prefill_greedy returned token {} outside [0, {})", lib_->name(), tok,
@@ -206,20 +208,20 @@ int32_t Session::prefill_greedy(std::span<const int32_t> tokens) {
   return tok;
 }
 
-void Session::rewind(int32_t position) {
+void BackendSession::rewind(int32_t position) {
   lib_->channel().rewind(session_, position);
   if (position >= 0 && size_t(position) < history_.size()) history_.resize(size_t(position));
 }
 
-void Session::set_taps(bool enable) { lib_->channel().set_taps(session_, enable); }
+void BackendSession::set_taps(bool enable) { lib_->channel().set_taps(session_, enable); }
 
-std::vector<float> Session::read_taps(size_t n_floats) {
+std::vector<float> BackendSession::read_taps(size_t n_floats) {
   std::vector<float> out(n_floats);
   lib_->channel().read_taps(session_, out);
   return out;
 }
 
-int32_t Session::top_n_logprobs() {
+int32_t BackendSession::top_n_logprobs() {
   if (top_n_ < 0) {
     const ts_capabilities c = lib_->capabilities();
     top_n_ = (c.flags & TS_CAP_TOP_N_LOGPROBS) && c.top_n > 0 ? c.top_n : 0;
@@ -227,6 +229,6 @@ int32_t Session::top_n_logprobs() {
   return top_n_;
 }
 
-int32_t Session::position() const { return lib_->channel().position(session_); }
+int32_t BackendSession::position() const { return lib_->channel().position(session_); }
 
 }  // namespace touchstone

@@ -29,15 +29,16 @@
 namespace touchstone {
 
 struct ConsistencyOptions {
-  SessionOptions session;        // weight path, threads, max_context of the run
-  bool bitwise = false;          // the backend claims TS_CAP_BITWISE_DETERMINISM
-  bool all_positions = false;    // TS_CAP_ALL_POSITION_LOGITS
-  std::vector<int32_t> buckets;  // static prefill shapes (TS_CAP_STATIC_SHAPES), may be empty
+  BackendSessionOptions session;  // weight path, threads, max_context of the run
+  bool bitwise = false;           // the backend claims TS_CAP_BITWISE_DETERMINISM
+  bool all_positions = false;     // TS_CAP_ALL_POSITION_LOGITS
+  std::vector<int32_t> buckets;   // static prefill shapes (TS_CAP_STATIC_SHAPES), may be empty
 };
 
 // One CaseResult per check, named "consistency.<check>", failures naming the
 // check, the position and the metric. Backend errors propagate (BackendError).
-std::vector<CaseResult> check_consistency(const Model& model, std::span<const int32_t> tokens,
-                                          const Profile& profile, const ConsistencyOptions& opt);
+std::vector<CaseResult> check_consistency(const BackendModel& model,
+                                          std::span<const int32_t> tokens, const Profile& profile,
+                                          const ConsistencyOptions& opt);
 
 }  // namespace touchstone

@@ -8,7 +8,7 @@
 // Logits at every step are compared against the profile: NMSE and max-abs on
 // the full row for the first n_full_steps steps, on the stored top-K ids after;
 // KL divergence from the stored top-K + log-sum-exp.
-// A top-N backend (Session::top_n_logprobs() > 0, a llama-server over HTTP):
+// A top-N backend (BackendSession::top_n_logprobs() > 0, a llama-server over HTTP):
 // greedy and top-1 as above, KL as the lower bound over the returned top-N
 // (docs/metrics.md#top-n-backends), NMSE / max-abs NOT SUPPORTED.
 #pragma once
@@ -172,12 +172,12 @@ using ProgressFn = std::function<void(int done, int total)>;
 // becomes a failure naming the step/position and the call, and sets
 // backend_error so the caller replaces the session before the next case.
 // max_steps > 0: compare only the first max_steps greedy steps (a quick suite).
-CaseResult check_case(Session& session, const Tokenizer& tok, const GoldenCase& golden,
+CaseResult check_case(BackendSession& session, const Tokenizer& tok, const GoldenCase& golden,
                       const Profile& profile, int max_steps = 0, const ProgressFn& progress = {});
 
 // max_positions > 0: score only the first max_positions positions of the passage.
-ScoringResult check_scoring(Session& session, const GoldenScoring& golden, const Profile& profile,
-                            bool all_position_logits, int max_positions = 0,
+ScoringResult check_scoring(BackendSession& session, const GoldenScoring& golden,
+                            const Profile& profile, bool all_position_logits, int max_positions = 0,
                             const ProgressFn& progress = {});
 
 }  // namespace touchstone

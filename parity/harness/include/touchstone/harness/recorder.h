@@ -33,12 +33,12 @@ std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat);
 // Greedy decoding of c.n_predict tokens from the prompt (never stops early at
 // EOS: every case has exactly n_predict steps). Step s stores the logits that
 // predicted greedy_ids[s]. `progress(step, total)` is called after every step.
-GoldenCase record_case(Session& session, const Tokenizer& tok, const ChatTemplate& chat,
+GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const ChatTemplate& chat,
                        const ManifestCase& c, const RecordOptions& opt,
                        const std::function<void(int, int)>& progress = {});
 
 // Teacher-forced pass over the passage (BOS first when the tokenizer adds one).
-GoldenScoring record_scoring(Session& session, const Tokenizer& tok, const ManifestScoring& s,
-                             const RecordOptions& opt);
+GoldenScoring record_scoring(BackendSession& session, const Tokenizer& tok,
+                             const ManifestScoring& s, const RecordOptions& opt);
 
 }  // namespace touchstone

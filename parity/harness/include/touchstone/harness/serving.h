@@ -78,7 +78,7 @@ struct ServingPlan {
 };
 
 struct ServingOptions {
-  SessionOptions session;
+  BackendSessionOptions session;
   bool bitwise = false;  // TS_CAP_BITWISE_DETERMINISM
   // TS_CAP_BITWISE_DETERMINISM without TS_CAP_BITWISE_NOT_ACROSS_FORKS: the
   // claim extends to a fork (and its source) against a fresh session.
@@ -106,12 +106,12 @@ struct ServingOptions {
 };
 
 // The flags above from a backend's capabilities, for one weight path.
-ServingOptions serving_options(const ts_capabilities& caps, const SessionOptions& session,
+ServingOptions serving_options(const ts_capabilities& caps, const BackendSessionOptions& session,
                                ServingPlan plan);
 
 // Runs the four checks on the needle (prompt + golden continuation).
 // Backend errors propagate (BackendError), as in check_consistency.
-std::vector<CaseResult> check_serving(const Model& model, std::span<const int32_t> prompt,
+std::vector<CaseResult> check_serving(const BackendModel& model, std::span<const int32_t> prompt,
                                       std::span<const int32_t> continuation, const Profile& profile,
                                       const ServingOptions& opt);
 

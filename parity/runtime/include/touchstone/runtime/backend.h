@@ -57,8 +57,8 @@ class BackendLibrary {
   bool has_device_greedy() const { return info().device_greedy; }
   // A version >= 4 table with set_taps and read_taps (layer taps).
   bool has_taps() const { return info().taps; }
-  // ABI v6: how Session::step_batch runs here, and whether fork_session is the
-  // backend's own (else Session::fork re-prefills the prefix: emulated).
+  // ABI v6: how BackendSession::step_batch runs here, and whether fork_session is the
+  // backend's own (else BackendSession::fork re-prefills the prefix: emulated).
   BatchMode batch_mode() const;
   bool has_fork() const { return info().fork; }
   const std::string& name() const { return info().name; }
@@ -78,12 +78,12 @@ class BackendLibrary {
 
 const char* status_name(ts_status s);
 
-class Model {
+class BackendModel {
  public:
-  Model(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path);
-  ~Model();
-  Model(const Model&) = delete;
-  Model& operator=(const Model&) = delete;
+  BackendModel(std::shared_ptr<BackendLibrary> lib, const std::string& gguf_path);
+  ~BackendModel();
+  BackendModel(const BackendModel&) = delete;
+  BackendModel& operator=(const BackendModel&) = delete;
   int32_t n_vocab() const;
   Handle handle() const { return model_; }
   const std::shared_ptr<BackendLibrary>& library() const { return lib_; }
@@ -94,19 +94,19 @@ class Model {
   int32_t n_vocab_ = 0;
 };
 
-struct SessionOptions {
+struct BackendSessionOptions {
   ts_weight_path weight_path = TS_WEIGHTS_FULL_PRECISION;
   int32_t n_threads = 0;
   int32_t max_context = 0;
   std::string fault;  // test-only fault injection ("" = none)
 };
 
-class Session {
+class BackendSession {
  public:
-  Session(const Model& model, const SessionOptions& options);
-  ~Session();
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
+  BackendSession(const BackendModel& model, const BackendSessionOptions& options);
+  ~BackendSession();
+  BackendSession(const BackendSession&) = delete;
+  BackendSession& operator=(const BackendSession&) = delete;
 
   // Logits of the last position, [n_vocab].
   std::vector<float> prefill(std::span<const int32_t> tokens);
@@ -144,7 +144,7 @@ class Session {
   // One sequence's share of step_batch: logits holds n_vocab floats, or
   // tokens.size() * n_vocab when all_positions.
   struct Step {
-    Session* session = nullptr;
+    BackendSession* session = nullptr;
     std::span<const int32_t> tokens;
     bool all_positions = false;
     std::span<float> logits;
@@ -159,19 +159,19 @@ class Session {
   // position()): the backend's fork_session when it has one, else a fresh
   // session with the same options that prefills the same n_prefix tokens
   // (emulated: the harness knows every token it appended).
-  std::unique_ptr<Session> fork(int32_t n_prefix);
+  std::unique_ptr<BackendSession> fork(int32_t n_prefix);
   bool fork_native() const { return lib_->has_fork(); }
   // The tokens in the KV cache, as the harness appended them (position() of them).
   const std::vector<int32_t>& history() const { return history_; }
 
  private:
-  Session(const Model& model, const SessionOptions& options, Handle forked);
+  BackendSession(const BackendModel& model, const BackendSessionOptions& options, Handle forked);
   void appended(std::span<const int32_t> tokens) {
     history_.insert(history_.end(), tokens.begin(), tokens.end());
   }
   std::shared_ptr<BackendLibrary> lib_;
-  const Model* model_ = nullptr;
-  SessionOptions options_;
+  const BackendModel* model_ = nullptr;
+  BackendSessionOptions options_;
   Handle session_ = 0;
   int32_t n_vocab_ = 0;
   int32_t top_n_ = -1;  // -1 = not asked yet
