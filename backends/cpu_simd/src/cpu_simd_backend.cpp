@@ -47,26 +47,21 @@ struct CpuSimd {
   static constexpr const char* model_features = kModelFeatures;
 
   struct Model {
-    std::unique_ptr<touchstone::cpu_simd::Model> m;
+    std::unique_ptr<touchstone::cpu_simd::SimdModel> m;
     int32_t n_vocab() const { return m->config().n_vocab; }
   };
 
-  struct Session {
-    std::unique_ptr<touchstone::cpu_simd::Session> s;
+  // position, max_context, prefill, rewind and the layer taps forward to
+  // cpu_simd::SimdSession (engine.h).
+  struct Session : touchstone::abi::EngineSession<touchstone::cpu_simd::SimdSession> {
     int32_t n_vocab = 0;
-    int32_t position() const { return s->position(); }
-    int32_t max_context() const { return s->max_context(); }
-    void prefill(std::span<const int32_t> t, bool all, float* logits) {
-      s->forward(t.data(), int32_t(t.size()), all, logits);
-    }
     // The "device" is the CPU: the logits land in the session's own buffer and
     // only the token id is returned.
     int32_t prefill_greedy(std::span<const int32_t> t) {
       float* logits = s->greedy_logits();
-      s->forward(t.data(), int32_t(t.size()), false, logits);
+      s->prefill(t.data(), int32_t(t.size()), false, logits);
       return touchstone::abi::greedy_argmax(logits, n_vocab);
     }
-    void rewind(int32_t p) { s->rewind(p); }
     // ABI v6: a session with src's options and its first n_prefix KV entries.
     std::unique_ptr<Session> fork(int32_t n_prefix) {
       auto f = std::make_unique<Session>();
@@ -74,14 +69,10 @@ struct CpuSimd {
       f->n_vocab = n_vocab;
       return f;
     }
-    void set_taps(bool on) { s->set_taps(on); }
-    void read_taps(float* out, int64_t n) {
-      touchstone::abi::copy_taps(s->taps().data(), s->taps().size(), out, n);
-    }
   };
 
   // ABI v6: every entry in passes of up to 128 tokens, each weight matrix read
-  // once per pass (engine.h: Session::step_batch).
+  // once per pass (engine.h: SimdSession::step_batch).
   static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
     std::vector<BatchEntry> entries;
     entries.reserve(items.size());
@@ -89,7 +80,7 @@ struct CpuSimd {
       entries.push_back({it.session->s.get(), it.tokens.data(), int32_t(it.tokens.size()),
                          it.all_positions, it.logits});
     }
-    touchstone::cpu_simd::Session::step_batch(entries);
+    touchstone::cpu_simd::SimdSession::step_batch(entries);
   }
 
   static std::string device_name() {
@@ -137,13 +128,13 @@ struct CpuSimd {
     require_isa();
     auto m = std::make_unique<Model>();
     m->m = touchstone::abi::load_or_status(
-        [&] { return std::make_unique<touchstone::cpu_simd::Model>(path); });
+        [&] { return std::make_unique<touchstone::cpu_simd::SimdModel>(path); });
     return m;
   }
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
     require_isa();
-    SessionOptions so;
+    SimdSessionOptions so;
     so.quantized = o.weight_path == TS_WEIGHTS_QUANTIZED;
     so.int8_activations = int8_activations();
     so.n_threads = o.n_threads;
@@ -152,7 +143,7 @@ struct CpuSimd {
     // OpenBLAS runs single-threaded inside our own pool's tasks.
     openblas_set_num_threads(1);
     auto s = std::make_unique<Session>();
-    s->s = std::make_unique<touchstone::cpu_simd::Session>(*m.m, so);
+    s->s = std::make_unique<touchstone::cpu_simd::SimdSession>(*m.m, so);
     s->n_vocab = m.n_vocab();
     return s;
   }

@@ -125,7 +125,7 @@ Linear make_fp(const std::vector<float>& w, size_t n_in, size_t n_out) {
 
 }  // namespace
 
-// ------------------------------------------------------------------ Model
+// ------------------------------------------------------------------ SimdModel
 namespace {
 
 // Refuses (UnsupportedModel, naming them) an architecture or features this
@@ -148,7 +148,7 @@ Linear rows_of(const Linear& m, size_t r0, size_t n) {
 
 }  // namespace
 
-Model::Model(const std::string& path) : file_(gg::File::open(path)) {
+SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
   cfg_ = touchstone::read_model_config(file_);
   check_supported(cfg_, path);
   const size_t d = size_t(cfg_.n_embd), hd = size_t(cfg_.head_dim), ff = size_t(cfg_.n_ff);
@@ -223,14 +223,14 @@ Model::Model(const std::string& path) : file_(gg::File::open(path)) {
   }
 }
 
-void Model::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
+void SimdModel::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
 
 // Decode streams every matrix once per token. Served from the model buffer the
 // weights sit in 4 KiB pages: a TLB miss every 4 KiB and the
 // hardware prefetchers restart at every page. One anonymous arena with
 // MADV_HUGEPAGE (2 MiB pages where the kernel grants them), in the order the
 // forward pass reads the matrices, removes both. The bytes are unchanged.
-void Model::relocate_quantized() {
+void SimdModel::relocate_quantized() {
   constexpr size_t kAlign = size_t{2} << 20;
   std::vector<Linear*> all;
   for (LayerView& L : q_.layers) {
@@ -258,12 +258,12 @@ void Model::relocate_quantized() {
   }
 }
 
-const WeightSet& Model::quantized() const {
+const WeightSet& SimdModel::quantized() const {
   if (!q_unsupported_.empty()) throw StatusError(TS_ERR_UNSUPPORTED, q_unsupported_);
   return q_;
 }
 
-const WeightSet& Model::full_precision() {
+const WeightSet& SimdModel::full_precision() {
   std::call_once(fp_once_, [&] {
     // The reference's loader: every tensor dequantized to fp32, fused Phi-3
     // matrices split, optional vectors empty when unused.
@@ -297,7 +297,7 @@ const WeightSet& Model::full_precision() {
   return f_;
 }
 
-void Model::embed(int32_t token, bool fp32, float* out) const {
+void SimdModel::embed(int32_t token, bool fp32, float* out) const {
   const size_t d = size_t(cfg_.n_embd);
   if (fp32) {
     std::memcpy(out, fp_->token_embd.data() + size_t(token) * d, d * sizeof(float));
@@ -309,14 +309,14 @@ void Model::embed(int32_t token, bool fp32, float* out) const {
                      int64_t(d));
 }
 
-uint64_t Model::quantized_bytes_per_token() const {
+uint64_t SimdModel::quantized_bytes_per_token() const {
   uint64_t total = 0;
   for (const auto& t : file_.tensors()) total += t.n_bytes;
   return total;
 }
 
-// ------------------------------------------------------------------ Session
-Session::Session(Model& model, const SessionOptions& opt)
+// ------------------------------------------------------------------ SimdSession
+SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
     : model_(model),
       c_(model.config()),
       w_(opt.quantized ? &model.quantized() : &model.full_precision()),
@@ -377,7 +377,7 @@ Session::Session(Model& model, const SessionOptions& opt)
   }
 }
 
-Session::~Session() {
+SimdSession::~SimdSession() {
   if (governed_ && env_is("TOUCHSTONE_CPU_SIMD_POOL_STATS", "1")) {
     const SoloGovernor g = model_.governor(governor_key_);
     std::fprintf(stderr,
@@ -389,7 +389,7 @@ Session::~Session() {
   }
 }
 
-Session::KvCache::KvCache(size_t n_floats)
+SimdSession::KvCache::KvCache(size_t n_floats)
     : k(static_cast<float*>(std::calloc(n_floats, sizeof(float)))),
       v(static_cast<float*>(std::calloc(n_floats, sizeof(float)))) {
   if (!k || !v) {
@@ -399,7 +399,7 @@ Session::KvCache::KvCache(size_t n_floats)
   }
 }
 
-Session::KvCache::~KvCache() {
+SimdSession::KvCache::~KvCache() {
   std::free(k);
   std::free(v);
 }
@@ -409,7 +409,7 @@ Session::KvCache::~KvCache() {
 // would read them (the scale d and the min m swapped; each byte's low and high
 // 4-bit quants swapped). The model's blocks, the embedding rows (gathered with
 // the reference dequantizer) and the full-precision path stay correct.
-void Session::corrupt_quantized_copy(const WeightSet& src) {
+void SimdSession::corrupt_quantized_copy(const WeightSet& src) {
   namespace gg = touchstone::gguf;
   faulty_w_ = src;
   std::vector<Linear*> all;
@@ -476,8 +476,8 @@ void Session::corrupt_quantized_copy(const WeightSet& src) {
 // count (one thread: the ordinary kernel's value). session_order_reduction:
 // the session's slice count instead; batch_token_count_split (in step_batch):
 // 2 + the batch's token count % 16 slices.
-void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const float* x, size_t ldx,
-                                size_t n_tok, float* y, size_t ldy, int thread) {
+void SimdSession::linear_per_thread(const Linear& W, size_t r0, size_t r1, const float* x,
+                                    size_t ldx, size_t n_tok, float* y, size_t ldy, int thread) {
   const size_t T = split_slices_ > 0                 ? size_t(split_slices_)
                    : faults_.session_order_reduction ? size_t(faults_.session_slices)
                                                      : size_t(pool_.size());
@@ -513,7 +513,7 @@ void Session::linear_per_thread(const Linear& W, size_t r0, size_t r1, const flo
 }
 
 // y_j[t][:] = W_j x[t] for every job j, all row chunks of all jobs in one pool run.
-void Session::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok) {
+void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok) {
   const size_t n_in = jobs[0].w->n_in;
   if (int8_) {
     // int8 activations, one row per token (shared by all jobs of this call).

@@ -55,7 +55,7 @@ struct WeightSet {
 
 // The architectures (GGUF general.architecture) and the model features
 // (ModelConfig::feature_names(), docs/model-families.md) this engine computes,
-// comma-separated as the ABI v3 table declares them. Model() refuses anything
+// comma-separated as the ABI v3 table declares them. SimdModel() refuses anything
 // else with touchstone::UnsupportedModel naming it.
 inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3";
 inline constexpr const char* kModelFeatures =
@@ -63,9 +63,9 @@ inline constexpr const char* kModelFeatures =
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
     "geglu,embedding_scale,attention_scale,final_logit_softcap";
 
-class Model {
+class SimdModel {
  public:
-  explicit Model(const std::string& path);
+  explicit SimdModel(const std::string& path);
   const touchstone::ModelConfig& config() const { return cfg_; }
   // rope_freqs.weight (n_rot/2 divisors) or nullptr.
   const float* rope_freqs() const { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
@@ -114,7 +114,7 @@ class Model {
   WeightSet f_;
 };
 
-struct SessionOptions {
+struct SimdSessionOptions {
   bool quantized = true;
   // Quantized path only: quantize activations to int8 per 32-block (llama.cpp
   // style, VNNI) instead of fp32 activations. Faster, less accurate; opt-in
@@ -125,35 +125,35 @@ struct SessionOptions {
   touchstone::Faults faults;
 };
 
-class Session;
+class SimdSession;
 
 // One sequence's share of a step_batch call (ABI v6), after the adapter's
 // checks: n tokens appended at session->position(); logits holds n rows of
 // n_vocab floats (all_positions) or one.
 struct BatchEntry {
-  Session* session = nullptr;
+  SimdSession* session = nullptr;
   const int32_t* tokens = nullptr;
   int32_t n = 0;
   bool all_positions = false;
   float* logits = nullptr;
 };
 
-class Session {
+class SimdSession {
  public:
-  Session(Model& model, const SessionOptions& opt);
-  ~Session();
+  SimdSession(SimdModel& model, const SimdSessionOptions& opt);
+  ~SimdSession();
   // Runs n tokens at positions position()..; writes logits of every position
   // (all_positions) or of the last one, n_vocab floats per row.
-  void forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   // ABI v6 step_batch (engine_batch.cpp): every entry exactly as its session's
-  // own forward(), in passes of at most kMaxBatch tokens (the entries' tokens
+  // own prefill(), in passes of at most kMaxBatch tokens (the entries' tokens
   // concatenated) on the first entry's pool and scratch; each weight matrix is
   // read once per pass. Sessions of other options (faults, int8 mode) than the
-  // first's run one forward() each instead.
+  // first's run one prefill() each instead.
   static void step_batch(std::span<const BatchEntry> entries);
   // A new session with this one's options holding its KV entries [0, n_prefix)
   // (0 <= n_prefix <= position(), checked by the adapter).
-  std::unique_ptr<Session> fork(int32_t n_prefix);
+  std::unique_ptr<SimdSession> fork(int32_t n_prefix);
   int32_t position() const { return pos_; }
   // A session-owned [n_vocab] buffer for prefill_greedy (allocated once).
   float* greedy_logits() {
@@ -166,7 +166,7 @@ class Session {
     if (!faults_.rewind_noop) kv_len_ = p;  // the fault keeps stale entries attended
   }
   int n_threads() const { return pool_.size(); }
-  // Layer taps (ABI v4): while on, forward() records the last row of each chunk,
+  // Layer taps (ABI v4): while on, prefill() records the last row of each chunk,
   // [n_layer][3][n_embd] (attention output, FFN output, residual after the layer).
   void set_taps(bool on) {
     taps_on_ = on;
@@ -186,16 +186,16 @@ class Session {
   // [first, first + n), at positions pos.. of s's KV cache. A single-session
   // chunk is a pass of one Seg.
   struct Seg {
-    Session* s = nullptr;
+    SimdSession* s = nullptr;
     const int32_t* tokens = nullptr;
     int32_t first = 0, n = 0;
     int32_t pos = 0;       // position of its first token (s->pos_)
     int32_t rope_pos = 0;  // RoPE position of its first token
     bool all_positions = false;
-    float* logits = nullptr;        // all_positions: n rows; else the last token's row; or none
-    const Session* leak = nullptr;  // batch_kv_leak fault: entry i-1's session (else none)
-    int32_t leak_pos = -1;          // and the position of its last KV entry
-    const Session* page_from = nullptr;  // batch_page_boundary_leak fault: entry i-1's session
+    float* logits = nullptr;            // all_positions: n rows; else the last token's row; or none
+    const SimdSession* leak = nullptr;  // batch_kv_leak fault: entry i-1's session (else none)
+    int32_t leak_pos = -1;              // and the position of its last KV entry
+    const SimdSession* page_from = nullptr;  // batch_page_boundary_leak fault: entry i-1's session
     int32_t rows() const { return logits ? (all_positions ? n : 1) : 0; }
   };
   // Grouped attention's token blocks: pass tokens [i0, i1) of segs_[seg].
@@ -227,7 +227,7 @@ class Session {
   // batch_all_positions_shift: the same inside a step_batch of several entries (in_batch).
   void shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits,
                   bool in_batch) const;
-  bool batchable_with(const Session& lead) const;
+  bool batchable_with(const SimdSession& lead) const;
   static constexpr size_t kMaxAttnQueries = 16;
   size_t attn_queries() const;
   // Fault-only paths (never taken without the fault): a corrupted copy of the
@@ -237,7 +237,7 @@ class Session {
   void linear_per_thread(const Linear& W, size_t r0, size_t r1, const float* x, size_t ldx,
                          size_t n_tok, float* y, size_t ldy, int thread);
 
-  Model& model_;
+  SimdModel& model_;
   const touchstone::ModelConfig& c_;
   const WeightSet* w_;
   bool quant_;
@@ -245,13 +245,13 @@ class Session {
   touchstone::Faults faults_;
   int32_t max_ctx_;
   int32_t pos_ = 0;
-  int32_t kv_len_ = 0;  // KV entries written so far (rewind_noop fault: never truncated)
-  SessionOptions opt_;  // fork: the same options
+  int32_t kv_len_ = 0;      // KV entries written so far (rewind_noop fault: never truncated)
+  SimdSessionOptions opt_;  // fork: the same options
   ThreadPool pool_;
   // Decode steps: parallel or solo, whichever is measured faster (solo_governor.h);
   // off with TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK=0.
   bool governed_ = false;
-  int governor_key_ = 0;                        // Model::governor_choose
+  int governor_key_ = 0;                        // SimdModel::governor_choose
   uint64_t decode_steps_[2] = {0, 0};           // [parallel, solo]
   WeightSet faulty_w_;                          // quantized-only faults: w_ points here
   std::vector<std::vector<uint8_t>> faulty_q_;  // its corrupted GGUF blocks

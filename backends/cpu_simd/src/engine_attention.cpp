@@ -11,15 +11,15 @@
 
 namespace touchstone::cpu_simd {
 
-float* Session::k_rows(int32_t layer) const {
+float* SimdSession::k_rows(int32_t layer) const {
   return kv_->k + size_t(layer) * size_t(max_ctx_) * size_t(c_.n_head_kv) * size_t(c_.head_dim);
 }
 
-float* Session::v_rows(int32_t layer) const {
+float* SimdSession::v_rows(int32_t layer) const {
   return kv_->v + size_t(layer) * size_t(max_ctx_) * size_t(c_.n_head_kv) * size_t(c_.head_dim);
 }
 
-void Session::reserve_scores(int32_t ctx) {
+void SimdSession::reserve_scores(int32_t ctx) {
   if (ctx <= scores_ctx_) return;
   scores_ctx_ = ctx;
   scores_.resize(size_t(pool_.size()) * size_t(ctx + 1));  // + 1: batch_kv_leak's extra row
@@ -30,13 +30,13 @@ void Session::reserve_scores(int32_t ctx) {
 // Queries per multi-query attention task: the GQA group's heads for enough
 // consecutive tokens to make about 12 (full register tiles for groups 1-4);
 // 0 when the group alone is over kMaxAttnQueries (per-head tasks then).
-size_t Session::attn_queries() const {
+size_t SimdSession::attn_queries() const {
   const size_t group = size_t(c_.n_head / c_.n_head_kv);
   if (group > kMaxAttnQueries) return 0;
   return group * std::max<size_t>(1, 12 / group);
 }
 
-void Session::attention(int32_t layer) {
+void SimdSession::attention(int32_t layer) {
   // Faults that change which rows a query attends, or how, keep the per-head path.
   const bool leak =
       std::any_of(segs_, segs_ + n_segs_, [](const Seg& g) { return g.leak || g.page_from; });
@@ -53,7 +53,7 @@ void Session::attention(int32_t layer) {
 // One task per (block of one segment's tokens, KV head): its tokens x the
 // group's query heads in one attend_multi_f32 call (each K / V row loaded once
 // per register tile).
-void Session::attention_grouped(int32_t layer) {
+void SimdSession::attention_grouped(int32_t layer) {
   const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
                qd = size_t(c_.n_head) * hd, n_kvh = size_t(c_.n_head_kv);
   const size_t group = size_t(c_.n_head / c_.n_head_kv);
@@ -105,7 +105,7 @@ void attend_rows(const float* q, const float* K, const float* V, size_t ld, size
 
 }  // namespace
 
-void Session::attention_per_head(int32_t layer) {
+void SimdSession::attention_per_head(int32_t layer) {
   const size_t hd = size_t(c_.head_dim), kvd = size_t(c_.n_head_kv) * hd,
                qd = size_t(c_.n_head) * hd;
   const int32_t group = c_.n_head / c_.n_head_kv;

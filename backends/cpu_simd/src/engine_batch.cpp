@@ -1,5 +1,5 @@
 // engine_batch.cpp - the entry points that drive forward passes: one
-// session's forward() (prefill chunks, governed decode steps), step_batch
+// session's prefill() (prefill chunks, governed decode steps), step_batch
 // (several sessions in passes of at most kMaxBatch tokens) and fork.
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 
 namespace touchstone::cpu_simd {
 
-void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+void SimdSession::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   if (governed_ && n == 1) {  // a decode step: parallel or solo, as measured (solo_governor.h)
     const bool solo = model_.governor_choose(governor_key_);
     pool_.set_solo(solo);
@@ -40,8 +40,8 @@ void Session::forward(const int32_t* tokens, int32_t n, bool all_positions, floa
 // The faults: logits_row_shift (any all-position call), verify_row_shift (one
 // that continues a sequence) and batch_all_positions_shift (an entry of a
 // step_batch of several) return row i-1 as row i.
-void Session::shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits,
-                         bool in_batch) const {
+void SimdSession::shift_rows(int32_t start_pos, int32_t n, bool all_positions, float* logits,
+                             bool in_batch) const {
   const bool shift = faults_.logits_row_shift || (faults_.verify_row_shift && start_pos > 0) ||
                      (faults_.batch_all_positions_shift && in_batch);
   if (!shift || !all_positions || n <= 1) return;
@@ -51,17 +51,17 @@ void Session::shift_rows(int32_t start_pos, int32_t n, bool all_positions, float
 
 // One pass computes with the lead's weights, kernels and faults: sessions
 // that differ there (fault, int8 mode) cannot share it.
-bool Session::batchable_with(const Session& lead) const {
+bool SimdSession::batchable_with(const SimdSession& lead) const {
   return &model_ == &lead.model_ && quant_ == lead.quant_ && int8_ == lead.int8_ &&
          faults_.name == lead.faults_.name;
 }
 
-void Session::step_batch(std::span<const BatchEntry> e) {
-  Session& lead = *e[0].session;
+void SimdSession::step_batch(std::span<const BatchEntry> e) {
+  SimdSession& lead = *e[0].session;
   const bool one_pass = std::all_of(
       e.begin(), e.end(), [&](const BatchEntry& x) { return x.session->batchable_with(lead); });
   if (!one_pass) {
-    for (const BatchEntry& x : e) x.session->forward(x.tokens, x.n, x.all_positions, x.logits);
+    for (const BatchEntry& x : e) x.session->prefill(x.tokens, x.n, x.all_positions, x.logits);
     return;
   }
   const touchstone::Faults& f = lead.faults_;
@@ -73,7 +73,7 @@ void Session::step_batch(std::span<const BatchEntry> e) {
   int64_t total = 0;
   int32_t ctx = 0;
   for (size_t i = 0; i < n; ++i) {
-    Session& s = *e[i].session;
+    SimdSession& s = *e[i].session;
     start[i] = s.pos_;
     const int32_t origin = f.prefill_position_reset && e[i].n > 1 ? s.pos_ : 0;
     rope0[i] = s.pos_ - origin + (f.batch_position_offset ? int32_t(total) : 0);
@@ -82,7 +82,7 @@ void Session::step_batch(std::span<const BatchEntry> e) {
   }
   lead.reserve_scores(ctx);
   struct SplitOff {
-    Session& s;
+    SimdSession& s;
     ~SplitOff() { s.split_slices_ = 0; }
   } split_off{lead};
   lead.split_slices_ = f.batch_token_count_split ? int32_t(2 + total % 16) : 0;
@@ -118,8 +118,8 @@ void Session::step_batch(std::span<const BatchEntry> e) {
     e[k].session->shift_rows(start[k], e[k].n, e[k].all_positions, e[k].logits, n > 1);
 }
 
-std::unique_ptr<Session> Session::fork(int32_t n_prefix) {
-  auto f = std::make_unique<Session>(model_, opt_);
+std::unique_ptr<SimdSession> SimdSession::fork(int32_t n_prefix) {
+  auto f = std::make_unique<SimdSession>(model_, opt_);
   f->pos_ = f->kv_len_ = n_prefix;
   if (faults_.fork_shared_kv) {  // the fault: the fork writes into this session's rows
     f->kv_ = kv_;

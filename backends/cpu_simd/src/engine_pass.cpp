@@ -1,5 +1,5 @@
 // engine_pass.cpp - one forward pass of the cpu_simd engine over the tokens of
-// one or several sessions (engine.h: Session::Seg), every family of
+// one or several sessions (engine.h: SimdSession::Seg), every family of
 // ModelConfig in one pass, like the reference
 // (reference/transformer/src/reference_forward.cpp): RMSNorm, optional Q/K/V biases,
 // optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
@@ -23,8 +23,8 @@ namespace touchstone::cpu_simd {
 
 using ops::rms_norm;
 
-void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits,
-                            int32_t rope_origin) {
+void SimdSession::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits,
+                                int32_t rope_origin) {
   Seg g;
   g.s = this;
   g.tokens = tokens;
@@ -36,7 +36,7 @@ void Session::forward_chunk(const int32_t* tokens, int32_t n, bool all_positions
   forward_pass(&g, 1);
 }
 
-void Session::forward_pass(const Seg* segs, int n_segs) {
+void SimdSession::forward_pass(const Seg* segs, int n_segs) {
   segs_ = segs;
   n_segs_ = n_segs;
   n_tok_ = 0;
@@ -65,7 +65,7 @@ void Session::forward_pass(const Seg* segs, int n_segs) {
   }
   logits_head();
   for (int k = 0; k < n_segs; ++k) {
-    Session& s = *segs[k].s;
+    SimdSession& s = *segs[k].s;
     s.pos_ += segs[k].n;
     s.kv_len_ = std::max(s.kv_len_, s.pos_);
   }
@@ -73,7 +73,7 @@ void Session::forward_pass(const Seg* segs, int n_segs) {
   n_segs_ = 0;
 }
 
-void Session::embed_and_rope() {
+void SimdSession::embed_and_rope() {
   const size_t d = size_t(c_.n_embd), N = size_t(n_tok_), B = kMaxBatch;
   const size_t half = size_t(c_.n_rot) / 2;
   const float* freq_factors = model_.rope_freqs();
@@ -104,7 +104,7 @@ void Session::embed_and_rope() {
 
 // Norm, Q/K/V, per token biases / QK-norm / RoPE / KV append, attention,
 // output projection, post-norm, residual add.
-void Session::attention_block(int32_t l) {
+void SimdSession::attention_block(int32_t l) {
   const size_t d = size_t(c_.n_embd), hd = size_t(c_.head_dim), N = size_t(n_tok_);
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
   const size_t half = size_t(c_.n_rot) / 2;
@@ -165,7 +165,7 @@ void Session::attention_block(int32_t l) {
 }
 
 // Norm, gate / up, act(gate) * up, down, post-norm, residual add.
-void Session::ffn_block(int32_t l) {
+void SimdSession::ffn_block(int32_t l) {
   const size_t d = size_t(c_.n_embd), ff = size_t(c_.n_ff), N = size_t(n_tok_);
   const double eps = c_.rms_norm_eps * faults_.rms_eps_scale;
   const LayerView& L = w_->layers[size_t(l)];
@@ -195,7 +195,7 @@ void Session::ffn_block(int32_t l) {
   taps_last_token(l, TS_TAP_RESIDUAL, x_.data());
 }
 
-void Session::tap(int32_t layer, int point, const float* row) {
+void SimdSession::tap(int32_t layer, int point, const float* row) {
   const size_t d = size_t(c_.n_embd);
   if (taps_.empty()) taps_.resize(size_t(c_.n_layer) * 3 * d);
   std::copy(row, row + d, taps_.data() + (size_t(layer) * 3 + size_t(point)) * d);
@@ -203,7 +203,7 @@ void Session::tap(int32_t layer, int point, const float* row) {
 
 // Layer taps: the last token of each segment whose session records them
 // (rows: the pass's [n_tok][n_embd] values).
-void Session::taps_last_token(int32_t layer, int point, const float* rows) {
+void SimdSession::taps_last_token(int32_t layer, int point, const float* rows) {
   for (int k = 0; k < n_segs_; ++k) {
     const Seg& g = segs_[k];
     if (g.s->taps_on_) g.s->tap(layer, point, rows + size_t(g.first + g.n - 1) * size_t(c_.n_embd));
@@ -212,7 +212,7 @@ void Session::taps_last_token(int32_t layer, int point, const float* rows) {
 
 // Final norm and LM head over every row a segment asks for (all its tokens,
 // or its last one), one linears call; soft-capping, the logit-noise fault.
-void Session::logits_head() {
+void SimdSession::logits_head() {
   const size_t d = size_t(c_.n_embd), V = size_t(c_.n_vocab);
   const double eps = c_.rms_norm_eps * faults_.rms_eps_scale;
   size_t R = 0;

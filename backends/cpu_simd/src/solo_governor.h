@@ -18,7 +18,7 @@
 // A mode's time is the median of its last kSamples steps: one step that the
 // OS interrupted does not flip the choice. The machine's load outlives a
 // session, so the engine keeps one governor per (model, thread count), shared
-// by the sessions of that model (engine.h: Model::governor).
+// by the sessions of that model (engine.h: SimdModel::governor).
 //
 // Not thread-safe: the caller serializes choose() and record().
 #pragma once

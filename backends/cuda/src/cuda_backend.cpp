@@ -502,7 +502,7 @@ void set_fault(CudaSession& s, const char* name, int32_t n_threads) {
 
 }  // namespace
 
-std::unique_ptr<CudaSession> new_session(CudaModel& m, const SessionOptions& o) {
+std::unique_ptr<CudaSession> new_session(CudaModel& m, const CudaSessionOptions& o) {
   require_device();
   TS_CUDA(cudaSetDevice(m.device));
   auto s = std::make_unique<CudaSession>();
@@ -654,7 +654,7 @@ struct Cuda {
   }
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
-    tc::SessionOptions opts;
+    tc::CudaSessionOptions opts;
     opts.weight_path = o.weight_path;
     opts.max_ctx = o.max_context > 0 ? o.max_context : m.cfg.n_ctx_train;
     opts.fault = o.fault ? o.fault : "";

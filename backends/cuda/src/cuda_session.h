@@ -111,7 +111,7 @@ struct CudaModel {
 };
 
 // What a session was opened with (a fork opens its session with the same).
-struct SessionOptions {
+struct CudaSessionOptions {
   ts_weight_path weight_path = TS_WEIGHTS_FULL_PRECISION;
   int max_ctx = 0;  // KV cache rows (> 0: ts_session_options' 0 resolved to n_ctx_train)
   std::string fault;
@@ -120,7 +120,7 @@ struct SessionOptions {
 
 struct CudaSession {
   CudaModel* model = nullptr;
-  SessionOptions opts;
+  CudaSessionOptions opts;
   const DevWeights* w = nullptr;
   std::unique_ptr<DevWeights> own_w;  // a quantized-only fault's corrupted copy (else null)
   bool quantized = false;
@@ -160,7 +160,7 @@ struct CudaSession {
 // A new session of m (cuda_backend.cpp): fault parsed (the refused ones throw
 // TS_ERR_UNSUPPORTED), weights (a quantized-only fault uploads its own
 // corrupted copy), stream, cuBLAS handle, buffers, RoPE tables.
-std::unique_ptr<CudaSession> new_session(CudaModel& m, const SessionOptions& o);
+std::unique_ptr<CudaSession> new_session(CudaModel& m, const CudaSessionOptions& o);
 
 // ---- the forward pass (cuda_forward.cpp) ---------------------------------------------------
 enum class Logits { None, Last, All };

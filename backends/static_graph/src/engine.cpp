@@ -310,7 +310,7 @@ std::unique_ptr<WeightSet> load_quantized(const gguf::File& f, const ModelConfig
 
 }  // namespace
 
-const WeightSet& Model::weights(WeightMode mode, const touchstone::Faults& faults) {
+const WeightSet& GraphModel::weights(WeightMode mode, const touchstone::Faults& faults) {
   std::lock_guard<std::mutex> lock(mu);
   const bool faulty_pack = mode == WeightMode::Quantized && faults.quantized_only();
   std::unique_ptr<WeightSet>& slot = mode == WeightMode::FullPrecision ? full
@@ -370,8 +370,8 @@ ModelDims dims_of(const ModelConfig& c, std::vector<RopeTable>& tables) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const std::string& path) {
-  auto m = std::make_unique<Model>();
+std::unique_ptr<GraphModel> load_model(const std::string& path) {
+  auto m = std::make_unique<GraphModel>();
   m->path = path;
   const gguf::File f = gguf::File::open(path);
   m->config = read_model_config(f);
@@ -429,8 +429,8 @@ std::string default_cache_dir() {
   return std::string(home ? home : "/tmp") + "/.cache/touchstone/static_graph";
 }
 
-Session::Session(Model& m, WeightMode mode, int32_t capacity, int n_threads,
-                 const touchstone::Faults& faults)
+GraphSession::GraphSession(GraphModel& m, WeightMode mode, int32_t capacity, int n_threads,
+                           const touchstone::Faults& faults)
     : m_(m),
       mode_(mode),
       w_(m.weights(mode, faults)),
@@ -475,7 +475,7 @@ size_t rope_table_of(const std::string& n) {
 // The faults that live in the graph (the others are host-side: RoPE tables,
 // logits, weight packing, rewind). thread_order_reduction: one input-dim slice
 // per thread of this session, so the graph (and its logits) depend on n_threads.
-GraphFaults Session::graph_faults() const {
+GraphFaults GraphSession::graph_faults() const {
   const touchstone::Faults& f = faults_;
   GraphFaults g;
   g.rope_layout = f.rope_layout;
@@ -503,7 +503,7 @@ GraphFaults Session::graph_faults() const {
   return g;
 }
 
-Session::Graph& Session::graph(int32_t T, int32_t W, bool argmax) {
+GraphSession::Graph& GraphSession::graph(int32_t T, int32_t W, bool argmax) {
   auto it = graphs_.find({T, W, argmax});
   if (it != graphs_.end()) return it->second;
   GraphSpec spec = w_.spec_template;
@@ -578,7 +578,7 @@ struct Desc {
 };
 }  // namespace
 
-void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy) {
+void GraphSession::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy) {
   Graph& g = graph(c.T, c.W, greedy != nullptr);
   const int64_t V = m_.dims.n_vocab;
   std::vector<int32_t> tok(size_t(c.T), 0);
@@ -656,7 +656,7 @@ void Session::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int
 // logits_perturb_1e-3 fault (host-side post-processing of the graph's output):
 // the logit i of position p times (1 +/- 1e-3), sign fault_noise_sign(p * V + i), as
 // the reference does.
-void Session::perturb_logits(int32_t n_rows) {
+void GraphSession::perturb_logits(int32_t n_rows) {
   const int64_t V = m_.dims.n_vocab;
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint64_t base = uint64_t(pos_ + r) * uint64_t(V);
@@ -671,7 +671,7 @@ void Session::perturb_logits(int32_t n_rows) {
 
 // prefill_position_reset fault: tables whose row p holds position p - origin
 // (rows below origin are never read by this call: its positions start there).
-void Session::shift_rope_tables(int32_t origin) {
+void GraphSession::shift_rope_tables(int32_t origin) {
   rope_origin_ = origin;
   if (origin <= 0) return;
   const int64_t half = m_.dims.rot() / 2;
@@ -688,7 +688,7 @@ void Session::shift_rope_tables(int32_t origin) {
   }
 }
 
-void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+void GraphSession::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   const int64_t V = m_.dims.n_vocab;
   shift_rope_tables(faults_.prefill_position_reset && n > 1 ? pos_ : 0);
   for (const Chunk& c : plan_prefill(pos_, n, cap_, buckets)) {
@@ -706,7 +706,7 @@ void Session::prefill(const int32_t* tokens, int32_t n, bool all_positions, floa
     std::memmove(logits + V, logits, size_t(n - 1) * size_t(V) * sizeof(float));
 }
 
-int32_t Session::prefill_greedy(const int32_t* tokens, int32_t n) {
+int32_t GraphSession::prefill_greedy(const int32_t* tokens, int32_t n) {
   // Same plan as prefill; only the last chunk needs the argmax variant.
   int32_t token = -1;
   shift_rope_tables(faults_.prefill_position_reset && n > 1 ? pos_ : 0);
@@ -716,12 +716,12 @@ int32_t Session::prefill_greedy(const int32_t* tokens, int32_t n) {
   return token;
 }
 
-void Session::decode(int32_t token, float* logits) {
+void GraphSession::decode(int32_t token, float* logits) {
   Chunk c{0, 1, 1, pick_window(pos_ + 1, cap_, buckets)};
   run(c, &token, logits);
 }
 
-void Session::rewind(int32_t p) {
+void GraphSession::rewind(int32_t p) {
   pos_ = p;
   // The graph's causal mask hides every key past pos + t, so nothing else is
   // needed; the rewind_noop fault's graphs also show the keys below kv_len,

@@ -56,7 +56,7 @@ struct RopeTable {
   double base = 10000.0, scale = 1.0;
 };
 
-struct Model {
+struct GraphModel {
   std::string path;
   ModelConfig config;                  // read_model_config
   ModelDims dims;                      // config as the graph sees it (dims_of)
@@ -75,7 +75,7 @@ struct Model {
   const WeightSet& weights(WeightMode mode, const touchstone::Faults& faults = {});
 };
 
-std::unique_ptr<Model> load_model(const std::string& gguf_path);
+std::unique_ptr<GraphModel> load_model(const std::string& gguf_path);
 
 // Bucket scheme (documented in docs/backends/static_graph.md).
 struct BucketConfig {
@@ -101,14 +101,14 @@ struct GraphStats {
   bool from_cache = false;
 };
 
-class Session {
+class GraphSession {
  public:
   // n_threads: threads of the matmuls' parallel column strips (OpenMP), 0 =
   // the hardware threads; results do not depend on it (bitwise) unless the
   // thread_order_reduction fault is set. faults: test only (one deliberate bug,
   // docs/backends/static_graph.md#fault-catalog); default: none.
-  Session(Model& m, WeightMode mode, int32_t capacity, int n_threads,
-          const touchstone::Faults& faults = {});
+  GraphSession(GraphModel& m, WeightMode mode, int32_t capacity, int n_threads,
+               const touchstone::Faults& faults = {});
   // Runs tokens[0..n) at the current position. logits: n*V (all) or V floats.
   void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
   void decode(int32_t token, float* logits);
@@ -119,13 +119,13 @@ class Session {
   int32_t prefill_greedy(const int32_t* tokens, int32_t n);
   void rewind(int32_t p);
   int32_t position() const { return pos_; }
-  int32_t capacity() const { return cap_; }
+  int32_t max_context() const { return cap_; }
   int32_t n_vocab() const { return m_.dims.n_vocab; }
   const std::vector<GraphStats>& compiled() const { return stats_; }
   // KV cache storage (for tests proving in-place updates).
   const float* k_cache() const { return kc_.as<float>(); }
   const float* v_cache() const { return vc_.as<float>(); }
-  // RoPE table k (Model::rope_tables), [capacity][n_rot/2] fp32.
+  // RoPE table k (GraphModel::rope_tables), [capacity][n_rot/2] fp32.
   const float* rope_cos(size_t k = 0) const { return rcos_.at(k).as<float>(); }
   const float* rope_sin(size_t k = 0) const { return rsin_.at(k).as<float>(); }
   // Layer taps (ABI v4): while on, every call records the last row it ran,
@@ -149,7 +149,7 @@ class Session {
   // greedy != nullptr: runs the argmax variant and stores the argmax of row c.n-1.
   void run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy = nullptr);
 
-  Model& m_;
+  GraphModel& m_;
   WeightMode mode_;
   const WeightSet& w_;
   int32_t cap_;

@@ -52,11 +52,11 @@ nlohmann::json arg_json(const ArgInfo& a) {
 // check/: one decode step after a short prompt, its inputs (the KV caches and
 // RoPE tables before the step, the token, position and tap row) and the JIT's
 // logits, for running the exported decode module elsewhere and comparing.
-void write_reference_io(Model& model, WeightMode mode, const std::string& out_dir,
+void write_reference_io(GraphModel& model, WeightMode mode, const std::string& out_dir,
                         const ExportOptions& opt) {
   namespace fs = std::filesystem;
   fs::create_directories(fs::path(out_dir) / "check");
-  Session s(model, mode, opt.capacity, 1);
+  GraphSession s(model, mode, opt.capacity, 1);
   s.buckets.windows.clear();
   s.buckets.prefill.clear();  // token by token: only the decode graph is compiled
   const std::vector<int32_t> prompt{1, 504, 3458, 282, 253};
@@ -95,7 +95,7 @@ void export_modules(const std::string& model_path, const std::string& out_dir,
                     const ExportOptions& opt) {
   namespace fs = std::filesystem;
   fs::create_directories(fs::path(out_dir) / "weights");
-  std::unique_ptr<Model> model = load_model(model_path);
+  std::unique_ptr<GraphModel> model = load_model(model_path);
   const WeightMode mode = opt.quantized ? WeightMode::Quantized : WeightMode::FullPrecision;
   const WeightSet& ws = model->weights(mode);
   BucketConfig buckets;

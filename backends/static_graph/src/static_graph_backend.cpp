@@ -25,30 +25,21 @@ struct StaticGraph {
   static constexpr const char* name = "static_graph";
   static constexpr const char* version = "0.1.0";
   // ABI v3: every family and feature of touchstone::ModelConfig (engine.h;
-  // docs/model-families.md). ABI v4: layer taps (Session::set_taps).
+  // docs/model-families.md). ABI v4: layer taps (GraphSession::set_taps).
   static constexpr const char* architectures = sg::kArchitectures;
   static constexpr const char* model_features = sg::kModelFeatures;
 
   struct Model {
-    std::unique_ptr<sg::Model> m;
+    std::unique_ptr<sg::GraphModel> m;
     int32_t n_vocab() const { return m->dims.n_vocab; }
   };
 
-  struct Session {
-    std::unique_ptr<sg::Session> s;
-    int32_t position() const { return s->position(); }
-    int32_t max_context() const { return s->capacity(); }
-    void prefill(std::span<const int32_t> t, bool all, float* logits) {
-      s->prefill(t.data(), int32_t(t.size()), all, logits);
-    }
+  // position, max_context, prefill, rewind and the layer taps forward to
+  // sg::GraphSession (engine.h).
+  struct Session : touchstone::abi::EngineSession<sg::GraphSession> {
     void decode(int32_t token, float* logits) { s->decode(token, logits); }
     int32_t prefill_greedy(std::span<const int32_t> t) {
       return s->prefill_greedy(t.data(), int32_t(t.size()));
-    }
-    void rewind(int32_t p) { s->rewind(p); }
-    void set_taps(bool on) { s->set_taps(on); }
-    void read_taps(float* out, int64_t n) {
-      touchstone::abi::copy_taps(s->taps().data(), s->taps().size(), out, n);
     }
   };
 
@@ -92,7 +83,7 @@ struct StaticGraph {
                                     ? sg::WeightMode::Quantized
                                     : sg::WeightMode::FullPrecision;
     auto s = std::make_unique<Session>();
-    s->s = std::make_unique<sg::Session>(*m.m, mode, cap, o.n_threads, faults);
+    s->s = std::make_unique<sg::GraphSession>(*m.m, mode, cap, o.n_threads, faults);
     return s;
   }
 };

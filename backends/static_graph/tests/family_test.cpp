@@ -77,7 +77,7 @@ void expect_every_family_matches(const Run& run, bool taps_too) {
     std::vector<float> ref_taps;
     const std::vector<float> ref = reference_logits(f.path(), tokens, ref_taps);
     auto model = sg::load_model(f.path());
-    sg::Session s(*model, sg::WeightMode::FullPrecision, 64, 1);
+    sg::GraphSession s(*model, sg::WeightMode::FullPrecision, 64, 1);
     s.set_taps(true);
     std::vector<float> got(ref.size());
     run(s, tokens, got);
@@ -94,7 +94,7 @@ void expect_every_family_matches(const Run& run, bool taps_too) {
 // One prefill of 12 tokens in buckets of 4 (three calls of one graph).
 TEST(StaticGraphFamilies, PrefillMatchesTheReference) {
   expect_every_family_matches(
-      [](sg::Session& s, const std::vector<int32_t>& t, std::vector<float>& out) {
+      [](sg::GraphSession& s, const std::vector<int32_t>& t, std::vector<float>& out) {
         s.buckets.prefill = {4};
         s.prefill(t.data(), int32_t(t.size()), true, out.data());
       },
@@ -104,7 +104,7 @@ TEST(StaticGraphFamilies, PrefillMatchesTheReference) {
 // Token-by-token decode (the T = 1 graph).
 TEST(StaticGraphFamilies, DecodeMatchesTheReference) {
   expect_every_family_matches(
-      [](sg::Session& s, const std::vector<int32_t>& t, std::vector<float>& out) {
+      [](sg::GraphSession& s, const std::vector<int32_t>& t, std::vector<float>& out) {
         const size_t V = out.size() / t.size();
         for (size_t i = 0; i < t.size(); ++i) s.decode(t[i], out.data() + i * V);
       },
@@ -123,7 +123,7 @@ TEST(StaticGraphFamilies, TapsDoNotChangeLogits) {
   const std::vector<int32_t> tokens = {1, 7, 3, 31, 0};
   const size_t V = size_t(model->dims.n_vocab);
   std::vector<float> with(V * tokens.size()), without(V * tokens.size());
-  sg::Session a(*model, sg::WeightMode::FullPrecision, 64, 1),
+  sg::GraphSession a(*model, sg::WeightMode::FullPrecision, 64, 1),
       b(*model, sg::WeightMode::FullPrecision, 64, 1);
   a.set_taps(true);
   a.prefill(tokens.data(), int32_t(tokens.size()), true, with.data());

@@ -292,9 +292,9 @@ class StaticGraphModel : public ::testing::Test {
   void SetUp() override {
     if (!model_) GTEST_SKIP() << "model not found: " << model_path();
   }
-  static sg::Model* model_;
+  static sg::GraphModel* model_;
 };
-sg::Model* StaticGraphModel::model_ = nullptr;
+sg::GraphModel* StaticGraphModel::model_ = nullptr;
 
 // The capacity `touchstone parity` opens its sessions with for these short
 // prompts (the planned positions rounded up to 1024, cmd_parity.cpp): the same
@@ -305,7 +305,7 @@ TEST_F(StaticGraphModel, DecodeMatchesReference) {
   const touchstone::gguf::File f = touchstone::gguf::File::open(model_path());
   const touchstone::ModelWeights w = touchstone::load_llama_weights(f);
   touchstone::ReferenceTransformer ref(w, 64, 2);
-  sg::Session s(*model_, sg::WeightMode::FullPrecision, kCap, 1);
+  sg::GraphSession s(*model_, sg::WeightMode::FullPrecision, kCap, 1);
   const int32_t V = model_->dims.n_vocab;
   std::vector<float> a(static_cast<size_t>(V)), b(static_cast<size_t>(V));
   for (int32_t tok : {1, 504, 3458, 282, 253, 2115}) {
@@ -316,8 +316,8 @@ TEST_F(StaticGraphModel, DecodeMatchesReference) {
 }
 
 TEST_F(StaticGraphModel, PrefillAcrossBucketBoundaryMatchesDecode) {
-  sg::Session p(*model_, sg::WeightMode::FullPrecision, kCap, 1);
-  sg::Session d(*model_, sg::WeightMode::FullPrecision, kCap, 1);
+  sg::GraphSession p(*model_, sg::WeightMode::FullPrecision, kCap, 1);
+  sg::GraphSession d(*model_, sg::WeightMode::FullPrecision, kCap, 1);
   const int32_t V = model_->dims.n_vocab;
   std::vector<int32_t> toks;
   for (int i = 0; i < 21; ++i)
@@ -340,7 +340,7 @@ TEST_F(StaticGraphModel, PrefillAcrossBucketBoundaryMatchesDecode) {
 }
 
 TEST_F(StaticGraphModel, RewindReproducesLogits) {
-  sg::Session s(*model_, sg::WeightMode::FullPrecision, kCap, 1);
+  sg::GraphSession s(*model_, sg::WeightMode::FullPrecision, kCap, 1);
   const int32_t V = model_->dims.n_vocab;
   std::vector<int32_t> toks{1, 504, 3458, 282, 253};
   std::vector<float> first(static_cast<size_t>(V)), again(static_cast<size_t>(V)),
@@ -367,7 +367,7 @@ TEST_F(StaticGraphModel, ThreadCountDoesNotChangeLogits) {
   for (const sg::WeightMode mode : {sg::WeightMode::FullPrecision, sg::WeightMode::Quantized}) {
     std::vector<std::vector<float>> runs;
     for (const int threads : {1, 2, 3}) {
-      sg::Session s(*model_, mode, kCap, threads);
+      sg::GraphSession s(*model_, mode, kCap, threads);
       std::vector<float> out(size_t(V) * (toks.size() + 3));
       s.prefill(toks.data(), int32_t(toks.size()), true, out.data());
       for (int i = 0; i < 3; ++i)

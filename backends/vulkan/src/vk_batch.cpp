@@ -122,7 +122,7 @@ void Forward::step_batch(BatchWorkspace& ws, std::span<const BatchEntry> e) {
     return x.f->faults_.name == lead.faults_.name && &x.f->w_ == &lead.w_;
   });
   if (!one_pass) {
-    for (const BatchEntry& x : e) x.f->run(x.tokens, x.n, x.all_positions, x.logits);
+    for (const BatchEntry& x : e) x.f->prefill(x.tokens, x.n, x.all_positions, x.logits);
     return;
   }
   const Faults& flt = lead.faults_;
@@ -151,7 +151,7 @@ void Forward::step_batch(BatchWorkspace& ws, std::span<const BatchEntry> e) {
       const BatchEntry& x = e[k.entry];
       Forward& f = *x.f;
       // prefill_position_reset fault: a prefill continuing a sequence rotates
-      // from position 0 (as in run()).
+      // from position 0 (as in prefill()).
       f.rope_origin_ = flt.prefill_position_reset && x.n > 1 ? uint32_t(start[k.entry]) : 0u;
       f.rope_origin_ -= uint32_t(rope_off[k.entry]);
       segs.push_back(f.segment(uint32_t(k.row0), uint32_t(k.n), uint32_t(k.out_rows),

@@ -1,5 +1,5 @@
-// vk_forward.cpp - one sequence: buffers, RoPE tables, chunking of run() and
-// greedy(), logits and layer taps back to the host. The graph itself is
+// vk_forward.cpp - one sequence: buffers, RoPE tables, chunking of prefill() and
+// prefill_greedy(), logits and layer taps back to the host. The graph itself is
 // recorded in vk_graph.cpp.
 #include "vk_forward.h"
 
@@ -156,17 +156,17 @@ void Forward::check_room(int32_t n) const {
   }
 }
 
-int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
+int32_t Forward::prefill_greedy(const int32_t* tokens, int32_t n) {
   if (!tokens || n <= 0)
     throw StatusError(TS_ERR_INVALID_ARGUMENT, "greedy: null tokens or n <= 0");
   abi::check_tokens(tokens, n, n_vocab());
   if (faults_.logit_noise != 0.0) {  // the noise is applied on the host
     std::vector<float> l(static_cast<size_t>(n_vocab()));
-    run(tokens, n, false, l.data());
+    prefill(tokens, n, false, l.data());
     return abi::greedy_argmax(l.data(), n_vocab());  // throws when every logit is NaN
   }
   check_room(n);
-  rope_origin_ = faults_.prefill_position_reset && n > 1 ? uint32_t(pos_) : 0u;  // as in run()
+  rope_origin_ = faults_.prefill_position_reset && n > 1 ? uint32_t(pos_) : 0u;  // as in prefill()
   for (int32_t done = 0; done < n;) {
     const int32_t m = std::min(kChunk, n - done);
     run_chunk(tokens + done, uint32_t(m), false, nullptr, done + m == n, done + m == n);
@@ -179,7 +179,7 @@ int32_t Forward::greedy(const int32_t* tokens, int32_t n) {
   return best;
 }
 
-void Forward::run(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
+void Forward::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   check_room(n);
   const size_t v = size_t(w_.config.n_vocab);
   const int32_t start = pos_;

@@ -2,7 +2,7 @@
 // forward graph of any ModelConfig family (same formulas as
 // reference/transformer/src/reference_forward.cpp, fp32 accumulation; the graph is
 // recorded in vk_graph.cpp). A pass computes up to kChunk token rows in one
-// command buffer: one sequence's chunk (run(), greedy()) or the rows of several
+// command buffer: one sequence's chunk (prefill(), prefill_greedy()) or the rows of several
 // sequences (step_batch(), vk_batch.cpp: every matmul over all their rows,
 // RoPE, KV store and attention per sequence against its own KV cache). Only
 // logits (and, when enabled, the layer taps) come back to the host.
@@ -98,7 +98,7 @@ class Forward {
   // fault copies n_prefix - 1 entries and zeroes the last; fork_shared_kv
   // shares this sequence's KV buffers (every write lands in both).
   std::unique_ptr<Forward> fork(int32_t n_prefix) const;
-  // ABI v6 step_batch: each entry appends its tokens exactly as run() would,
+  // ABI v6 step_batch: each entry appends its tokens exactly as prefill() would,
   // in passes of up to kChunk rows over all entries (vk_batch.cpp). Entries
   // whose faults differ from entry 0's run one by one. Throws StatusError.
   static void step_batch(BatchWorkspace& ws, std::span<const BatchEntry> entries);
@@ -108,20 +108,20 @@ class Forward {
 
   // Appends n tokens at position(); writes n_vocab logits of the last position,
   // or n * n_vocab (row-major) when all_positions. Throws StatusError.
-  void run(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
-  // Appends n tokens like run() and returns the greedy next token: the argmax
+  void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  // Appends n tokens like prefill() and returns the greedy next token: the argmax
   // of the last position's logits (NaN skipped, ties to the lowest id; every
   // logit NaN: TS_ERR_INTERNAL), computed on the device; logits are not copied
   // back (except under the logits_perturb fault, applied on the host). Throws
   // StatusError.
-  int32_t greedy(const int32_t* tokens, int32_t n);
+  int32_t prefill_greedy(const int32_t* tokens, int32_t n);
   // Entries >= p are overwritten before being read (the rewind_noop fault keeps
   // kv_len_, so attention reads them again).
   void rewind(int32_t p) {
     pos_ = p;
     if (!faults_.rewind_noop) kv_len_ = p;
   }
-  // Layer taps (backend_abi.h, ABI v4): while on, every run()/greedy() call
+  // Layer taps (backend_abi.h, ABI v4): while on, every prefill()/prefill_greedy() call
   // records the last position's TS_TAP_POINTS vectors of n_embd floats per
   // layer; taps() is [n_layer][TS_TAP_POINTS][n_embd] float32, empty until a
   // call ran with taps on (turning them on or off clears it). Recording keeps

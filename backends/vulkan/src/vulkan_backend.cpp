@@ -122,31 +122,21 @@ struct Vulkan {
     int32_t n_vocab() const { return config.n_vocab; }
   };
 
-  struct Session {
-    std::unique_ptr<touchstone::vk::Forward> fwd;
+  // position, max_context, prefill, rewind and the ABI v4 layer taps forward
+  // to vk::Forward (vk_forward.h).
+  struct Session : touchstone::abi::EngineSession<touchstone::vk::Forward> {
     touchstone::vk::BatchWorkspace* batch = nullptr;  // the model's, for this weight path
-    int32_t position() const { return fwd->position(); }
-    int32_t max_context() const { return fwd->max_context(); }
-    void prefill(std::span<const int32_t> t, bool all, float* logits) {
-      fwd->run(t.data(), int32_t(t.size()), all, logits);
-    }
     // The argmax runs in a shader (argmax.comp); only the 4-byte token id comes
     // back, not the n_vocab logits.
     int32_t prefill_greedy(std::span<const int32_t> t) {
-      return fwd->greedy(t.data(), int32_t(t.size()));
-    }
-    void rewind(int32_t p) { fwd->rewind(p); }
-    // ABI v4 layer taps (vk_forward.h: Forward::set_taps).
-    void set_taps(bool on) { fwd->set_taps(on); }
-    void read_taps(float* out, int64_t n) {
-      touchstone::abi::copy_taps(fwd->taps().data(), fwd->taps().size(), out, n);
+      return s->prefill_greedy(t.data(), int32_t(t.size()));
     }
     // ABI v6: the KV prefix copied on the device (vk_batch.cpp).
     std::unique_ptr<Session> fork(int32_t n_prefix) {
-      auto s = std::make_unique<Session>();
-      s->fwd = fwd->fork(n_prefix);
-      s->batch = batch;
-      return s;
+      auto f = std::make_unique<Session>();
+      f->s = s->fork(n_prefix);
+      f->batch = batch;
+      return f;
     }
   };
 
@@ -155,7 +145,7 @@ struct Vulkan {
   static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items) {
     std::vector<touchstone::vk::BatchEntry> e;
     for (const auto& it : items) {
-      e.push_back({it.session->fwd.get(), it.tokens.data(), int32_t(it.tokens.size()),
+      e.push_back({it.session->s.get(), it.tokens.data(), int32_t(it.tokens.size()),
                    it.all_positions, it.logits});
     }
     touchstone::vk::Forward::step_batch(*items[0].session->batch, e);
@@ -222,8 +212,8 @@ struct Vulkan {
                                                 "applies to");
     }
     auto s = std::make_unique<Session>();
-    s->fwd = std::make_unique<touchstone::vk::Forward>(*m.ctx, *m.kernels, *m.weights[path],
-                                                       o.max_context, faults, o.n_threads);
+    s->s = std::make_unique<touchstone::vk::Forward>(*m.ctx, *m.kernels, *m.weights[path],
+                                                     o.max_context, faults, o.n_threads);
     s->batch = m.batch[path].get();
     return s;
   }

@@ -90,14 +90,14 @@ TEST_P(GreedyTest, MatchesHostArgmaxOfLogits) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 37; ++i) prompt.push_back(100 + 53 * i);  // crosses a 32-token chunk
   std::vector<float> logits(size_t(a.n_vocab()));
-  a.run(prompt.data(), int32_t(prompt.size()), false, logits.data());
+  a.prefill(prompt.data(), int32_t(prompt.size()), false, logits.data());
   int32_t want = host_argmax(logits.data(), logits.size());
-  int32_t got = b.greedy(prompt.data(), int32_t(prompt.size()));
+  int32_t got = b.prefill_greedy(prompt.data(), int32_t(prompt.size()));
   EXPECT_EQ(got, want) << "after the prompt";
   for (int step = 0; step < 4; ++step) {  // greedy decoding: feed the token back
-    a.run(&want, 1, false, logits.data());
+    a.prefill(&want, 1, false, logits.data());
     const int32_t next_want = host_argmax(logits.data(), logits.size());
-    got = b.greedy(&want, 1);
+    got = b.prefill_greedy(&want, 1);
     EXPECT_EQ(got, next_want) << "decode step " << step;
     want = next_want;
   }

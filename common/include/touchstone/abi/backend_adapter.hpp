@@ -177,6 +177,29 @@ struct BatchItem {
   float* logits = nullptr;
 };
 
+// The Session members that only forward to an engine's own session class E,
+// written once. E spells them: position(), max_context(), prefill(const
+// int32_t* tokens, int32_t n, bool all_positions, float* logits), rewind(int32_t);
+// with layer taps also set_taps(bool) and taps() (a contiguous float container,
+// the last record). A backend's Session derives from EngineSession<E> and adds
+// what its engine does differently (prefill_greedy, decode, fork):
+//   struct Session : touchstone::abi::EngineSession<MyEngineSession> { ... };
+// set_taps/read_taps exist only when E has them (the adapter then sets TS_CAP_TAPS).
+template <class E>
+struct EngineSession {
+  std::unique_ptr<E> s;
+  int32_t position() const { return s->position(); }
+  int32_t max_context() const { return s->max_context(); }
+  void prefill(std::span<const int32_t> t, bool all_positions, float* logits) {
+    s->prefill(t.data(), int32_t(t.size()), all_positions, logits);
+  }
+  void rewind(int32_t position) { s->rewind(position); }
+  void set_taps(bool on) requires requires(E& e) { e.set_taps(on); }
+  { s->set_taps(on); }
+  void read_taps(float* out, int64_t n) requires requires(E& e) { e.taps().data(); }
+  { copy_taps(s->taps().data(), s->taps().size(), out, n); }
+};
+
 }  // namespace touchstone::abi
 
 namespace touchstone {
