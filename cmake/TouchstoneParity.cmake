@@ -337,34 +337,46 @@ function(touchstone_add_unsupported_test backend weights model)
     TIMEOUT 300)
 endfunction()
 
-# touchstone_add_contract_tests(BACKEND WEIGHTS [PROFILE name] [LIBRARY path] [LABELS l...])
+# touchstone_add_contract_tests(BACKEND WEIGHTS [PROFILE name] [LIBRARY path] [CHILD]
+#                               [LABELS l...] [ENVIRONMENT VAR=value...])
 #
-# The contract conformance suite (tests/contract) against one backend + weight
-# path, as CTest contract.BACKEND.WEIGHTS. Exits 77 (SKIP) when the backend has no
-# device here. PROFILE: its step_batch and fork comparisons (not bitwise for a
-# backend without TS_CAP_BATCH_INVARIANT) take that manifest profile's tolerance,
-# as the serving checks do (TOUCHSTONE_CONTRACT_PROFILE). LIBRARY: what to load
-# (default: BACKEND, a name; e.g. $<TARGET_FILE:tgt> for a library built here).
-# LABELS: more CTest labels.
+# Registers the contract conformance suite (parity/conformance) for one backend
+# + weight path: CTest contract.BACKEND.WEIGHTS runs touchstone-contract-test
+# --backend ... --weights ... --model ${TOUCHSTONE_MODEL_PATH}. Exits 77 (SKIP)
+# when the backend has no device here. PROFILE: its step_batch and fork
+# comparisons (not bitwise for a backend without TS_CAP_BATCH_INVARIANT) take
+# that manifest profile's tolerance, as the serving checks do. LIBRARY: what to
+# load (default: BACKEND, a name; e.g. $<TARGET_FILE:tgt> for a library built
+# here). CHILD: the same suite with the backend in touchstone-backend-runner, as
+# contract.BACKEND.WEIGHTS.child. LABELS: more CTest labels. ENVIRONMENT: what
+# the backend itself needs (e.g. an interpreter's path), not the suite.
 function(touchstone_add_contract_tests backend weights)
-  cmake_parse_arguments(PARSE_ARGV 2 _c "" "PROFILE;LIBRARY" "LABELS")
+  cmake_parse_arguments(PARSE_ARGV 2 _c "CHILD" "PROFILE;LIBRARY" "LABELS;ENVIRONMENT")
   set(_lib "${backend}")
   if(_c_LIBRARY)
     set(_lib "${_c_LIBRARY}")
   endif()
-  _touchstone_contract_test(${backend} "${_lib}" ${weights} "${_c_LABELS}" "${_c_PROFILE}")
+  _touchstone_contract_test(${backend} "${_lib}" ${weights} "${_c_LABELS}" "${_c_PROFILE}"
+                            "${_c_CHILD}" "${_c_ENVIRONMENT}")
 endfunction()
 
+# _touchstone_contract_test(BACKEND LIBRARY WEIGHTS LABELS [PROFILE [CHILD [ENVIRONMENT]]])
 function(_touchstone_contract_test backend backend_arg weights labels)
   set(_t contract.${backend}.${weights})
-  set(_env "TOUCHSTONE_CONTRACT_BACKEND=${backend_arg};TOUCHSTONE_CONTRACT_WEIGHTS=${weights};TOUCHSTONE_MODEL_PATH=${TOUCHSTONE_MODEL_PATH}")
+  set(_args --backend ${backend_arg} --weights ${weights} --model ${TOUCHSTONE_MODEL_PATH})
   if(ARGC GREATER 4 AND NOT "${ARGV4}" STREQUAL "")
-    list(APPEND _env "TOUCHSTONE_CONTRACT_PROFILE=${ARGV4}" "TOUCHSTONE_MANIFEST=${TOUCHSTONE_MANIFEST}")
+    list(APPEND _args --profile ${ARGV4} --manifest ${TOUCHSTONE_MANIFEST})
   endif()
-  add_test(NAME ${_t} COMMAND ${TOUCHSTONE_CONTRACT_TEST})
+  if(ARGC GREATER 5 AND ARGV5)
+    list(APPEND _args --child)
+    set(_t ${_t}.child)
+  endif()
+  add_test(NAME ${_t} COMMAND ${TOUCHSTONE_CONTRACT_TEST} ${_args})
   set_tests_properties(${_t} PROPERTIES
-    LABELS "contract;${backend};${weights};${labels}" SKIP_RETURN_CODE 77 TIMEOUT 600
-    ENVIRONMENT "${_env}")
+    LABELS "contract;${backend};${weights};${labels}" SKIP_RETURN_CODE 77 TIMEOUT 600)
+  if(ARGC GREATER 6 AND NOT "${ARGV6}" STREQUAL "")
+    set_tests_properties(${_t} PROPERTIES ENVIRONMENT "${ARGV6}")
+  endif()
 endfunction()
 
 # touchstone_gtest_labels(TARGET LABEL...)

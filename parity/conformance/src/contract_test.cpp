@@ -1,8 +1,8 @@
 // Contract conformance suite: every backend runs the same checks of the session
 // contract (touchstone/abi/backend_abi.h) on the real model, like IREE's HAL CTS.
 //
-// Environment: TOUCHSTONE_CONTRACT_BACKEND (name or path), TOUCHSTONE_CONTRACT_WEIGHTS
-// (full_precision | quantized), TOUCHSTONE_MODEL_PATH (the GGUF).
+// What it runs against: flags (touchstone/conformance/target.h), set by
+// touchstone_add_contract_tests in CMake.
 // Tolerance for "same logits" between two computations of the same position:
 // bitwise when the backend claims TS_CAP_BITWISE_DETERMINISM for repeated runs;
 // prefill(N) vs N decode steps may legitimately use different kernels (GEMM vs
@@ -10,7 +10,7 @@
 // (docs/contract.md), and the argmax must agree. The same tolerance holds for a
 // step_batch entry or a forked session against its own prefill, bitwise instead
 // when the backend claims TS_CAP_BATCH_INVARIANT for the weight path; with
-// TOUCHSTONE_CONTRACT_PROFILE (a profile of TOUCHSTONE_MANIFEST), those serving
+// --profile (a profile of --manifest), those serving
 // comparisons take that profile's logits_nmse_max / logits_max_abs_max and its
 // near-tie rule instead, as the serving checks do (docs/serving-checks.md): for
 // paths such as llama.cpp's int8 activations, where a batch or a shared KV
@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +27,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "touchstone/conformance/target.h"
 #include "touchstone/golden/manifest.h"
 #include "touchstone/metrics/metrics.h"
 #include "touchstone/model/faults.h"
@@ -36,22 +38,18 @@
 namespace touchstone {
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+const conformance::Target& target() { return conformance::target(); }
 
 class Contract : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path = env("TOUCHSTONE_MODEL_PATH");
+    const std::string& path = target().model;
     if (path.empty() || !std::filesystem::exists(path)) return;
     try {
-      // TOUCHSTONE_CONTRACT_CHILD=1: the same suite through the child-process
-      // protocol, which must be indistinguishable from the C ABI in process.
-      lib_ = env("TOUCHSTONE_CONTRACT_CHILD") == "1"
-                 ? BackendLibrary::spawn(env("TOUCHSTONE_CONTRACT_BACKEND"), ChildOptions{})
-                 : BackendLibrary::load(env("TOUCHSTONE_CONTRACT_BACKEND"));
+      // --child: the same suite through the child-process protocol, which must
+      // be indistinguishable from the C ABI in process.
+      lib_ = target().child ? BackendLibrary::spawn(target().backend, ChildOptions{})
+                            : BackendLibrary::load(target().backend);
       model_ = std::make_unique<BackendModel>(lib_, path);
     } catch (const BackendError& e) {
       if (e.status() != TS_ERR_DEVICE) throw;
@@ -63,14 +61,17 @@ class Contract : public ::testing::Test {
     lib_.reset();
   }
   void SetUp() override {
-    if (env("TOUCHSTONE_MODEL_PATH").empty()) GTEST_SKIP() << "TOUCHSTONE_MODEL_PATH not set";
+    if (target().model.empty()) GTEST_SKIP() << "no --model given";
+    if (!std::filesystem::exists(target().model)) {
+      GTEST_SKIP() << "model not found: " << target().model << " (ci/bootstrap fetches it)";
+    }
     if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
     ASSERT_TRUE(model_) << "model not loaded";
   }
   BackendSessionOptions options() const {
     BackendSessionOptions o;
-    o.weight_path = env("TOUCHSTONE_CONTRACT_WEIGHTS") == "quantized" ? TS_WEIGHTS_QUANTIZED
-                                                                      : TS_WEIGHTS_FULL_PRECISION;
+    o.weight_path =
+        target().weights == "quantized" ? TS_WEIGHTS_QUANTIZED : TS_WEIGHTS_FULL_PRECISION;
     o.max_context = 256;
     return o;
   }
@@ -108,15 +109,11 @@ void expect_close(std::span<const float> a, std::span<const float> b, const std:
   EXPECT_EQ(metrics::argmax(a), metrics::argmax(b)) << what;
 }
 
-// TOUCHSTONE_CONTRACT_PROFILE's profile (nullopt: the suite's own tolerance).
+// --profile's profile (nullopt: the suite's own tolerance).
 const std::optional<Profile>& serving_profile() {
   static const std::optional<Profile> p = []() -> std::optional<Profile> {
-    const std::string name = env("TOUCHSTONE_CONTRACT_PROFILE");
-    if (name.empty()) return std::nullopt;
-    const std::string manifest = env("TOUCHSTONE_MANIFEST");
-    if (manifest.empty())
-      throw std::runtime_error("TOUCHSTONE_CONTRACT_PROFILE needs TOUCHSTONE_MANIFEST");
-    return load_manifest(manifest).find_profile(name);
+    if (target().profile.empty()) return std::nullopt;
+    return load_manifest(target().manifest).find_profile(target().profile);
   }();
   return p;
 }
@@ -202,7 +199,7 @@ TEST_F(Contract, RewindThenReplayReproducesLogits) {
 // wrong size or after set_taps(0) is an error, not a crash.
 TEST_F(Contract, LayerTapsRecordTheLastPositionAndLeaveLogitsAlone) {
   if (!lib_->has_taps()) GTEST_SKIP() << "no layer taps (ABI v4 set_taps/read_taps)";
-  const ModelConfig c = read_model_config(gguf::File::open(env("TOUCHSTONE_MODEL_PATH")));
+  const ModelConfig c = read_model_config(gguf::File::open(target().model));
   const size_t n = size_t(c.n_layer) * TS_TAP_POINTS * size_t(c.n_embd);
   BackendSession plain(*model_, options());
   const std::vector<float> want = plain.prefill(kTokens);
@@ -487,8 +484,15 @@ bool contract_skipped() { return !Contract::skip_reason_.empty(); }
 
 }  // namespace touchstone
 
+// GoogleTest's flags first, then the suite's own (target.h); a bad flag exits 2.
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  try {
+    touchstone::conformance::set_target(touchstone::conformance::parse_target(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "touchstone-contract-test: %s\n", e.what());
+    return 2;
+  }
   const int rc = RUN_ALL_TESTS();
   if (rc == 0 && touchstone::contract_skipped()) return 77;
   return rc;
