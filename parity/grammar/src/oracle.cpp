@@ -51,7 +51,7 @@ xgrammar::CompiledGrammar GrammarVocab::Impl::compile(const GrammarSpec& spec) {
       case GrammarKind::json_schema:
         return compiler->CompileJSONSchema(spec.text, /*any_whitespace=*/true);
       case GrammarKind::gbnf:
-        return compiler->CompileGrammar(spec.text, "root");
+        return compiler->CompileGrammar(gbnf_to_xgrammar(spec.text), "root");
       case GrammarKind::regex:
         return compiler->CompileRegex(spec.text);
     }

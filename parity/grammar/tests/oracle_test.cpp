@@ -201,30 +201,25 @@ TEST_P(Oracle, JsonSchemaRejectsTokensThatBreakIt) {
   EXPECT_FALSE(o.accept(encode("\"")[0]));  // a number, not a string
 }
 
-// llama.cpp's stock json.gbnf does not parse under XGrammar 0.2.8: its last rule
-// starts with an empty alternative (`ws ::= | " " | ...`), which GBNF allows and
-// XGrammar's EBNF parser does not (a sequence needs an element). Written as `""`
-// (the one change), it compiles and walks on both vocabularies. If an XGrammar
-// update accepts the stock file, the first half fails: update the docs then.
-TEST_P(Oracle, LlamaCppJsonGbnfNeedsItsEmptyAlternativeSpelledOut) {
+// llama.cpp's stock json.gbnf: its last rule starts with an empty alternative
+// (`ws ::= | " " | ...`), which GBNF allows and XGrammar's EBNF parser alone
+// does not ("Expect element, but got |"); gbnf_to_xgrammar spells it `""`, so
+// the stock file compiles and walks on both vocabularies.
+TEST_P(Oracle, LlamaCppJsonGbnfCompilesThroughTheDialectConversion) {
   const std::string stock = read_data("json.gbnf");
-  try {
-    oracle(tg::GrammarKind::gbnf, stock, "llama.cpp json.gbnf");
-    FAIL() << "the stock json.gbnf compiled";
-  } catch (const tg::GrammarError& e) {
-    EXPECT_STREQ(e.what(),
-                 "grammar \"llama.cpp json.gbnf\" (gbnf): EBNF parser error at line 25, "
-                 "column 8: Expect element, but got |");
-  }
-  std::string adapted = stock;
-  const std::string from = "ws ::= | ", to = "ws ::= \"\" | ";
-  ASSERT_NE(adapted.find(from), std::string::npos);
-  adapted.replace(adapted.find(from), from.size(), to);
-  auto o = oracle(tg::GrammarKind::gbnf, adapted, "llama.cpp json.gbnf, ws ::= \"\" | ...");
+  auto o = oracle(tg::GrammarKind::gbnf, stock, "llama.cpp json.gbnf");
   EXPECT_FALSE(tg::mask_allows(o.allowed_mask(), encode("[")[0]));  // root ::= object
   walk(o, R"({"a": [1, 2.5, "x\n\u00e9 ü", true, null], "b": {}})");
   EXPECT_TRUE(o.can_terminate());
   EXPECT_FALSE(o.is_completed());  // trailing ws may follow
+}
+
+TEST(GbnfDialect, EmptyAlternativesBecomeTheEmptyString) {
+  EXPECT_EQ(tg::gbnf_to_xgrammar(R"(ws ::= | " " | "\n")"), R"(ws ::= "" | " " | "\n")");
+  EXPECT_EQ(tg::gbnf_to_xgrammar(R"(a ::= ( | "x" ) "y")"), R"(a ::= ( "" | "x" ) "y")");
+  // Literals, classes and comments are left alone, even when they hold | or (.
+  const std::string kept = "a ::= \"(|\" [|(] # ( | )\nb ::= \"b\"";
+  EXPECT_EQ(tg::gbnf_to_xgrammar(kept), kept);
 }
 
 TEST_P(Oracle, RegexDateWalksAndCompletes) {

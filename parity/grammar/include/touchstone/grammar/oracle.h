@@ -158,6 +158,12 @@ class GrammarOracle {
 };
 
 /// True iff token is allowed by `mask` (false outside the mask).
+// llama.cpp's GBNF as XGrammar's EBNF: the one difference met in stock grammars,
+// an empty alternative ("ws ::= | \" \""), becomes the empty string ""
+// (XGrammar: "Expect element, but got |"). Everything else is passed through;
+// GrammarKind::gbnf texts go through it before compilation.
+std::string gbnf_to_xgrammar(std::string_view gbnf);
+
 bool mask_allows(std::span<const uint32_t> mask, int32_t token);
 /// Number of allowed tokens (set bits).
 size_t mask_count(std::span<const uint32_t> mask);
