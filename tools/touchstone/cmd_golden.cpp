@@ -96,8 +96,10 @@ void write_and_pin(const Manifest& m, const ManifestModel& mm, const GoldenFile&
 struct CheckSelection {
   std::vector<std::string> skip_tags;
   const Suite* suite = nullptr;
+  std::vector<std::string> only;  // --only: these names alone ("" = every item)
 
   bool skipped(const std::string& name, const std::vector<std::string>& tags, bool scoring) const {
+    if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) return true;
     for (const std::string& t : tags)
       if (std::find(skip_tags.begin(), skip_tags.end(), t) != skip_tags.end()) return true;
     if (suite == nullptr) return false;
@@ -175,6 +177,35 @@ bool check_model(const Manifest& m, const ManifestModel& mm, GoldenFile g, bool 
   return diffs.empty();
 }
 
+// --only without --check: the items recorded now replace their namesakes in
+// the committed golden, every other item of the model is kept as committed
+// (bit for bit), in manifest order. An item in neither is an error naming it.
+GoldenFile merge_with_committed(const Manifest& m, const ManifestModel& mm, GoldenFile fresh) {
+  const GoldenFile old = read_pinned_golden(m, mm, /*trust_goldens=*/false);
+  GoldenFile g = fresh;
+  g.cases.clear();
+  g.scoring.clear();
+  for (const ManifestCase& c : m.cases) {
+    if (c.model != mm.name) continue;
+    const GoldenCase* x = fresh.find_case(c.name);
+    if (x == nullptr) x = old.find_case(c.name);
+    if (x == nullptr)
+      throw Error("golden --only: case '{}' is neither recorded now nor in {}", c.name,
+                  m.resolve(mm.golden));
+    g.cases.push_back(*x);
+  }
+  for (const ManifestScoring& s : m.scoring) {
+    if (s.model != mm.name) continue;
+    const GoldenScoring* x = fresh.find_scoring(s.name);
+    if (x == nullptr) x = old.find_scoring(s.name);
+    if (x == nullptr)
+      throw Error("golden --only: scoring passage '{}' is neither recorded now nor in {}", s.name,
+                  m.resolve(mm.golden));
+    g.scoring.push_back(*x);
+  }
+  return g;
+}
+
 }  // namespace
 
 void add_golden(CLI::App& app, int& exit_code) {
@@ -183,7 +214,7 @@ void add_golden(CLI::App& app, int& exit_code) {
                 suite;
     bool check = false, trust_goldens = false, allow_dirty = false;
     int threads = 0;
-    std::vector<std::string> skip_tags;
+    std::vector<std::string> skip_tags, only;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -213,6 +244,9 @@ void add_golden(CLI::App& app, int& exit_code) {
                   "--check: only the cases and passages this manifest suite names, each checked "
                   "whole (the suite's step and position trims do not apply)")
       ->needs(cmd->get_option("--check"));
+  cmd->add_option("--only", o->only,
+                  "Record (or --check) only these cases and passages (repeatable); recording "
+                  "keeps the model's other items as committed");
   cmd->add_flag("--allow-dirty", o->allow_dirty,
                 "Record from a checkout with uncommitted changes (the golden says '-dirty')");
   cmd->callback([o, &exit_code] {
@@ -232,13 +266,14 @@ void add_golden(CLI::App& app, int& exit_code) {
     auto lib = BackendLibrary::load(o->backend);
     bool all_same = true;
     if (!o->model.empty()) m.find_model(o->model);  // an unknown name is an error
-    CheckSelection sel{o->skip_tags, o->suite.empty() ? nullptr : &m.find_suite(o->suite)};
+    CheckSelection sel{o->skip_tags, o->suite.empty() ? nullptr : &m.find_suite(o->suite), o->only};
     for (const ManifestModel& mm : m.models) {
       if (!o->model.empty() && mm.name != o->model) continue;
       fmt::print(stderr, "{} goldens for {} with {} ({})\n", o->check ? "checking" : "recording",
                  mm.name, lib->name(), lib->device_name());
       std::vector<std::string> left_out;
       GoldenFile g = record_model(lib, m, mm, revision, o->threads, sel, &left_out);
+      if (!o->check && !o->only.empty()) g = merge_with_committed(m, mm, std::move(g));
       if (o->check)
         all_same = check_model(m, mm, std::move(g), o->trust_goldens, left_out) && all_same;
       else

@@ -89,6 +89,18 @@ void validate_taps(const std::string& where, const std::string& obj, const Golde
                          c.tap_steps.size(), c.tap_layers, kTapPoints, c.tap_dim));
 }
 
+void validate_grammar(const std::string& where, const std::string& obj, const GoldenCase& c) {
+  if (!c.has_grammar()) {
+    if (!c.allowed_masks.empty())
+      throw Error("{}: {}/allowed_masks: present without a grammar", where, obj);
+    return;
+  }
+  if (c.grammar_text.empty()) throw Error("{}: {}/grammar_text: empty", where, obj);
+  check_size(where, obj + "/allowed_masks", c.allowed_masks.size(),
+             mul(c.greedy_ids.size(), c.mask_words()),
+             fmt::format("G * ceil(n_vocab / 32) = {} * {}", c.greedy_ids.size(), c.mask_words()));
+}
+
 }  // namespace
 
 void validate_golden(const GoldenFile& g, const std::string& where) {
@@ -123,6 +135,7 @@ void validate_golden(const GoldenFile& g, const std::string& where) {
     check_ids(where, obj + "/prompt_ids", c.prompt_ids, c.n_vocab);
     check_ids(where, obj + "/greedy_ids", c.greedy_ids, c.n_vocab);
     check_ids(where, obj + "/topk_ids", c.topk_ids, c.n_vocab);
+    validate_grammar(where, obj, c);
     validate_taps(where, obj, c, g.format_version);
   }
 

@@ -104,6 +104,9 @@ void diff_case(std::vector<std::string>& out, const GoldenCase& a, const GoldenC
   diff_scalar(out, who, "tap_layers", a.tap_layers, b.tap_layers);
   diff_scalar(out, who, "tap_dim", a.tap_dim, b.tap_dim);
   diff_vec(out, who, "taps", a.taps, b.taps, a.tap_dim == b.tap_dim ? size_t(a.tap_dim) : 0);
+  diff_bytes(out, who, "grammar_kind", a.grammar_kind, b.grammar_kind);
+  diff_bytes(out, who, "grammar_text", a.grammar_text, b.grammar_text);
+  diff_vec(out, who, "allowed_masks", a.allowed_masks, b.allowed_masks, a.mask_words());
 }
 
 void diff_scoring(std::vector<std::string>& out, const GoldenScoring& a, const GoldenScoring& b) {

@@ -34,7 +34,7 @@ Id open_image(const std::string& where, const std::string& bytes) {
   return file;
 }
 
-enum class Kind { u8, i32, f32, f64 };
+enum class Kind { u8, i32, u32, f32, f64 };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -42,6 +42,8 @@ const char* kind_name(Kind k) {
       return "uint8";
     case Kind::i32:
       return "int32";
+    case Kind::u32:
+      return "uint32";
     case Kind::f32:
       return "float32";
     case Kind::f64:
@@ -81,6 +83,8 @@ bool type_matches(hid_t t, Kind k) {
       return cls == H5T_INTEGER && size == 1 && H5Tget_sign(t) == H5T_SGN_NONE;
     case Kind::i32:
       return cls == H5T_INTEGER && size == 4 && H5Tget_sign(t) == H5T_SGN_2;
+    case Kind::u32:
+      return cls == H5T_INTEGER && size == 4 && H5Tget_sign(t) == H5T_SGN_NONE;
     case Kind::f32:
       return cls == H5T_FLOAT && size == 4;
     case Kind::f64:
@@ -95,6 +99,8 @@ hid_t mem_type(Kind k) {
       return H5T_NATIVE_UCHAR;
     case Kind::i32:
       return H5T_NATIVE_INT32;
+    case Kind::u32:
+      return H5T_NATIVE_UINT32;
     case Kind::f32:
       return H5T_NATIVE_FLOAT;
     case Kind::f64:
@@ -300,6 +306,17 @@ class Reader {
       fail(obj + "/taps", "cannot read dataset");
   }
 
+  // Structured output (optional): the grammar and the allowed set of every step.
+  void read_grammar(hid_t g, const std::string& obj, GoldenCase& c) const {
+    c.grammar_kind = attr_string(g, "grammar_kind", obj);
+    if (c.grammar_kind != "json_schema" && c.grammar_kind != "gbnf" && c.grammar_kind != "regex")
+      fail(obj + "@grammar_kind", fmt::format("unknown grammar kind '{}'", c.grammar_kind));
+    c.grammar_text = read_bytes(g, "grammar_text", obj);
+    const auto G = static_cast<int64_t>(c.greedy_ids.size());
+    c.allowed_masks =
+        read<uint32_t>(g, "allowed_masks", obj, Kind::u32, {G, int64_t(c.mask_words())});
+  }
+
   GoldenCase read_case(hid_t cases, const std::string& name, int version) const {
     const std::string obj = "/cases/" + name;
     Id g = open_group(cases, name, obj);
@@ -324,6 +341,7 @@ class Reader {
     c.topk_logits = read<float>(g, "topk_logits", obj, Kind::f32, {G, c.top_k});
     c.lse = read<double>(g, "lse", obj, Kind::f64, {G});
     if (version >= 2 && exists(g, "taps")) read_taps(g, obj, c);
+    if (exists(g, "grammar_text")) read_grammar(g, obj, c);
     return c;
   }
 

@@ -110,6 +110,10 @@ class Writer {
             const std::string& obj) const {
     dataset(loc, name, v.data(), std::move(dims), H5T_STD_I32LE, H5T_NATIVE_INT32, obj, false);
   }
+  void words(hid_t loc, const char* name, const std::vector<uint32_t>& v, std::vector<hsize_t> dims,
+             const std::string& obj) const {
+    dataset(loc, name, v.data(), std::move(dims), H5T_STD_U32LE, H5T_NATIVE_UINT32, obj, true);
+  }
   void floats(hid_t loc, const char* name, const std::vector<float>& v, std::vector<hsize_t> dims,
               const std::string& obj, bool compress = false) const {
     dataset(loc, name, v.data(), std::move(dims), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, obj, compress);
@@ -150,6 +154,11 @@ class Writer {
         ints(grp, "tap_steps", c.tap_steps, {T}, obj);
         floats(grp, "taps", c.taps,
                {T, hsize_t(c.tap_layers), hsize_t(kTapPoints), hsize_t(c.tap_dim)}, obj, true);
+      }
+      if (c.has_grammar()) {
+        attr_string(grp, "grammar_kind", c.grammar_kind, obj);
+        bytes(grp, "grammar_text", c.grammar_text, obj);
+        words(grp, "allowed_masks", c.allowed_masks, {G, hsize_t(c.mask_words())}, obj);
       }
     }
 

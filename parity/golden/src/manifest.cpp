@@ -353,7 +353,8 @@ class Parser {
 
   ManifestCase parse_case(const json& v, const std::string& p, const Manifest& m) const {
     const json& o = object(v, p);
-    allow_keys(o, p, {"name", "model", "prompt", "prompt_file", "chat", "n_predict", "tags"});
+    allow_keys(o, p,
+               {"name", "model", "prompt", "prompt_file", "chat", "n_predict", "tags", "grammar"});
     ManifestCase c;
     c.name = name(require(o, p, "name"), child(p, "name"));
     c.model = string(require(o, p, "model"), child(p, "model"));
@@ -372,7 +373,32 @@ class Parser {
     if (const json* b = find(o, "chat")) c.chat = boolean(*b, child(p, "chat"));
     c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"), kMaxSteps);
     if (const json* t = find(o, "tags")) c.tags = strings(*t, child(p, "tags"));
+    if (const json* g = find(o, "grammar")) c.grammar = parse_grammar(*g, child(p, "grammar"), m);
     return c;
+  }
+
+  // {"kind": "json_schema" | "gbnf" | "regex", "text": "..."} or {"kind", "file"}.
+  ManifestGrammar parse_grammar(const json& v, const std::string& p, const Manifest& m) const {
+    const json& o = object(v, p);
+    allow_keys(o, p, {"kind", "text", "file"});
+    ManifestGrammar g;
+    g.kind = string(require(o, p, "kind"), child(p, "kind"));
+    if (g.kind != "json_schema" && g.kind != "gbnf" && g.kind != "regex") {
+      fail(child(p, "kind"),
+           "expected \"json_schema\", \"gbnf\" or \"regex\", got " + got(o["kind"]));
+    }
+    if (const json* f = find(o, "file")) {
+      if (find(o, "text")) fail(p, "give either \"text\" or \"file\", not both");
+      g.file = relative_path(*f, child(p, "file"));
+      std::string err;
+      const std::string full = m.resolve(g.file);
+      g.text = read_text(full, &err);
+      if (!err.empty()) fail(child(p, "file"), fmt::format("cannot read {}: {}", full, err));
+    } else {
+      g.text = string(require(o, p, "text"), child(p, "text"));
+    }
+    if (g.text.empty()) fail(p, "the grammar is empty");
+    return g;
   }
 
   ManifestScoring parse_scoring(const json& v, const std::string& p, const Manifest& m) const {

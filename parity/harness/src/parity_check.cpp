@@ -1,4 +1,5 @@
 #include "touchstone/harness/parity.h"
+#include "touchstone/harness/recorder.h"
 
 #include <fmt/format.h>
 
@@ -221,6 +222,47 @@ bool judge_flip(const Tokenizer& tok, const Profile& p, int s, const GoldenStep&
   return true;
 }
 
+// Structured output, harness-applied (the backend returns logits only): the
+// oracle's allowed set at step s against the golden's (structured.mask_parity:
+// a difference names the step and the first tokens with their bytes), and the
+// row with every token outside the set at -inf, which the greedy token is then
+// the argmax of (structured.constrained_greedy).
+std::vector<float> masked_row(const grammar::GrammarOracle& o, const Tokenizer& tok,
+                              const GoldenCase& g, int s, std::span<const float> row,
+                              CaseResult& r) {
+  const std::vector<uint32_t> mask = o.allowed_mask();
+  const std::span<const uint32_t> want(g.allowed_masks.data() + size_t(s) * g.mask_words(),
+                                       g.mask_words());
+  if (!std::equal(mask.begin(), mask.end(), want.begin(), want.end())) {
+    std::string diff;
+    int shown = 0;
+    for (int32_t t = 0; t < g.n_vocab && shown < 4; ++t) {
+      const bool a = grammar::mask_allows(mask, t), b = grammar::mask_allows(want, t);
+      if (a == b) continue;
+      diff += fmt::format("{}token {} {:?} allowed by {} only", shown++ ? "; " : "", t,
+                          tok.token_bytes(t), a ? "the oracle" : "the golden");
+    }
+    r.failures.push_back(fmt::format(
+        "structured.mask_parity: step {}: the oracle allows {} tokens, the golden {}: {}", s,
+        grammar::mask_count(mask), grammar::mask_count(want), diff));
+    r.violations.push_back({"structured", double(s), 0.0});
+  }
+  std::vector<float> masked(row.begin(), row.end());
+  o.apply_mask(masked);
+  return masked;
+}
+
+// Teacher forcing under a grammar: the golden token advances the oracle (a
+// stop token ends the case; the grammar refusing a golden token is a failure).
+void advance_oracle(grammar::GrammarOracle& o, int32_t token, int s, CaseResult& r) {
+  if (o.vocab().is_stop(token)) return;
+  if (!o.accept(token)) {
+    r.failures.push_back(
+        fmt::format("structured: step {}: the grammar refuses the golden token {}", s, token));
+    r.violations.push_back({"structured", double(s), 0.0});
+  }
+}
+
 void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenCase& g,
                     const Profile& p, CaseResult& r, std::vector<double>& kls,
                     std::vector<int32_t>& host_argmax, Progress& at, const ProgressFn& progress) {
@@ -238,6 +280,8 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
   if (taps) session.set_taps(true);
   at = {"rewind", -1};
   session.rewind(0);
+  std::optional<grammar::GrammarOracle> oracle = golden_case_oracle(tok, g);
+  if (oracle) r.grammar_enforcement = "applied by the harness";
   at = {"prefill", 0};
   std::vector<float> logits = session.prefill(g.prompt_ids);
   r.full_row_steps = std::min(g.n_full_steps, r.n_total);
@@ -256,9 +300,12 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
     const StepMeasure m = top_n > 0 ? measure_top_n(g, s, row, r) : measure_full(g, s, row, p, r);
     kls.push_back(m.kl);
 
-    // Greedy agreement.
+    // Greedy agreement (under a grammar: over the allowed set).
     const int32_t ref_tok = g.greedy_ids[size_t(s)];
-    const int32_t test_tok = metrics::argmax(row);
+    const std::vector<float> masked =
+        oracle ? masked_row(*oracle, tok, g, s, row, r) : std::vector<float>();
+    const std::span<const float> judged = oracle ? std::span<const float>(masked) : row;
+    const int32_t test_tok = metrics::argmax(judged);
     r.series.push_back({test_tok == ref_tok, K >= 2 ? metrics::top2_margin(ref_vals) : NAN, m.kl,
                         m.nmse, m.max_abs});
     if (progress) progress(s + 1, r.n_total);
@@ -271,10 +318,11 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
     if (test_tok == ref_tok) {
       ++r.n_matched;
     } else if (judge_flip(tok, p, s, {ref_ids, ref_vals, ref_tok}, test_tok,
-                          top_n > 0 ? std::span<const float>(finite_floor(row)) : row, r)) {
+                          top_n > 0 ? std::span<const float>(finite_floor(judged)) : judged, r)) {
       stop = true;  // sequences have diverged: later steps are not comparable
       continue;
     }
+    if (oracle) advance_oracle(*oracle, ref_tok, s, r);
     if (s + 1 < r.n_total) {
       at = {"decode", s + 1};
       session.decode(ref_tok, logits);  // teacher-forced
@@ -312,7 +360,8 @@ CaseResult check_case(BackendSession& session, const Tokenizer& tok, const Golde
     r.failures.push_back(r.backend_error);
     r.violations.push_back({"backend_error", 0.0, 0.0});
   }
-  if (r.backend_error.empty() && session.has_device_greedy()) {
+  // Device greedy is unconstrained: not comparable with a grammar case's tokens.
+  if (r.backend_error.empty() && session.has_device_greedy() && !g.has_grammar()) {
     check_device_greedy(session, g, host_argmax, r);
   }
   if (!kls.empty()) {

@@ -1,8 +1,10 @@
 #include "touchstone/harness/recorder.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "touchstone/common/error.h"
+#include "touchstone/grammar/oracle.h"
 #include "touchstone/harness/chat.h"
 #include "touchstone/metrics/metrics.h"
 
@@ -18,7 +20,34 @@ void append_row_summary(std::span<const float> row, int32_t k, std::vector<int32
   lse.push_back(metrics::log_sum_exp(row));
 }
 
+// The case's grammar oracle (nullopt: no grammar); GrammarError names the case.
+std::optional<grammar::GrammarOracle> case_oracle(const Tokenizer& tok, const std::string& name,
+                                                  const std::string& kind,
+                                                  const std::string& text) {
+  if (kind.empty()) return std::nullopt;
+  return grammar::GrammarOracle(
+      grammar::GrammarVocab(tok),
+      grammar::GrammarSpec{grammar::parse_grammar_kind(kind), text, name});
+}
+
+// Structured output: the step's allowed set into g.allowed_masks, and the
+// argmax over it (the lowest id among equal maxima). Error when nothing is allowed.
+int32_t constrained_argmax(const grammar::GrammarOracle& o, std::span<const float> logits,
+                           GoldenCase& g, int step) {
+  const std::vector<uint32_t> mask = o.allowed_mask();
+  g.allowed_masks.insert(g.allowed_masks.end(), mask.begin(), mask.end());
+  std::vector<float> masked(logits.begin(), logits.end());
+  if (o.apply_mask(masked) == 0)
+    throw Error("case '{}': step {}: the grammar allows no token", g.name, step);
+  return metrics::argmax(masked);
+}
+
 }  // namespace
+
+std::optional<grammar::GrammarOracle> golden_case_oracle(const Tokenizer& tok,
+                                                         const GoldenCase& g) {
+  return case_oracle(tok, g.name, g.grammar_kind, g.grammar_text);
+}
 
 std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat) {
   if (!c.chat) return c.prompt;
@@ -42,7 +71,13 @@ GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const Chat
   g.top_k = std::min(opt.case_top_k, g.n_vocab);
   g.n_full_steps = std::min(opt.n_full_steps, c.n_predict);
 
-  const bool taps = session.has_taps() && opt.tap_layers > 0 && opt.tap_dim > 0;
+  // Structured output: the continuation is the constrained one, which may stop
+  // before n_predict (a stop token, or the grammar complete); no layer taps.
+  std::optional<grammar::GrammarOracle> oracle =
+      case_oracle(tok, c.name, c.grammar.kind, c.grammar.text);
+  g.grammar_kind = c.grammar.kind;
+  g.grammar_text = c.grammar.text;
+  const bool taps = !oracle && session.has_taps() && opt.tap_layers > 0 && opt.tap_dim > 0;
   if (taps) {
     for (int32_t s : opt.tap_steps)
       if (s >= 0 && s < c.n_predict) g.tap_steps.push_back(s);
@@ -53,6 +88,7 @@ GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const Chat
   session.rewind(0);
   std::vector<float> logits = session.prefill(g.prompt_ids);
   for (int s = 0; s < c.n_predict; ++s) {
+    if (oracle && oracle->is_completed()) break;
     if (taps && std::find(g.tap_steps.begin(), g.tap_steps.end(), s) != g.tap_steps.end()) {
       const std::vector<float> t = session.read_taps(g.tap_record_size());
       g.taps.insert(g.taps.end(), t.begin(), t.end());
@@ -63,9 +99,14 @@ GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const Chat
     }
     if (s < g.n_full_steps) g.full_logits.insert(g.full_logits.end(), logits.begin(), logits.end());
     append_row_summary(logits, g.top_k, g.topk_ids, g.topk_logits, g.lse);
-    const int32_t next = metrics::argmax(logits);
+    const int32_t next =
+        oracle ? constrained_argmax(*oracle, logits, g, s) : metrics::argmax(logits);
     g.greedy_ids.push_back(next);
     if (progress) progress(s + 1, c.n_predict);
+    if (oracle && oracle->vocab().is_stop(next)) break;  // EOS only where the grammar may end
+    if (oracle && !oracle->accept(next))
+      throw Error("case '{}': step {}: the grammar refused its own allowed token {}", c.name, s,
+                  next);
     if (s + 1 < c.n_predict) session.decode(next, logits);
   }
   g.greedy_text = tok.decode(g.greedy_ids);

@@ -66,10 +66,21 @@ void check_case(const ManifestCase& c, const GoldenFile& g, const ChatTemplate& 
   if (gc->prompt_text != prompt)
     out.push_back(fmt::format("stale golden: case '{}': prompt differs from the manifest ({})",
                               c.name, text_diff(gc->prompt_text, prompt)));
-  if (gc->greedy_ids.size() != static_cast<size_t>(c.n_predict))
+  if (gc->grammar_kind != c.grammar.kind)
+    out.push_back(
+        fmt::format("stale golden: case '{}': grammar kind is '{}' in the manifest, '{}' "
+                    "in the golden",
+                    c.name, c.grammar.kind, gc->grammar_kind));
+  else if (gc->grammar_text != c.grammar.text)
+    out.push_back(fmt::format("stale golden: case '{}': grammar differs from the manifest ({})",
+                              c.name, text_diff(gc->grammar_text, c.grammar.text)));
+  // A constrained continuation may end before n_predict (a stop token, or the
+  // grammar complete); an unconstrained one has exactly n_predict steps.
+  const size_t G = gc->greedy_ids.size(), N = static_cast<size_t>(c.n_predict);
+  if (c.has_grammar() ? G > N : G != N)
     out.push_back(fmt::format(
         "stale golden: case '{}': n_predict is {} in the manifest, the golden has {} greedy steps",
-        c.name, c.n_predict, gc->greedy_ids.size()));
+        c.name, c.n_predict, G));
 }
 
 }  // namespace

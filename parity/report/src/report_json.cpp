@@ -165,6 +165,7 @@ json case_json(const CaseResult& c) {
           {"first_logit_violation", c.first_logit_violation},
           {"first_failing_step", first_failing_step(c)},
           {"backend_error", c.backend_error}};
+  if (!c.grammar_enforcement.empty()) cj["grammar_enforcement"] = c.grammar_enforcement;
   cj["first_divergence"] =
       c.first_divergence ? divergence_json(*c.first_divergence) : json(nullptr);
   cj["near_ties"] = json::array();

@@ -44,6 +44,16 @@ struct GoldenCase {
   std::vector<float> taps;
   // Floats of one step's record, tap_layers * kTapPoints * tap_dim.
   size_t tap_record_size() const { return size_t(tap_layers) * kTapPoints * size_t(tap_dim); }
+  // Structured output (optional; grammar_kind "" = none, docs/structured-output.md):
+  // greedy_ids is the constrained continuation (argmax over the allowed set; it
+  // ends with a stop token, or where the grammar is complete, or at n_predict);
+  // allowed_masks[s] is the grammar oracle's allowed set at step s, [G, W]
+  // uint32, W = mask_words(): token t allowed <=> bit t % 32 of word t / 32.
+  std::string grammar_kind;  // "json_schema" | "gbnf" | "regex"
+  std::string grammar_text;
+  std::vector<uint32_t> allowed_masks;
+  bool has_grammar() const { return !grammar_kind.empty(); }
+  size_t mask_words() const { return (size_t(n_vocab) + 31) / 32; }
 };
 
 struct GoldenScoring {  // teacher-forced passage

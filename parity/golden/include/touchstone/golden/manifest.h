@@ -56,6 +56,15 @@ struct Profile {
   }
 };
 
+// A case's grammar (structured output, docs/structured-output.md): its greedy
+// continuation is the constrained one, recorded and checked under the mask of
+// the grammar oracle (parity/grammar).
+struct ManifestGrammar {
+  std::string kind;  // "json_schema" | "gbnf" | "regex"; "" = the case has no grammar
+  std::string text;  // "text", or the content of "file"
+  std::string file;  // as written (manifest-relative); "" = inline text
+};
+
 struct ManifestCase {
   std::string name;
   std::string model;              // refers to ManifestModel::name
@@ -64,6 +73,8 @@ struct ManifestCase {
   int n_predict = 0;              // required, > 0
   std::vector<std::string> tags;  // optional
   std::string prompt_file;        // optional, as written (manifest-relative); "" = inline prompt
+  ManifestGrammar grammar;        // optional ("grammar": {"kind", "text" | "file"})
+  bool has_grammar() const { return !grammar.kind.empty(); }
 };
 
 struct ManifestScoring {

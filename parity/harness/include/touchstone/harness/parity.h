@@ -127,6 +127,10 @@ struct CaseResult {
   // Non-empty when a backend call failed (error status, crash, exit, time-out,
   // protocol violation): where and why. The session is unusable afterwards.
   std::string backend_error;
+  // Structured output (a case with a grammar): who applied the grammar's mask,
+  // "applied by the harness" (to the backend's logits) or "enforced by the
+  // backend"; "" = the case has no grammar (docs/structured-output.md).
+  std::string grammar_enforcement;
   double seconds = 0.0;
   std::vector<StepPoint> series;      // one per compared step (greedy cases; empty otherwise)
   int full_row_steps = 0;             // series steps whose NMSE / max-abs cover the full row

@@ -4,10 +4,12 @@
 #include "touchstone/harness/chat.h"
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "touchstone/golden/golden.h"
 #include "touchstone/golden/manifest.h"
+#include "touchstone/grammar/oracle.h"
 #include "touchstone/model/tokenizer.h"
 #include "touchstone/runtime/backend.h"
 
@@ -30,9 +32,17 @@ struct RecordOptions {
 // model's chat template (touchstone/harness/chat.h) when case.chat.
 std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat);
 
+// The grammar oracle of a golden case (nullopt when it has no grammar), at its
+// start state; grammar::GrammarError naming the case when it does not compile.
+std::optional<grammar::GrammarOracle> golden_case_oracle(const Tokenizer& tok, const GoldenCase& g);
+
 // Greedy decoding of c.n_predict tokens from the prompt (never stops early at
-// EOS: every case has exactly n_predict steps). Step s stores the logits that
-// predicted greedy_ids[s]. `progress(step, total)` is called after every step.
+// EOS: every case without a grammar has exactly n_predict steps). A case with
+// a grammar records the constrained continuation instead (argmax over the
+// oracle's allowed set, which admits a stop token only where the grammar may
+// end), stopping after a stop token or where the grammar is complete, and the
+// allowed set of every step (docs/structured-output.md); no layer taps. Step s stores the logits
+// that predicted greedy_ids[s]. `progress(step, total)` is called after every step.
 GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const ChatTemplate& chat,
                        const ManifestCase& c, const RecordOptions& opt,
                        const std::function<void(int, int)>& progress = {});
