@@ -69,7 +69,10 @@ GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const Chat
   if (g.prompt_ids.empty()) throw Error("case '{}': the prompt encodes to zero tokens", c.name);
   g.n_vocab = session.n_vocab();
   g.top_k = std::min(opt.case_top_k, g.n_vocab);
-  g.n_full_steps = std::min(opt.n_full_steps, c.n_predict);
+  // A grammar case stores no full rows: its subject is the constrained tokens
+  // and the allowed sets; its logits are compared by their top-K and
+  // log-sum-exp (a Gemma 3 row is 1 MB, goldens/ has a 40 MiB budget).
+  g.n_full_steps = c.has_grammar() ? 0 : std::min(opt.n_full_steps, c.n_predict);
 
   // Structured output: the continuation is the constrained one, which may stop
   // before n_predict (a stop token, or the grammar complete); no layer taps.
