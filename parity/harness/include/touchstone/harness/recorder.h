@@ -41,7 +41,8 @@ std::optional<grammar::GrammarOracle> golden_case_oracle(const Tokenizer& tok, c
 // a grammar records the constrained continuation instead (argmax over the
 // oracle's allowed set, which admits a stop token only where the grammar may
 // end), stopping after a stop token or where the grammar is complete, and the
-// allowed set of every step (docs/structured-output.md); no layer taps. Step s stores the logits
+// allowed set of every step (docs/structured-output.md); no layer taps and no full logits rows
+// (top-K and log-sum-exp only). Step s stores the logits
 // that predicted greedy_ids[s]. `progress(step, total)` is called after every step.
 GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const ChatTemplate& chat,
                        const ManifestCase& c, const RecordOptions& opt,
