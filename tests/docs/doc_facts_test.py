@@ -77,7 +77,8 @@ def check_counts(root, errors):
 
 
 def table_after(text, heading):
-    """Rows (first cell, third cell, line) of the first table after `heading`."""
+    """Rows (cells, line) of the first table after `heading`; the first cell
+    without backticks, header and separator rows left out."""
     start = text.find(heading)
     if start < 0:
         return None
@@ -88,7 +89,7 @@ def table_after(text, heading):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if cells[0] in ("backend",) or set(cells[0]) <= set("-: "):
                 continue
-            rows.append((cells[0].strip("`"), cells[1] if len(cells) > 1 else "", n))
+            rows.append(([cells[0].strip("`")] + cells[1:], n))
         elif seen:
             break
     return rows
@@ -110,24 +111,22 @@ def check_backends(root, errors):
         errors.append("README.md: no table after '## Backends'")
         return
     # README's columns: backend | what | weight paths | CI here
-    paths = {}
-    for name, _, n in rows:
+    weight_col = {}
+    for cells, n in rows:
+        name = cells[0]
         if "://" in name:
             continue
         if name not in backends:
             errors.append(f"README.md:{n}: backends table names '{name}', not an in-tree backend")
-        paths[name] = n
-    for name in sorted(backends - set(paths)):
+        weight_col[name] = cells[2].lower() if len(cells) > 2 else ""
+    for name in sorted(backends - set(weight_col)):
         errors.append(f"README.md: backends table lacks in-tree backend '{name}'")
-    weight_col = {}
-    for line in readme.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and len(cells) >= 3 and cells[0].strip("`") in paths:
-            weight_col[cells[0].strip("`")] = cells[2].lower()
     fam_path = os.path.join(root, "docs", "model-families.md")
     fam = open(fam_path, encoding="utf-8").read()
     rows = table_after(fam, "Every in-tree backend computes every family")
-    for name, wpaths, n in rows or []:
+    # docs/model-families.md's columns: backend | weight paths | checked on
+    for cells, n in rows or []:
+        name, wpaths = cells[0], cells[1] if len(cells) > 1 else ""
         if name not in backends:
             errors.append(f"docs/model-families.md:{n}: '{name}' is not an in-tree backend")
         elif wpaths.startswith("both"):
