@@ -10,7 +10,7 @@
 #   lib/cmake/Touchstone/       find_package(Touchstone): Touchstone::abi,
 #                               Touchstone::touchstone, touchstone_add_parity_tests(TARGET ...)
 #   share/pkgconfig/touchstone.pc
-#   share/touchstone/goldens/   manifest.json, the golden HDF5 files, passages
+#   share/touchstone/goldens/   manifest.json, the golden HDF5 files, passages, grammars
 #   share/doc/touchstone/       docs/
 #
 # The layout is fixed (not GNUInstallDirs' multiarch libdir) so that the CLI can
@@ -56,6 +56,9 @@ install(FILES ${PROJECT_SOURCE_DIR}/goldens/manifest.json
         DESTINATION share/touchstone/goldens COMPONENT goldens)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/goldens/ DESTINATION share/touchstone/goldens
         COMPONENT goldens FILES_MATCHING PATTERN "*.h5" PATTERN "*.txt")
+# The structured-output cases' grammars (manifest "grammar": {"file": ...}).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/goldens/grammars DESTINATION share/touchstone/goldens
+        COMPONENT goldens)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION share/doc/touchstone COMPONENT runtime)
 
 install(EXPORT TouchstoneTargets NAMESPACE Touchstone:: DESTINATION ${TOUCHSTONE_INSTALL_CMAKEDIR}
