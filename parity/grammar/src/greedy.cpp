@@ -1,6 +1,10 @@
-// greedy.cpp - mask helpers (membership, count, FNV-1a digest) and constrained greedy decoding.
+// greedy.cpp - mask helpers (membership, masking, count, FNV-1a digest) and constrained greedy
+// decoding.
+#include <fmt/format.h>
+
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "touchstone/grammar/oracle.h"
@@ -10,6 +14,22 @@ namespace touchstone::grammar {
 bool mask_allows(std::span<const uint32_t> mask, int32_t token) {
   if (token < 0 || size_t(token) / 32 >= mask.size()) return false;
   return ((mask[size_t(token) / 32] >> (token % 32)) & 1u) != 0;
+}
+
+size_t apply_mask(std::span<const uint32_t> mask, std::span<float> logits) {
+  if (mask.size() != (logits.size() + 31) / 32) {
+    throw std::invalid_argument(
+        fmt::format("grammar apply_mask: {} mask words for {} logits", mask.size(), logits.size()));
+  }
+  size_t allowed = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (mask_allows(mask, int32_t(i))) {
+      ++allowed;
+    } else {
+      logits[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  return allowed;
 }
 
 size_t mask_count(std::span<const uint32_t> mask) {

@@ -131,16 +131,7 @@ size_t GrammarOracle::apply_mask(std::span<float> logits) const {
     throw std::invalid_argument(
         fmt::format("grammar apply_mask: {} logits given, n_vocab is {}", logits.size(), n));
   }
-  const std::vector<uint32_t> mask = allowed_mask();
-  size_t allowed = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    if (mask_allows(mask, i)) {
-      ++allowed;
-    } else {
-      logits[size_t(i)] = -std::numeric_limits<float>::infinity();
-    }
-  }
-  return allowed;
+  return grammar::apply_mask(allowed_mask(), logits);
 }
 
 bool GrammarOracle::accept(int32_t token) {

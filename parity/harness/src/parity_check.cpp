@@ -248,7 +248,7 @@ std::vector<float> masked_row(const grammar::GrammarOracle& o, const Tokenizer& 
     r.violations.push_back({"structured", double(s), 0.0});
   }
   std::vector<float> masked(row.begin(), row.end());
-  o.apply_mask(masked);
+  grammar::apply_mask(mask, masked);
   return masked;
 }
 

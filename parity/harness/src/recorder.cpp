@@ -37,7 +37,7 @@ int32_t constrained_argmax(const grammar::GrammarOracle& o, std::span<const floa
   const std::vector<uint32_t> mask = o.allowed_mask();
   g.allowed_masks.insert(g.allowed_masks.end(), mask.begin(), mask.end());
   std::vector<float> masked(logits.begin(), logits.end());
-  if (o.apply_mask(masked) == 0)
+  if (grammar::apply_mask(mask, masked) == 0)
     throw Error("case '{}': step {}: the grammar allows no token", g.name, step);
   return metrics::argmax(masked);
 }

@@ -165,6 +165,10 @@ class GrammarOracle {
 std::string gbnf_to_xgrammar(std::string_view gbnf);
 
 bool mask_allows(std::span<const uint32_t> mask, int32_t token);
+/// Sets logits[t] to -infinity for every token t the mask does not allow;
+/// returns how many it allows. The mask has ceil(logits.size() / 32) words
+/// (std::invalid_argument otherwise).
+size_t apply_mask(std::span<const uint32_t> mask, std::span<float> logits);
 /// Number of allowed tokens (set bits).
 size_t mask_count(std::span<const uint32_t> mask);
 /// FNV-1a 64 over the mask words, each word taken as its 4 bytes, least
