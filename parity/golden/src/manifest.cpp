@@ -351,6 +351,22 @@ class Parser {
     return pr;
   }
 
+  // The string under `text_key`, or the content of the file (manifest-relative,
+  // kept as written in *file) under `file_key`: exactly one of the two.
+  std::string text_or_file(const json& o, const std::string& p, const char* text_key,
+                           const char* file_key, const Manifest& m, std::string& file) const {
+    const json* f = find(o, file_key);
+    if (f == nullptr) return string(require(o, p, text_key), child(p, text_key));
+    if (find(o, text_key))
+      fail(p, fmt::format("give either \"{}\" or \"{}\", not both", text_key, file_key));
+    file = relative_path(*f, child(p, file_key));
+    std::string err;
+    const std::string full = m.resolve(file);
+    std::string text = read_text(full, &err);
+    if (!err.empty()) fail(child(p, file_key), fmt::format("cannot read {}: {}", full, err));
+    return text;
+  }
+
   ManifestCase parse_case(const json& v, const std::string& p, const Manifest& m) const {
     const json& o = object(v, p);
     allow_keys(o, p,
@@ -359,17 +375,8 @@ class Parser {
     c.name = name(require(o, p, "name"), child(p, "name"));
     c.model = string(require(o, p, "model"), child(p, "model"));
     check_ref(m.models, c.model, child(p, "model"), "model");
-    if (const json* f = find(o, "prompt_file")) {
-      // A long prompt (deep-context cases) lives in a file beside the manifest.
-      if (find(o, "prompt")) fail(p, "give either \"prompt\" or \"prompt_file\", not both");
-      c.prompt_file = relative_path(*f, child(p, "prompt_file"));
-      std::string err;
-      const std::string full = m.resolve(c.prompt_file);
-      c.prompt = read_text(full, &err);
-      if (!err.empty()) fail(child(p, "prompt_file"), fmt::format("cannot read {}: {}", full, err));
-    } else {
-      c.prompt = string(require(o, p, "prompt"), child(p, "prompt"));
-    }
+    // A long prompt (deep-context cases) lives in a file beside the manifest.
+    c.prompt = text_or_file(o, p, "prompt", "prompt_file", m, c.prompt_file);
     if (const json* b = find(o, "chat")) c.chat = boolean(*b, child(p, "chat"));
     c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"), kMaxSteps);
     if (const json* t = find(o, "tags")) c.tags = strings(*t, child(p, "tags"));
@@ -387,16 +394,7 @@ class Parser {
       fail(child(p, "kind"),
            "expected \"json_schema\", \"gbnf\" or \"regex\", got " + got(o["kind"]));
     }
-    if (const json* f = find(o, "file")) {
-      if (find(o, "text")) fail(p, "give either \"text\" or \"file\", not both");
-      g.file = relative_path(*f, child(p, "file"));
-      std::string err;
-      const std::string full = m.resolve(g.file);
-      g.text = read_text(full, &err);
-      if (!err.empty()) fail(child(p, "file"), fmt::format("cannot read {}: {}", full, err));
-    } else {
-      g.text = string(require(o, p, "text"), child(p, "text"));
-    }
+    g.text = text_or_file(o, p, "text", "file", m, g.file);
     if (g.text.empty()) fail(p, "the grammar is empty");
     return g;
   }
