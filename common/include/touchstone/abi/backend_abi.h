@@ -41,7 +41,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 6
+#define TS_BACKEND_API_VERSION 7
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -70,6 +70,9 @@ typedef enum ts_status {
 #define TS_CAP_BATCH_INVARIANT (1u << 7)
 /* With TS_CAP_BITWISE_DETERMINISM: the bitwise claim stops at fork_session. */
 #define TS_CAP_BITWISE_NOT_ACROSS_FORKS (1u << 8)
+/* ---- api_version >= 7 [structured output] ---- */
+/* The session enforces a grammar itself: set_grammar, grammar_mask, grammar_greedy. */
+#define TS_CAP_STRUCTURED_OUTPUT (1u << 9)
 
 /* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
  * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */
@@ -135,6 +138,23 @@ typedef struct ts_batch_entry {
                             buffers of different entries must not overlap */
 } ts_batch_entry;
 
+/* A grammar handed to a session (api_version >= 7). */
+typedef enum ts_grammar_kind {
+  TS_GRAMMAR_JSON_SCHEMA = 0, /* a JSON Schema (draft 2020-12 subset), no extra properties */
+  TS_GRAMMAR_GBNF = 1,        /* llama.cpp GBNF, root rule "root" */
+  TS_GRAMMAR_REGEX = 2        /* a regular expression the whole output matches */
+} ts_grammar_kind;
+
+typedef struct ts_grammar {
+  uint32_t struct_size; /* sizeof(ts_grammar), set by the caller */
+  ts_grammar_kind kind;
+  const char* text; /* NUL-terminated UTF-8 */
+} ts_grammar;
+
+/* Allowed-token masks (grammar_mask): ceil(n_vocab / 32) uint32 words; token i is
+ * allowed iff bit (i % 32) of word (i / 32) is set. */
+#define TS_MASK_WORDS(n_vocab) (((n_vocab) + 31) / 32)
+
 typedef struct ts_backend {
   uint32_t api_version; /* == TS_BACKEND_API_VERSION */
   const char* name;     /* "reference", "cpu_simd", ... */
@@ -184,6 +204,22 @@ typedef struct ts_backend {
   ts_status (*step_batch)(const ts_batch_entry* entries, int32_t n_entries);
   /* *out: a new session holding src's first n_prefix (<= position(src)) positions. */
   ts_status (*fork_session)(ts_session* src, int32_t n_prefix, ts_session** out);
+
+  /* ---- api_version >= 7 [structured output] ---- (all three NULL or all set, with
+   * TS_CAP_STRUCTURED_OUTPUT; rules: docs/contract.md, "Version 7: structured output") */
+  /* From position() on, every token appended (prefill, decode, step_batch) must keep the
+   * text a prefix of a sentence of the grammar, or the call fails with
+   * TS_ERR_INVALID_ARGUMENT and nothing moves. A stop token (EOS, end-of-turn) is allowed
+   * only where the sentence may end, and nothing after it. rewind and fork_session carry
+   * the grammar's state back to their position. grammar NULL removes it. */
+  ts_status (*set_grammar)(ts_session* session, const ts_grammar* grammar);
+  /* The allowed set at position() (n_words == TS_MASK_WORDS(n_vocab)). */
+  ts_status (*grammar_mask)(ts_session* session, uint32_t* mask_out, int32_t n_words);
+  /* The backend's constrained greedy picks for the last n_positions positions of the last
+   * call on the session: tokens_out[i] = argmax over the set allowed after that position
+   * (lowest id on ties), or -1 where nothing is allowed. n_positions > 1 needs that call to
+   * have returned all positions. Appends nothing. */
+  ts_status (*grammar_greedy)(ts_session* session, int32_t n_positions, int32_t* tokens_out);
 } ts_backend;
 
 /* The one exported symbol. */

@@ -31,6 +31,9 @@
 //       //           (fork_session; sets TS_CAP_KV_PREFIX_COPY; 0 <= n_prefix <=
 //       //           position() checked; the result must report position() == n_prefix)
 //     };
+//       // optional (ABI v7): std::unique_ptr<abi::GrammarState>
+//       //           compile_grammar(const ts_grammar& g);  (sets TS_CAP_STRUCTURED_OUTPUT;
+//       //           the adapter then keeps the grammar in step with every call, below)
 //     // optional (ABI v6): static void step_batch(std::span<const abi::BatchItem<Session>>);
 //     //   (step_batch; every entry already checked: distinct sessions of one model
 //     //   and weight path, tokens, room, buffers. Set TS_CAP_BATCHED_SESSIONS in
@@ -177,6 +180,38 @@ struct BatchItem {
   float* logits = nullptr;
 };
 
+// A compiled grammar's state for one sequence (ABI v7 structured output), as a
+// backend that enforces grammars provides it from Session::compile_grammar.
+// The adapter owns it and keeps it in step with the KV cache: every appended
+// token goes through accept() before the backend computes anything (a refusal
+// fails the call and rolls back the tokens of that call already accepted);
+// rewind rolls it back, fork_session clones it. Masks use the TS_MASK_WORDS layout.
+class GrammarState {
+ public:
+  virtual ~GrammarState() = default;
+  // Advances by one token; false (state unchanged) when the grammar refuses it
+  // here, a stop token where the sentence may not end and anything after a stop
+  // token included.
+  virtual bool accept(int32_t token) = 0;
+  // Undoes the last n accepted tokens (0 <= n <= the number accepted).
+  virtual void rollback(int32_t n) = 0;
+  // The allowed set now: n_words words, all bits at and above n_vocab zero.
+  virtual void mask(uint32_t* words, int32_t n_words) const = 0;
+  // An independent state equal to this one.
+  virtual std::unique_ptr<GrammarState> clone() const = 0;
+};
+
+// The constrained greedy pick of one logits row: the argmax over the tokens the
+// mask allows (lowest id on ties, NaN never wins), -1 when none is allowed.
+inline int32_t masked_argmax(const float* logits, int64_t n, const uint32_t* mask) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!((mask[i / 32] >> (i % 32)) & 1u) || logits[i] != logits[i]) continue;
+    if (best < 0 || logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
 // The Session members that only forward to an engine's own session class E,
 // written once. E spells them: position(), max_context(), prefill(const
 // int32_t* tokens, int32_t n, bool all_positions, float* logits), rewind(int32_t);
@@ -218,6 +253,13 @@ class BackendAdapter {
     int32_t n_vocab = 0;
     const ModelBox* model = nullptr;  // step_batch: one model per call
     int weight_path = 0;              // step_batch: one weight path per call
+    // ABI v7: the grammar (null = none) and the position it was set at; the
+    // logits rows of the last call (its last row, or every row when a grammar
+    // was set during an all-positions call), for grammar_greedy.
+    std::unique_ptr<abi::GrammarState> grammar;
+    int32_t grammar_start = 0;
+    std::vector<float> last_rows;
+    int32_t n_last_rows = 0;
   };
   static ModelBox* box(ts_model* m) { return reinterpret_cast<ModelBox*>(m); }
   static const ModelBox* box(const ts_model* m) { return reinterpret_cast<const ModelBox*>(m); }
@@ -241,6 +283,9 @@ class BackendAdapter {
   };
   static constexpr bool kStepBatch = requires(std::span<const abi::BatchItem<Session>> items) {
     Impl::step_batch(items);
+  };
+  static constexpr bool kGrammar = requires(Session & s, const ts_grammar& g) {
+    { s.compile_grammar(g) } -> std::convertible_to<std::unique_ptr<abi::GrammarState>>;
   };
 
   static const char* architectures() {
@@ -277,6 +322,10 @@ class BackendAdapter {
       else
         c.flags &= ~TS_CAP_KV_PREFIX_COPY;
       if constexpr (!kStepBatch) c.flags &= ~TS_CAP_BATCHED_SESSIONS;
+      if constexpr (kGrammar)
+        c.flags |= TS_CAP_STRUCTURED_OUTPUT;
+      else
+        c.flags &= ~TS_CAP_STRUCTURED_OUTPUT;
       const size_t n = std::min<size_t>(out->struct_size, sizeof(ts_capabilities));
       c.struct_size = uint32_t(n);
       std::memcpy(out, &c, n);
@@ -336,6 +385,11 @@ class BackendAdapter {
         }
         auto b = std::make_unique<SessionBox>();
         b->session = from.session->fork(n_prefix);
+        if (from.grammar && n_prefix >= from.grammar_start) {
+          b->grammar = from.grammar->clone();
+          b->grammar->rollback(position - n_prefix);
+          b->grammar_start = from.grammar_start;
+        }
         b->n_vocab = from.n_vocab;
         b->model = from.model;
         b->weight_path = from.weight_path;
@@ -347,6 +401,11 @@ class BackendAdapter {
         *out = reinterpret_cast<ts_session*>(b.release());
       }
     });
+  }
+
+  static const ts_batch_entry& entry(const ts_batch_entry* e, int32_t i) {
+    return *reinterpret_cast<const ts_batch_entry*>(reinterpret_cast<const char*>(e) +
+                                                    size_t(i) * e->struct_size);
   }
 
   // Every check of step_batch before the backend sees an entry; messages name
@@ -366,8 +425,7 @@ class BackendAdapter {
     std::vector<abi::BatchItem<Session>> items;
     const SessionBox* first = nullptr;
     for (int32_t i = 0; i < n; ++i) {
-      const auto& entry = *reinterpret_cast<const ts_batch_entry*>(
-          reinterpret_cast<const char*>(e) + size_t(i) * stride);
+      const ts_batch_entry& entry = BackendAdapter::entry(e, i);
       const std::string at = "step_batch: entry " + std::to_string(i) + ": ";
       try {
         abi::require(entry.struct_size == stride, "struct_size differs from entry 0's");
@@ -396,16 +454,27 @@ class BackendAdapter {
     return abi::guard([&] {
       if constexpr (kStepBatch) {
         const std::vector<abi::BatchItem<Session>> items = batch_items(e, n);
+        std::vector<SessionBox*> boxes;
+        for (int32_t i = 0; i < n; ++i) boxes.push_back(box(entry(e, i).session));
+        size_t accepted = 0;  // entries whose tokens the grammars took
         std::vector<int32_t> before;
         for (const auto& item : items) before.push_back(item.session->position());
         try {
+          for (; accepted < items.size(); ++accepted) {
+            grammar_accept(*boxes[accepted], items[accepted].tokens,
+                           "step_batch: entry " + std::to_string(accepted));
+          }
           Impl::step_batch(std::span<const abi::BatchItem<Session>>(items));
         } catch (...) {
-          // No session changes position on an error.
-          for (size_t i = 0; i < items.size(); ++i)
+          // No session changes position (nor grammar state) on an error.
+          for (size_t i = 0; i < items.size(); ++i) {
             if (items[i].session->position() > before[i]) items[i].session->rewind(before[i]);
+            if (i < accepted) grammar_undo(*boxes[i], items[i].tokens.size());
+          }
           throw;
         }
+        for (size_t i = 0; i < items.size(); ++i)
+          keep_rows(*boxes[i], items[i].logits, items[i].tokens.size(), items[i].all_positions);
       }
     });
   }
@@ -424,22 +493,72 @@ class BackendAdapter {
     return session;
   }
 
+  // ---- ABI v7: the grammar kept in step with the calls ----
+
+  // The tokens through the session's grammar (if any) before the backend computes
+  // them; on a refusal the ones already taken are undone and the call fails.
+  static void grammar_accept(SessionBox& b, std::span<const int32_t> tokens,
+                             const std::string& fn) {
+    if (!b.grammar) return;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (!b.grammar->accept(tokens[i])) {
+        b.grammar->rollback(int32_t(i));
+        throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                               fn + ": token #" + std::to_string(i) + " = " +
+                                   std::to_string(tokens[i]) +
+                                   " is not allowed by the grammar at position " +
+                                   std::to_string(b.session->position() + int64_t(i)));
+      }
+    }
+  }
+  static void grammar_undo(SessionBox& b, size_t n) {
+    if (b.grammar) b.grammar->rollback(int32_t(n));
+  }
+  // Keeps the call's logits for grammar_greedy: every row while a grammar is set
+  // and the call returned all positions, else the last row.
+  static void keep_rows(SessionBox& b, const float* logits, size_t n_tokens, bool all) {
+    if constexpr (kGrammar) {
+      const size_t rows = all ? n_tokens : 1;
+      const size_t kept = (all && b.grammar) ? rows : 1;
+      const float* from = logits + (rows - kept) * size_t(b.n_vocab);
+      b.last_rows.assign(from, from + kept * size_t(b.n_vocab));
+      b.n_last_rows = int32_t(kept);
+    }
+  }
+  // Runs the backend's appending call with the grammar taken first and undone
+  // if the backend throws.
+  template <class F>
+  static void appending(SessionBox& b, std::span<const int32_t> tokens, const char* fn, F&& call) {
+    grammar_accept(b, tokens, fn);
+    try {
+      call();
+    } catch (...) {
+      grammar_undo(b, tokens.size());
+      throw;
+    }
+  }
+
   static ts_status prefill(ts_session* s, const int32_t* tokens, int32_t n, int32_t all,
                            float* logits) noexcept {
     return abi::guard([&] {
-      appendable(s, tokens, n, logits, "prefill")
-          .prefill(std::span<const int32_t>(tokens, size_t(n)), all != 0, logits);
+      Session& session = appendable(s, tokens, n, logits, "prefill");
+      const std::span<const int32_t> t(tokens, size_t(n));
+      appending(*box(s), t, "prefill", [&] { session.prefill(t, all != 0, logits); });
+      keep_rows(*box(s), logits, size_t(n), all != 0);
     });
   }
 
   static ts_status decode(ts_session* s, int32_t token, float* logits) noexcept {
     return abi::guard([&] {
       Session& session = appendable(s, &token, 1, logits, "decode");
-      if constexpr (kDecode) {
-        session.decode(token, logits);
-      } else {
-        session.prefill(std::span<const int32_t>(&token, 1), false, logits);
-      }
+      appending(*box(s), std::span<const int32_t>(&token, 1), "decode", [&] {
+        if constexpr (kDecode) {
+          session.decode(token, logits);
+        } else {
+          session.prefill(std::span<const int32_t>(&token, 1), false, logits);
+        }
+      });
+      keep_rows(*box(s), logits, 1, false);
     });
   }
 
@@ -447,8 +566,10 @@ class BackendAdapter {
                                   int32_t* token_out) noexcept {
     return abi::guard([&] {
       if constexpr (kGreedy) {
-        *token_out = appendable(s, tokens, n, token_out, "prefill_greedy")
-                         .prefill_greedy(std::span<const int32_t>(tokens, size_t(n)));
+        Session& session = appendable(s, tokens, n, token_out, "prefill_greedy");
+        const std::span<const int32_t> t(tokens, size_t(n));
+        appending(*box(s), t, "prefill_greedy", [&] { *token_out = session.prefill_greedy(t); });
+        box(s)->n_last_rows = 0;  // no logits came back to the adapter
       }
     });
   }
@@ -456,9 +577,80 @@ class BackendAdapter {
   static ts_status rewind(ts_session* s, int32_t position) noexcept {
     return abi::guard([&] {
       abi::require(s != nullptr, "rewind: null session");
-      Session& session = *box(s)->session;
+      SessionBox& b = *box(s);
+      Session& session = *b.session;
       abi::check_rewind(position, session.position());
+      const int32_t from = session.position();
       session.rewind(position);
+      b.n_last_rows = 0;
+      if (!b.grammar) return;
+      if (position >= b.grammar_start)
+        b.grammar->rollback(from - position);
+      else
+        b.grammar.reset();  // rewound past where the grammar was set: removed
+    });
+  }
+
+  static ts_status set_grammar(ts_session* s, const ts_grammar* g) noexcept {
+    return abi::guard([&] {
+      abi::require(s != nullptr, "set_grammar: null session");
+      SessionBox& b = *box(s);
+      if (!g) {
+        b.grammar.reset();
+        return;
+      }
+      abi::require(g->struct_size >= sizeof(ts_grammar) && g->text != nullptr,
+                   "set_grammar: null text or struct_size too small");
+      int kind = 0;
+      static_assert(sizeof kind == sizeof g->kind);
+      std::memcpy(&kind, &g->kind, sizeof kind);
+      abi::require(kind >= TS_GRAMMAR_JSON_SCHEMA && kind <= TS_GRAMMAR_REGEX,
+                   "set_grammar: unknown grammar kind");
+      if constexpr (kGrammar) {
+        b.grammar = b.session->compile_grammar(*g);
+        b.grammar_start = b.session->position();
+      }
+    });
+  }
+
+  static SessionBox& with_grammar(ts_session* s, const char* fn) {
+    if (!s || !box(s)->grammar)
+      throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                             std::string(fn) + ": no grammar set on the session");
+    return *box(s);
+  }
+
+  static ts_status grammar_mask(ts_session* s, uint32_t* out, int32_t n_words) noexcept {
+    return abi::guard([&] {
+      SessionBox& b = with_grammar(s, "grammar_mask");
+      abi::require(out != nullptr && n_words == TS_MASK_WORDS(b.n_vocab),
+                   "grammar_mask: null buffer or n_words != TS_MASK_WORDS(n_vocab)");
+      b.grammar->mask(out, n_words);
+    });
+  }
+
+  static ts_status grammar_greedy(ts_session* s, int32_t n, int32_t* out) noexcept {
+    return abi::guard([&] {
+      SessionBox& b = with_grammar(s, "grammar_greedy");
+      abi::require(out != nullptr && n >= 1, "grammar_greedy: null buffer or n_positions < 1");
+      if (n > b.n_last_rows) {
+        throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                               "grammar_greedy: " + std::to_string(n) + " positions asked, the " +
+                                   "last call left " + std::to_string(b.n_last_rows) +
+                                   " logits rows (all positions need a grammar set before it)");
+      }
+      const int32_t accepted = b.session->position() - b.grammar_start;
+      abi::require(n - 1 <= accepted, "grammar_greedy: a position before the grammar was set");
+      std::vector<uint32_t> mask(size_t(TS_MASK_WORDS(b.n_vocab)));
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t back = n - 1 - i;  // tokens after the row's position
+        std::unique_ptr<abi::GrammarState> state = b.grammar->clone();
+        state->rollback(back);
+        state->mask(mask.data(), int32_t(mask.size()));
+        const int32_t row = b.n_last_rows - 1 - back;
+        out[i] = abi::masked_argmax(b.last_rows.data() + size_t(row) * size_t(b.n_vocab),
+                                    b.n_vocab, mask.data());
+      }
     });
   }
 
@@ -505,6 +697,9 @@ class BackendAdapter {
         kTaps ? read_taps : nullptr,
         kStepBatch ? step_batch : nullptr,
         kFork ? fork_session : nullptr,
+        kGrammar ? set_grammar : nullptr,
+        kGrammar ? grammar_mask : nullptr,
+        kGrammar ? grammar_greedy : nullptr,
     };
     return &t;
   }
