@@ -95,17 +95,21 @@ class Runner {
   std::string step_batch(Reader& r);
   void check_batch_size(const std::vector<protocol::DecodedBatchEntry>& req);
   std::string fork_session(Reader& r);
+  std::string set_grammar(Reader& r);
+  std::string grammar_mask(Reader& r);
+  std::string grammar_greedy(Reader& r);
   // The other ops with arguments beyond a handle, each answering TS_OK + its result.
   std::string load_model(Reader& r);
   std::string open_session(Reader& r);
   std::string prefill(Reader& r);
   std::string prefill_greedy(Reader& r);
   std::string read_taps(Reader& r);
-  // ABI v6 members are called only when the table has them (version >= 6, non-NULL).
-  void need(bool has, const char* member) const {
-    if (!has || version_ < 4) {
-      throw BackendError(TS_ERR_UNSUPPORTED,
-                         fmt::format("backend '{}' has no {} (ABI v6)", ch_->info().name, member));
+  // ABI v6/v7 members are called only when the table has them (non-NULL) and
+  // the protocol agreed carries them.
+  void need(bool has, const char* member, uint32_t protocol = 4, int abi = 6) const {
+    if (!has || version_ < protocol) {
+      throw BackendError(TS_ERR_UNSUPPORTED, fmt::format("backend '{}' has no {} (ABI v{})",
+                                                         ch_->info().name, member, abi));
     }
   }
   Handle model(Reader& r) {
@@ -249,6 +253,55 @@ std::string Runner::fork_session(Reader& r) {
   return w.bytes();
 }
 
+std::string Runner::set_grammar(Reader& r) {
+  need(ch_->info().grammar, "set_grammar", 5, 7);
+  const Handle s = session(r);
+  const int32_t kind = r.i32("kind");
+  const std::string text = r.str("text", 16u << 20);
+  r.finish();
+  if (kind < 0) {
+    ch_->set_grammar(s, nullptr);
+  } else {
+    ts_grammar g{};
+    g.struct_size = sizeof g;
+    g.kind = static_cast<ts_grammar_kind>(kind);
+    g.text = text.c_str();
+    ch_->set_grammar(s, &g);
+  }
+  Writer w;
+  w.i32(TS_OK);
+  return w.bytes();
+}
+
+// The mask and the picks are sized by the request, bounded before allocation.
+std::string Runner::grammar_mask(Reader& r) {
+  need(ch_->info().grammar, "grammar_mask", 5, 7);
+  const Handle s = session(r);
+  const int32_t n = r.i32("n_words");
+  r.finish();
+  if (n < 1 || n > (1 << 24)) throw Error("runner: grammar_mask: n_words {} outside [1, 2^24]", n);
+  std::vector<uint32_t> mask(size_t(n), 0);
+  ch_->grammar_mask(s, mask);
+  Writer w;
+  w.i32(TS_OK);
+  for (uint32_t word : mask) w.u32(word);
+  return w.bytes();
+}
+
+std::string Runner::grammar_greedy(Reader& r) {
+  need(ch_->info().grammar, "grammar_greedy", 5, 7);
+  const Handle s = session(r);
+  const int32_t n = r.i32("n_positions");
+  r.finish();
+  if (n < 1 || n > (1 << 20))
+    throw Error("runner: grammar_greedy: n_positions {} outside [1, 2^20]", n);
+  std::vector<int32_t> tokens(size_t(n), -1);
+  ch_->grammar_greedy(s, tokens);
+  Writer w;
+  w.i32(TS_OK).i32s(tokens);
+  return w.bytes();
+}
+
 std::string Runner::load_model(Reader& r) {
   const std::string path = r.str("path");
   r.finish();
@@ -384,6 +437,12 @@ std::string Runner::handle(Op op, Reader& r) {
       return step_batch(r);
     case Op::kForkSession:
       return fork_session(r);
+    case Op::kSetGrammar:
+      return set_grammar(r);
+    case Op::kGrammarMask:
+      return grammar_mask(r);
+    case Op::kGrammarGreedy:
+      return grammar_greedy(r);
     case Op::kHello:
       break;
   }

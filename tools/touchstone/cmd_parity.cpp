@@ -24,6 +24,7 @@
 #include "touchstone/harness/model_store.h"
 #include "touchstone/harness/parity.h"
 #include "touchstone/harness/serving.h"
+#include "touchstone/harness/structured.h"
 #include "touchstone/harness/stale.h"
 #include "touchstone/model/faults.h"
 #include "touchstone/model/gguf.h"
@@ -50,6 +51,9 @@ struct Opts {
   bool serving = false, serving_only = false, no_serving = false;
   std::string serving_plan;  // smoke | quick | full; "" = the suite's (serving_plan())
   std::vector<std::string> serving_checks;  // --serving-check (empty = all four)
+  // Structured-output checks (touchstone/harness/structured.h) on one grammar case.
+  bool structured = false, structured_only = false;
+  std::vector<std::string> structured_checks;  // --structured-check (empty = all seven)
   int threads = 0, max_steps = 0, max_positions = 0;
   double timeout = 300.0;
   ReadableOutputs readable;  // --html, --summary
@@ -357,8 +361,54 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
   write_reports(o, report);
 }
 
+bool wants_structured(const Opts& o) {
+  return o.structured || o.structured_only || !o.structured_checks.empty();
+}
+
+// The structured checks on one grammar case: the first named case with a
+// grammar, else the model's first grammar case in the golden.
+void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
+  const GoldenCase* g = nullptr;
+  for (const std::string& n : in.plan.cases)
+    if (const GoldenCase* c = in.golden.find_case(n); c && c->has_grammar() && !g) g = c;
+  for (const GoldenCase& c : in.golden.cases)
+    if (c.has_grammar() && !g) g = &c;
+  if (!g) {
+    report.not_supported.push_back(
+        {"structured", fmt::format("model '{}' has no grammar case", in.plan.model->name)});
+    return write_reports(o, report);
+  }
+  StructuredOptions opt;
+  opt.session = BackendSessionOptions{in.weights, o.threads, planned_context(o, in), o.fault};
+  opt.checks = o.structured_checks;
+  if (o.max_steps > 0) opt.max_steps = o.max_steps;
+  opt.session.max_context = std::max<int32_t>(
+      opt.session.max_context, int32_t(g->prompt_ids.size()) + opt.max_steps + opt.draft_length);
+  const bool by_backend = host.library().has_grammar();
+  fmt::print(stderr, "  structured checks on case '{}' (grammar {})\n", g->name,
+             by_backend ? kGrammarByBackend : kGrammarByHarness);
+  report.n_planned += int(opt.checks.empty() ? structured_check_names().size() : opt.checks.size());
+  const KnownDivergenceKey key{report.info.backend, report.info.model_name,
+                               report.info.weight_path, report.info.profile};
+  try {
+    for (CaseResult& r : check_structured(host.model(), *in.tok, *g, *in.profile, opt)) {
+      if (r.n_steps == 0 && r.failures.empty()) {  // nothing compared: never a PASS
+        report.not_supported.push_back(
+            {r.name, r.not_supported.empty() ? "nothing to compare" : r.not_supported.front()});
+        --report.n_planned;
+        continue;
+      }
+      in.known.apply(key, r);  // item: the check's name, e.g. structured.mask_parity
+      report.cases.push_back(std::move(r));
+    }
+  } catch (const BackendError& e) {
+    report.cases.push_back(backend_failure<CaseResult>(host, report, "structured", e));
+  }
+  write_reports(o, report);
+}
+
 bool wants_consistency(const Opts& o) {
-  if (o.no_consistency || o.serving_only) return false;
+  if (o.no_consistency || o.serving_only || o.structured_only) return false;
   return o.consistency || o.consistency_only || (o.cases.empty() && o.scoring.empty());
 }
 
@@ -368,7 +418,7 @@ bool wants_consistency(const Opts& o) {
 // the rows already; with --serving / --serving-only run_serving records it.
 // TS_ERR_DEVICE / TS_ERR_UNSUPPORTED follow the verdict order (backend_failure).
 bool wants_serving(const Opts& o, BackendHost& host, Report& report) {
-  if (o.no_serving || o.consistency_only) return false;
+  if (o.no_serving || o.consistency_only || o.structured_only) return false;
   if (o.serving || o.serving_only) return true;
   if (!o.cases.empty() || !o.scoring.empty()) return false;
   try {
@@ -511,7 +561,7 @@ int run_parity(const Opts& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::unique_ptr<Inputs> in = load_inputs(o);
   Report report;
-  report.n_planned = o.consistency_only || o.serving_only
+  report.n_planned = o.consistency_only || o.serving_only || o.structured_only
                          ? 0
                          : int(in->plan.cases.size() + in->plan.scoring.size());
   if (wants_consistency(o)) report.n_planned += 5;
@@ -527,9 +577,11 @@ int run_parity(const Opts& o) {
     describe_backend(host, report.info);
     const int top_n = backend_top_n(host);
     if (top_n > 0) plan_top_n(o, *in, host, report, top_n);
-    if (!o.consistency_only && !o.serving_only) run_checks(o, *in, host, report, top_n == 0);
+    if (!o.consistency_only && !o.serving_only && !o.structured_only)
+      run_checks(o, *in, host, report, top_n == 0);
     if (wants_consistency(o) && top_n == 0) run_consistency(o, *in, host, report);
     if (wants_serving(o, host, report)) run_serving(o, *in, host, report);
+    if (wants_structured(o) && top_n == 0) run_structured(o, *in, host, report);
   } catch (const BackendError& e) {           // the verdict order, as in backend_failure
     if (skips_run(e) && !report.started()) {  // no device here, or this model / path refused
       (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();
@@ -609,6 +661,14 @@ void add_check_options(CLI::App* cmd, Opts* o) {
                   "Only this serving check (repeatable): serving.batch_invariance, "
                   "serving.content_isolation, serving.prefix_fork, serving.speculative_verify")
       ->check(CLI::IsMember(serving_check_names()));
+  cmd->add_flag("--structured", o->structured,
+                "Also run the structured-output checks on one grammar case (mask parity, "
+                "constrained greedy, termination, non-interference, rollback, speculative "
+                "drafts, batch isolation; docs/structured-output.md#checks)");
+  cmd->add_flag("--structured-only", o->structured_only, "Run only the structured-output checks");
+  cmd->add_option("--structured-check", o->structured_checks,
+                  "Only this structured-output check (repeatable)")
+      ->check(CLI::IsMember(structured_check_names()));
   cmd->add_option("--serving-plan", o->serving_plan,
                   "Sizes of the serving checks: smoke (B = 3; fillers of 10-16 tokens; K = 4), "
                   "quick (B = 2, 4; fillers of 10-32 tokens) or full (B = 2, 4, 8, 16; fillers "

@@ -47,6 +47,10 @@ constexpr FaultEntry kFaults[] = {
     {"fork_shared_kv", [](Faults& f) { f.fork_shared_kv = true; }},
     {"batch_all_positions_shift", [](Faults& f) { f.batch_all_positions_shift = true; }},
     {"batch_page_boundary_leak", [](Faults& f) { f.batch_page_boundary_leak = true; }},
+    {"grammar_mask_one_step_late", [](Faults& f) { f.grammar_mask_late = true; }},
+    {"grammar_straddling_token", [](Faults& f) { f.grammar_straddle = true; }},
+    {"grammar_early_stop", [](Faults& f) { f.grammar_early_stop = true; }},
+    {"grammar_advanced_on_rejected_draft", [](Faults& f) { f.grammar_draft_advance = true; }},
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "touchstone/common/error.h"
+#include "touchstone/harness/structured.h"
 
 namespace touchstone {
 namespace {
@@ -222,15 +223,14 @@ bool judge_flip(const Tokenizer& tok, const Profile& p, int s, const GoldenStep&
   return true;
 }
 
-// Structured output, harness-applied (the backend returns logits only): the
-// oracle's allowed set at step s against the golden's (structured.mask_parity:
-// a difference names the step and the first tokens with their bytes), and the
-// row with every token outside the set at -inf, which the greedy token is then
-// the argmax of (structured.constrained_greedy).
-std::vector<float> masked_row(const grammar::GrammarOracle& o, const Tokenizer& tok,
-                              const GoldenCase& g, int s, std::span<const float> row,
-                              CaseResult& r) {
-  const std::vector<uint32_t> mask = o.allowed_mask();
+// structured.mask_parity: `mask` (the allowed set of `whose`: the oracle when
+// the harness applies the grammar, the backend when it enforces it) against the
+// golden's at step s; a difference names the step and the first tokens allowed
+// by one side only, with their bytes. Then the row with every token outside the
+// set at -inf, of which the greedy token is the argmax (structured.constrained_greedy).
+std::vector<float> masked_row(std::span<const uint32_t> mask, const char* whose,
+                              const Tokenizer& tok, const GoldenCase& g, int s,
+                              std::span<const float> row, CaseResult& r) {
   const std::span<const uint32_t> want(g.allowed_masks.data() + size_t(s) * g.mask_words(),
                                        g.mask_words());
   if (!std::equal(mask.begin(), mask.end(), want.begin(), want.end())) {
@@ -240,16 +240,36 @@ std::vector<float> masked_row(const grammar::GrammarOracle& o, const Tokenizer& 
       const bool a = grammar::mask_allows(mask, t), b = grammar::mask_allows(want, t);
       if (a == b) continue;
       diff += fmt::format("{}token {} {:?} allowed by {} only", shown++ ? "; " : "", t,
-                          tok.token_bytes(t), a ? "the oracle" : "the golden");
+                          tok.token_bytes(t), a ? whose : "the golden");
     }
     r.failures.push_back(fmt::format(
-        "structured.mask_parity: step {}: the oracle allows {} tokens, the golden {}: {}", s,
+        "structured.mask_parity: step {}: {} allows {} tokens, the golden {}: {}", s, whose,
         grammar::mask_count(mask), grammar::mask_count(want), diff));
     r.violations.push_back({"structured", double(s), 0.0});
   }
   std::vector<float> masked(row.begin(), row.end());
   grammar::apply_mask(mask, masked);
   return masked;
+}
+
+// The greedy token of step s under a grammar: the backend's own pick when it
+// enforces the grammar (its mask judged), else the argmax over the oracle's set.
+struct ConstrainedStep {
+  std::vector<float> masked;
+  int32_t token = -1;
+};
+ConstrainedStep constrained_step(BackendSession& session, const grammar::GrammarOracle& o,
+                                 const Tokenizer& tok, const GoldenCase& g, int s,
+                                 std::span<const float> row, CaseResult& r) {
+  ConstrainedStep c;
+  if (!session.grammar_set()) {
+    c.masked = masked_row(o.allowed_mask(), "the oracle", tok, g, s, row, r);
+    c.token = metrics::argmax(c.masked);
+    return c;
+  }
+  c.masked = masked_row(session.grammar_mask(), "the backend", tok, g, s, row, r);
+  c.token = session.grammar_greedy(1)[0];
+  return c;
 }
 
 // Teacher forcing under a grammar: the golden token advances the oracle (a
@@ -281,9 +301,12 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
   at = {"rewind", -1};
   session.rewind(0);
   std::optional<grammar::GrammarOracle> oracle = golden_case_oracle(tok, g);
-  if (oracle) r.grammar_enforcement = "applied by the harness";
   at = {"prefill", 0};
   std::vector<float> logits = session.prefill(g.prompt_ids);
+  if (oracle) {
+    r.grammar_enforcement = enforce_grammar(session, g);
+    at = {"set_grammar", 0};
+  }
   r.full_row_steps = std::min(g.n_full_steps, r.n_total);
   bool stop = false;
   size_t next_tap = 0;
@@ -302,16 +325,19 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
 
     // Greedy agreement (under a grammar: over the allowed set).
     const int32_t ref_tok = g.greedy_ids[size_t(s)];
-    const std::vector<float> masked =
-        oracle ? masked_row(*oracle, tok, g, s, row, r) : std::vector<float>();
-    const std::span<const float> judged = oracle ? std::span<const float>(masked) : row;
-    const int32_t test_tok = metrics::argmax(judged);
+    at = {"grammar_greedy", s};
+    const ConstrainedStep c =
+        oracle ? constrained_step(session, *oracle, tok, g, s, row, r) : ConstrainedStep{};
+    const std::span<const float> judged = oracle ? std::span<const float>(c.masked) : row;
+    const int32_t test_tok = oracle ? c.token : metrics::argmax(judged);
     r.series.push_back({test_tok == ref_tok, K >= 2 ? metrics::top2_margin(ref_vals) : NAN, m.kl,
                         m.nmse, m.max_abs});
     if (progress) progress(s + 1, r.n_total);
-    if (test_tok < 0) {  // every logit NaN: there is no greedy token
-      r.failures.push_back(fmt::format("step {}: every logit is NaN, no greedy token", s));
-      note_violation(r, s, "every logit is NaN");
+    if (test_tok < 0) {  // every logit NaN, or nothing allowed: there is no greedy token
+      const std::string why = oracle ? "no token is allowed (or every allowed logit is NaN)"
+                                     : "every logit is NaN";
+      r.failures.push_back(fmt::format("step {}: {}, no greedy token", s, why));
+      note_violation(r, s, why);
       break;
     }
     host_argmax.push_back(test_tok);

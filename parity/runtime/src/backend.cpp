@@ -36,6 +36,16 @@ Handle BackendChannel::fork_session(Handle /*src*/, int32_t /*n_prefix*/) {
   throw Error("backend '{}' has no fork_session (ABI v6)", info().name);
 }
 
+void BackendChannel::set_grammar(Handle /*session*/, const ts_grammar* /*grammar*/) {
+  throw Error("backend '{}' has no set_grammar (ABI v7)", info().name);
+}
+void BackendChannel::grammar_mask(Handle /*session*/, std::span<uint32_t> /*out*/) {
+  throw Error("backend '{}' has no grammar_mask (ABI v7)", info().name);
+}
+void BackendChannel::grammar_greedy(Handle /*session*/, std::span<int32_t> /*out*/) {
+  throw Error("backend '{}' has no grammar_greedy (ABI v7)", info().name);
+}
+
 std::shared_ptr<BackendLibrary> BackendLibrary::load(const std::string& name_or_path) {
   return std::make_shared<BackendLibrary>(open_in_process(name_or_path));
 }
@@ -157,7 +167,13 @@ std::unique_ptr<BackendSession> BackendSession::fork(int32_t n_prefix) {
   const std::span<const int32_t> prefix(history_.data(), size_t(n_prefix));
   if (!lib_->has_fork()) {  // emulated: a fresh session prefills the same tokens
     auto s = std::make_unique<BackendSession>(*model_, options_);
-    if (n_prefix > 0) s->prefill(prefix);
+    const bool grammar = grammar_start_ >= 0 && grammar_start_ <= n_prefix;
+    const size_t before = grammar ? size_t(grammar_start_) : size_t(n_prefix);
+    if (before > 0) s->prefill(prefix.first(before));
+    if (grammar) {
+      s->set_grammar(grammar_kind_, grammar_text_);
+      if (before < prefix.size()) s->prefill(prefix.subspan(before));
+    }
     return s;
   }
   const Handle h = lib_->channel().fork_session(session_, n_prefix);
@@ -168,6 +184,11 @@ std::unique_ptr<BackendSession> BackendSession::fork(int32_t n_prefix) {
   }
   std::unique_ptr<BackendSession> s(new BackendSession(*model_, options_, h));
   s->appended(prefix);
+  if (grammar_start_ >= 0 && grammar_start_ <= n_prefix) {
+    s->grammar_start_ = grammar_start_;
+    s->grammar_kind_ = grammar_kind_;
+    s->grammar_text_ = grammar_text_;
+  }
   return s;
 }
 
@@ -211,6 +232,40 @@ int32_t BackendSession::prefill_greedy(std::span<const int32_t> tokens) {
 void BackendSession::rewind(int32_t position) {
   lib_->channel().rewind(session_, position);
   if (position >= 0 && size_t(position) < history_.size()) history_.resize(size_t(position));
+  if (position < grammar_start_) grammar_start_ = -1;  // rewound past it: removed
+}
+
+void BackendSession::set_grammar(ts_grammar_kind kind, const std::string& text) {
+  ts_grammar g{};
+  g.struct_size = sizeof g;
+  g.kind = kind;
+  g.text = text.c_str();
+  lib_->channel().set_grammar(session_, &g);
+  grammar_start_ = int32_t(history_.size());
+  grammar_kind_ = kind;
+  grammar_text_ = text;
+}
+
+void BackendSession::clear_grammar() {
+  lib_->channel().set_grammar(session_, nullptr);
+  grammar_start_ = -1;
+}
+
+std::vector<uint32_t> BackendSession::grammar_mask() {
+  std::vector<uint32_t> mask(size_t(TS_MASK_WORDS(n_vocab_)));
+  lib_->channel().grammar_mask(session_, mask);
+  return mask;
+}
+
+std::vector<int32_t> BackendSession::grammar_greedy(int32_t n_positions) {
+  std::vector<int32_t> tokens(size_t(std::max(n_positions, 1)), -1);
+  lib_->channel().grammar_greedy(session_, tokens);
+  for (int32_t t : tokens) {
+    if (t < -1 || t >= n_vocab_)
+      throw Error("{}: grammar_greedy returned token {} outside [-1, {})", lib_->name(), t,
+                  n_vocab_);
+  }
+  return tokens;
 }
 
 void BackendSession::set_taps(bool enable) { lib_->channel().set_taps(session_, enable); }

@@ -188,6 +188,9 @@ class ChildChannel final : public BackendChannel {
   }
   void step_batch(std::span<const BatchCall> entries) override;
   Handle fork_session(Handle src, int32_t n_prefix) override;
+  void set_grammar(Handle s, const ts_grammar* g) override;
+  void grammar_mask(Handle s, std::span<uint32_t> out) override;
+  void grammar_greedy(Handle s, std::span<int32_t> out) override;
 
  private:
   void check_serving_flags(uint32_t flags);
@@ -304,6 +307,43 @@ Handle ChildChannel::fork_session(Handle src, int32_t n_prefix) {
   return h;
 }
 
+// ABI v7: a status-only set_grammar; the mask and the picks are fixed-size replies.
+void ChildChannel::set_grammar(Handle s, const ts_grammar* g) {
+  if (!info_.grammar) BackendChannel::set_grammar(s, g);
+  Writer w;
+  w.u64(s).i32(g ? int32_t(g->kind) : -1).str(g && g->text ? g->text : "");
+  auto reply = call(Op::kSetGrammar, w, kMaxErrorReply);
+  Reader r(reply, "set_grammar reply");
+  ok_or_throw(r, "set_grammar");
+  r.finish();
+}
+
+void ChildChannel::grammar_mask(Handle s, std::span<uint32_t> out) {
+  if (!info_.grammar) BackendChannel::grammar_mask(s, out);
+  Writer w;
+  w.u64(s).i32(int32_t(out.size()));
+  auto reply = call(Op::kGrammarMask, w, std::max<uint64_t>(kMaxErrorReply, 4 + out.size_bytes()));
+  Reader r(reply, "grammar_mask reply");
+  ok_or_throw(r, "grammar_mask");
+  if (r.remaining() != out.size_bytes())
+    violation("grammar_mask", fmt::format("{} bytes, expected {}", r.remaining(), out.size_bytes()));
+  for (uint32_t& word : out) word = r.u32("mask");
+}
+
+void ChildChannel::grammar_greedy(Handle s, std::span<int32_t> out) {
+  if (!info_.grammar) BackendChannel::grammar_greedy(s, out);
+  Writer w;
+  w.u64(s).i32(int32_t(out.size()));
+  auto reply =
+      call(Op::kGrammarGreedy, w, std::max<uint64_t>(kMaxErrorReply, 4 + out.size_bytes()));
+  Reader r(reply, "grammar_greedy reply");
+  ok_or_throw(r, "grammar_greedy");
+  if (r.remaining() != out.size_bytes())
+    violation("grammar_greedy",
+              fmt::format("{} bytes, expected {}", r.remaining(), out.size_bytes()));
+  r.i32s("tokens", out);
+}
+
 // A capability flag of ABI v6 that claims a call the hello said is missing is a
 // table the loader would refuse.
 void ChildChannel::check_serving_flags(uint32_t flags) {
@@ -311,6 +351,8 @@ void ChildChannel::check_serving_flags(uint32_t flags) {
     violation("capabilities", "TS_CAP_BATCHED_SESSIONS claimed without step_batch");
   if ((flags & TS_CAP_KV_PREFIX_COPY) && !info_.fork)
     violation("capabilities", "TS_CAP_KV_PREFIX_COPY claimed without fork_session");
+  if ((flags & TS_CAP_STRUCTURED_OUTPUT) && !info_.grammar)
+    violation("capabilities", "TS_CAP_STRUCTURED_OUTPUT claimed without set_grammar");
 }
 
 // The child: the runner for a library, the command itself for "exec:" (argv[0]
@@ -373,6 +415,8 @@ void ChildChannel::check_exec_info() {
   } else if ((info_.step_batch || info_.fork) && v < 6) {
     bad =
         fmt::format("step_batch / fork_session claimed by an api_version {} backend (needs 6)", v);
+  } else if (info_.grammar && v < 7) {
+    bad = fmt::format("set_grammar claimed by an api_version {} backend (needs 7)", v);
   } else if (info_.name.empty()) {
     bad = "empty backend name";
   }

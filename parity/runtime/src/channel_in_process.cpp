@@ -97,6 +97,7 @@ class InProcessChannel final : public BackendChannel {
       info_.taps = true;
     }
     if (api->api_version >= 6) serving_members(api);
+    if (api->api_version >= 7) grammar_members(api);
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -120,6 +121,7 @@ class InProcessChannel final : public BackendChannel {
       caps.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
                       TS_CAP_BITWISE_NOT_ACROSS_FORKS);
     }
+    if (api_->api_version < 7) caps.flags &= ~TS_CAP_STRUCTURED_OUTPUT;
     caps.struct_size = sizeof(caps);
     return caps;
   }
@@ -180,6 +182,18 @@ class InProcessChannel final : public BackendChannel {
     check(api_->fork_session(session(src), n_prefix, &out), "fork_session");
     return reinterpret_cast<Handle>(out);
   }
+  void set_grammar(Handle s, const ts_grammar* g) override {
+    if (!info_.grammar) BackendChannel::set_grammar(s, g);
+    check(api_->set_grammar(session(s), g), "set_grammar");
+  }
+  void grammar_mask(Handle s, std::span<uint32_t> out) override {
+    if (!info_.grammar) BackendChannel::grammar_mask(s, out);
+    check(api_->grammar_mask(session(s), out.data(), int32_t(out.size())), "grammar_mask");
+  }
+  void grammar_greedy(Handle s, std::span<int32_t> out) override {
+    if (!info_.grammar) BackendChannel::grammar_greedy(s, out);
+    check(api_->grammar_greedy(session(s), int32_t(out.size()), out.data()), "grammar_greedy");
+  }
 
  private:
   // ABI v6: a flag that claims a member the table leaves NULL is refused.
@@ -193,6 +207,26 @@ class InProcessChannel final : public BackendChannel {
       throw Error("backend '{}' claims TS_CAP_BATCHED_SESSIONS but step_batch is NULL", info_.path);
     if ((caps.flags & TS_CAP_KV_PREFIX_COPY) && !info_.fork)
       throw Error("backend '{}' claims TS_CAP_KV_PREFIX_COPY but fork_session is NULL", info_.path);
+  }
+
+  // ABI v7: the three grammar members all set or all NULL, and set exactly
+  // when TS_CAP_STRUCTURED_OUTPUT is claimed.
+  void grammar_members(const ts_backend* api) {
+    const int n = (api->set_grammar != nullptr) + (api->grammar_mask != nullptr) +
+                  (api->grammar_greedy != nullptr);
+    if (n != 0 && n != 3) {
+      throw Error(
+          "backend '{}' sets only some of set_grammar, grammar_mask and grammar_greedy (ABI v7: "
+          "all three or none)",
+          info_.path);
+    }
+    info_.grammar = n == 3;
+    ts_capabilities caps{};
+    caps.struct_size = sizeof(caps);
+    if (api->capabilities(&caps) != TS_OK) return;
+    if ((caps.flags & TS_CAP_STRUCTURED_OUTPUT) && !info_.grammar)
+      throw Error("backend '{}' claims TS_CAP_STRUCTURED_OUTPUT but set_grammar is NULL",
+                  info_.path);
   }
 
   void need_taps() const {

@@ -50,6 +50,12 @@ const char* op_name(uint32_t op) {
       return "step_batch";
     case Op::kForkSession:
       return "fork_session";
+    case Op::kSetGrammar:
+      return "set_grammar";
+    case Op::kGrammarMask:
+      return "grammar_mask";
+    case Op::kGrammarGreedy:
+      return "grammar_greedy";
   }
   return "unknown op";
 }
@@ -169,6 +175,7 @@ void encode(Writer& w, const BackendInfo& info) {
   if (v >= 2) w.u32(info.declares_models ? 1 : 0).str(info.architectures).str(info.model_features);
   if (v >= 3) w.u32(info.taps ? 1 : 0);
   if (v >= 4) w.u32(info.step_batch ? 1 : 0).u32(info.fork ? 1 : 0);
+  if (v >= 5) w.u32(info.grammar ? 1 : 0);
 }
 
 BackendInfo decode_info(Reader& r) {
@@ -191,6 +198,7 @@ BackendInfo decode_info(Reader& r) {
     i.step_batch = r.u32("step_batch") != 0;
     i.fork = r.u32("fork") != 0;
   }
+  if (v >= 5) i.grammar = r.u32("grammar") != 0;
   return i;
 }
 
@@ -230,6 +238,8 @@ ts_capabilities decode_capabilities(Reader& r, std::string& note_storage, uint32
     c.flags &= ~(TS_CAP_BATCH_INVARIANT | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
                  TS_CAP_BITWISE_NOT_ACROSS_FORKS);
   }
+  // ABI v7 (protocol 5): an older peer has no grammar calls.
+  if (version < 5) c.flags &= ~TS_CAP_STRUCTURED_OUTPUT;
   return c;
 }
 

@@ -14,6 +14,7 @@
 #include "touchstone/model/llama_weights.h"
 #include "touchstone/model/session_fault.h"
 #include "touchstone/reference/reference_forward.h"
+#include "reference_grammar.h"
 
 namespace {
 
@@ -28,11 +29,14 @@ struct Reference {
 
   struct Model {
     touchstone::ModelWeights weights;
+    std::unique_ptr<touchstone::reference_backend::GrammarVocabulary> grammar_vocab;
     int32_t n_vocab() const { return weights.config.n_vocab; }
   };
 
   struct Session {
     std::unique_ptr<touchstone::ReferenceTransformer> ref;
+    touchstone::reference_backend::GrammarVocabulary* grammar_vocab = nullptr;
+    touchstone::Faults faults;
 
     int32_t position() const { return ref->position(); }
     int32_t max_context() const { return ref->max_context(); }
@@ -53,7 +57,15 @@ struct Reference {
     std::unique_ptr<Session> fork(int32_t n_prefix) {
       auto s = std::make_unique<Session>();
       s->ref = ref->fork(n_prefix);
+      s->grammar_vocab = grammar_vocab;
+      s->faults = faults;
       return s;
+    }
+    // ABI v7: the reference enforces grammars with the harness's own oracle
+    // (XGrammar), so a backend-enforced run of the reference is the contract's
+    // worked example, and the home of the structured-output faults.
+    std::unique_ptr<touchstone::abi::GrammarState> compile_grammar(const ts_grammar& g) {
+      return touchstone::reference_backend::compile_grammar(grammar_vocab->get(), g, faults);
     }
     size_t rows(std::span<const int32_t> tokens, bool all) const {
       return (all ? tokens.size() : 1) * size_t(ref->n_vocab());
@@ -92,7 +104,9 @@ struct Reference {
   static std::unique_ptr<Model> load_model(const std::string& path) {
     return touchstone::abi::load_or_status([&] {
       const touchstone::gguf::File file = touchstone::gguf::File::open(path);
-      return std::make_unique<Model>(Model{touchstone::load_model_weights(file)});
+      return std::make_unique<Model>(
+          Model{touchstone::load_model_weights(file),
+                std::make_unique<touchstone::reference_backend::GrammarVocabulary>(path)});
     });
   }
 
@@ -101,7 +115,7 @@ struct Reference {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "the reference backend computes only with fp32 weights (full_precision)");
     }
-    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault);
+    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault, true);
     // These serving faults stand for bugs of a fast engine's paged KV cache and
     // flattened batch; the scalar reference does not model them.
     if (faults.fork_shared_kv || faults.batch_all_positions_shift ||
@@ -122,6 +136,8 @@ struct Reference {
     auto s = std::make_unique<Session>();
     s->ref = std::make_unique<touchstone::ReferenceTransformer>(m.weights, o.max_context, threads,
                                                                 faults);
+    s->grammar_vocab = m.grammar_vocab.get();
+    s->faults = faults;
     return s;
   }
 };

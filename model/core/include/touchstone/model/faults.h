@@ -72,9 +72,26 @@ struct Faults {
                                            // page boundary (position p > 0, p % kFaultPageRows
                                            // == 0) from entry i-1's cache (batch_invariance)
   static constexpr int32_t kFaultPageRows = 32;  // batch_page_boundary_leak's page size
+  // Structured-output faults (ABI v7; in the grammar a backend enforces itself,
+  // one structured check each, docs/structured-output.md#faults):
+  bool grammar_mask_late = false;  // "grammar_mask_one_step_late": grammar_mask and
+                                   // grammar_greedy use the allowed set of the previous
+                                   // position (mask_parity, constrained_greedy)
+  bool grammar_straddle = false;   // "grammar_straddling_token": a token is allowed when its
+                                   // first byte alone would be, though its other bytes cross
+                                   // the lexeme's end (mask_parity)
+  bool grammar_early_stop = false;  // "grammar_early_stop": stop tokens allowed before the
+                                    // grammar is in an accepting state (termination)
+  bool grammar_draft_advance =
+      false;  // "grammar_advanced_on_rejected_draft": rewind and fork leave the grammar where
+              // the rejected drafts took it (speculative, rollback)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
+  // The structured-output faults (a backend that enforces no grammar refuses them).
+  bool grammar() const {
+    return grammar_mask_late || grammar_straddle || grammar_early_stop || grammar_draft_advance;
+  }
   // The serving faults (a backend without step_batch / fork_session refuses them).
   bool serving() const {
     return batch_token_count_split || batch_kv_leak || fork_short_copy || batch_position_offset ||

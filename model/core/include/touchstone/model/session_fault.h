@@ -9,14 +9,24 @@
 namespace touchstone::abi {
 
 // The catalog entry named by `name` (NULL or "" = no fault). An unknown name
-// is TS_ERR_UNSUPPORTED naming it and the catalog (parse_fault's message);
-// whether the backend implements the fault is the backend's own check.
-inline touchstone::Faults session_fault(const char* name) {
+// is TS_ERR_UNSUPPORTED naming it and the catalog (parse_fault's message); so
+// is a structured-output fault unless the backend enforces grammars itself
+// (`enforces_grammar`, ABI v7). Whether the backend implements any other fault
+// is the backend's own check.
+inline touchstone::Faults session_fault(const char* name, bool enforces_grammar = false) {
+  touchstone::Faults f;
   try {
-    return touchstone::parse_fault(name ? name : "");
+    f = touchstone::parse_fault(name ? name : "");
   } catch (const touchstone::Error& e) {
     throw StatusError(TS_ERR_UNSUPPORTED, e.what());
   }
+  if (f.grammar() && !enforces_grammar) {
+    throw StatusError(TS_ERR_UNSUPPORTED,
+                      "fault '" + f.name +
+                          "' sits in a grammar the backend enforces itself (ABI v7 "
+                          "TS_CAP_STRUCTURED_OUTPUT); this backend enforces none");
+  }
+  return f;
 }
 
 }  // namespace touchstone::abi

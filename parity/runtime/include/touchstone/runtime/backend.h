@@ -61,6 +61,9 @@ class BackendLibrary {
   // backend's own (else BackendSession::fork re-prefills the prefix: emulated).
   BatchMode batch_mode() const;
   bool has_fork() const { return info().fork; }
+  // ABI v7: set_grammar, grammar_mask and grammar_greedy are the backend's own
+  // (with TS_CAP_STRUCTURED_OUTPUT): it enforces grammars itself.
+  bool has_grammar() const { return info().grammar; }
   const std::string& name() const { return info().name; }
   const std::string& version() const { return info().version; }
   const std::string& path() const { return info().path; }
@@ -164,6 +167,23 @@ class BackendSession {
   // The tokens in the KV cache, as the harness appended them (position() of them).
   const std::vector<int32_t>& history() const { return history_; }
 
+  // ---- ABI v7 [structured output] (docs/structured-output.md) ----
+  // Only on a backend with has_grammar() (else Error). set_grammar: from
+  // position() on, appended tokens must follow the grammar (kind:
+  // TS_GRAMMAR_*; a refused token fails the appending call, BackendError with
+  // TS_ERR_INVALID_ARGUMENT); clear_grammar removes it. grammar_mask: the
+  // backend's allowed set now, TS_MASK_WORDS(n_vocab) words. grammar_greedy:
+  // the backend's constrained picks of the last n positions of the last call
+  // (-1 where nothing is allowed). A fork carries the grammar (an emulated fork
+  // sets it again where it was set and prefills the rest).
+  void set_grammar(ts_grammar_kind kind, const std::string& text);
+  void clear_grammar();
+  std::vector<uint32_t> grammar_mask();
+  std::vector<int32_t> grammar_greedy(int32_t n_positions = 1);
+  bool grammar_set() const { return grammar_start_ >= 0; }
+  // The backend enforces grammars itself (BackendLibrary::has_grammar).
+  bool grammar_enforced() const { return lib_->has_grammar(); }
+
  private:
   BackendSession(const BackendModel& model, const BackendSessionOptions& options, Handle forked);
   void appended(std::span<const int32_t> tokens) {
@@ -176,6 +196,11 @@ class BackendSession {
   int32_t n_vocab_ = 0;
   int32_t top_n_ = -1;  // -1 = not asked yet
   std::vector<int32_t> history_;
+  // The grammar set on the session (ABI v7), for an emulated fork: where it was
+  // set (-1 = none), its kind and text.
+  int32_t grammar_start_ = -1;
+  ts_grammar_kind grammar_kind_ = TS_GRAMMAR_GBNF;
+  std::string grammar_text_;
 };
 
 }  // namespace touchstone

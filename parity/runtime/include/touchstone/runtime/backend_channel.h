@@ -94,6 +94,13 @@ class BackendChannel {
   // throw Error when the backend lacks them (callers check info() first).
   virtual void step_batch(std::span<const BatchCall> entries);
   virtual Handle fork_session(Handle src, int32_t n_prefix);
+  // ABI v7 (info().grammar): the session's grammar (nullptr removes it), its
+  // allowed set now (out.size() == TS_MASK_WORDS(n_vocab)), and the backend's
+  // constrained greedy picks of the last out.size() positions of its last call.
+  // All throw Error when the backend lacks them.
+  virtual void set_grammar(Handle session, const ts_grammar* grammar);
+  virtual void grammar_mask(Handle session, std::span<uint32_t> out);
+  virtual void grammar_greedy(Handle session, std::span<int32_t> out);
   // Child process only: false once the process died or was killed; restart()
   // starts a fresh one (every handle of the old one is gone).
   virtual bool alive() const { return true; }

@@ -32,8 +32,9 @@ namespace touchstone::protocol {
 
 // 2: BackendInfo carries the declared models; 3: layer taps (kSetTaps, kReadTaps);
 // 4: ABI v6 serving calls (kStepBatch, kForkSession), BackendInfo.step_batch /
-// fork, ts_capabilities.batch_invariant_paths / max_batch.
-inline constexpr uint32_t kVersion = 4;
+// fork, ts_capabilities.batch_invariant_paths / max_batch; 5: ABI v7 structured
+// output (kSetGrammar, kGrammarMask, kGrammarGreedy), BackendInfo.grammar.
+inline constexpr uint32_t kVersion = 5;
 // The oldest version either end still speaks: the hello reply carries
 // min(the harness's version, the child's), and an older peer simply has none of
 // the newer ops or fields (the harness never sends them).
@@ -70,7 +71,11 @@ enum class Op : uint32_t {
   kStepBatch = 14,   // -> u32 n_entries, then per entry: u64 session, i32 all_positions,
                      //    i32 n_tokens, i32 tokens[n_tokens]; reply: the entries' logits
                      //    concatenated in entry order (n_vocab or n_tokens * n_vocab f32 each)
-  kForkSession = 15  // -> u64 src session, i32 n_prefix; reply: u64 session
+  kForkSession = 15,  // -> u64 src session, i32 n_prefix; reply: u64 session
+  // ---- version 5 (ABI v7) ----
+  kSetGrammar = 16,    // -> u64 session, i32 kind (-1 = remove), str text; reply: status only
+  kGrammarMask = 17,   // -> u64 session, i32 n_words; reply: u32 words[n_words]
+  kGrammarGreedy = 18  // -> u64 session, i32 n_positions; reply: i32 tokens[n_positions]
 };
 const char* op_name(uint32_t op);
 
@@ -145,6 +150,8 @@ struct BackendInfo {
   // api_version >= 6 (protocol >= 4): step_batch / fork_session are set.
   bool step_batch = false;
   bool fork = false;
+  // api_version >= 7 (protocol >= 5): set_grammar, grammar_mask, grammar_greedy set.
+  bool grammar = false;
 };
 // The fields a version added are written and read only when
 // info.protocol_version (the first field) is at least that version.
