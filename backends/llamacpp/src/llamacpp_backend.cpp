@@ -21,6 +21,9 @@
 //                 per n_batch tokens: one llama_decode for all of them, as
 //                 llama-server's continuous batching does
 //   full_precision  an F32 copy written by llama_model_quantize (f32_copy.h)
+//   compile_grammar GBNF through llama.cpp's grammar sampler
+//                 (llama_sampler_init_grammar, llamacpp_grammar.h); JSON schema
+//                 and regex are TS_ERR_UNSUPPORTED
 #include <ggml-cpu.h>
 #include <ggml.h>
 #include <llama.h>
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "f32_copy.h"
+#include "llamacpp_grammar.h"
 #include "touchstone/abi/backend_adapter.hpp"
 #include "touchstone/abi/backend_impl.h"
 
@@ -229,6 +233,8 @@ struct LlamaCpp {
     // leaves its old context (a step_batch with sessions of other contexts).
     void move_to(const std::shared_ptr<Context>& to);
     static void step_batch(std::span<const touchstone::abi::BatchItem<Session>> items);
+    // ABI v7: the grammar as llama.cpp's own grammar sampler enforces it.
+    std::unique_ptr<touchstone::abi::GrammarState> compile_grammar(const ts_grammar& g);
 
    private:
     // Appends the tokens; calls row(i, logits of token i) for every output row.
@@ -541,6 +547,36 @@ void LlamaCpp::Session::step_batch(std::span<const touchstone::abi::BatchItem<Se
     throw;
   }
   for (const auto& it : items) it.session->pos_ += int32_t(it.tokens.size());
+}
+
+std::unique_ptr<touchstone::abi::GrammarState> LlamaCpp::Session::compile_grammar(
+    const ts_grammar& g) {
+  int kind = 0;  // read as an integer, as the adapter does
+  static_assert(sizeof kind == sizeof g.kind);
+  std::memcpy(&kind, &g.kind, sizeof kind);
+  if (kind == TS_GRAMMAR_JSON_SCHEMA) {
+    // llama.cpp converts a schema with json_schema_to_grammar (libllama-common,
+    // common/json-schema-to-grammar.h): the library is in the cache prefix, its
+    // headers are not (ci/llamacpp installs llama.h and ggml*.h only).
+    throw StatusError(TS_ERR_UNSUPPORTED,
+                      "json_schema: llama.cpp's schema converter (json_schema_to_grammar in "
+                      "libllama-common) has no installed header in this build; pass the "
+                      "grammar as GBNF");
+  }
+  if (kind != TS_GRAMMAR_GBNF) {
+    throw StatusError(TS_ERR_UNSUPPORTED,
+                      "regex: llama.cpp's grammar sampler takes GBNF (llama_sampler_init_grammar)");
+  }
+  take_log_errors();
+  std::string error;
+  std::unique_ptr<LlamaGrammar> state =
+      compile_gbnf(llama_model_get_vocab(ctx_->model), g.text, error);
+  if (!state) {
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      with_log("llama.cpp refuses the GBNF grammar" +
+                               (error.empty() ? std::string() : ": " + error)));
+  }
+  return state;
 }
 
 }  // namespace
