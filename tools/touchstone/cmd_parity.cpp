@@ -24,8 +24,8 @@
 #include "touchstone/harness/model_store.h"
 #include "touchstone/harness/parity.h"
 #include "touchstone/harness/serving.h"
-#include "touchstone/harness/structured.h"
 #include "touchstone/harness/stale.h"
+#include "touchstone/harness/structured.h"
 #include "touchstone/model/faults.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/report/report.h"
@@ -388,8 +388,8 @@ void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& 
   fmt::print(stderr, "  structured checks on case '{}' (grammar {})\n", g->name,
              by_backend ? kGrammarByBackend : kGrammarByHarness);
   report.n_planned += int(opt.checks.empty() ? structured_check_names().size() : opt.checks.size());
-  const KnownDivergenceKey key{report.info.backend, report.info.model_name,
-                               report.info.weight_path, report.info.profile};
+  const KnownDivergenceKey key{report.info.backend, report.info.model_name, report.info.weight_path,
+                               report.info.profile};
   try {
     for (CaseResult& r : check_structured(host.model(), *in.tok, *g, *in.profile, opt)) {
       if (r.n_steps == 0 && r.failures.empty()) {  // nothing compared: never a PASS

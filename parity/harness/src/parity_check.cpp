@@ -242,9 +242,9 @@ std::vector<float> masked_row(std::span<const uint32_t> mask, const char* whose,
       diff += fmt::format("{}token {} {:?} allowed by {} only", shown++ ? "; " : "", t,
                           tok.token_bytes(t), a ? whose : "the golden");
     }
-    r.failures.push_back(fmt::format(
-        "structured.mask_parity: step {}: {} allows {} tokens, the golden {}: {}", s, whose,
-        grammar::mask_count(mask), grammar::mask_count(want), diff));
+    r.failures.push_back(
+        fmt::format("structured.mask_parity: step {}: {} allows {} tokens, the golden {}: {}", s,
+                    whose, grammar::mask_count(mask), grammar::mask_count(want), diff));
     r.violations.push_back({"structured", double(s), 0.0});
   }
   std::vector<float> masked(row.begin(), row.end());
@@ -334,8 +334,8 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
                         m.nmse, m.max_abs});
     if (progress) progress(s + 1, r.n_total);
     if (test_tok < 0) {  // every logit NaN, or nothing allowed: there is no greedy token
-      const std::string why = oracle ? "no token is allowed (or every allowed logit is NaN)"
-                                     : "every logit is NaN";
+      const std::string why =
+          oracle ? "no token is allowed (or every allowed logit is NaN)" : "every logit is NaN";
       r.failures.push_back(fmt::format("step {}: {}, no greedy token", s, why));
       note_violation(r, s, why);
       break;

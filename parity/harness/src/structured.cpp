@@ -32,8 +32,8 @@ std::string enforce_grammar(BackendSession& session, const GoldenCase& g) {
 
 const std::vector<std::string>& structured_check_names() {
   static const std::vector<std::string> names = {
-      "structured.mask_parity",    "structured.constrained_greedy", "structured.termination",
-      "structured.non_interference", "structured.rollback",         "structured.speculative",
+      "structured.mask_parity",      "structured.constrained_greedy", "structured.termination",
+      "structured.non_interference", "structured.rollback",           "structured.speculative",
       "structured.batch_isolation"};
   return names;
 }
@@ -67,7 +67,8 @@ std::vector<CaseResult> golden_walk(const BackendModel& model, const Tokenizer& 
   greedy.near_ties = c.near_ties;
   greedy.first_logit_violation_step = c.first_unaccepted_flip_step;
   for (CaseResult* r : {&masks, &greedy})
-    if (!r->failures.empty() && r->first_logit_violation_step < 0) r->first_logit_violation_step = 0;
+    if (!r->failures.empty() && r->first_logit_violation_step < 0)
+      r->first_logit_violation_step = 0;
   return {masks, greedy};
 }
 
@@ -82,9 +83,10 @@ void termination(Sequence& s, const Tokenizer& tok, const GoldenCase& g,
     const std::vector<uint32_t> m = s.mask();
     for (int32_t stop : vocab.stop_tokens()) {
       if (grammar::mask_allows(m, stop) && !t.can_terminate()) {
-        fail(r, i, fmt::format("stop token {} allowed where the grammar cannot end (after {:?})",
-                               token_text(tok, stop), tok.decode(std::span<const int32_t>(
-                                                          g.greedy_ids.data(), size_t(i)))));
+        fail(r, i,
+             fmt::format("stop token {} allowed where the grammar cannot end (after {:?})",
+                         token_text(tok, stop),
+                         tok.decode(std::span<const int32_t>(g.greedy_ids.data(), size_t(i)))));
         return;
       }
     }
@@ -116,8 +118,9 @@ void non_interference(Sequence& s, const Tokenizer& tok, const GoldenCase& g,
     const int32_t u = metrics::argmax(s.row());
     const int32_t c = s.pick();
     if (u >= 0 && grammar::mask_allows(t.allowed_mask(), u) && c != u) {
-      fail(r, i, fmt::format("the unconstrained argmax {} conforms, the constrained pick is {}",
-                             token_text(tok, u), token_text(tok, c)));
+      fail(r, i,
+           fmt::format("the unconstrained argmax {} conforms, the constrained pick is {}",
+                       token_text(tok, u), token_text(tok, c)));
       return;
     }
     if (c < 0 || vocab.is_stop(c)) return;
@@ -145,8 +148,8 @@ void rollback(Sequence& s, const Tokenizer& tok, const GoldenCase& g,
   r.n_steps = n;
   auto same = [&](std::vector<uint32_t> got, int at, const std::string& how) {
     if (got == seen[size_t(at)]) return true;
-    fail(r, at, fmt::format("{}: {}", how, mask_difference(tok, got, seen[size_t(at)], "now",
-                                                           "first")));
+    fail(r, at,
+         fmt::format("{}: {}", how, mask_difference(tok, got, seen[size_t(at)], "now", "first")));
     return false;
   };
   const int mid = n / 2;
@@ -181,7 +184,8 @@ std::vector<CaseResult> check_structured(const BackendModel& model, const Tokeni
   using namespace structured;
   if (!g.has_grammar()) throw Error("structured checks: case '{}' has no grammar", g.name);
   const auto wanted = [&](const std::string& c) {
-    return opt.checks.empty() || std::find(opt.checks.begin(), opt.checks.end(), c) != opt.checks.end();
+    return opt.checks.empty() ||
+           std::find(opt.checks.begin(), opt.checks.end(), c) != opt.checks.end();
   };
   const grammar::GrammarVocab vocab(tok);
   const bool backend = model.library()->has_grammar();

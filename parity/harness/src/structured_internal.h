@@ -74,18 +74,17 @@ std::string mask_difference(const Tokenizer& tok, std::span<const uint32_t> a,
 
 // The plain constrained run (no drafts, no batch): its tokens, rows and masks.
 struct PlainRun {
-  std::vector<int32_t> tokens;             // picks, a stop token last if one was picked
-  std::vector<std::vector<float>> rows;    // rows[i]: the logits tokens[i] was picked from
+  std::vector<int32_t> tokens;               // picks, a stop token last if one was picked
+  std::vector<std::vector<float>> rows;      // rows[i]: the logits tokens[i] was picked from
   std::vector<std::vector<uint32_t>> masks;  // masks[i]: the allowed set at step i
 };
 PlainRun plain_run(Sequence& s, const grammar::GrammarVocab& vocab, int max_steps);
 
-CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok,
-                             const GoldenCase& g, const Profile& p, const StructuredOptions& o,
+CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok, const GoldenCase& g,
+                             const Profile& p, const StructuredOptions& o,
                              const grammar::GrammarVocab& vocab, bool exact);
 CaseResult check_batch_isolation(const BackendModel& model, const Tokenizer& tok,
-                                 const GoldenCase& g, const Profile& p,
-                                 const StructuredOptions& o, const grammar::GrammarVocab& vocab,
-                                 bool exact);
+                                 const GoldenCase& g, const Profile& p, const StructuredOptions& o,
+                                 const grammar::GrammarVocab& vocab, bool exact);
 
 }  // namespace touchstone::structured

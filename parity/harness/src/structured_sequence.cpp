@@ -21,8 +21,8 @@ int32_t masked_argmax(std::span<const float> row, std::span<const uint32_t> mask
 
 grammar::GrammarOracle truth(const grammar::GrammarVocab& vocab, const GoldenCase& g) {
   return grammar::GrammarOracle(
-      vocab, grammar::GrammarSpec{grammar::parse_grammar_kind(g.grammar_kind), g.grammar_text,
-                                  g.name});
+      vocab,
+      grammar::GrammarSpec{grammar::parse_grammar_kind(g.grammar_kind), g.grammar_text, g.name});
 }
 
 Sequence::Sequence(const BackendModel& model, const BackendSessionOptions& o, const GoldenCase& g,
@@ -133,8 +133,8 @@ bool part_or_fail(CaseResult& r, const Tokenizer& tok, const Profile& p, bool ex
       want >= 0 && got >= 0 ? double(row[size_t(want)]) - double(row[size_t(got)]) : INFINITY;
   if (!exact && std::abs(margin) < p.near_tie_margin) {
     r.near_ties.push_back(GreedyDivergence{step, want, got, tok.token_bytes(want),
-                                           got >= 0 ? tok.token_bytes(got) : "", margin, true,
-                                           true, true});
+                                           got >= 0 ? tok.token_bytes(got) : "", margin, true, true,
+                                           true});
     return true;
   }
   fail(r, step,
@@ -150,8 +150,8 @@ std::string mask_difference(const Tokenizer& tok, std::span<const uint32_t> a,
   for (size_t w = 0; w < std::min(a.size(), b.size()); ++w) {
     if (a[w] == b[w]) continue;
     const int32_t t = int32_t(w * 32) + __builtin_ctz(a[w] ^ b[w]);
-    return s + fmt::format("; first difference: token {} (allowed by {} only)",
-                           token_text(tok, t), grammar::mask_allows(a, t) ? a_name : b_name);
+    return s + fmt::format("; first difference: token {} (allowed by {} only)", token_text(tok, t),
+                           grammar::mask_allows(a, t) ? a_name : b_name);
   }
   return s;
 }

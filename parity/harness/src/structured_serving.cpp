@@ -54,8 +54,8 @@ std::pair<size_t, int32_t> verify_round(Sequence& s, std::span<const int32_t> d)
 
 }  // namespace
 
-CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok,
-                             const GoldenCase& g, const Profile& p, const StructuredOptions& o,
+CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok, const GoldenCase& g,
+                             const Profile& p, const StructuredOptions& o,
                              const grammar::GrammarVocab& vocab, bool exact) {
   CaseResult r = row("structured.speculative", model.library()->has_grammar());
   if (!(model.library()->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS)) {
@@ -76,9 +76,9 @@ CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok,
         break;
       }
       if (s.mask() != plain.masks[c]) {
-        fail(r, int(c), fmt::format("round {}: after the rejected drafts were rewound: {}", round,
-                                    mask_difference(tok, s.mask(), plain.masks[c], "now",
-                                                    "without drafts")));
+        fail(r, int(c),
+             fmt::format("round {}: after the rejected drafts were rewound: {}", round,
+                         mask_difference(tok, s.mask(), plain.masks[c], "now", "without drafts")));
         break;
       }
       if (pending < 0 || vocab.is_stop(pending) || c + 1 == plain.tokens.size()) break;
@@ -95,9 +95,8 @@ CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok,
 }
 
 CaseResult check_batch_isolation(const BackendModel& model, const Tokenizer& tok,
-                                 const GoldenCase& g, const Profile& p,
-                                 const StructuredOptions& o, const grammar::GrammarVocab& vocab,
-                                 bool exact) {
+                                 const GoldenCase& g, const Profile& p, const StructuredOptions& o,
+                                 const grammar::GrammarVocab& vocab, bool exact) {
   CaseResult r = row("structured.batch_isolation", model.library()->has_grammar());
   try {
     Sequence alone(model, o.session, g, vocab);
@@ -127,7 +126,8 @@ CaseResult check_batch_isolation(const BackendModel& model, const Tokenizer& tok
       const int32_t pb = b_on ? metrics::argmax(b_row) : -1;
       if (a_on && size_t(i) < constrained.tokens.size() && pa != constrained.tokens[size_t(i)])
         a_on = part_or_fail(r, tok, p, exact, i, constrained.rows[size_t(i)],
-                            constrained.tokens[size_t(i)], pa, "the constrained sequence in a batch") &&
+                            constrained.tokens[size_t(i)], pa,
+                            "the constrained sequence in a batch") &&
                false;
       if (b_on && size_t(i) < free_tokens.size() && pb != free_tokens[size_t(i)])
         b_on = part_or_fail(r, tok, p, exact, i, free_rows[size_t(i)], free_tokens[size_t(i)], pb,

@@ -326,7 +326,8 @@ void ChildChannel::grammar_mask(Handle s, std::span<uint32_t> out) {
   Reader r(reply, "grammar_mask reply");
   ok_or_throw(r, "grammar_mask");
   if (r.remaining() != out.size_bytes())
-    violation("grammar_mask", fmt::format("{} bytes, expected {}", r.remaining(), out.size_bytes()));
+    violation("grammar_mask",
+              fmt::format("{} bytes, expected {}", r.remaining(), out.size_bytes()));
   for (uint32_t& word : out) word = r.u32("mask");
 }
 

@@ -155,8 +155,8 @@ grammar::GrammarKind kind_of(ts_grammar_kind k) {
 std::unique_ptr<abi::GrammarState> compile_grammar(std::shared_ptr<const GrammarTables> tables,
                                                    const ts_grammar& g, const Faults& faults) {
   try {
-    grammar::GrammarOracle o(tables->vocab, grammar::GrammarSpec{kind_of(g.kind), g.text,
-                                                                 "set_grammar"});
+    grammar::GrammarOracle o(tables->vocab,
+                             grammar::GrammarSpec{kind_of(g.kind), g.text, "set_grammar"});
     return std::make_unique<ReferenceGrammar>(std::move(tables), std::move(o), faults);
   } catch (const grammar::GrammarError& e) {
     throw abi::StatusError(TS_ERR_INVALID_ARGUMENT, e.what());

@@ -648,8 +648,8 @@ class BackendAdapter {
         state->rollback(back);
         state->mask(mask.data(), int32_t(mask.size()));
         const int32_t row = b.n_last_rows - 1 - back;
-        out[i] = abi::masked_argmax(b.last_rows.data() + size_t(row) * size_t(b.n_vocab),
-                                    b.n_vocab, mask.data());
+        out[i] = abi::masked_argmax(b.last_rows.data() + size_t(row) * size_t(b.n_vocab), b.n_vocab,
+                                    mask.data());
       }
     });
   }

@@ -74,12 +74,12 @@ struct Faults {
   static constexpr int32_t kFaultPageRows = 32;  // batch_page_boundary_leak's page size
   // Structured-output faults (ABI v7; in the grammar a backend enforces itself,
   // one structured check each, docs/structured-output.md#faults):
-  bool grammar_mask_late = false;  // "grammar_mask_one_step_late": grammar_mask and
-                                   // grammar_greedy use the allowed set of the previous
-                                   // position (mask_parity, constrained_greedy)
-  bool grammar_straddle = false;   // "grammar_straddling_token": a token is allowed when its
-                                   // first byte alone would be, though its other bytes cross
-                                   // the lexeme's end (mask_parity)
+  bool grammar_mask_late = false;   // "grammar_mask_one_step_late": grammar_mask and
+                                    // grammar_greedy use the allowed set of the previous
+                                    // position (mask_parity, constrained_greedy)
+  bool grammar_straddle = false;    // "grammar_straddling_token": a token is allowed when its
+                                    // first byte alone would be, though its other bytes cross
+                                    // the lexeme's end (mask_parity)
   bool grammar_early_stop = false;  // "grammar_early_stop": stop tokens allowed before the
                                     // grammar is in an accepting state (termination)
   bool grammar_draft_advance =

@@ -65,7 +65,7 @@ std::string enforce_grammar(BackendSession& session, const GoldenCase& g);
 const std::vector<std::string>& structured_check_names();
 
 struct StructuredOptions {
-  BackendSessionOptions session;  // weight path, threads, max context
+  BackendSessionOptions session;    // weight path, threads, max context
   std::vector<std::string> checks;  // names from structured_check_names(); empty = all
   int max_steps = 24;               // of G followed by the checks that walk it
   int draft_length = 4;             // structured.speculative: drafts per round (>= 2)

@@ -68,9 +68,9 @@ enum class Op : uint32_t {
   kSetTaps = 12,        // -> u64 session, i32 enable; reply: status only
   kReadTaps = 13,       // -> u64 session, u64 n_floats; reply: f32 taps[n_floats]
   // ---- version 4 (ABI v6) ----
-  kStepBatch = 14,   // -> u32 n_entries, then per entry: u64 session, i32 all_positions,
-                     //    i32 n_tokens, i32 tokens[n_tokens]; reply: the entries' logits
-                     //    concatenated in entry order (n_vocab or n_tokens * n_vocab f32 each)
+  kStepBatch = 14,    // -> u32 n_entries, then per entry: u64 session, i32 all_positions,
+                      //    i32 n_tokens, i32 tokens[n_tokens]; reply: the entries' logits
+                      //    concatenated in entry order (n_vocab or n_tokens * n_vocab f32 each)
   kForkSession = 15,  // -> u64 src session, i32 n_prefix; reply: u64 session
   // ---- version 5 (ABI v7) ----
   kSetGrammar = 16,    // -> u64 session, i32 kind (-1 = remove), str text; reply: status only
