@@ -130,6 +130,16 @@ set(TOUCHSTONE_SERVING_FAULT_EXPECTATIONS
   verify_row_shift=serving.speculative_verify fork_shared_kv=serving.prefix_fork/0:attn
   batch_all_positions_shift=serving.batch_invariance/after
   batch_page_boundary_leak=serving.batch_invariance/0:attn)
+# The structured-output faults (ABI v7): in the grammar a backend enforces
+# itself, so only the reference (which enforces with the oracle) implements
+# them; each must fail the check named, at the step named, on structured_answer.
+# A mask one step late also breaks constrained_greedy and non_interference; a
+# grammar left where rejected drafts took it also breaks rollback.
+set(TOUCHSTONE_STRUCTURED_FAULT_EXPECTATIONS
+  grammar_mask_one_step_late=structured.mask_parity@1
+  grammar_straddling_token=structured.mask_parity@0
+  grammar_early_stop=structured.termination@0
+  grammar_advanced_on_rejected_draft=structured.speculative@1)
 # The serving faults the reference and cuda refuse (cpu_simd and vulkan implement them).
 set(TOUCHSTONE_SERVING_FAULTS_NOT_IN_REFERENCE_CUDA fork_shared_kv batch_all_positions_shift
   batch_page_boundary_leak)
@@ -320,6 +330,41 @@ function(touchstone_add_serving_tests backend weights)
   endforeach()
 endfunction()
 
+# touchstone_add_structured_tests(<backend> <weights> MODELS m... | CASES c...
+#                                 [PROFILE name] [KNOWN_DIVERGENCES file.json] [LABELS l...])
+#
+# The structured-output checks (touchstone/harness/structured.h,
+# docs/structured-output.md#checks) on one grammar case: each model's first
+# (structured.<backend>.<weights>.<model>), or each of CASES
+# (structured.<backend>.<weights>.<case>; e.g. a GBNF case for an engine whose
+# own grammar sampler reads GBNF only). One backend thread.
+function(touchstone_add_structured_tests backend weights)
+  cmake_parse_arguments(PARSE_ARGV 2 _g "" "PROFILE;KNOWN_DIVERGENCES" "MODELS;CASES;LABELS")
+  set(_opts "")
+  if(_g_PROFILE)
+    set(_opts --profile ${_g_PROFILE})
+  endif()
+  if(_g_KNOWN_DIVERGENCES)
+    get_filename_component(_kd "${_g_KNOWN_DIVERGENCES}" ABSOLUTE)
+    list(APPEND _opts --known-divergences ${_kd})
+  endif()
+  foreach(_name ${_g_MODELS} ${_g_CASES})
+    if(_name IN_LIST _g_MODELS)
+      set(_select --model ${_name})
+    else()
+      set(_select --case ${_name})
+    endif()
+    set(_t structured.${backend}.${weights}.${_name})
+    add_test(NAME ${_t}
+      COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend} --weights ${weights} ${_select}
+              ${_opts} --structured-only --threads 1 --manifest ${TOUCHSTONE_MANIFEST}
+              --junit ${TOUCHSTONE_REPORT_DIR}/${_t}.xml)
+    set_tests_properties(${_t} PROPERTIES
+      LABELS "parity;structured;${backend};${weights};${_g_LABELS}"
+      ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 900)
+  endforeach()
+endfunction()
+
 function(touchstone_add_unsupported_test backend weights model)
   set(_first "")
   foreach(c ${TOUCHSTONE_DEFAULT_CASES})
@@ -435,11 +480,17 @@ function(touchstone_add_fault_tests backend weights)
     endif()
     set(_t fault.${backend}.${weights}.${_fault})
     set(_procs 1)
+    set(_case narrative)
     if(_expect STREQUAL "pass")
       set(_mode --no-scoring --no-consistency --max-steps ${_fa_MAX_STEPS} --threads 1)
     elseif(_expect MATCHES "^consistency")
       set(_mode --consistency-only --consistency-tokens 8 --expect-fail --expect-step ${_expect})
       set(_procs 2)
+    elseif(_expect MATCHES "^(structured\\.[a-z_]+)")
+      # Only the named structured check runs, on SmolLM2's short GBNF case.
+      set(_mode --structured-only --structured-check ${CMAKE_MATCH_1} --threads 1 --expect-fail
+                --expect-step ${_expect})
+      set(_case structured_answer)
     elseif(_expect MATCHES "^(serving\\.[a-z_]+)")
       # Only the named serving check runs (quick plan): the fault must fail it.
       set(_mode --serving-only --serving-plan quick --serving-check ${CMAKE_MATCH_1} --threads 1
@@ -450,7 +501,7 @@ function(touchstone_add_fault_tests backend weights)
     endif()
     add_test(NAME ${_t}
       COMMAND ${TOUCHSTONE_CLI} parity --backend ${backend} --weights ${weights} --fault ${_fault}
-              --case narrative ${_mode} --manifest ${TOUCHSTONE_MANIFEST})
+              --case ${_case} ${_mode} --manifest ${TOUCHSTONE_MANIFEST})
     set_tests_properties(${_t} PROPERTIES LABELS "fault;${backend};${weights}${_slow}"
       ENVIRONMENT "${TOUCHSTONE_ONE_THREAD_ENV}" PROCESSORS ${_procs} SKIP_RETURN_CODE 77
       TIMEOUT 300)

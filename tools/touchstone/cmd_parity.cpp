@@ -384,9 +384,8 @@ void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& 
   if (o.max_steps > 0) opt.max_steps = o.max_steps;
   opt.session.max_context = std::max<int32_t>(
       opt.session.max_context, int32_t(g->prompt_ids.size()) + opt.max_steps + opt.draft_length);
-  const bool by_backend = host.library().has_grammar();
-  fmt::print(stderr, "  structured checks on case '{}' (grammar {})\n", g->name,
-             by_backend ? kGrammarByBackend : kGrammarByHarness);
+  fmt::print(stderr, "  structured checks on case '{}' (the backend {} grammars)\n", g->name,
+             host.library().has_grammar() ? "enforces" : "enforces no");
   report.n_planned += int(opt.checks.empty() ? structured_check_names().size() : opt.checks.size());
   const KnownDivergenceKey key{report.info.backend, report.info.model_name, report.info.weight_path,
                                report.info.profile};

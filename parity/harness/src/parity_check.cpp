@@ -245,7 +245,11 @@ std::vector<float> masked_row(std::span<const uint32_t> mask, const char* whose,
     r.failures.push_back(
         fmt::format("structured.mask_parity: step {}: {} allows {} tokens, the golden {}: {}", s,
                     whose, grammar::mask_count(mask), grammar::mask_count(want), diff));
-    r.violations.push_back({"structured", double(s), 0.0});
+    size_t differing = 0;  // tokens allowed by one side only
+    for (size_t w = 0; w < mask.size(); ++w)
+      differing += size_t(__builtin_popcount(mask[w] ^ want[w]));
+    r.violations.push_back({"mask_difference", double(differing), 0.0});
+    if (r.first_mask_difference_step < 0) r.first_mask_difference_step = s;
   }
   std::vector<float> masked(row.begin(), row.end());
   grammar::apply_mask(mask, masked);

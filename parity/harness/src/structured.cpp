@@ -26,7 +26,14 @@ ts_grammar_kind abi_grammar_kind(std::string_view kind) {
 
 std::string enforce_grammar(BackendSession& session, const GoldenCase& g) {
   if (!session.grammar_enforced()) return kGrammarByHarness;
-  session.set_grammar(abi_grammar_kind(g.grammar_kind), g.grammar_text);
+  try {
+    session.set_grammar(abi_grammar_kind(g.grammar_kind), g.grammar_text);
+  } catch (const BackendError& e) {
+    // A kind the backend does not take (llama.cpp's sampler reads GBNF only):
+    // the harness applies that grammar, and the report says so.
+    if (e.status() != TS_ERR_UNSUPPORTED) throw;
+    return kGrammarByHarness;
+  }
   return kGrammarByBackend;
 }
 
@@ -60,9 +67,11 @@ std::vector<CaseResult> golden_walk(const BackendModel& model, const Tokenizer& 
       for (CaseResult* r : {&masks, &greedy}) r->failures.push_back(f), r->backend_error = f;
     }
   }
-  for (const Violation& v : c.violations)
-    if (v.check == "structured" && masks.first_logit_violation_step < 0)
-      masks.first_logit_violation_step = int(v.value);
+  for (const Violation& v : c.violations) {
+    if (v.check == "mask_difference") masks.violations.push_back(v);
+    if (v.check == "greedy") greedy.violations.push_back(v);
+  }
+  masks.first_logit_violation_step = c.first_mask_difference_step;
   greedy.first_divergence = c.first_divergence;
   greedy.near_ties = c.near_ties;
   greedy.first_logit_violation_step = c.first_unaccepted_flip_step;
@@ -188,11 +197,17 @@ std::vector<CaseResult> check_structured(const BackendModel& model, const Tokeni
            std::find(opt.checks.begin(), opt.checks.end(), c) != opt.checks.end();
   };
   const grammar::GrammarVocab vocab(tok);
-  const bool backend = model.library()->has_grammar();
+  // Who applies the grammar: the backend, if it enforces grammars and takes this kind.
+  const bool backend = [&] {
+    BackendSession probe(model, opt.session);
+    return enforce_grammar(probe, g) == kGrammarByBackend;
+  }();
   const ts_capabilities caps = model.library()->capabilities();
   const bool exact = (caps.flags & TS_CAP_BATCH_INVARIANT) &&
                      (caps.batch_invariant_paths == 0 ||
                       (caps.batch_invariant_paths >> opt.session.weight_path) & 1u);
+  StructuredOptions o = opt;
+  o.by_backend = backend;
   std::vector<CaseResult> out;
   if (wanted("structured.mask_parity") || wanted("structured.constrained_greedy")) {
     for (CaseResult& r : golden_walk(model, tok, g, profile, opt, backend))
@@ -213,12 +228,14 @@ std::vector<CaseResult> check_structured(const BackendModel& model, const Tokeni
     out.push_back(std::move(r));
   }
   if (wanted("structured.speculative"))
-    out.push_back(check_speculative(model, tok, g, profile, opt, vocab, exact));
+    out.push_back(check_speculative(model, tok, g, profile, o, vocab, exact));
   if (wanted("structured.batch_isolation"))
-    out.push_back(check_batch_isolation(model, tok, g, profile, opt, vocab, exact));
+    out.push_back(check_batch_isolation(model, tok, g, profile, o, vocab, exact));
   for (CaseResult& r : out) {
     r.n_total = std::max(r.n_total, r.n_steps);
     r.passed = r.failures.empty();
+    // Steps compared before the first failure.
+    r.n_matched = r.passed ? r.n_steps : std::max(0, r.first_logit_violation_step);
   }
   return out;
 }

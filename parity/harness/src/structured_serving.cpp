@@ -57,14 +57,16 @@ std::pair<size_t, int32_t> verify_round(Sequence& s, std::span<const int32_t> d)
 CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok, const GoldenCase& g,
                              const Profile& p, const StructuredOptions& o,
                              const grammar::GrammarVocab& vocab, bool exact) {
-  CaseResult r = row("structured.speculative", model.library()->has_grammar());
+  CaseResult r = row("structured.speculative", o.by_backend);
   if (!(model.library()->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS)) {
     r.not_supported.push_back("structured.speculative (no TS_CAP_ALL_POSITION_LOGITS)");
     return r;
   }
   try {
-    Sequence plain_seq(model, o.session, g, vocab);
-    const PlainRun plain = plain_run(plain_seq, vocab, o.max_steps);
+    const PlainRun plain = [&] {
+      Sequence plain_seq(model, o.session, g, vocab);
+      return plain_run(plain_seq, vocab, o.max_steps);
+    }();
     Sequence s(model, o.session, g, vocab);
     int32_t pending = s.pick();
     size_t c = 0;
@@ -84,6 +86,14 @@ CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok, co
       if (pending < 0 || vocab.is_stop(pending) || c + 1 == plain.tokens.size()) break;
       const std::vector<int32_t> d = drafts_at(plain, vocab, c, pending, o.draft_length, round);
       const auto [n, next] = verify_round(s, d);
+      // Accepted drafts past the first are the backend's picks too: each must be
+      // the plain run's token (a near tie parts the two sequences here).
+      for (size_t j = 1; j < n; ++j) {
+        if (d[j] == plain.tokens[c + j]) continue;
+        part_or_fail(r, tok, p, exact, int(c + j), plain.rows[c + j], plain.tokens[c + j], d[j],
+                     fmt::format("round {}: accepted draft {}", round, j));
+        return r;
+      }
       c += n;
       pending = next;
     }
@@ -97,7 +107,7 @@ CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok, co
 CaseResult check_batch_isolation(const BackendModel& model, const Tokenizer& tok,
                                  const GoldenCase& g, const Profile& p, const StructuredOptions& o,
                                  const grammar::GrammarVocab& vocab, bool exact) {
-  CaseResult r = row("structured.batch_isolation", model.library()->has_grammar());
+  CaseResult r = row("structured.batch_isolation", o.by_backend);
   try {
     Sequence alone(model, o.session, g, vocab);
     const PlainRun constrained = plain_run(alone, vocab, o.max_steps);

@@ -131,6 +131,7 @@ struct CaseResult {
   // "applied by the harness" (to the backend's logits) or "enforced by the
   // backend"; "" = the case has no grammar (docs/structured-output.md).
   std::string grammar_enforcement;
+  int first_mask_difference_step = -1;  // first step whose allowed set differs from the golden's
   double seconds = 0.0;
   std::vector<StepPoint> series;      // one per compared step (greedy cases; empty otherwise)
   int full_row_steps = 0;             // series steps whose NMSE / max-abs cover the full row

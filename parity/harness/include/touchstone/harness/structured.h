@@ -69,6 +69,7 @@ struct StructuredOptions {
   std::vector<std::string> checks;  // names from structured_check_names(); empty = all
   int max_steps = 24;               // of G followed by the checks that walk it
   int draft_length = 4;             // structured.speculative: drafts per round (>= 2)
+  bool by_backend = false;          // set by check_structured: who applies the grammar
 };
 
 // The checks on grammar case g (g.has_grammar(), Error otherwise) of `model`.
