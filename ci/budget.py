@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # TOUCHSTONE_BUDGET_FILE: another declarations file (tests/budget: the check must fail)
 BUDGET_FILE = os.environ.get("TOUCHSTONE_BUDGET_FILE") or os.path.join(HERE, "budget.json")
 CI_EXCLUDE = "slow|torch|gpu"  # ci/test's ctest -LE on CI's machines (no GPU)
-KINDS = ["unit", "isa_target", "fault", "serving", "contract", "testmodel", "consistency", "parity",
+KINDS = ["unit", "isa_target", "fault", "serving", "structured", "contract", "testmodel", "consistency", "parity",
          "golden", "http", "python", "report", "sdk", "fuzz", "remote", "harness"]
 BACKENDS = ["reference", "cpu_simd", "vulkan", "cuda", "static_graph", "llamacpp"]
 PHASES = ["bootstrap", "build", "ctest", "asan"]

@@ -139,7 +139,8 @@ set(TOUCHSTONE_STRUCTURED_FAULT_EXPECTATIONS
   grammar_mask_one_step_late=structured.mask_parity@1
   grammar_straddling_token=structured.mask_parity@0
   grammar_early_stop=structured.termination@0
-  grammar_advanced_on_rejected_draft=structured.speculative@1)
+  grammar_advanced_on_rejected_draft=structured.speculative@1
+  grammar_mask_shared_in_batch=structured.batch_isolation@1)
 # The serving faults the reference and cuda refuse (cpu_simd and vulkan implement them).
 set(TOUCHSTONE_SERVING_FAULTS_NOT_IN_REFERENCE_CUDA fork_shared_kv batch_all_positions_shift
   batch_page_boundary_leak)

@@ -99,9 +99,10 @@ class ServerTest(unittest.TestCase):
 class Hello(ServerTest):
     def test_identity(self):
         i = self.info
-        self.assertEqual((i.protocol_version, i.api_version), (4, P.API_VERSION))
+        self.assertEqual((i.protocol_version, i.api_version), (5, P.API_VERSION))
         self.assertFalse(i.step_batch)
         self.assertFalse(i.fork)
+        self.assertFalse(i.grammar)  # a Python engine enforces no grammar (ABI v7)
         self.assertEqual((i.name, i.version, i.path, i.device), ("fake", "1.2.3",
                                                                  "fake command line", "fake device"))
         self.assertTrue(i.declares_models)

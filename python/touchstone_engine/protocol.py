@@ -13,10 +13,10 @@ and raises ProtocolError naming the message and the field.
 
 import struct
 
-VERSION = 4
+VERSION = 5
 MIN_VERSION = 3  # the oldest harness an engine still answers (with that version's fields)
-API_VERSION = 6  # TS_BACKEND_API_VERSION of common/include/touchstone/abi/backend_abi.h
-API_VERSION_OF = {3: 5, 4: API_VERSION}  # the newest ABI each protocol version carries
+API_VERSION = 7  # TS_BACKEND_API_VERSION of common/include/touchstone/abi/backend_abi.h
+API_VERSION_OF = {3: 5, 4: 6, 5: API_VERSION}  # the newest ABI each protocol version carries
 MAGIC = 0x31505354  # bytes "TSP1"
 REPLY_BIT = 0x8000
 HEADER_SIZE = 16
@@ -38,6 +38,9 @@ SET_TAPS = 12
 READ_TAPS = 13
 STEP_BATCH = 14  # version 4 (ABI v6)
 FORK_SESSION = 15  # version 4 (ABI v6)
+SET_GRAMMAR = 16  # version 5 (ABI v7)
+GRAMMAR_MASK = 17  # version 5 (ABI v7)
+GRAMMAR_GREEDY = 18  # version 5 (ABI v7)
 MAX_BATCH_ENTRIES = 1 << 16
 
 OP_NAMES = {
@@ -56,6 +59,9 @@ OP_NAMES = {
     READ_TAPS: "read_taps",
     STEP_BATCH: "step_batch",
     FORK_SESSION: "fork_session",
+    SET_GRAMMAR: "set_grammar",
+    GRAMMAR_MASK: "grammar_mask",
+    GRAMMAR_GREEDY: "grammar_greedy",
 }
 
 # ts_status
@@ -91,6 +97,8 @@ TS_CAP_BATCH_INVARIANT = 1 << 7  # ABI v6: a token's bits independent of the res
 TS_CAP_BITWISE_NOT_ACROSS_FORKS = 1 << 8
 TS_CAP_V6_FLAGS = (TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATCH_INVARIANT
                    | TS_CAP_BITWISE_NOT_ACROSS_FORKS)
+# ABI v7: the engine enforces grammars itself (set_grammar, grammar_mask, grammar_greedy)
+TS_CAP_STRUCTURED_OUTPUT = 1 << 9
 
 # ts_weight_path
 TS_WEIGHTS_FULL_PRECISION = 0
@@ -274,6 +282,8 @@ class Capabilities:
                 raise ProtocolError(f"capabilities reply: max_batch {c.max_batch} < 0")
         else:
             c.flags &= ~TS_CAP_V6_FLAGS
+        if version < 5:  # ABI v7 (protocol 5): an older peer has no grammar calls
+            c.flags &= ~TS_CAP_STRUCTURED_OUTPUT
         return c
 
 
@@ -283,7 +293,7 @@ class BackendInfo:
 
     FIELDS = ("protocol_version", "api_version", "name", "version", "path", "device",
               "device_greedy", "declares_models", "architectures", "model_features", "taps",
-              "step_batch", "fork")
+              "step_batch", "fork", "grammar")
 
     def __init__(self, **kw):
         self.protocol_version = VERSION
@@ -291,6 +301,7 @@ class BackendInfo:
         self.name = self.version = self.path = self.device = ""
         self.device_greedy = self.declares_models = self.taps = False
         self.step_batch = self.fork = False
+        self.grammar = False  # ABI v7, protocol >= 5
         self.architectures = self.model_features = ""
         for k, v in kw.items():
             if k not in self.FIELDS:
@@ -309,6 +320,8 @@ class BackendInfo:
             w.u32(1 if self.taps else 0)
         if v >= 4:
             w.u32(1 if self.step_batch else 0).u32(1 if self.fork else 0)
+        if v >= 5:
+            w.u32(1 if self.grammar else 0)
         return w
 
     @staticmethod
@@ -330,6 +343,8 @@ class BackendInfo:
         if v >= 4:
             i.step_batch = r.u32("step_batch") != 0
             i.fork = r.u32("fork") != 0
+        if v >= 5:
+            i.grammar = r.u32("grammar") != 0
         return i
 
 

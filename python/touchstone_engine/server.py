@@ -529,6 +529,13 @@ def fork_session(server, r):
     return P.Writer().i32(P.TS_OK).u64(new).bytes()
 
 
+def no_grammar(server, r):
+    """SET_GRAMMAR, GRAMMAR_MASK, GRAMMAR_GREEDY (ABI v7): a Python engine enforces
+    no grammar (its hello says so); the harness applies grammars to its logits."""
+    server._session(r)
+    raise EngineError(P.TS_ERR_UNSUPPORTED, "backend has no set_grammar (ABI v7)")
+
+
 def _size_of(values):
     """Number of values in an array-like (NumPy size, buffer or nested sequence)."""
     if hasattr(values, "size") and not callable(values.size):
@@ -555,6 +562,9 @@ _HANDLERS = {
     P.READ_TAPS: Server.read_taps,
     P.STEP_BATCH: step_batch,
     P.FORK_SESSION: fork_session,
+    P.SET_GRAMMAR: no_grammar,
+    P.GRAMMAR_MASK: no_grammar,
+    P.GRAMMAR_GREEDY: no_grammar,
 }
 
 

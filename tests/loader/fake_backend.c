@@ -45,6 +45,9 @@ static ts_status capabilities(ts_capabilities* c) {
 #ifdef FAKE_CLAIMS_FORK
   c->flags |= TS_CAP_KV_PREFIX_COPY;
 #endif
+#ifdef FAKE_CLAIMS_GRAMMAR
+  c->flags |= TS_CAP_STRUCTURED_OUTPUT;
+#endif
 #endif
   c->weight_types = TS_WEIGHT_TYPE_BIT(0);
   c->max_context = 0;
@@ -163,6 +166,35 @@ static ts_status fork_session_trap(ts_session* src, int32_t n, ts_session** out)
 #define FAKE_FORK NULL
 #endif
 
+/* Version 7 members; an older table carries entries here that a loader must
+ * neither read nor call (they abort). A version-7 table leaves them NULL. */
+static ts_status set_grammar_trap(ts_session* s, const ts_grammar* g) {
+  (void)s;
+  (void)g;
+  abort();
+}
+static ts_status grammar_mask_trap(ts_session* s, uint32_t* m, int32_t n) {
+  (void)s;
+  (void)m;
+  (void)n;
+  abort();
+}
+static ts_status grammar_greedy_trap(ts_session* s, int32_t n, int32_t* t) {
+  (void)s;
+  (void)n;
+  (void)t;
+  abort();
+}
+#if FAKE_API_VERSION < 7
+#define FAKE_SET_GRAMMAR set_grammar_trap
+#define FAKE_GRAMMAR_MASK grammar_mask_trap
+#define FAKE_GRAMMAR_GREEDY grammar_greedy_trap
+#else
+#define FAKE_SET_GRAMMAR NULL
+#define FAKE_GRAMMAR_MASK NULL
+#define FAKE_GRAMMAR_GREEDY NULL
+#endif
+
 #ifdef FAKE_MISSING_FN
 #define FAKE_POSITION NULL
 #else
@@ -190,7 +222,10 @@ static const ts_backend kFake = {FAKE_API_VERSION,
                                  FAKE_SET_TAPS,
                                  FAKE_READ_TAPS,
                                  FAKE_STEP_BATCH,
-                                 FAKE_FORK};
+                                 FAKE_FORK,
+                                 FAKE_SET_GRAMMAR,
+                                 FAKE_GRAMMAR_MASK,
+                                 FAKE_GRAMMAR_GREEDY};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

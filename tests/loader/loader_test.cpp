@@ -129,6 +129,31 @@ TEST(Loader, Version6FlagsNeedTheirMembers) {
   }
 }
 
+// ABI v7: a version-6 table's entries past fork_session (traps that abort here)
+// are neither read nor called, and its stray bit 9 does not reach the harness.
+TEST(Loader, AcceptsVersion6WithoutReadingVersion7Members) {
+  auto lib = BackendLibrary::load(fake("v6"));
+  EXPECT_EQ(lib->api_version(), 6u);
+  EXPECT_FALSE(lib->has_grammar());
+  EXPECT_EQ(lib->capabilities().flags & TS_CAP_STRUCTURED_OUTPUT, 0u);
+  auto child = BackendLibrary::spawn(fake("v6"), ChildOptions{});
+  EXPECT_FALSE(child->has_grammar());
+  EXPECT_EQ(child->capabilities().flags & TS_CAP_STRUCTURED_OUTPUT, 0u);
+  EXPECT_THROW(child->channel().set_grammar(1, nullptr), Error);
+}
+
+TEST(Loader, Version7StructuredOutputNeedsItsMembers) {
+  const std::string msg = load_error(fake("grammar_null"));
+  EXPECT_NE(msg.find("TS_CAP_STRUCTURED_OUTPUT"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("set_grammar is NULL"), std::string::npos) << msg;
+  try {
+    BackendLibrary::spawn(fake("grammar_null"), ChildOptions{});
+    ADD_FAILURE() << "the runner loaded a table the loader refuses";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set_grammar is NULL"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Loader, LayerTapsNeedBothEntries) {
   EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_taps());
   const std::string msg = load_error(fake("taps_half"));

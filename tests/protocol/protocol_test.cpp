@@ -160,13 +160,44 @@ TEST(Protocol, BackendInfoCarriesServingMembersFromVersion4) {
   i.protocol_version = 3;
   Writer old;
   encode(old, i);
-  EXPECT_EQ(old.bytes().size() + 8, w.bytes().size());
+  EXPECT_EQ(old.bytes().size() + 8 + 4, w.bytes().size());  // v4's two members, v5's one
   Reader ro(bytes(old.bytes()), "hello reply");
   const BackendInfo o = decode_info(ro);
   ro.finish();
   EXPECT_EQ(o.protocol_version, 3u);
   EXPECT_FALSE(o.step_batch);
   EXPECT_FALSE(o.fork);
+}
+
+// ABI v7 structured output: BackendInfo.grammar from protocol version 5; a
+// version-4 peer's hello ends before it, and its capabilities lose bit 9.
+TEST(Protocol, BackendInfoCarriesGrammarFromVersion5) {
+  BackendInfo i;
+  i.api_version = 7;
+  i.name = "g";
+  i.grammar = true;
+  Writer w;
+  encode(w, i);
+  Reader r(bytes(w.bytes()), "hello reply");
+  EXPECT_TRUE(decode_info(r).grammar);
+  r.finish();
+  i.protocol_version = 4;
+  Writer old;
+  encode(old, i);
+  EXPECT_EQ(old.bytes().size() + 4, w.bytes().size());
+  Reader ro(bytes(old.bytes()), "hello reply");
+  EXPECT_FALSE(decode_info(ro).grammar);
+  ro.finish();
+  ts_capabilities c{};
+  c.flags = TS_CAP_STRUCTURED_OUTPUT | TS_CAP_ALL_POSITION_LOGITS;
+  for (uint32_t v : {4u, 5u}) {
+    Writer cw;
+    encode(cw, c, v);
+    Reader cr(bytes(cw.bytes()), "capabilities reply");
+    std::string note;
+    const ts_capabilities d = decode_capabilities(cr, note, v);
+    EXPECT_EQ(d.flags, v >= 5 ? c.flags : uint32_t(TS_CAP_ALL_POSITION_LOGITS)) << v;
+  }
 }
 
 TEST(Protocol, VersionNegotiation) {

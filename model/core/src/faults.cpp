@@ -51,6 +51,7 @@ constexpr FaultEntry kFaults[] = {
     {"grammar_straddling_token", [](Faults& f) { f.grammar_straddle = true; }},
     {"grammar_early_stop", [](Faults& f) { f.grammar_early_stop = true; }},
     {"grammar_advanced_on_rejected_draft", [](Faults& f) { f.grammar_draft_advance = true; }},
+    {"grammar_mask_shared_in_batch", [](Faults& f) { f.grammar_batch_mask = true; }},
 };
 
 }  // namespace

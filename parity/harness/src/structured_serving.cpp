@@ -52,6 +52,21 @@ std::pair<size_t, int32_t> verify_round(Sequence& s, std::span<const int32_t> d)
   return {n, p[n - 1]};
 }
 
+// The unconstrained sequence alone: its own greedy tokens and rows.
+PlainRun unconstrained_run(const BackendModel& model, const StructuredOptions& o,
+                           const GoldenCase& g) {
+  PlainRun run;
+  BackendSession s(model, o.session);
+  run.rows.push_back(s.prefill(g.prompt_ids));
+  for (int i = 0; i < o.max_steps; ++i) {
+    run.tokens.push_back(metrics::argmax(run.rows.back()));
+    if (i + 1 == o.max_steps || run.tokens.back() < 0) break;
+    run.rows.emplace_back(size_t(g.n_vocab));
+    s.decode(run.tokens.back(), run.rows.back());
+  }
+  return run;
+}
+
 }  // namespace
 
 CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok, const GoldenCase& g,
@@ -111,16 +126,9 @@ CaseResult check_batch_isolation(const BackendModel& model, const Tokenizer& tok
   try {
     Sequence alone(model, o.session, g, vocab);
     const PlainRun constrained = plain_run(alone, vocab, o.max_steps);
-    // The unconstrained sequence alone: its own greedy tokens and rows.
-    BackendSession free_alone(model, o.session);
-    std::vector<std::vector<float>> free_rows{free_alone.prefill(g.prompt_ids)};
-    std::vector<int32_t> free_tokens;
-    for (int i = 0; i < o.max_steps; ++i) {
-      free_tokens.push_back(metrics::argmax(free_rows.back()));
-      if (i + 1 == o.max_steps || free_tokens.back() < 0) break;
-      free_rows.emplace_back(size_t(g.n_vocab));
-      free_alone.decode(free_tokens.back(), free_rows.back());
-    }
+    const PlainRun free = unconstrained_run(model, o, g);
+    const std::vector<int32_t>& free_tokens = free.tokens;
+    const std::vector<std::vector<float>>& free_rows = free.rows;
     // Both in one step_batch per step: the prompts, then one token each.
     auto a_session = std::make_unique<BackendSession>(model, o.session);
     BackendSession b(model, o.session);

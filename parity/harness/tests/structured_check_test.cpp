@@ -1,7 +1,8 @@
-// Structured output, harness-applied (docs/structured-output.md): check_case on
-// the reference against SmolLM2's committed golden of a grammar case passes,
-// and fails, naming the step, when the golden's allowed set or its constrained
-// token is changed: the mask parity and constrained greedy checks can fail.
+// Structured output (docs/structured-output.md): check_case against SmolLM2's
+// committed golden of a grammar case passes, and fails, naming the step, when
+// the golden's allowed set or its constrained token is changed: the mask parity
+// and constrained greedy checks can fail. Both ways a grammar is applied: the
+// reference enforces it itself (ABI v7), cpu_simd's logits get the harness's mask.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -19,7 +20,12 @@ namespace {
 
 constexpr const char* kCase = "structured_answer";
 
-class StructuredCheck : public ::testing::Test {
+struct Way {
+  const char* backend;
+  const char* enforcement;
+};
+
+class StructuredCheck : public ::testing::TestWithParam<Way> {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(TOUCHSTONE_STRUCTURED_MODEL)) {
@@ -34,7 +40,11 @@ class StructuredCheck : public ::testing::Test {
     ASSERT_TRUE(c->has_grammar());
     ASSERT_GE(c->greedy_ids.size(), 2u);
     golden_ = *c;
-    lib_ = BackendLibrary::load("reference");
+    try {
+      lib_ = BackendLibrary::load(GetParam().backend);
+    } catch (const Error& e) {
+      GTEST_SKIP() << GetParam().backend << " is not built here: " << e.what();
+    }
     model_ = std::make_unique<BackendModel>(lib_, TOUCHSTONE_STRUCTURED_MODEL);
   }
 
@@ -56,15 +66,15 @@ class StructuredCheck : public ::testing::Test {
   std::unique_ptr<BackendModel> model_;
 };
 
-TEST_F(StructuredCheck, TheReferencePassesItsOwnGolden) {
+TEST_P(StructuredCheck, PassesTheReferencesGolden) {
   const CaseResult r = check(golden_);
   EXPECT_TRUE(r.passed) << joined(r);
-  EXPECT_EQ(r.grammar_enforcement, "applied by the harness");
+  EXPECT_EQ(r.grammar_enforcement, GetParam().enforcement);
   EXPECT_EQ(r.n_matched, int(golden_.greedy_ids.size()));
 }
 
 // One token's bit flipped in step 1's recorded allowed set.
-TEST_F(StructuredCheck, AChangedAllowedSetFailsMaskParityAtItsStep) {
+TEST_P(StructuredCheck, AChangedAllowedSetFailsMaskParityAtItsStep) {
   GoldenCase g = golden_;
   const int32_t token = 100;
   g.allowed_masks[g.mask_words() + size_t(token) / 32] ^= 1u << (token % 32);
@@ -76,7 +86,7 @@ TEST_F(StructuredCheck, AChangedAllowedSetFailsMaskParityAtItsStep) {
 
 // The golden's constrained token at step 0 replaced by the allowed token the
 // backend's masked logits rank lowest: the constrained greedy check fails there.
-TEST_F(StructuredCheck, AnotherConstrainedTokenFailsGreedyAtItsStep) {
+TEST_P(StructuredCheck, AnotherConstrainedTokenFailsGreedyAtItsStep) {
   GoldenCase g = golden_;
   const std::span<const uint32_t> mask(g.allowed_masks.data(), g.mask_words());
   int32_t other = -1;
@@ -89,6 +99,13 @@ TEST_F(StructuredCheck, AnotherConstrainedTokenFailsGreedyAtItsStep) {
   EXPECT_FALSE(r.passed);
   EXPECT_NE(joined(r).find("greedy diverges at step 0"), std::string::npos) << joined(r);
 }
+
+INSTANTIATE_TEST_SUITE_P(Ways, StructuredCheck,
+                         ::testing::Values(Way{"reference", "enforced by the backend"},
+                                           Way{"cpu_simd", "applied by the harness"}),
+                         [](const ::testing::TestParamInfo<Way>& way) {
+                           return std::string(way.param.backend);
+                         });
 
 }  // namespace
 }  // namespace touchstone

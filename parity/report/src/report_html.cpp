@@ -127,7 +127,7 @@ std::string drift_table(const RunView& r, const ItemView& it) {
 std::string item_plots(const RunView& r, size_t run, const ItemView& it) {
   if (it.kind == "serving") return drift_table(r, it);
   if (it.kl.empty()) {
-    return it.kind == "consistency"
+    return it.kind == "consistency" || it.kind == "structured"
                ? ""
                : "<p class=\"ts-none\">no per-step series in this report</p>\n";
   }

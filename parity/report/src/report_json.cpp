@@ -139,10 +139,12 @@ const char* item_verdict(const Result& r) {
   return r.passed ? "PASS" : r.known_divergence ? "KNOWN_DIVERGENCE" : "FAIL";
 }
 
-// "consistency.*" rows, "identity.*" rows (a server's model identity), greedy cases.
+// "consistency.*", "serving.*" and "structured.*" rows, "identity.*" rows (a
+// server's model identity), greedy cases (a grammar case "structured_x" too).
 const char* case_kind(const std::string& name) {
   if (name.starts_with("consistency")) return "consistency";
   if (name.starts_with("serving")) return "serving";
+  if (name.starts_with("structured.")) return "structured";
   return name.starts_with("identity.") ? "identity" : "greedy";
 }
 

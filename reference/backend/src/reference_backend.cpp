@@ -2,6 +2,7 @@
 // contract (touchstone/abi/backend_abi.h) through touchstone::BackendAdapter, which
 // applies the shared argument checks. Built as libtouchstone_backend_reference.so.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -37,6 +38,8 @@ struct Reference {
     std::unique_ptr<touchstone::ReferenceTransformer> ref;
     touchstone::reference_backend::GrammarVocabulary* grammar_vocab = nullptr;
     touchstone::Faults faults;
+    const touchstone::abi::GrammarState* grammar = nullptr;  // the adapter's, for one fault
+    void grammar_changed(const touchstone::abi::GrammarState* g) { grammar = g; }
 
     int32_t position() const { return ref->position(); }
     int32_t max_context() const { return ref->max_context(); }
@@ -82,6 +85,27 @@ struct Reference {
            std::span<float>(item.logits, item.session->rows(item.tokens, item.all_positions))});
     }
     touchstone::ReferenceTransformer::step_batch(entries);
+    share_grammar_mask(items);
+  }
+
+  // Fault grammar_mask_shared_in_batch: the first constrained entry's allowed set
+  // (after the call's tokens) masks every other entry's last logits row.
+  static void share_grammar_mask(std::span<const touchstone::abi::BatchItem<Session>> items) {
+    const Session* with = nullptr;
+    for (const auto& item : items)
+      if (item.session->faults.grammar_batch_mask && item.session->grammar && !with)
+        with = item.session;
+    if (!with) return;
+    const int32_t n_vocab = with->ref->n_vocab();
+    std::vector<uint32_t> mask(size_t(TS_MASK_WORDS(n_vocab)));
+    with->grammar->mask(mask.data(), int32_t(mask.size()));
+    for (const auto& item : items) {
+      if (item.session == with) continue;
+      float* row =
+          item.logits + (item.all_positions ? item.tokens.size() - 1 : 0) * size_t(n_vocab);
+      for (int32_t t = 0; t < n_vocab; ++t)
+        if (!((mask[size_t(t) / 32] >> (t % 32)) & 1u)) row[t] = -INFINITY;
+    }
   }
 
   static std::string device_name() {

@@ -34,6 +34,9 @@
 //       // optional (ABI v7): std::unique_ptr<abi::GrammarState>
 //       //           compile_grammar(const ts_grammar& g);  (sets TS_CAP_STRUCTURED_OUTPUT;
 //       //           the adapter then keeps the grammar in step with every call, below)
+//       // optional (ABI v7): void grammar_changed(const abi::GrammarState* g);
+//       //           (told the session's grammar state whenever it is set, cloned by a
+//       //           fork or removed; nullptr = none. The adapter owns it.)
 //     // optional (ABI v6): static void step_batch(std::span<const abi::BatchItem<Session>>);
 //     //   (step_batch; every entry already checked: distinct sessions of one model
 //     //   and weight path, tokens, room, buffers. Set TS_CAP_BATCHED_SESSIONS in
@@ -287,6 +290,11 @@ class BackendAdapter {
   static constexpr bool kGrammar = requires(Session & s, const ts_grammar& g) {
     { s.compile_grammar(g) } -> std::convertible_to<std::unique_ptr<abi::GrammarState>>;
   };
+  // Tells the session which grammar state is its own now (optional hook).
+  static void grammar_changed(SessionBox& b) {
+    if constexpr (requires(Session & s, const abi::GrammarState* g) { s.grammar_changed(g); })
+      b.session->grammar_changed(b.grammar.get());
+  }
 
   static const char* architectures() {
     if constexpr (requires { Impl::architectures; }) return Impl::architectures;
@@ -389,6 +397,7 @@ class BackendAdapter {
           b->grammar = from.grammar->clone();
           b->grammar->rollback(position - n_prefix);
           b->grammar_start = from.grammar_start;
+          grammar_changed(*b);
         }
         b->n_vocab = from.n_vocab;
         b->model = from.model;
@@ -586,8 +595,10 @@ class BackendAdapter {
       if (!b.grammar) return;
       if (position >= b.grammar_start)
         b.grammar->rollback(from - position);
-      else
+      else {
         b.grammar.reset();  // rewound past where the grammar was set: removed
+        grammar_changed(b);
+      }
     });
   }
 
@@ -597,6 +608,7 @@ class BackendAdapter {
       SessionBox& b = *box(s);
       if (!g) {
         b.grammar.reset();
+        grammar_changed(b);
         return;
       }
       abi::require(g->struct_size >= sizeof(ts_grammar) && g->text != nullptr,
@@ -609,6 +621,7 @@ class BackendAdapter {
       if constexpr (kGrammar) {
         b.grammar = b.session->compile_grammar(*g);
         b.grammar_start = b.session->position();
+        grammar_changed(b);
       }
     });
   }

@@ -85,12 +85,17 @@ struct Faults {
   bool grammar_draft_advance =
       false;  // "grammar_advanced_on_rejected_draft": rewind and fork leave the grammar where
               // the rejected drafts took it (speculative, rollback)
+  bool grammar_batch_mask = false;  // "grammar_mask_shared_in_batch": in step_batch, the
+                                    // allowed set of the first entry with a grammar is
+                                    // applied to every other entry's logits (vLLM PR
+                                    // 22896's shared bitmask) (batch_isolation)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
   // The structured-output faults (a backend that enforces no grammar refuses them).
   bool grammar() const {
-    return grammar_mask_late || grammar_straddle || grammar_early_stop || grammar_draft_advance;
+    return grammar_mask_late || grammar_straddle || grammar_early_stop || grammar_draft_advance ||
+           grammar_batch_mask;
   }
   // The serving faults (a backend without step_batch / fork_session refuses them).
   bool serving() const {
