@@ -361,6 +361,24 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
   write_reports(o, report);
 }
 
+// The rows of golden-free checks into the report: a row that compared nothing
+// is NOT SUPPORTED (its own reason, else `no_rows`), never a PASS; the others
+// go through the reviewed known divergences (item: the check's name, e.g.
+// serving.prefix_fork, structured.mask_parity).
+void add_check_rows(const Inputs& in, const KnownDivergenceKey& key, std::vector<CaseResult> rows,
+                    const std::string& no_rows, Report& report) {
+  for (CaseResult& r : rows) {
+    if (r.n_total == 0 && r.failures.empty()) {
+      report.not_supported.push_back(
+          {r.name, r.not_supported.empty() ? no_rows : r.not_supported.front()});
+      --report.n_planned;
+      continue;
+    }
+    in.known.apply(key, r);
+    report.cases.push_back(std::move(r));
+  }
+}
+
 bool wants_structured(const Opts& o) {
   return o.structured || o.structured_only || !o.structured_checks.empty();
 }
@@ -390,16 +408,8 @@ void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& 
   const KnownDivergenceKey key{report.info.backend, report.info.model_name, report.info.weight_path,
                                report.info.profile};
   try {
-    for (CaseResult& r : check_structured(host.model(), *in.tok, *g, *in.profile, opt)) {
-      if (r.n_steps == 0 && r.failures.empty()) {  // nothing compared: never a PASS
-        report.not_supported.push_back(
-            {r.name, r.not_supported.empty() ? "nothing to compare" : r.not_supported.front()});
-        --report.n_planned;
-        continue;
-      }
-      in.known.apply(key, r);  // item: the check's name, e.g. structured.mask_parity
-      report.cases.push_back(std::move(r));
-    }
+    add_check_rows(in, key, check_structured(host.model(), *in.tok, *g, *in.profile, opt),
+                   "nothing to compare", report);
   } catch (const BackendError& e) {
     report.cases.push_back(backend_failure<CaseResult>(host, report, "structured", e));
   }
@@ -483,16 +493,9 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
     }
     const KnownDivergenceKey key{report.info.backend, report.info.model_name,
                                  report.info.weight_path, report.info.profile};
-    for (CaseResult& r :
-         check_serving(host.model(), g.prompt_ids, g.greedy_ids, *in.profile, opt)) {
-      if (r.n_total == 0 && r.failures.empty()) {  // nothing compared: never a PASS
-        report.not_supported.push_back({r.name, opt.no_rows_reason()});
-        --report.n_planned;
-        continue;
-      }
-      in.known.apply(key, r);  // item: the check's name, e.g. serving.prefix_fork
-      report.cases.push_back(std::move(r));
-    }
+    add_check_rows(in, key,
+                   check_serving(host.model(), g.prompt_ids, g.greedy_ids, *in.profile, opt),
+                   opt.no_rows_reason(), report);
   } catch (const BackendError& e) {
     report.cases.push_back(backend_failure<CaseResult>(host, report, "serving", e));
   }
