@@ -150,7 +150,7 @@ def cmd_report(build_dir, junit, times_json, out_json):
     for p in PHASES:
         d, m = declared_phases.get(p), phases.get(p)
         rows.append({"part": p, "declared": d, "measured": m})
-        print(f"{p:<28} {d if d is None else round(d):>9} {m if m is None else round(m):>9}")
+        print(f"{p:<28} {'-' if d is None else round(d):>9} {m if m is None else round(m):>9}")
     total = sum(v for v in phases.values() if v is not None)
     print(f"{'total (wall)':<28} {round(declared_total):>9} {round(total):>9}   budget {budget['budget_seconds']}")
     print(f"\nctest groups (summed test seconds at -j{budget['ctest_jobs']}), largest first")
@@ -158,7 +158,7 @@ def cmd_report(build_dir, junit, times_json, out_json):
         d = budget["groups"].get(g, {}).get("seconds")
         rows.append({"part": "ctest:" + g, "tests": e["tests"], "declared": d, "measured": e["seconds"]})
         flag = "  over" if d is not None and e["seconds"] > 1.25 * d + 10 else ""
-        print(f"  {g:<26} {d if d is None else round(d):>9} {round(e['seconds']):>9}  ({e['tests']} tests){flag}")
+        print(f"  {g:<26} {'-' if d is None else round(d):>9} {round(e['seconds']):>9}  ({e['tests']} tests){flag}")
     host = f"{cpu_model()}, {os.cpu_count()} cores"
     with open(out_json, "w", encoding="utf-8") as f:
         json.dump({"host": host, "budget_seconds": budget["budget_seconds"], "total_measured": total,
