@@ -385,12 +385,29 @@ bool wants_structured(const Opts& o) {
 
 // The structured checks on one grammar case: the first named case with a
 // grammar, else the model's first grammar case in the golden.
-void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
-  const GoldenCase* g = nullptr;
+// The grammar case of the structured checks: the first --case with a grammar;
+// else, for a backend that enforces grammars, the first of the plan's and then
+// the golden's grammar cases whose kind it takes (llama.cpp's sampler: GBNF),
+// so its own enforcement is what the checks judge; else the first of them.
+const GoldenCase* structured_case(const Opts& o, const Inputs& in, BackendHost& host) {
+  std::vector<const GoldenCase*> cases;
   for (const std::string& n : in.plan.cases)
-    if (const GoldenCase* c = in.golden.find_case(n); c && c->has_grammar() && !g) g = c;
+    if (const GoldenCase* c = in.golden.find_case(n); c && c->has_grammar()) cases.push_back(c);
+  if (!o.cases.empty() && !cases.empty()) return cases.front();
   for (const GoldenCase& c : in.golden.cases)
-    if (c.has_grammar() && !g) g = &c;
+    if (c.has_grammar()) cases.push_back(&c);
+  if (cases.empty()) return nullptr;
+  if (host.library().has_grammar()) {
+    for (const GoldenCase* c : cases) {
+      BackendSession probe(host.model(), BackendSessionOptions{in.weights, 1, 0, o.fault});
+      if (enforce_grammar(probe, *c) == kGrammarByBackend) return c;
+    }
+  }
+  return cases.front();
+}
+
+void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& report) {
+  const GoldenCase* g = structured_case(o, in, host);
   if (!g) {
     report.not_supported.push_back(
         {"structured", fmt::format("model '{}' has no grammar case", in.plan.model->name)});
