@@ -16,6 +16,11 @@ entries file derived from that run and checks the verdict and exit code:
                  "no longer reproduces"
   other-model    the entry names another model -> ignored: exit 1, plain FAIL
   malformed      broken entry files -> exit 2, the error names the file, entry and field
+  structured-case  a structured check's row (fault grammar_mask_one_step_late on
+                 structured_answer, structured.mask_parity): an entry for
+                 "structured.mask_parity@structured_answer" covers it (exit 0), one
+                 for another case does not (exit 1), and the case's entry wins over
+                 the plain item's (a stricter @case entry: exit 1, "beyond the accepted")
 """
 import json
 import os
@@ -69,6 +74,48 @@ def write(entries, name="entries"):
         json.dump({"format": "touchstone-known-divergences", "version": 1, "entries": entries}, f)
     return path
 
+
+def structured_case():
+    """MODE structured-case: entries narrowed to one grammar case."""
+    check = "structured.mask_parity"
+    args = [CLI, "parity", "--backend", "reference", "--case", "structured_answer",
+            "--structured-only", "--structured-check", check, "--fault", "grammar_mask_one_step_late",
+            "--threads", "1", "--manifest", MANIFEST]
+
+    def go(entries, name):
+        report = os.path.join(WORK, f"{MODE}-{name}.json")
+        p = subprocess.run(args + ["--known-divergences", write(entries, name), "--json", report]
+                           if entries else args + ["--json", report],
+                           capture_output=True, text=True, timeout=600)
+        return p, json.load(open(report))
+    p, j = go(None, "measure")
+    rows = [c for c in j["cases"] if c["name"] == check]
+    if p.returncode != 1 or not rows or rows[0]["passed"]:
+        fail(f"the faulted run must FAIL {check}", p)
+    viol = rows[0]["violations"]
+    worst = max(v["value"] for v in viol)
+
+    def e(item, accept):
+        return {"id": f"test-{item}", "backend": "reference", "model": j["model"]["name"],
+                "weights": "full_precision", "profile": "exact", "item": item,
+                "checks": {"mask_difference": {"measured": accept, "accept": accept}},
+                "why": "test: grammar_mask_one_step_late", "measured_on": "this run",
+                "reviewed_by": "known_divergence_test.py"}
+    p, j = go([e(check + "@structured_answer", worst)], "covered")
+    if p.returncode != 0 or j["verdict"] != "KNOWN_DIVERGENCE":
+        fail("an entry for the case must cover its row", p)
+    p, j = go([e(check + "@structured_date", worst)], "other-case")
+    if p.returncode != 1 or j["verdict"] != "FAIL":
+        fail("an entry for another case must not apply", p)
+    p, j = go([e(check, worst), e(check + "@structured_answer", worst / 2)], "precedence")
+    if p.returncode != 1 or "beyond the accepted" not in p.stdout:
+        fail("the case's entry (stricter) must win over the plain item's", p)
+    print(f"PASS ({MODE}): {len(viol)} violations, worst {worst}")
+    sys.exit(0)
+
+
+if MODE == "structured-case":
+    structured_case()
 
 # The measurement: the fault's violations on this build.
 p, base = run(["--fault", "logits_perturb_1e-3"], "measure")

@@ -366,7 +366,7 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
 // go through the reviewed known divergences (item: the check's name, e.g.
 // serving.prefix_fork, structured.mask_parity).
 void add_check_rows(const Inputs& in, const KnownDivergenceKey& key, std::vector<CaseResult> rows,
-                    const std::string& no_rows, Report& report) {
+                    const std::string& no_rows, Report& report, const std::string& case_name = "") {
   for (CaseResult& r : rows) {
     if (r.n_total == 0 && r.failures.empty()) {
       report.not_supported.push_back(
@@ -374,7 +374,11 @@ void add_check_rows(const Inputs& in, const KnownDivergenceKey& key, std::vector
       --report.n_planned;
       continue;
     }
-    in.known.apply(key, r);
+    if (case_name.empty()) {
+      in.known.apply(key, r);
+    } else {
+      in.known.apply(key, r, case_name);
+    }
     report.cases.push_back(std::move(r));
   }
 }
@@ -426,7 +430,7 @@ void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& 
                                report.info.profile};
   try {
     add_check_rows(in, key, check_structured(host.model(), *in.tok, *g, *in.profile, opt),
-                   "nothing to compare", report);
+                   "nothing to compare", report, g->name);
   } catch (const BackendError& e) {
     report.cases.push_back(backend_failure<CaseResult>(host, report, "structured", e));
   }
@@ -600,7 +604,16 @@ int run_parity(const Opts& o) {
       run_checks(o, *in, host, report, top_n == 0);
     if (wants_consistency(o) && top_n == 0) run_consistency(o, *in, host, report);
     if (wants_serving(o, host, report)) run_serving(o, *in, host, report);
-    if (wants_structured(o) && top_n == 0) run_structured(o, *in, host, report);
+    // Top-N rows: only a backend that enforces grammars itself (its own picks).
+    if (wants_structured(o) && (top_n == 0 || host.library().has_grammar())) {
+      run_structured(o, *in, host, report);
+    } else if (wants_structured(o)) {
+      report.not_supported.push_back(
+          {"structured", fmt::format("the harness applies a grammar to full logits rows; the "
+                                     "backend returns only its top-{} log-probabilities and "
+                                     "does not enforce grammars itself",
+                                     top_n)});
+    }
   } catch (const BackendError& e) {           // the verdict order, as in backend_failure
     if (skips_run(e) && !report.started()) {  // no device here, or this model / path refused
       (e.status() == TS_ERR_DEVICE ? report.skipped : report.unsupported) = e.what();

@@ -203,6 +203,13 @@ void KnownDivergences::apply(const KnownDivergenceKey& key, CaseResult& r) const
   if (const KnownDivergence* e = find(key, r.name)) apply_entry(*e, r);
 }
 
+void KnownDivergences::apply(const KnownDivergenceKey& key, CaseResult& r,
+                             const std::string& case_name) const {
+  const KnownDivergence* e = find(key, r.name + "@" + case_name);
+  if (e == nullptr) e = find(key, r.name);
+  if (e != nullptr) apply_entry(*e, r);
+}
+
 void KnownDivergences::apply(const KnownDivergenceKey& key, ScoringResult& r) const {
   if (const KnownDivergence* e = find(key, r.name)) apply_entry(*e, r);
 }

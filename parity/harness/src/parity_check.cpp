@@ -161,8 +161,9 @@ void mark_top_n(CaseResult& r, int top_n) {
   r.not_supported = {"logits_nmse", "logits_max_abs", "device_greedy", "layer_taps"};
 }
 
-// A top-N row for the near-tie rule (which refuses non-finite rows): the
-// tokens not returned become the lowest float, below every returned one.
+// A top-N row, or a row masked by a grammar, for the near-tie rule (which
+// refuses non-finite rows): the tokens not returned (not allowed) become the
+// lowest float, below every other one.
 std::vector<float> finite_floor(std::span<const float> row) {
   std::vector<float> out(row.begin(), row.end());
   for (float& v : out)
@@ -223,6 +224,11 @@ bool judge_flip(const Tokenizer& tok, const Profile& p, int s, const GoldenStep&
   return true;
 }
 
+// The golden's allowed set at step s of grammar case g.
+std::span<const uint32_t> golden_mask(const GoldenCase& g, int s) {
+  return {g.allowed_masks.data() + size_t(s) * g.mask_words(), g.mask_words()};
+}
+
 // structured.mask_parity: `mask` (the allowed set of `whose`: the oracle when
 // the harness applies the grammar, the backend when it enforces it) against the
 // golden's at step s; a difference names the step and the first tokens allowed
@@ -231,8 +237,7 @@ bool judge_flip(const Tokenizer& tok, const Profile& p, int s, const GoldenStep&
 std::vector<float> masked_row(std::span<const uint32_t> mask, const char* whose,
                               const Tokenizer& tok, const GoldenCase& g, int s,
                               std::span<const float> row, CaseResult& r) {
-  const std::span<const uint32_t> want(g.allowed_masks.data() + size_t(s) * g.mask_words(),
-                                       g.mask_words());
+  const std::span<const uint32_t> want = golden_mask(g, s);
   if (!std::equal(mask.begin(), mask.end(), want.begin(), want.end())) {
     std::string diff;
     int shown = 0;
@@ -271,7 +276,13 @@ ConstrainedStep constrained_step(BackendSession& session, const grammar::Grammar
     c.token = metrics::argmax(c.masked);
     return c;
   }
-  c.masked = masked_row(session.grammar_mask(), "the backend", tok, g, s, row, r);
+  if (const std::optional<std::vector<uint32_t>> m = session.exposed_grammar_mask()) {
+    c.masked = masked_row(*m, "the backend", tok, g, s, row, r);
+  } else {  // a backend that does not expose its sets: its pick judged over the golden's
+    c.masked = masked_row(golden_mask(g, s), "the golden", tok, g, s, row, r);
+    if (r.not_supported.empty() || r.not_supported.back() != kMaskParityNotExposed)
+      r.not_supported.push_back(kMaskParityNotExposed);
+  }
   c.token = session.grammar_greedy(1)[0];
   return c;
 }
@@ -330,8 +341,28 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
     // Greedy agreement (under a grammar: over the allowed set).
     const int32_t ref_tok = g.greedy_ids[size_t(s)];
     at = {"grammar_greedy", s};
-    const ConstrainedStep c =
-        oracle ? constrained_step(session, *oracle, tok, g, s, row, r) : ConstrainedStep{};
+    ConstrainedStep c;
+    try {
+      if (oracle) c = constrained_step(session, *oracle, tok, g, s, row, r);
+    } catch (const BackendError& e) {
+      // A server's pick after a token it did not generate (teacher forcing past
+      // an accepted near tie) is not available: the sequences parted there.
+      if (e.status() != TS_ERR_UNSUPPORTED || !r.first_divergence) throw;
+      // The comparison ends where they parted; an accepted near tie there is
+      // no disagreement (top-1 agreement counts the steps before it).
+      if (r.first_divergence->accepted && r.first_divergence->step == s - 1) r.n_steps = s - 1;
+      break;
+    }
+    if (oracle && c.token >= 0 && !grammar::mask_allows(golden_mask(g, s), c.token)) {
+      // Never a near tie: a pick outside the grammar's set fails on every profile.
+      r.failures.push_back(fmt::format(
+          "structured.constrained_greedy: step {}: the backend picked {} {:?}, which the grammar "
+          "refuses (the golden allows {} tokens here)",
+          s, c.token, tok.token_bytes(c.token), grammar::mask_count(golden_mask(g, s))));
+      r.violations.push_back({"greedy", double(s), 0.0});
+      if (r.first_unaccepted_flip_step < 0) r.first_unaccepted_flip_step = s;
+      break;
+    }
     const std::span<const float> judged = oracle ? std::span<const float>(c.masked) : row;
     const int32_t test_tok = oracle ? c.token : metrics::argmax(judged);
     r.series.push_back({test_tok == ref_tok, K >= 2 ? metrics::top2_margin(ref_vals) : NAN, m.kl,
@@ -347,8 +378,10 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
     host_argmax.push_back(test_tok);
     if (test_tok == ref_tok) {
       ++r.n_matched;
-    } else if (judge_flip(tok, p, s, {ref_ids, ref_vals, ref_tok}, test_tok,
-                          top_n > 0 ? std::span<const float>(finite_floor(judged)) : judged, r)) {
+    } else if (judge_flip(
+                   tok, p, s, {ref_ids, ref_vals, ref_tok}, test_tok,
+                   top_n > 0 || oracle ? std::span<const float>(finite_floor(judged)) : judged,
+                   r)) {
       stop = true;  // sequences have diverged: later steps are not comparable
       continue;
     }

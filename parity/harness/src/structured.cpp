@@ -61,7 +61,10 @@ std::vector<CaseResult> golden_walk(const BackendModel& model, const Tokenizer& 
   for (const std::string& f : c.failures) {
     if (f.starts_with("structured.mask_parity")) {
       masks.failures.push_back(f);
-    } else if (f.starts_with("greedy diverges") || f.find("no greedy token") != f.npos) {
+    } else if (f.starts_with("structured.constrained_greedy")) {
+      greedy.failures.push_back(f);
+    } else if (f.starts_with("greedy diverges") || f.starts_with("top-1 agreement") ||
+               f.find("no greedy token") != f.npos) {
       greedy.failures.push_back("structured.constrained_greedy: " + f);
     } else if (f == c.backend_error) {
       for (CaseResult* r : {&masks, &greedy}) r->failures.push_back(f), r->backend_error = f;
@@ -69,12 +72,21 @@ std::vector<CaseResult> golden_walk(const BackendModel& model, const Tokenizer& 
   }
   for (const Violation& v : c.violations) {
     if (v.check == "mask_difference") masks.violations.push_back(v);
-    if (v.check == "greedy") greedy.violations.push_back(v);
+    if (v.check == "greedy" || v.check == "top1_agreement") greedy.violations.push_back(v);
+  }
+  if (std::find(c.not_supported.begin(), c.not_supported.end(), kMaskParityNotExposed) !=
+      c.not_supported.end()) {
+    masks = row("structured.mask_parity", backend);
+    masks.not_supported.push_back(kMaskParityNotExposed);
   }
   masks.first_logit_violation_step = c.first_mask_difference_step;
   greedy.first_divergence = c.first_divergence;
   greedy.near_ties = c.near_ties;
   greedy.first_logit_violation_step = c.first_unaccepted_flip_step;
+  greedy.n_matched = c.n_matched;
+  // A failure without a step of its own (top-1 agreement): the first flip's.
+  if (!greedy.failures.empty() && greedy.first_logit_violation_step < 0 && c.first_divergence)
+    greedy.first_logit_violation_step = c.first_divergence->step;
   for (CaseResult* r : {&masks, &greedy})
     if (!r->failures.empty() && r->first_logit_violation_step < 0)
       r->first_logit_violation_step = 0;
@@ -198,16 +210,19 @@ std::vector<CaseResult> check_structured(const BackendModel& model, const Tokeni
   };
   const grammar::GrammarVocab vocab(tok);
   // Who applies the grammar: the backend, if it enforces grammars and takes this kind.
-  const bool backend = [&] {
+  bool backend = false, backend_masks = false;
+  {
     BackendSession probe(model, opt.session);
-    return enforce_grammar(probe, g) == kGrammarByBackend;
-  }();
+    backend = enforce_grammar(probe, g) == kGrammarByBackend;
+    backend_masks = backend && probe.exposed_grammar_mask().has_value();
+  }
   const ts_capabilities caps = model.library()->capabilities();
   const bool exact = (caps.flags & TS_CAP_BATCH_INVARIANT) &&
                      (caps.batch_invariant_paths == 0 ||
                       (caps.batch_invariant_paths >> opt.session.weight_path) & 1u);
   StructuredOptions o = opt;
   o.by_backend = backend;
+  o.backend_masks = backend_masks;
   std::vector<CaseResult> out;
   if (wanted("structured.mask_parity") || wanted("structured.constrained_greedy")) {
     for (CaseResult& r : golden_walk(model, tok, g, profile, opt, backend))
@@ -215,12 +230,25 @@ std::vector<CaseResult> check_structured(const BackendModel& model, const Tokeni
   }
   using Walk = void (*)(Sequence&, const Tokenizer&, const GoldenCase&,
                         const grammar::GrammarVocab&, int, CaseResult&);
-  const std::pair<const char*, Walk> walks[] = {{"structured.termination", termination},
-                                                {"structured.non_interference", non_interference},
-                                                {"structured.rollback", rollback}};
-  for (const auto& [name, walk] : walks) {
+  struct Named {
+    const char* name;
+    Walk walk;
+    bool needs_masks;
+  };
+  const Named walks[] = {{"structured.termination", termination, true},
+                         {"structured.non_interference", non_interference, false},
+                         {"structured.rollback", rollback, true}};
+  for (const auto& [name, walk, needs_masks] : walks) {
     if (!wanted(name)) continue;
     CaseResult r = row(name, backend);
+    if (needs_masks && backend && !backend_masks) {
+      r.not_supported.push_back(
+          fmt::format("{} (the backend enforces the grammar without "
+                      "exposing its allowed sets)",
+                      name));
+      out.push_back(std::move(r));
+      continue;
+    }
     guarded(r, [&] {
       Sequence s(model, opt.session, g, vocab);
       walk(s, tok, g, vocab, opt.max_steps, r);
@@ -235,7 +263,8 @@ std::vector<CaseResult> check_structured(const BackendModel& model, const Tokeni
     r.n_total = std::max(r.n_total, r.n_steps);
     r.passed = r.failures.empty();
     // Steps compared before the first failure.
-    r.n_matched = r.passed ? r.n_steps : std::max(0, r.first_logit_violation_step);
+    if (r.n_matched == 0)
+      r.n_matched = r.passed ? r.n_steps : std::max(0, r.first_logit_violation_step);
   }
   return out;
 }

@@ -29,6 +29,8 @@ class Sequence {
   Sequence(std::unique_ptr<BackendSession> s, std::vector<float> row, const GoldenCase& g,
            const grammar::GrammarVocab& vocab);
   bool by_backend() const { return !oracle_; }
+  // mask() is available: the oracle's, or a backend that exposes its sets.
+  bool masks_exposed() const { return masks_exposed_; }
   std::vector<uint32_t> mask();
   // The constrained greedy pick of the current position (-1: nothing allowed).
   int32_t pick();
@@ -55,6 +57,8 @@ class Sequence {
   std::optional<grammar::GrammarOracle> oracle_;
   std::vector<float> row_;
   int32_t prompt_ = 0;
+  bool masks_exposed_ = true;
+  void start_grammar(const GoldenCase& g, const grammar::GrammarVocab& vocab);
 };
 
 // The grammar's truth (the harness's oracle) along a token sequence.
@@ -76,7 +80,7 @@ std::string mask_difference(const Tokenizer& tok, std::span<const uint32_t> a,
 struct PlainRun {
   std::vector<int32_t> tokens;               // picks, a stop token last if one was picked
   std::vector<std::vector<float>> rows;      // rows[i]: the logits tokens[i] was picked from
-  std::vector<std::vector<uint32_t>> masks;  // masks[i]: the allowed set at step i
+  std::vector<std::vector<uint32_t>> masks;  // masks[i]: the allowed set at step i (where exposed)
 };
 PlainRun plain_run(Sequence& s, const grammar::GrammarVocab& vocab, int max_steps);
 

@@ -30,14 +30,22 @@ Sequence::Sequence(const BackendModel& model, const BackendSessionOptions& o, co
   session_ = std::make_unique<BackendSession>(model, o);
   row_ = session_->prefill(g.prompt_ids);
   prompt_ = int32_t(g.prompt_ids.size());
-  if (enforce_grammar(*session_, g) == kGrammarByHarness) oracle_.emplace(truth(vocab, g));
+  start_grammar(g, vocab);
+}
+
+void Sequence::start_grammar(const GoldenCase& g, const grammar::GrammarVocab& vocab) {
+  if (enforce_grammar(*session_, g) == kGrammarByHarness) {
+    oracle_.emplace(truth(vocab, g));
+  } else {
+    masks_exposed_ = session_->exposed_grammar_mask().has_value();
+  }
 }
 
 Sequence::Sequence(std::unique_ptr<BackendSession> s, std::vector<float> row, const GoldenCase& g,
                    const grammar::GrammarVocab& vocab)
     : session_(std::move(s)), row_(std::move(row)) {
   prompt_ = session_->position();
-  if (enforce_grammar(*session_, g) == kGrammarByHarness) oracle_.emplace(truth(vocab, g));
+  start_grammar(g, vocab);
 }
 
 std::vector<uint32_t> Sequence::mask() {
@@ -99,6 +107,7 @@ std::unique_ptr<Sequence> Sequence::fork(int32_t steps) {
   std::unique_ptr<Sequence> f(new Sequence());
   f->session_ = session_->fork(prompt_ + steps);
   f->prompt_ = prompt_;
+  f->masks_exposed_ = masks_exposed_;
   if (oracle_) {
     f->oracle_.emplace(oracle_->fork());
     f->oracle_->rollback(this->steps() - steps);
@@ -161,7 +170,7 @@ PlainRun plain_run(Sequence& s, const grammar::GrammarVocab& vocab, int max_step
   for (int i = 0; i < max_steps; ++i) {
     const int32_t t = s.pick();
     run.rows.emplace_back(s.row().begin(), s.row().end());
-    run.masks.push_back(s.mask());
+    if (s.masks_exposed()) run.masks.push_back(s.mask());
     run.tokens.push_back(t);
     if (t < 0 || vocab.is_stop(t)) break;
     if (i + 1 < max_steps) s.append(t);

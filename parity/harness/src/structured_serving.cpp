@@ -30,6 +30,7 @@ std::vector<int32_t> drafts_at(const PlainRun& plain, const grammar::GrammarVoca
   for (size_t j = 1; j <= w && c + j < plain.tokens.size(); ++j) {
     if (vocab.is_stop(d.back()) || d.back() != plain.tokens[c + j - 1]) break;
     const int32_t right = plain.tokens[c + j];
+    if (right < 0) break;  // nothing was allowed there: no draft
     const int32_t wrong = j == w ? wrong_draft(plain.rows[c + j], plain.masks[c + j], right) : -1;
     d.push_back(wrong >= 0 ? wrong : right);
   }
@@ -75,6 +76,12 @@ CaseResult check_speculative(const BackendModel& model, const Tokenizer& tok, co
   CaseResult r = row("structured.speculative", o.by_backend);
   if (!(model.library()->capabilities().flags & TS_CAP_ALL_POSITION_LOGITS)) {
     r.not_supported.push_back("structured.speculative (no TS_CAP_ALL_POSITION_LOGITS)");
+    return r;
+  }
+  if (o.by_backend && !o.backend_masks) {
+    r.not_supported.push_back(
+        "structured.speculative (the backend enforces the grammar without exposing its allowed "
+        "sets, which the drafts and the rewound state are judged by)");
     return r;
   }
   try {

@@ -257,6 +257,15 @@ std::vector<uint32_t> BackendSession::grammar_mask() {
   return mask;
 }
 
+std::optional<std::vector<uint32_t>> BackendSession::exposed_grammar_mask() {
+  try {
+    return grammar_mask();
+  } catch (const BackendError& e) {
+    if (e.status() != TS_ERR_UNSUPPORTED) throw;
+    return std::nullopt;
+  }
+}
+
 std::vector<int32_t> BackendSession::grammar_greedy(int32_t n_positions) {
   std::vector<int32_t> tokens(size_t(std::max(n_positions, 1)), -1);
   lib_->channel().grammar_greedy(session_, tokens);

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "http_client.h"
+#include "http_grammar.h"
 #include "touchstone/runtime/backend_channel.h"
 
 namespace touchstone {
@@ -87,6 +88,7 @@ class HttpChannel final : public BackendChannel {
                                model_path_.empty() ? "(model_path not given)" : model_path_);
     info_.step_batch = true;  // concurrent requests
     info_.fork = true;        // the client-side prefix; the server's prompt cache reuses it
+    info_.grammar = true;     // 'grammar' / 'json_schema' (http_grammar.h)
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -94,7 +96,8 @@ class HttpChannel final : public BackendChannel {
   ts_capabilities capabilities() override {
     ts_capabilities c{};
     c.struct_size = sizeof(c);
-    c.flags = TS_CAP_TOP_N_LOGPROBS | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY;
+    c.flags = TS_CAP_TOP_N_LOGPROBS | TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY |
+              TS_CAP_STRUCTURED_OUTPUT;
     c.top_n = top_n_;
     c.max_context = n_ctx_;
     c.determinism_note = "a remote server: the harness cannot see how it computes";
@@ -131,16 +134,32 @@ class HttpChannel final : public BackendChannel {
                          fmt::format("http: rewind to {} outside [0, {}]", position, seq.size()));
     }
     seq.resize(size_t(position));
+    if (position < of(session).grammar_at) of(session).grammar.reset();  // rewound past it
   }
   int32_t position(Handle session) override { return int32_t(of(session).tokens.size()); }
   void set_taps(Handle, bool) override { throw Error("http: no layer taps"); }
   void read_taps(Handle, std::span<float>) override { throw Error("http: no layer taps"); }
   std::optional<std::vector<int32_t>> tokenize(const std::string& text) override;
+  void set_grammar(Handle session, const ts_grammar* grammar) override {
+    Seq& seq = of(session);
+    if (grammar == nullptr) return seq.grammar.reset();
+    if (grammar->struct_size < sizeof(ts_grammar))
+      throw BackendError(TS_ERR_INVALID_ARGUMENT, "http: ts_grammar.struct_size too small");
+    seq.grammar = http::grammar_field(*grammar);
+    seq.grammar_at = int32_t(seq.tokens.size());
+  }
+  void grammar_mask(Handle, std::span<uint32_t>) override {
+    throw BackendError(TS_ERR_UNSUPPORTED,
+                       "http: a completion server does not expose its allowed sets");
+  }
+  void grammar_greedy(Handle session, std::span<int32_t> out) override;
 
  private:
   struct Seq {
     std::vector<int32_t> tokens;
     bool fresh = true;  // no request yet: the next one asks for no cache reuse
+    std::optional<http::GrammarField> grammar;
+    int32_t grammar_at = 0;  // tokens held when the grammar was set
   };
   Seq& of(Handle session) {
     const auto it = sessions_.find(session);
@@ -151,6 +170,8 @@ class HttpChannel final : public BackendChannel {
   void check_room(const Seq& seq) const;
   std::vector<int32_t> tokenize_text(const std::string& text, bool special);
   void fill_row(const http::Response& r, const json& j, std::span<float> out) const;
+  http::Continuation generate(std::span<const int32_t> prompt, const http::GrammarField& grammar,
+                              int32_t n_predict);
 
   http::Client client_;
   BackendInfo info_;
@@ -158,6 +179,7 @@ class HttpChannel final : public BackendChannel {
   std::string model_path_;
   std::map<Handle, Seq> sessions_;
   Handle next_session_ = 1;
+  http::ServerGrammar server_grammar_;
 };
 
 Handle HttpChannel::load_model(const std::string& gguf_path, int32_t* n_vocab) {
@@ -211,7 +233,11 @@ Handle HttpChannel::fork_session(Handle src, int32_t n_prefix) {
                        fmt::format("http: fork of {} tokens from a session holding {}", n_prefix,
                                    from.tokens.size()));
   }
-  Seq fork{{from.tokens.begin(), from.tokens.begin() + n_prefix}, false};
+  Seq fork{{from.tokens.begin(), from.tokens.begin() + n_prefix}, false, {}, 0};
+  if (from.grammar && n_prefix >= from.grammar_at) {
+    fork.grammar = from.grammar;
+    fork.grammar_at = from.grammar_at;
+  }
   sessions_[next_session_] = std::move(fork);
   return next_session_++;
 }
@@ -294,6 +320,43 @@ void HttpChannel::fill_row(const http::Response& r, const json& j, std::span<flo
     if (out[size_t(id)] != -INFINITY) malformed(r, fmt::format("token {} listed twice", id));
     out[size_t(id)] = float(std::min(v, 0.0));
   }
+}
+
+void HttpChannel::grammar_greedy(Handle session, std::span<int32_t> out) {
+  const Seq& seq = of(session);
+  if (!seq.grammar)
+    throw BackendError(TS_ERR_INVALID_ARGUMENT, "http: grammar_greedy without a grammar");
+  const int32_t max_new = n_ctx_ > 0 ? n_ctx_ - seq.grammar_at : 4096;
+  const http::Generate generate = [this](std::span<const int32_t> prompt,
+                                         const http::GrammarField& g, int32_t n_predict) {
+    return this->generate(prompt, g, n_predict);
+  };
+  server_grammar_.picks(seq.tokens, seq.grammar_at, *seq.grammar, max_new, generate, out);
+}
+
+// The server's own constrained greedy continuation (temperature 0 under the
+// grammar): 'tokens' (return_tokens) holds every generated id, the stop token
+// included; stop_type "limit" means it stopped at n_predict.
+http::Continuation HttpChannel::generate(std::span<const int32_t> prompt,
+                                         const http::GrammarField& grammar, int32_t n_predict) {
+  const nlohmann::ordered_json req{{"prompt", prompt},           {"n_predict", n_predict},
+                                   {"temperature", 0.0},         {"cache_prompt", true},
+                                   {"return_tokens", true},      {"stream", false},
+                                   {grammar.name, grammar.value}};
+  const http::Response r = client_.post_json("/completion", req.dump());
+  const json j = answer_json(r);
+  if (j.value("truncated", false)) malformed(r, "the server truncated the prompt");
+  const auto t = j.find("tokens");
+  if (t == j.end() || !t->is_array())
+    malformed(r, "no 'tokens' array (was return_tokens honoured?)");
+  http::Continuation c;
+  for (const json& v : *t) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= n_vocab_)
+      malformed(r, fmt::format("generated token {} is not a token id", v.dump()));
+    c.tokens.push_back(v.get<int32_t>());
+  }
+  c.ended = string_member(r, j, "stop_type", "limit") != "limit";
+  return c;
 }
 
 std::optional<std::vector<int32_t>> HttpChannel::tokenize(const std::string& text) {

@@ -54,6 +54,9 @@ class KnownDivergences {
   // violation) saying why the entry does not apply.
   void apply(const KnownDivergenceKey& key, CaseResult& r) const;
   void apply(const KnownDivergenceKey& key, ScoringResult& r) const;
+  // A golden-free check's row run on one case (the structured checks): the
+  // entry for "<r.name>@<case_name>" when there is one, else the one for r.name.
+  void apply(const KnownDivergenceKey& key, CaseResult& r, const std::string& case_name) const;
 
   // The checks an entry may list: the profile criteria of Violation::check.
   static bool coverable(const std::string& check);

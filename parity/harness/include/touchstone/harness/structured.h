@@ -52,6 +52,11 @@ namespace touchstone {
 
 inline constexpr const char* kGrammarByBackend = "enforced by the backend";
 inline constexpr const char* kGrammarByHarness = "applied by the harness";
+// The reason of the checks that need the backend's allowed sets, where a
+// backend enforces grammars without exposing them (grammar_mask
+// TS_ERR_UNSUPPORTED: a completion server); CaseResult::not_supported.
+inline constexpr const char* kMaskParityNotExposed =
+    "structured.mask_parity (the backend enforces the grammar without exposing its allowed sets)";
 
 // The ABI kind of a manifest / golden grammar kind ("json_schema", "gbnf",
 // "regex"); Error for another name.
@@ -70,6 +75,7 @@ struct StructuredOptions {
   int max_steps = 24;               // of G followed by the checks that walk it
   int draft_length = 4;             // structured.speculative: drafts per round (>= 2)
   bool by_backend = false;          // set by check_structured: who applies the grammar
+  bool backend_masks = false;       // set by check_structured: the backend exposes its sets
 };
 
 // The checks on grammar case g (g.has_grammar(), Error otherwise) of `model`.

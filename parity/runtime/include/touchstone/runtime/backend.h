@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -179,6 +180,9 @@ class BackendSession {
   void set_grammar(ts_grammar_kind kind, const std::string& text);
   void clear_grammar();
   std::vector<uint32_t> grammar_mask();
+  // grammar_mask(), or nullopt where the backend enforces grammars without
+  // exposing its allowed sets (TS_ERR_UNSUPPORTED: a completion server).
+  std::optional<std::vector<uint32_t>> exposed_grammar_mask();
   std::vector<int32_t> grammar_greedy(int32_t n_positions = 1);
   bool grammar_set() const { return grammar_start_ >= 0; }
   // The backend enforces grammars itself (BackendLibrary::has_grammar).
