@@ -199,3 +199,59 @@ class ClaimsServingEngine(FakeEngine):
         c = super().capabilities()
         c.flags |= TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY
         return c
+
+
+class CountingGrammar:
+    """A toy grammar (ABI v7): up to three of the tokens 2..5, then only the stop
+    token 1 (allowed after the first); nothing after the stop."""
+
+    STOP = 1
+
+    def __init__(self, taken=()):
+        self.taken = list(taken)
+
+    def allowed(self):
+        if self.taken and self.taken[-1] == self.STOP:
+            return set()
+        k = len(self.taken)
+        return ({2, 3, 4, 5} if k < 3 else set()) | ({self.STOP} if k >= 1 else set())
+
+    def accept(self, token):
+        if token not in self.allowed():
+            return False
+        self.taken.append(token)
+        return True
+
+    def rollback(self, n):
+        del self.taken[len(self.taken) - n:]
+
+    def mask(self, n_words):
+        words = [0] * n_words
+        for t in self.allowed():
+            words[t // 32] |= 1 << (t % 32)
+        return words
+
+    def clone(self):
+        return CountingGrammar(self.taken)
+
+
+class GrammarSession(ServingSession):
+    def compile_grammar(self, kind, text):
+        from touchstone_engine import protocol as P
+        if kind == P.TS_GRAMMAR_REGEX:
+            raise EngineError(P.TS_ERR_UNSUPPORTED, "fake: no regex")
+        if text != "count":
+            raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"fake: grammar {text!r} at byte 0")
+        return CountingGrammar()
+
+    def fork_copy(self, n_prefix):
+        s = GrammarSession(self.model, self.options)
+        s.pos = n_prefix
+        return s
+
+
+class GrammarEngine(ServingEngine):
+    """ABI v7: a session class with compile_grammar (CountingGrammar)."""
+
+    name = "fake_grammar"
+    session_class = GrammarSession

@@ -524,3 +524,100 @@ class Process(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Grammar(Serving):
+    """ABI v7 (protocol 5): serve() keeps an engine's grammar in step with the
+    session, as the C++ BackendAdapter does (F.CountingGrammar)."""
+
+    engine = F.GrammarEngine
+
+    def set_grammar(self, s, kind=P.TS_GRAMMAR_GBNF, text="count"):
+        return status(self.h.call(P.SET_GRAMMAR, P.Writer().u64(s).i32(kind).str(text).bytes()))
+
+    def mask(self, s):
+        r = self.h.call(P.GRAMMAR_MASK, P.Writer().u64(s).i32(1).bytes())
+        st = r.i32("status")
+        if st != P.TS_OK:
+            return st, r.str("error")
+        word = r.u32("mask")
+        r.finish()
+        return st, {t for t in range(F.N_VOCAB) if word >> t & 1}
+
+    def picks(self, s, n):
+        r = self.h.call(P.GRAMMAR_GREEDY, P.Writer().u64(s).i32(n).bytes())
+        st = r.i32("status")
+        return (st, r.str("error")) if st != P.TS_OK else (st, r.i32s("tokens", n))
+
+    def decode(self, s, token):
+        return status(self.h.call(P.DECODE, P.Writer().u64(s).i32(token).bytes()))
+
+    def test_hello_and_capability_flag(self):
+        self.assertTrue(self.info.grammar)
+        r = self.h.call(P.CAPABILITIES)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertTrue(P.Capabilities.decode(r).flags & P.TS_CAP_STRUCTURED_OUTPUT)
+
+    def test_mask_picks_and_a_refused_token_that_moves_nothing(self):
+        s = self.session()
+        self.prefill(s, [6, 7])
+        self.assertEqual(self.set_grammar(s), (P.TS_OK, None))
+        self.assertEqual(self.mask(s), (P.TS_OK, {2, 3, 4, 5}))
+        self.assertEqual(self.picks(s, 1), (P.TS_OK, [5]))  # the row's argmax is 7: refused
+        st, msg = self.decode(s, 7)
+        self.assertEqual(st, P.TS_ERR_INVALID_ARGUMENT)
+        self.assertIn("token #0 = 7 is not allowed by the grammar at position 2", msg)
+        self.assertEqual(self.position(s), 2)
+        self.assertEqual(self.mask(s), (P.TS_OK, {2, 3, 4, 5}))
+        # All positions: one pick per row, each in the state after its token.
+        self.assertEqual(self.prefill(s, [5, 5, 5], True).i32("status"), P.TS_OK)
+        self.assertEqual(self.picks(s, 3), (P.TS_OK, [5, 5, 1]))
+        self.assertEqual(self.mask(s), (P.TS_OK, {1}))
+        self.assertEqual(self.picks(s, 4)[0], P.TS_ERR_INVALID_ARGUMENT)  # 3 rows only
+
+    def test_rewind_and_fork_carry_the_state_and_before_the_start_remove_it(self):
+        s = self.session()
+        self.prefill(s, [6])
+        self.set_grammar(s)
+        self.prefill(s, [2, 3])
+        r = self.h.call(P.FORK_SESSION, P.Writer().u64(s).i32(2).bytes())
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        f = r.u64("session")
+        self.assertEqual(self.mask(f), (P.TS_OK, {1, 2, 3, 4, 5}))  # one token taken
+        self.assertEqual(self.decode(f, 4), (P.TS_OK, None))
+        self.assertEqual(self.decode(f, 5), (P.TS_OK, None))
+        self.assertEqual(self.mask(f), (P.TS_OK, {1}))
+        self.assertEqual(self.mask(s), (P.TS_OK, {1, 2, 3, 4, 5}))  # the source unchanged
+        self.h.call(P.REWIND, P.Writer().u64(s).i32(1).bytes())
+        self.assertEqual(self.mask(s), (P.TS_OK, {2, 3, 4, 5}))
+        self.h.call(P.REWIND, P.Writer().u64(s).i32(0).bytes())
+        st, msg = self.mask(s)
+        self.assertEqual(st, P.TS_ERR_INVALID_ARGUMENT)
+        self.assertIn("no grammar", msg)
+
+    def test_a_refused_batch_entry_moves_no_entry(self):
+        a, b = self.open2()
+        self.prefill(a, [6])
+        self.prefill(b, [6])
+        self.set_grammar(b)
+        r = self.h.call(P.STEP_BATCH, batch([(a, [2], False), (b, [3, 7], False)]))
+        st, msg = status(r)
+        self.assertEqual(st, P.TS_ERR_INVALID_ARGUMENT)
+        self.assertIn("step_batch: entry 1: prefill: token #1 = 7 is not allowed", msg)
+        self.assertEqual((self.position(a), self.position(b)), (1, 1))
+        self.assertEqual(self.mask(b), (P.TS_OK, {2, 3, 4, 5}))
+        r = self.h.call(P.STEP_BATCH, batch([(a, [2], False), (b, [3, 4], False)]))
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(self.picks(b, 1), (P.TS_OK, [5]))
+
+    def test_errors(self):
+        s = self.session()
+        self.assertEqual(self.set_grammar(s, P.TS_GRAMMAR_REGEX)[0], P.TS_ERR_UNSUPPORTED)
+        self.assertEqual(self.set_grammar(s, 7)[0], P.TS_ERR_INVALID_ARGUMENT)
+        self.assertEqual(self.set_grammar(s, text="oops"),
+                         (P.TS_ERR_INVALID_ARGUMENT, "fake: grammar 'oops' at byte 0"))
+        self.assertEqual(self.picks(s, 1)[0], P.TS_ERR_INVALID_ARGUMENT)  # no grammar
+        self.set_grammar(s)
+        self.assertEqual(self.picks(s, 1)[0], P.TS_ERR_INVALID_ARGUMENT)  # no call's rows
+        r = self.h.call(P.GRAMMAR_MASK, P.Writer().u64(s).i32(2).bytes())
+        self.assertEqual(status(r)[0], P.TS_ERR_INVALID_ARGUMENT)  # n_words

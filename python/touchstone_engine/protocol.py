@@ -99,6 +99,10 @@ TS_CAP_V6_FLAGS = (TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATC
                    | TS_CAP_BITWISE_NOT_ACROSS_FORKS)
 # ABI v7: the engine enforces grammars itself (set_grammar, grammar_mask, grammar_greedy)
 TS_CAP_STRUCTURED_OUTPUT = 1 << 9
+# ts_grammar_kind (set_grammar)
+TS_GRAMMAR_JSON_SCHEMA = 0
+TS_GRAMMAR_GBNF = 1
+TS_GRAMMAR_REGEX = 2
 
 # ts_weight_path
 TS_WEIGHTS_FULL_PRECISION = 0

@@ -19,6 +19,7 @@ import sys
 import traceback
 from array import array
 
+from . import grammar as G
 from . import protocol as P
 from .engine import BatchEntry, Engine, EngineError, SessionOptions
 
@@ -103,6 +104,8 @@ class Server:
         self.command_line = command_line
         self.models = {}  # handle -> [model, n_vocab]
         self.sessions = {}  # handle -> [session, n_vocab, model handle, weight path]
+        self.grammars = {}  # session handle -> grammar.SessionGrammar (ABI v7)
+        self.rows = {}  # session handle -> grammar.LastRows of its last call
         self._next = 1
         self.greedy = self.taps = False
         self.has_step_batch = self.has_fork = False  # ABI v6, protocol >= 4
@@ -198,6 +201,7 @@ class Server:
         serving = self.version >= 4
         self.has_step_batch = serving and _overrides(engine, "step_batch")
         self.has_fork = serving and _overrides(engine, "fork")
+        self.has_grammar = self.version >= 5 and _has(cls, "compile_grammar")
         return P.BackendInfo(
             protocol_version=self.version, api_version=P.API_VERSION_OF[self.version],
             name=str(engine.name), version=str(engine.version), path=self.command_line,
@@ -205,7 +209,7 @@ class Server:
             declares_models=engine.architectures is not None,
             architectures=str(engine.architectures or ""),
             model_features=str(engine.model_features or ""), taps=self.taps,
-            step_batch=self.has_step_batch, fork=self.has_fork)
+            step_batch=self.has_step_batch, fork=self.has_fork, grammar=self.has_grammar)
 
     # ---- the loop ----
     def run(self):
@@ -285,6 +289,24 @@ class Server:
             raise EngineError(P.TS_ERR_INTERNAL, f"{fn}: position() is {after} after appending "
                               f"{n} tokens at position {before} (expected {before + n})")
 
+    def _under_grammar(self, h, tokens, before, fn, n_rows, compute):
+        """compute() with `tokens` run through the session's grammar first (a refused
+        token fails the call before the engine sees it; a failing compute() undoes
+        the grammar); keeps the call's rows (n_rows) for grammar_greedy."""
+        g = self.grammars.get(h)
+        self.rows.pop(h, None)
+        if g is not None:
+            g.take(tokens, before, fn)
+        try:
+            out = compute()
+        except BaseException:
+            if g is not None:
+                g.undo(len(tokens))
+            raise
+        if n_rows:
+            self.rows[h] = G.LastRows(out, n_rows, before + len(tokens))
+        return out
+
     # ---- handlers ----
     def capabilities(self, r):
         r.finish()
@@ -298,6 +320,10 @@ class Server:
             caps.flags &= ~P.TS_CAP_KV_PREFIX_COPY
         if not self.has_step_batch:
             caps.flags &= ~P.TS_CAP_BATCHED_SESSIONS
+        if self.has_grammar:
+            caps.flags |= P.TS_CAP_STRUCTURED_OUTPUT
+        else:
+            caps.flags &= ~P.TS_CAP_STRUCTURED_OUTPUT
         if self.version < 4:
             caps.flags &= ~P.TS_CAP_V6_FLAGS
         return caps.encode(P.Writer().i32(P.TS_OK), self.version).bytes()
@@ -348,6 +374,8 @@ class Server:
         h = self._session(r)
         r.finish()
         session = self.sessions.pop(h)[0]
+        self.grammars.pop(h, None)
+        self.rows.pop(h, None)
         close = getattr(session, "close", None)
         if callable(close):
             close()
@@ -359,10 +387,14 @@ class Server:
         tokens = self._tokens(r, "prefill")
         session, before = self._appendable(h, tokens, "prefill")
         fn = "prefill(all positions)" if all_positions else "prefill"
-        logits = session.prefill(tokens, all_positions)
-        n_vocab = self.sessions[h][1]
-        data = f32_bytes(logits, n_vocab * (len(tokens) if all_positions else 1), fn)
-        self._appended(session, before, len(tokens), fn)
+        n_rows = len(tokens) if all_positions else 1
+
+        def compute():
+            data = f32_bytes(session.prefill(tokens, all_positions), self.sessions[h][1] * n_rows,
+                             fn)
+            self._appended(session, before, len(tokens), fn)
+            return data
+        data = self._under_grammar(h, tokens, before, "prefill", n_rows, compute)
         return [P.Writer().i32(P.TS_OK).bytes(), data]
 
     def decode(self, r):
@@ -370,8 +402,12 @@ class Server:
         token = r.i32("token")
         r.finish()
         session, before = self._appendable(h, [token], "decode")
-        data = f32_bytes(session.decode(token), self.sessions[h][1], "decode")
-        self._appended(session, before, 1, "decode")
+
+        def compute():
+            data = f32_bytes(session.decode(token), self.sessions[h][1], "decode")
+            self._appended(session, before, 1, "decode")
+            return data
+        data = self._under_grammar(h, [token], before, "decode", 1, compute)
         return [P.Writer().i32(P.TS_OK).bytes(), data]
 
     def prefill_greedy(self, r):
@@ -381,10 +417,14 @@ class Server:
             raise EngineError(P.TS_ERR_INTERNAL,
                               "backend has no device greedy (TS_CAP_DEVICE_GREEDY)")
         session, before = self._appendable(h, tokens, "prefill_greedy")
-        token = _index(session.prefill_greedy(tokens), "prefill_greedy")
-        if not -2**31 <= token < 2**31:
-            raise EngineError(P.TS_ERR_INTERNAL, f"prefill_greedy returned {token}")
-        self._appended(session, before, len(tokens), "prefill_greedy")
+
+        def compute():
+            token = _index(session.prefill_greedy(tokens), "prefill_greedy")
+            if not -2**31 <= token < 2**31:
+                raise EngineError(P.TS_ERR_INTERNAL, f"prefill_greedy returned {token}")
+            self._appended(session, before, len(tokens), "prefill_greedy")
+            return token
+        token = self._under_grammar(h, tokens, before, "prefill_greedy", 0, compute)
         return P.Writer().i32(P.TS_OK).i32(token).bytes()
 
     def rewind(self, r):
@@ -396,6 +436,9 @@ class Server:
         if p < 0 or p > pos:
             raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"rewind to {p} outside [0, {pos}]")
         session.rewind(p)
+        self.rows.pop(h, None)
+        if h in self.grammars and self.grammars[h].rewound(p) is None:
+            del self.grammars[h]  # rewound to before set_grammar's position: removed
         return P.Writer().i32(P.TS_OK).bytes()
 
     def position(self, r):
@@ -487,7 +530,18 @@ def step_batch(server, r):
     if not server.has_step_batch:
         raise EngineError(P.TS_ERR_UNSUPPORTED, "backend has no step_batch (ABI v6)")
     batch = _Batch(server, request)
+    handles = [h for h, _, _ in request]
+    taken = []
     try:
+        for i, (h, e) in enumerate(zip(handles, batch.entries)):
+            server.rows.pop(h, None)
+            g = server.grammars.get(h)
+            if g is not None:
+                try:
+                    g.take(e.tokens, batch.before[i], "prefill")
+                except EngineError as err:
+                    raise EngineError(err.status, f"step_batch: entry {i}: {err.message}") from None
+                taken.append((g, len(e.tokens)))
         out = server.engine.step_batch(batch.entries)
         if out is None or len(out) != len(batch.entries):
             raise EngineError(P.TS_ERR_INTERNAL, f"step_batch returned "
@@ -498,8 +552,13 @@ def step_batch(server, r):
             fn = f"step_batch (entry {i})"
             parts.append(f32_bytes(logits, size, fn))
             server._appended(e.session, batch.before[i], len(e.tokens), fn)
+        for i, (h, e) in enumerate(zip(handles, batch.entries)):
+            n_rows = len(e.tokens) if e.all_positions else 1
+            server.rows[h] = G.LastRows(parts[1 + i], n_rows, batch.before[i] + len(e.tokens))
         return parts
     except BaseException:
+        for g, n in taken:
+            g.undo(n)
         batch.rollback()
         raise
 
@@ -526,14 +585,72 @@ def fork_session(server, r):
                           f"positions, not n_prefix = {n_prefix}")
     new = server._new_handle()
     server.sessions[new] = [forked, n_vocab, model, path]
+    if h in server.grammars:
+        g = server.grammars[h].forked(n_prefix)
+        if g is not None:
+            server.grammars[new] = g
     return P.Writer().i32(P.TS_OK).u64(new).bytes()
 
 
-def no_grammar(server, r):
-    """SET_GRAMMAR, GRAMMAR_MASK, GRAMMAR_GREEDY (ABI v7): a Python engine enforces
-    no grammar (its hello says so); the harness applies grammars to its logits."""
-    server._session(r)
-    raise EngineError(P.TS_ERR_UNSUPPORTED, "backend has no set_grammar (ABI v7)")
+def _grammar_session(server, r, fn):
+    h = server._session(r)
+    if not server.has_grammar:  # its hello said so; the harness applies grammars itself
+        raise EngineError(P.TS_ERR_UNSUPPORTED, f"backend has no {fn} (ABI v7)")
+    return h
+
+
+def set_grammar(server, r):
+    """SET_GRAMMAR: the session's compile_grammar(kind, text) from its position on;
+    kind -1 removes the grammar."""
+    h = _grammar_session(server, r, "set_grammar")
+    kind = r.i32("kind")
+    text = r.str("text")
+    r.finish()
+    if kind == -1:
+        server.grammars.pop(h, None)
+        return P.Writer().i32(P.TS_OK).bytes()
+    if kind not in (P.TS_GRAMMAR_JSON_SCHEMA, P.TS_GRAMMAR_GBNF, P.TS_GRAMMAR_REGEX):
+        raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"set_grammar: unknown kind {kind}")
+    session = server.sessions[h][0]
+    state = session.compile_grammar(kind, text)
+    if state is None:
+        raise EngineError(P.TS_ERR_INTERNAL, "compile_grammar returned None")
+    server.grammars[h] = G.SessionGrammar(state, _index(session.position(), "position()"))
+    return P.Writer().i32(P.TS_OK).bytes()
+
+
+def _grammar_of(server, h, fn):
+    if h not in server.grammars:
+        raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"{fn}: the session has no grammar")
+    return server.grammars[h]
+
+
+def grammar_mask(server, r):
+    """GRAMMAR_MASK: the allowed set at the session's position."""
+    h = _grammar_session(server, r, "grammar_mask")
+    n_words = r.i32("n_words")
+    r.finish()
+    want = G.mask_words(server.sessions[h][1])
+    if n_words != want:
+        raise EngineError(P.TS_ERR_INVALID_ARGUMENT,
+                          f"grammar_mask: n_words {n_words}, TS_MASK_WORDS(n_vocab) is {want}")
+    words = G.mask_array(_grammar_of(server, h, "grammar_mask").state, want)
+    return [P.Writer().i32(P.TS_OK).bytes(), words.tobytes()]
+
+
+def grammar_greedy(server, r):
+    """GRAMMAR_GREEDY: the constrained greedy picks of the last n rows."""
+    h = _grammar_session(server, r, "grammar_greedy")
+    n = r.i32("n_positions")
+    r.finish()
+    g = _grammar_of(server, h, "grammar_greedy")
+    session, n_vocab = server.sessions[h][:2]
+    picks = G.greedy_picks(g, server.rows.get(h), n_vocab, n,
+                           _index(session.position(), "position()"))
+    w = P.Writer().i32(P.TS_OK)
+    for t in picks:
+        w.i32(t)
+    return w.bytes()
 
 
 def _size_of(values):
@@ -562,9 +679,9 @@ _HANDLERS = {
     P.READ_TAPS: Server.read_taps,
     P.STEP_BATCH: step_batch,
     P.FORK_SESSION: fork_session,
-    P.SET_GRAMMAR: no_grammar,
-    P.GRAMMAR_MASK: no_grammar,
-    P.GRAMMAR_GREEDY: no_grammar,
+    P.SET_GRAMMAR: set_grammar,
+    P.GRAMMAR_MASK: grammar_mask,
+    P.GRAMMAR_GREEDY: grammar_greedy,
 }
 
 

@@ -201,6 +201,9 @@ class Model:
             raise EngineError(TS_ERR_IO, str(e)) from None
         self.c = c = Config(g)
         self.n_vocab = c.n_vocab
+        # For grammars (llguidance_grammar.py): the vocabulary, and its LLTokenizer once built.
+        self.tokenizer_md = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
+        self.lltokenizer = None
         self.matmul_dtype = matmul_dtype
         names = c.expected_tensors()
         for name in g.tensors:
@@ -302,6 +305,19 @@ class LlamaSession(Session):
         self.pos = 0
         self.taps_on = False
         self.taps = None
+
+    def compile_grammar(self, kind, text):
+        """ABI v7: the grammar enforced by llguidance (llguidance_grammar.py); without
+        llguidance, TS_ERR_UNSUPPORTED and the harness applies the grammar itself."""
+        try:
+            from . import llguidance_grammar as LG
+            import llguidance  # noqa: F401
+        except ImportError:
+            raise _unsupported("numpy_llama enforces grammars with llguidance, which this "
+                               "Python cannot import (pip install llguidance==1.9.1)") from None
+        if self.m.lltokenizer is None:
+            self.m.lltokenizer = LG.lltokenizer(self.m.tokenizer_md)
+        return LG.compile_grammar(self.m.lltokenizer, kind, text, self.m.lltokenizer.eos_tokens)
 
     def position(self):
         return self.pos
