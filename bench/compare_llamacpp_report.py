@@ -37,7 +37,7 @@ def summary(xs):
 
 def collect(work, rounds):
     lc = {"pp": [], "tg": []}
-    ours, membw, devices, meta = {}, [], {}, None
+    ours, membw, devices, meta, by_type = {}, [], {}, None, ""
     for r in range(1, rounds + 1):
         llama = load(os.path.join(work, f"llama.{r}.json"))
         meta = meta or llama[0]
@@ -49,6 +49,8 @@ def collect(work, rounds):
                 continue
             j = load(path)
             for k, v in j.get("context", {}).items():
+                if k == "bytes_per_token_by_type_MB":
+                    by_type = v
                 if k.startswith("device."):
                     devices[k[7:] + (" (int8 activations)" if kind == "int8" else "")] = v
             for b in j["benchmarks"]:
@@ -59,7 +61,16 @@ def collect(work, rounds):
                     membw.append(b.get("bytes_per_second", 0.0))
                 elif b.get("tok/s") is not None:
                     ours.setdefault(name, []).append((b["tok/s"], b.get("bytes/token")))
-    return lc, ours, membw, devices, meta
+    return lc, ours, membw, devices, meta, by_type
+
+
+def l3_bytes(line):
+    """Bytes of an lscpu cache line such as 'L3 cache 32 MiB (1 instance)'."""
+    import re
+    m = re.search(r"([0-9.]+)\s*([KMG])i?B", line)
+    if not m:
+        return float("inf")
+    return float(m.group(1)) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
 
 
 def check_gpu_run(work, rounds):
@@ -78,6 +89,7 @@ def check_gpu_run(work, rounds):
 def main():
     ap = argparse.ArgumentParser(description="bench/compare-llamacpp's report")
     ap.add_argument("--gpu", help="GPU mode: the device line (name, driver, CUDA version)")
+    ap.add_argument("--caches", default="", help="the host's caches, lscpu's lines joined by ';'")
     for name in ("work", "rounds", "threads", "version", "model", "cpu", "isa", "build_info"):
         ap.add_argument(name)
     a = ap.parse_args()
@@ -86,12 +98,14 @@ def main():
     gpu = a.gpu is not None
     if gpu:
         check_gpu_run(work, rounds)
-    lc, ours, membw, devices, meta = collect(work, rounds)
+    lc, ours, membw, devices, meta, by_type = collect(work, rounds)
     info = dict(l.split("=", 1) for l in open(a.build_info).read().splitlines() if "=" in l)
     if gpu:
         print(f"GPU: {a.gpu}; host CPU: {cpu}; {rounds} interleaved rounds")
     else:
         print(f"host: {cpu}; ISA: {isa.strip()}; {threads} threads; {rounds} interleaved rounds")
+        if a.caches:
+            print(f"caches: {a.caches.replace(';', '; ')}")
     print(f"model: {model} ({os.path.getsize(model) / 1e6:.1f} MB)")
     print(f"llama.cpp: llama-cpp-python {version} vendor, build {meta.get('build_commit', '?')}, "
           f"{meta.get('backends', '?')}; built by ci/llamacpp in {info.get('build_seconds', '?')} s "
@@ -125,9 +139,20 @@ def main():
             bound = f"{med / (bw / bpt):11.1%}"
         rel = f"{s / ref_s:8.2f}x" if ref_s > 0 else "      n/a"
         print(f"{name:44s} {med:9.1f} {s:7.1%} {ref:9.1f} {med / ref:6.2f}x {rel} {bound}".rstrip())
+    bpt = next((v[0][1] for n, v in sorted(ours.items()) if "decode" in n and v[0][1]), None)
+    if bw and bpt and not gpu:
+        print(f"{'llama.cpp tg64':44s} {tg:9.1f} {'':7s} {'':9s} {'':7s} {'':9s} "
+              f"{tg / (bw / bpt):11.1%}")
     if bw:
         print(f"\nread bandwidth ({threads} threads, median of {len(membw)}): {bw / 1e9:.1f} GB/s; "
-              "decode bound = bandwidth / bytes streamed per token")
+              "decode bound = bandwidth / bytes streamed per token"
+              + (f" ({bpt / 1e6:.1f} MB: {by_type.replace(',', ', ')} MB by tensor type)"
+                 if bpt and by_type else ""))
+        l3 = next((c for c in a.caches.split(";") if c.startswith("L3 ")), "")
+        if bpt and l3:
+            print(f"decode streams {bpt / 1e6:.0f} MB per token against {l3}: "
+                  + ("memory-bound (the weights do not fit in L3)" if bpt > l3_bytes(l3)
+                     else "the weights fit in L3 (decode runs from cache)"))
     if gpu:
         print("ratio: median of ours / median of llama.cpp over the same rounds (decode/ctx:0 "
               "against tg64, prefill/256 against pp256); spread/lc: our spread over llama.cpp's")

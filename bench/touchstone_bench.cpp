@@ -43,6 +43,7 @@
 //                    for the decode memory-bandwidth bound.
 // Results print side by side; --benchmark_out gives JSON.
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -61,6 +62,7 @@
 #include "noisy_neighbour.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/model_config.h"
+#include "touchstone/model/quant.h"
 #include "touchstone/runtime/backend.h"
 
 namespace {
@@ -142,6 +144,7 @@ std::vector<int32_t> prompt(size_t n, int32_t n_vocab, size_t salt = 0) {
 // embedding table only when it is also the LM head), from the GGUF itself.
 struct ModelBytes {
   double quantized = 0, fp32 = 0, kv_per_token = 0;  // kv: fp32 K+V bytes per cached position
+  std::map<std::string, double> by_type;             // quantized bytes per GGUF tensor type
 };
 ModelBytes model_bytes(const std::string& path) {
   const auto f = touchstone::gguf::File::open(path);
@@ -154,6 +157,7 @@ ModelBytes model_bytes(const std::string& path) {
     if (t.name == "token_embd.weight" && !c.tied_embeddings) continue;
     b.quantized += double(t.n_bytes);
     b.fp32 += double(t.n_elements) * 4.0;
+    b.by_type[std::string(touchstone::gguf::type_name(t.type))] += double(t.n_bytes);
   }
   b.kv_per_token = 2.0 * c.n_layer * c.n_head_kv * c.head_dim * 4.0;
   return b;
@@ -456,6 +460,11 @@ int main(int argc, char** argv) {
   }
   benchmark::AddCustomContext("model", g_opt.model);
   benchmark::AddCustomContext("threads", std::to_string(g_opt.threads));
+  // Decode's bytes per token by tensor type: "Q8_0=177.9,Q5_0=43.6,..." (MB).
+  std::string by_type;
+  for (const auto& [type, bytes] : g_bytes.by_type)
+    by_type += fmt::format("{}{}={:.1f}", by_type.empty() ? "" : ",", type, bytes / 1e6);
+  benchmark::AddCustomContext("bytes_per_token_by_type_MB", by_type);
   for (const auto& b : g_opt.backends) {
     std::string skip;
     try {

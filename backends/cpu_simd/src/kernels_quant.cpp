@@ -369,7 +369,10 @@ void gemm_simd(QLevel lv, const uint8_t* W, size_t row_bytes, size_t nb, size_t 
       const int nr = int(std::min<size_t>(R, r1 - r));
       for (int i = 0; i < nr; ++i) rows[i] = W + (r + size_t(i)) * row_bytes;
       size_t t = t0;
-      if (nr == R) {
+      // Q8_0 decode: one row at a time, a single sequential stream from DRAM
+      // (R interleaved rows ran at about half the rate; kernels_hwy_blocks.cpp).
+      const bool single = T == QType::Q8_0 && t1 - t0 < size_t(C);
+      if (nr == R && !single) {
         for (; t + C <= t1; t += C) {
           f44(rows, nb, X + t, out);
           for (int j = 0; j < C; ++j)
