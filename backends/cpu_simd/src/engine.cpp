@@ -319,7 +319,9 @@ uint64_t SimdModel::quantized_bytes_per_token() const {
 SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
     : model_(model),
       c_(model.config()),
-      w_(opt.quantized ? &model.quantized() : &model.full_precision()),
+      w_(!opt.quantized                                           ? &model.full_precision()
+         : opt.int8_activations && qlevel() == QLevel::AVX512VNNI ? &model.quantized_r16()
+                                                                  : &model.quantized()),
       quant_(opt.quantized),
       int8_(opt.quantized && opt.int8_activations),
       faults_(opt.faults),
@@ -460,6 +462,7 @@ void SimdSession::corrupt_quantized_copy(const WeightSet& src) {
       }
     }
     w->q = q;
+    w->r16 = nullptr;  // the corrupted blocks, in the GGUF layout's kernel
     ++n_corrupted;
   }
   if (n_corrupted == 0) {
@@ -549,6 +552,8 @@ void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ld
       // (also in int8 mode: these types have no int8 kernel; fp32 activations)
       gemm_blocks_f32(W.gtype, W.q, W.row_bytes, W.block_elems, W.block_bytes, r0, r1, x, ldx,
                       n_tok, job.y, job.ldy);
+    } else if (int8_ && W.r16 && qlevel() == QLevel::AVX512VNNI) {
+      gemm_q_r16(W.qtype, W.r16, W.n_in / 32, r0, r1, act_.data(), n_tok, job.y, job.ldy);
     } else if (int8_) {
       gemm_q(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, act_.data(), n_tok, job.y, job.ldy);
     } else {

@@ -31,6 +31,9 @@ struct Linear {
   int gtype = -1;  // GGUF ggml_type of a generic matrix
   size_t block_elems = 32, block_bytes = 0;
   size_t row_bytes = 0;
+  // Q4_0 / Q4_1 / Q8_0 with n_out % 16 == 0, in int8 mode on AVX-512 VNNI:
+  // the same blocks row-interleaved (repack_r16), else nullptr.
+  const uint8_t* r16 = nullptr;
   const float* f = nullptr;
   size_t n_out = 0, n_in = 0;
 };
@@ -71,6 +74,11 @@ class SimdModel {
   const float* rope_freqs() const { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
   // Throws StatusError(TS_ERR_UNSUPPORTED) when a matrix type has no quantized kernel.
   const WeightSet& quantized() const;
+  // quantized() with every Q4_0 / Q4_1 / Q8_0 matrix whose rows are a multiple
+  // of 16 also repacked for gemm_q_r16 (made on first use, thread-safe; the
+  // int8 activation mode on AVX-512 VNNI). Memory: one more copy of those
+  // matrices.
+  const WeightSet& quantized_r16();
   const WeightSet& full_precision();  // dequantizes on first use (thread-safe)
   // Embedding row of `token` as fp32 (full precision: from the fp32 copy).
   void embed(int32_t token, bool fp32, float* out) const;
@@ -109,6 +117,9 @@ class SimdModel {
   // this model's sessions: the machine's load outlives a session.
   std::mutex governors_mu_;
   std::map<int, SoloGovernor> governors_;
+  std::once_flag r16_once_;
+  WeightSet r16_;
+  std::unique_ptr<uint8_t, ArenaFree> r16_arena_;
   std::once_flag fp_once_;
   std::unique_ptr<touchstone::ModelWeights> fp_;
   WeightSet f_;
