@@ -15,7 +15,8 @@
 //   q5_0/...            the same for Q5_0 (Gemma 3's attn_q/k, ffn_gate/up)
 // Counters: GMAC/s (multiply-adds per second), GB/s (weight bytes per second).
 // Activations are fp32 (the default quantized path: gemm_q_f32); int8/... the same
-// shapes with int8 activations (gemm_q, TOUCHSTONE_CPU_SIMD_ACTIVATIONS=int8).
+// shapes with int8 activations (TOUCHSTONE_CPU_SIMD_ACTIVATIONS=int8): gemm_q_r16 on
+// the row-interleaved records where the int8 level is AVX-512 VNNI, else gemm_q.
 // TOUCHSTONE_CPU_SIMD_TARGET=<Highway target> forces a target (and caps the int8
 // level) as in the backend; the first line printed names what ran.
 #include <benchmark/benchmark.h>
@@ -102,15 +103,29 @@ void run_int8(benchmark::State& state, QType t, size_t rows, size_t slice, size_
     touchstone::cpu_simd::quantize_act(x.data() + k * kIn, kIn, X[k]);
   }
   std::vector<float> y(n_tok * slice);
+  // What the backend runs: the row-interleaved records on AVX-512 VNNI.
+  const bool r16 = touchstone::cpu_simd::qlevel() == touchstone::cpu_simd::QLevel::AVX512VNNI;
+  std::vector<uint8_t> R;
+  if (r16) {
+    R.resize(touchstone::cpu_simd::r16_bytes(t, rows, nb));
+    touchstone::cpu_simd::repack_r16(t, w0.data(), row_bytes, nb, rows, R.data());
+  }
   size_t r0 = 0;
   for (auto _ : state) {
-    touchstone::cpu_simd::gemm_q(t, w0.data() + r0 * row_bytes, row_bytes, nb, 0, slice, X.data(),
-                                 n_tok, y.data(), slice);
+    if (r16) {
+      touchstone::cpu_simd::gemm_q_r16(t, R.data() + r0 * row_bytes, nb, 0, slice, X.data(), n_tok,
+                                       y.data(), slice);
+    } else {
+      touchstone::cpu_simd::gemm_q(t, w0.data() + r0 * row_bytes, row_bytes, nb, 0, slice, X.data(),
+                                   n_tok, y.data(), slice);
+    }
     benchmark::DoNotOptimize(y.data());
     r0 = (r0 + slice) % rows;
   }
   const double macs = double(slice) * double(kIn) * double(n_tok) * double(state.iterations());
   state.counters["GMAC/s"] = benchmark::Counter(macs * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(
+      double(slice * row_bytes) * double(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 
 // K-quant blocks (ggml type 12 = Q4_K, 144 bytes; 14 = Q6_K, 210 bytes; 256

@@ -33,6 +33,7 @@ namespace touchstone::cpu_simd {
 namespace {
 
 constexpr size_t kGroup = 16;
+constexpr size_t kAhead = 4096;  // decode's software prefetch distance, bytes
 
 struct R16Shape {
   size_t nv;     // 64-byte quant vectors per record
@@ -75,6 +76,10 @@ void group_tile(const uint8_t* G, size_t nb, const ActRow* X, float* Y, size_t l
   const __m512i lo = _mm512_set1_epi8(0x0f);
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* g = G + b * S.record();
+    // The records stream from DRAM once per step in decode (one token or a
+    // batch of them): prefetch every line of the record kAhead bytes ahead,
+    // the hardware prefetchers alone lag (decode_batch/8: ~2.3x -> ~3x B = 1).
+    for (size_t o = 0; o < S.record(); o += 64) __builtin_prefetch(g + kAhead + o);
     __m512i w[8];  // w[k] pairs with activation quad k (elements 4k .. 4k + 3)
 #pragma GCC unroll 8
     for (size_t j = 0; j < S.nv; ++j) w[j] = _mm512_loadu_si512(g + 64 * j);
