@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "model_facts.h"
 #include "touchstone/common/error.h"
 #include "touchstone/model/gguf.h"
+#include "touchstone/run/model_facts.h"
 
 namespace touchstone::cli {
 
@@ -49,16 +49,6 @@ std::string source_revision(const std::string& manifest_path) {
   const int status = pclose(p);
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return status != 0 || out.empty() ? "unknown" : out;
-}
-
-ts_weight_path parse_weight_path(const std::string& s) {
-  if (s == "full_precision" || s == "fp32") return TS_WEIGHTS_FULL_PRECISION;
-  if (s == "quantized") return TS_WEIGHTS_QUANTIZED;
-  throw Error("--weights: '{}' is not one of full_precision, quantized", s);
-}
-
-const char* weight_path_name(ts_weight_path w) {
-  return w == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision";
 }
 
 CLI::Validator finite_seconds() {

@@ -8,6 +8,7 @@
 
 #include "touchstone/golden/manifest.h"
 #include "touchstone/model/tokenizer.h"
+#include "touchstone/run/parity_run.h"  // parse_weight_path, weight_path_name
 #include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {
@@ -37,10 +38,8 @@ Tokenizer load_tokenizer(const std::string& gguf_path);
 // Revision of the git checkout holding the manifest (the user's project):
 // `git describe --always --dirty --abbrev=40` there, or "unknown".
 std::string source_revision(const std::string& manifest_path);
-ts_weight_path parse_weight_path(const std::string& s);
 // --timeout's check: seconds in (0, 1e6]; NaN and infinity are refused.
 CLI::Validator finite_seconds();
-const char* weight_path_name(ts_weight_path w);
 
 void add_run(CLI::App& app, int& exit_code);
 void add_golden(CLI::App& app, int& exit_code);

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "cli_common.h"
-#include "model_facts.h"
 #include "own_model.h"
 #include "touchstone/common/error.h"
 #include "touchstone/golden/file_io.h"
@@ -22,6 +21,7 @@
 #include "touchstone/harness/recorder.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/model_config.h"
+#include "touchstone/run/model_facts.h"
 
 namespace touchstone::cli {
 namespace {

@@ -7,12 +7,12 @@
 #include <memory>
 #include <string>
 
-#include "backend_identity.h"
 #include "cli_common.h"
-#include "model_support.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/model_config.h"
 #include "touchstone/model/quant.h"
+#include "touchstone/run/backend_identity.h"
+#include "touchstone/run/model_support.h"
 #include "touchstone/runtime/backend.h"
 
 namespace touchstone::cli {

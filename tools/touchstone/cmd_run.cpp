@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "backend_host.h"
 #include "cli_common.h"
 #include "touchstone/common/error.h"
 #include "touchstone/harness/chat.h"
 #include "touchstone/metrics/metrics.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/tokenizer.h"
+#include "touchstone/run/backend_host.h"
 
 namespace touchstone::cli {
 namespace {

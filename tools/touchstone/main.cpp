@@ -7,18 +7,17 @@
 
 #include <exception>
 
-#include "build_info.h"
 #include "cli_common.h"
 #include "touchstone/report/report.h"
+#include "touchstone/run/build_info.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Touchstone: parity harness for LLM inference backends"};
   app.require_subcommand(1);
-  app.set_version_flag(
-      "--version",
-      fmt::format("touchstone {} (revision {})", touchstone::cli::touchstone_version(),
-                  touchstone::cli::touchstone_revision()),
-      "Print the version and the source revision it was built from, then exit");
+  app.set_version_flag("--version",
+                       fmt::format("touchstone {} (revision {})", touchstone::touchstone_version(),
+                                   touchstone::touchstone_revision()),
+                       "Print the version and the source revision it was built from, then exit");
   app.footer(touchstone::cli::kExitCodesHelp);
   int exit_code = 0;
   touchstone::cli::add_run(app, exit_code);

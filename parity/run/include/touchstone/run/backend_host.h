@@ -8,7 +8,7 @@
 
 #include "touchstone/runtime/backend.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 struct HostOptions {
   std::string backend;  // name or library path
@@ -52,4 +52,4 @@ class BackendHost {
 void arm_exit_guard(const std::string& backend);
 void disarm_exit_guard();
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

@@ -1,4 +1,4 @@
-#include "backend_identity.h"
+#include "touchstone/run/backend_identity.h"
 
 #include <algorithm>
 #include <utility>
@@ -6,7 +6,7 @@
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/quant.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 std::vector<std::string> capability_flag_names(uint32_t flags) {
   const std::pair<uint32_t, const char*> names[] = {
@@ -58,4 +58,4 @@ BackendCapabilities describe_capabilities(const ts_capabilities& c) {
   return out;
 }
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

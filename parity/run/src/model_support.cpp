@@ -1,4 +1,4 @@
-#include "model_support.h"
+#include "touchstone/run/model_support.h"
 
 #include <fmt/format.h>
 
@@ -6,10 +6,10 @@
 #include <sstream>
 #include <vector>
 
-#include "model_facts.h"
 #include "touchstone/model/model_config.h"
+#include "touchstone/run/model_facts.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 namespace {
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -53,4 +53,4 @@ std::optional<std::string> undeclared_model_support(const BackendLibrary& lib,
                      fmt::join(missing, ", "), gguf_path);
 }
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

@@ -1,4 +1,4 @@
-#include "backend_host.h"
+#include "touchstone/run/backend_host.h"
 
 #include <unistd.h>
 
@@ -6,13 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "cli_common.h"
-#include "model_support.h"
+#include <fmt/format.h>
+
 #include "touchstone/model/tokenizer.h"
 #include "touchstone/report/report.h"
+#include "touchstone/run/model_support.h"
 #include "touchstone/runtime/process_tree.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 BackendLibrary& BackendHost::library() {
   if (lib_ && !lib_->alive()) {
@@ -85,7 +86,7 @@ void exit_guard() {
                "the verdict was written; no verdict (run without --in-process to get a report)\n",
                g_guard_backend.c_str());
   std::fflush(stderr);
-  ::_exit(kExitError);
+  ::_exit(2);  // the CLI's exit code for an error
 }
 }  // namespace
 
@@ -98,4 +99,4 @@ void arm_exit_guard(const std::string& backend) {
 
 void disarm_exit_guard() { g_guard_armed = false; }
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

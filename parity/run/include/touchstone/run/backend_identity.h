@@ -9,7 +9,7 @@
 #include "touchstone/report/report.h"
 #include "touchstone/runtime/backend.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 // TS_CAP_* bits by name ("all_position_logits", ...), in bit order.
 std::vector<std::string> capability_flag_names(uint32_t flags);
@@ -21,4 +21,4 @@ std::string joined_or_none(const std::vector<std::string>& names);
 // ts_capabilities as the report keeps them.
 BackendCapabilities describe_capabilities(const ts_capabilities& c);
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

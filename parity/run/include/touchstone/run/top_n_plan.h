@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "backend_host.h"
 #include "touchstone/golden/golden.h"
 #include "touchstone/harness/parity.h"
 #include "touchstone/report/report.h"
+#include "touchstone/run/backend_host.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 // N when the backend's rows are top-N log-probabilities, else 0; 0 too when
 // the backend cannot say (its checks then fail with the reason).
@@ -29,4 +29,4 @@ std::vector<NotSupportedCheck> top_n_not_supported(int top_n,
 // manifest's GGUF). A backend without a tokenizer endpoint gives no row.
 std::optional<CaseResult> check_remote_tokenizer(BackendHost& host, const GoldenCase& g);
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

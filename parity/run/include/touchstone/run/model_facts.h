@@ -16,7 +16,7 @@
 #include "touchstone/model/model_config.h"
 #include "touchstone/model/tokenizer.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 struct ModelFacts {
   ChatTemplate chat;
@@ -32,4 +32,4 @@ struct ModelFacts {
 // Not thread-safe (the CLI is single-threaded here).
 const ModelFacts& model_facts(const std::string& gguf_path);
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

@@ -1,11 +1,11 @@
-#include "model_facts.h"
+#include "touchstone/run/model_facts.h"
 
 #include <map>
 
 #include "touchstone/common/error.h"
 #include "touchstone/model/gguf.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 const ModelFacts& model_facts(const std::string& gguf_path) {
   static std::map<std::string, ModelFacts> cache;
@@ -20,4 +20,4 @@ const ModelFacts& model_facts(const std::string& gguf_path) {
   return cache.emplace(gguf_path, std::move(facts)).first->second;
 }
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

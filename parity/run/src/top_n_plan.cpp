@@ -1,10 +1,10 @@
-#include "top_n_plan.h"
+#include "touchstone/run/top_n_plan.h"
 
 #include <fmt/format.h>
 
 #include <chrono>
 
-namespace touchstone::cli {
+namespace touchstone {
 
 int backend_top_n(BackendHost& host) {
   try {
@@ -64,4 +64,4 @@ std::optional<CaseResult> check_remote_tokenizer(BackendHost& host, const Golden
   return r;
 }
 
-}  // namespace touchstone::cli
+}  // namespace touchstone

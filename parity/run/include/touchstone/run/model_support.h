@@ -7,7 +7,7 @@
 
 #include "touchstone/runtime/backend.h"
 
-namespace touchstone::cli {
+namespace touchstone {
 
 // nullopt when the backend declares nothing (api_version < 3 or NULL lists), when
 // the reference cannot describe the model (load_model decides then), or when the
@@ -17,4 +17,4 @@ namespace touchstone::cli {
 std::optional<std::string> undeclared_model_support(const BackendLibrary& lib,
                                                     const std::string& gguf_path);
 
-}  // namespace touchstone::cli
+}  // namespace touchstone
