@@ -180,6 +180,14 @@ const std::vector<std::string>& ParityRun::cases() const { return in_->plan.case
 const std::vector<std::string>& ParityRun::scoring() const { return in_->plan.scoring; }
 const std::string& ParityRun::model_name() const { return in_->plan.model->name; }
 const std::string& ParityRun::model_path() const { return in_->model_path; }
+int ParityRun::case_max_steps() const {
+  return run_detail::effective_max_steps(o_, in_->manifest.find_suite(o_.suite));
+}
+int ParityRun::passage_max_positions(const std::string& name) const {
+  return run_detail::effective_max_positions(o_, in_->manifest.find_suite(o_.suite), name);
+}
+bool ParityRun::runs_consistency() const { return run_detail::wants_consistency(o_); }
+bool ParityRun::runs_structured() const { return run_detail::wants_structured(o_); }
 
 Report ParityRun::run(ParityObserver& obs) {
   using namespace run_detail;

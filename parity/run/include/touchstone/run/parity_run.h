@@ -10,7 +10,8 @@
 //   touchstone::Report r = run.run(observer);   // r.verdict(): PASS / FAIL / ...
 //
 // `touchstone parity` is this call plus argument parsing and printing; its
-// flags map one to one onto ParityOptions (docs/cli.md#parity).
+// flags map one to one onto ParityOptions (`touchstone parity --help`;
+// docs/sdk.md#googletest).
 #pragma once
 
 #include <cstddef>
@@ -107,6 +108,14 @@ class ParityRun {
   const std::vector<std::string>& scoring() const;
   const std::string& model_name() const;
   const std::string& model_path() const;
+  // The trims this run applies: greedy steps per case (0 = every step) and
+  // positions of passage `name` (0 = every position). A run of one named case
+  // or passage with these trims checks what the whole suite's run checks.
+  int case_max_steps() const;
+  int passage_max_positions(const std::string& name) const;
+  // Whether the run includes the consistency / structured-output groups.
+  bool runs_consistency() const;
+  bool runs_structured() const;
 
   // Runs every planned check (a backend failure is a FAIL row and the next
   // check gets a fresh session; no device / a refused model or weight path
