@@ -107,14 +107,14 @@ void run_int8(benchmark::State& state, QType t, size_t rows, size_t slice, size_
   const bool r16 = touchstone::cpu_simd::qlevel() == touchstone::cpu_simd::QLevel::AVX512VNNI;
   std::vector<uint8_t> R;
   if (r16) {
-    R.resize(touchstone::cpu_simd::r16_bytes(t, rows, nb));
-    touchstone::cpu_simd::repack_r16(t, w0.data(), row_bytes, nb, rows, R.data());
+    R.resize(touchstone::cpu_simd::r16_bytes(int(t), rows, nb));
+    touchstone::cpu_simd::repack_r16(int(t), w0.data(), row_bytes, nb, rows, R.data());
   }
   size_t r0 = 0;
   for (auto _ : state) {
     if (r16) {
-      touchstone::cpu_simd::gemm_q_r16(t, R.data() + r0 * row_bytes, nb, 0, slice, X.data(), n_tok,
-                                       y.data(), slice);
+      touchstone::cpu_simd::gemm_q_r16(int(t), R.data() + r0 * row_bytes, nb, 0, slice, X.data(),
+                                       n_tok, y.data(), slice);
     } else {
       touchstone::cpu_simd::gemm_q(t, w0.data() + r0 * row_bytes, row_bytes, nb, 0, slice, X.data(),
                                    n_tok, y.data(), slice);

@@ -548,12 +548,13 @@ void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ld
                     1.0f, x, int(ldx), W.f + r0 * W.n_in, int(W.n_in), 0.0f, job.y + r0,
                     int(job.ldy));
       }
+    } else if (int8_ && W.r16 && qlevel() == QLevel::AVX512VNNI) {
+      gemm_q_r16(W.generic ? W.gtype : int(W.qtype), W.r16, W.n_in / 32, r0, r1, act_.data(), n_tok,
+                 job.y, job.ldy);
     } else if (W.generic) {
-      // (also in int8 mode: these types have no int8 kernel; fp32 activations)
+      // (also in int8 mode without an r16 copy: no int8 kernel; fp32 activations)
       gemm_blocks_f32(W.gtype, W.q, W.row_bytes, W.block_elems, W.block_bytes, r0, r1, x, ldx,
                       n_tok, job.y, job.ldy);
-    } else if (int8_ && W.r16 && qlevel() == QLevel::AVX512VNNI) {
-      gemm_q_r16(W.qtype, W.r16, W.n_in / 32, r0, r1, act_.data(), n_tok, job.y, job.ldy);
     } else if (int8_) {
       gemm_q(W.qtype, W.q, W.row_bytes, W.n_in / 32, r0, r1, act_.data(), n_tok, job.y, job.ldy);
     } else {

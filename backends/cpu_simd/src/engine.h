@@ -31,8 +31,8 @@ struct Linear {
   int gtype = -1;  // GGUF ggml_type of a generic matrix
   size_t block_elems = 32, block_bytes = 0;
   size_t row_bytes = 0;
-  // Q4_0 / Q4_1 / Q8_0 with n_out % 16 == 0, in int8 mode on AVX-512 VNNI:
-  // the same blocks row-interleaved (repack_r16), else nullptr.
+  // Q4_0 / Q4_1 / Q5_0 / Q8_0 with n_out % 16 == 0, in int8 mode on AVX-512
+  // VNNI: the same blocks row-interleaved (repack_r16), else nullptr.
   const uint8_t* r16 = nullptr;
   const float* f = nullptr;
   size_t n_out = 0, n_in = 0;
@@ -74,8 +74,8 @@ class SimdModel {
   const float* rope_freqs() const { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
   // Throws StatusError(TS_ERR_UNSUPPORTED) when a matrix type has no quantized kernel.
   const WeightSet& quantized() const;
-  // quantized() with every Q4_0 / Q4_1 / Q8_0 matrix whose rows are a multiple
-  // of 16 also repacked for gemm_q_r16 (made on first use, thread-safe; the
+  // quantized() with every Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix whose rows are a
+  // multiple of 16 also repacked for gemm_q_r16 (made on first use, thread-safe; the
   // int8 activation mode on AVX-512 VNNI). Memory: one more copy of those
   // matrices.
   const WeightSet& quantized_r16();

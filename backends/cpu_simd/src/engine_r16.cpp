@@ -1,5 +1,6 @@
 // engine_r16.cpp - the quantized weights a second time, row-interleaved for the
-// int8 activation mode's AVX-512 VNNI kernel (kernels_quant_r16.cpp).
+// int8 activation mode's AVX-512 VNNI kernel (kernels_quant_r16.cpp): every
+// Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix whose rows are a multiple of 16.
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -17,12 +18,14 @@ const WeightSet& SimdModel::quantized_r16() {
     for (LayerView& L : r16_.layers)
       for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) all.push_back(w);
     all.push_back(&r16_.lm_head);
-    std::erase_if(all, [](const Linear* w) {
-      return !w->q || w->generic || w->n_out % 16 != 0 || w->n_in % 32 != 0;
+    auto type = [](const Linear* w) { return w->generic ? w->gtype : int(w->qtype); };
+    std::erase_if(all, [&](const Linear* w) {
+      return !w->q || !r16_type(type(w)) || (w->generic && w->block_elems != 32) ||
+             w->n_out % 16 != 0 || w->n_in % 32 != 0;
     });
     constexpr size_t kAlign = size_t{2} << 20;
     size_t total = 0;
-    for (const Linear* w : all) total += (r16_bytes(w->qtype, w->n_out, w->n_in / 32) + 63) & ~63ul;
+    for (const Linear* w : all) total += (r16_bytes(type(w), w->n_out, w->n_in / 32) + 63) & ~63ul;
     total = (total + kAlign - 1) & ~(kAlign - 1);
     if (total == 0) return;
     uint8_t* base = static_cast<uint8_t*>(std::aligned_alloc(kAlign, total));
@@ -32,9 +35,9 @@ const WeightSet& SimdModel::quantized_r16() {
     size_t off = 0;
     for (Linear* w : all) {
       const size_t nb = w->n_in / 32;
-      repack_r16(w->qtype, w->q, w->row_bytes, nb, w->n_out, base + off);
+      repack_r16(type(w), w->q, w->row_bytes, nb, w->n_out, base + off);
       w->r16 = base + off;
-      off += (r16_bytes(w->qtype, w->n_out, nb) + 63) & ~63ul;
+      off += (r16_bytes(type(w), w->n_out, nb) + 63) & ~63ul;
     }
   });
   return r16_;

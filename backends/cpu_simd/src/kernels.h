@@ -128,20 +128,24 @@ size_t qtype_block_bytes(QType t);
 void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0, size_t r1,
             const ActRow* X, size_t n_tok, float* Y, size_t ldy);
 
-// The same products in a row-interleaved layout (kernels_quant_r16.cpp), AVX-512
-// VNNI only (qlevel() == AVX512VNNI; the caller checks): rows in groups of 16,
-// one record of 16 * block_bytes bytes per group and block. repack_r16 writes
-// rows [0, n_rows) (n_rows % 16 == 0) of a GGUF matrix (row r at W + r *
-// row_bytes, nb blocks) into dst (r16_bytes(t, n_rows, nb) bytes). gemm_q_r16:
-// Y[t * ldy + r] for rows r in [r0, r1) (multiples of 16) and tokens t <
-// n_tok; per output, blocks in order: acc = fma(isum_b, fl(d_w d_a), acc),
-// macc = fma(c_w, s_a, macc), y = acc + macc, with c_w = m_w (Q4_1), -8 d_w
-// (Q4_0), -128 d_w (Q8_0, whose quants are stored + 128). One output's bits
-// do not depend on the row range or on the token count.
-size_t r16_bytes(QType t, size_t n_rows, size_t nb);
-void repack_r16(QType t, const uint8_t* W, size_t row_bytes, size_t nb, size_t n_rows,
+// int8 activations x GGUF blocks in a row-interleaved layout
+// (kernels_quant_r16.cpp), AVX-512 VNNI only (qlevel() == AVX512VNNI; the
+// caller checks), for ggml types Q4_0 (2), Q4_1 (3), Q5_0 (6) and Q8_0 (8)
+// (r16_type): rows in groups of 16, one record of 16 * block_bytes bytes per
+// group and block. repack_r16 writes rows [0, n_rows) (n_rows % 16 == 0) of a
+// GGUF matrix (row r at W + r * row_bytes, nb blocks of 32) into dst
+// (r16_bytes(t, n_rows, nb) bytes). gemm_q_r16: Y[t * ldy + r] for rows r in
+// [r0, r1) (multiples of 16) and tokens t < n_tok; per output, blocks in
+// order, with the exact int32 block sum isum_b of the stored unsigned quants:
+// acc = fma(isum_b, fl(d_w d_a), acc), macc = fma(c_w, s_a, macc), y = acc +
+// macc, c_w = m_w (Q4_1), -8 d_w (Q4_0), -16 d_w (Q5_0), -128 d_w (Q8_0,
+// stored + 128). One output's bits do not depend on the row range or on the
+// token count.
+bool r16_type(int ggml_type);
+size_t r16_bytes(int ggml_type, size_t n_rows, size_t nb);
+void repack_r16(int ggml_type, const uint8_t* W, size_t row_bytes, size_t nb, size_t n_rows,
                 uint8_t* dst);
-void gemm_q_r16(QType type, const uint8_t* R, size_t nb, size_t r0, size_t r1, const ActRow* X,
+void gemm_q_r16(int ggml_type, const uint8_t* R, size_t nb, size_t r0, size_t r1, const ActRow* X,
                 size_t n_tok, float* Y, size_t ldy);
 
 // Same contract with fp32 activations X (n_tok rows, stride ldx): weight blocks
