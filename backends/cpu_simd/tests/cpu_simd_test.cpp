@@ -19,6 +19,7 @@
 
 #include "cpu_simd_backend.h"
 #include "kernels.h"
+#include "random_blocks.h"
 #include "touchstone/model/quant.h"
 #include "touchstone/model/scalar_ops.h"
 
@@ -264,22 +265,7 @@ INSTANTIATE_TEST_SUITE_P(AllTargets, HwyTargets, ::testing::ValuesIn(hwy_targets
 // ---------------------------------------------------------------- quantized
 // Random GGUF blocks of a type, generated through the fp16 bit patterns.
 std::vector<uint8_t> random_blocks(QType t, size_t n_rows, size_t n_in, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const size_t bb = qtype_block_bytes(t), nb = n_in / 32;
-  std::vector<uint8_t> w(n_rows * nb * bb);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
-  for (size_t i = 0; i < n_rows * nb; ++i) {
-    uint8_t* b = w.data() + i * bb;
-    for (size_t j = 0; j < bb; ++j) b[j] = uint8_t(byte(rng));
-    const uint16_t d = gg::fp32_to_fp16(sc(rng));
-    std::memcpy(b, &d, 2);
-    if (t == QType::Q4_1) {
-      const uint16_t m = gg::fp32_to_fp16(-8.0f * sc(rng));
-      std::memcpy(b + 2, &m, 2);
-    }
-  }
-  return w;
+  return test::random_blocks(int(t), n_rows, n_in / 32, seed);
 }
 
 struct QCase {

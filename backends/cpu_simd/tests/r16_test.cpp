@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "random_blocks.h"
 #include "touchstone/model/quant.h"
 
 namespace {
@@ -16,27 +17,13 @@ namespace {
 namespace gg = touchstone::gguf;
 using namespace touchstone::cpu_simd;
 
-constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8;  // ggml types
-
-size_t block_bytes(int t) { return t == kQ4_0 ? 18 : t == kQ4_1 ? 20 : t == kQ5_0 ? 22 : 34; }
-
+using test::block_bytes;
+using test::kQ4_0;
+using test::kQ4_1;
+using test::kQ5_0;
+using test::kQ8_0;
 std::vector<uint8_t> blocks(int t, size_t n_rows, size_t nb, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const size_t bb = block_bytes(t);
-  std::vector<uint8_t> w(n_rows * nb * bb);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
-  for (size_t i = 0; i < n_rows * nb; ++i) {
-    uint8_t* b = w.data() + i * bb;
-    for (size_t j = 0; j < bb; ++j) b[j] = uint8_t(byte(rng));
-    const uint16_t d = gg::fp32_to_fp16(sc(rng));
-    std::memcpy(b, &d, 2);
-    if (t == kQ4_1) {
-      const uint16_t m = gg::fp32_to_fp16(-8.0f * sc(rng));
-      std::memcpy(b + 2, &m, 2);
-    }
-  }
-  return w;
+  return test::random_blocks(t, n_rows, nb, seed);
 }
 
 float h(const uint8_t* p) {
