@@ -9,63 +9,21 @@
 
 #include "cli_common.h"
 #include "expect.h"
-#include "progress.h"
-#include "readable_reports.h"
+#include "parity_observer.h"
 #include "touchstone/harness/serving.h"
 #include "touchstone/harness/structured.h"
 #include "touchstone/model/faults.h"
 #include "touchstone/report/report.h"
-#include "touchstone/report/report_view.h"
 #include "touchstone/run/parity_run.h"
 
 namespace touchstone::cli {
 namespace {
 
-struct Opts : ParityOptions {
+struct Opts : ParityOptions, ReportOutputs {
   Opts() { manifest = checking_manifest_path(); }
-  std::string json, junit;
-  ReadableOutputs readable;  // --html, --summary
   bool expect_fail = false;
   std::string expect_step;   // --expect-step: N, CHECK or CHECK@N
   std::string expect_layer;  // --expect-layer: L:attn|ffn|resid, or after
-};
-
-// Progress on stderr, and the reports as they stand rewritten atomically
-// after every check (HTML and Markdown rendered from the JSON, as `touchstone
-// summary` does).
-class CliObserver : public ParityObserver {
- public:
-  explicit CliObserver(const Opts& o) : o_(o) {}
-  void planned(size_t n_checks, double units) override {
-    progress_ = std::make_unique<Progress>(n_checks, units, Progress::stderr_is_tty());
-  }
-  void check_started(const std::string& name, double units) override {
-    if (progress_) progress_->start(name, units);
-  }
-  void check_progress(int done, int total) override {
-    if (progress_) progress_->step(done, total);
-  }
-  void check_finished(bool acceptable, double seconds, double units) override {
-    if (progress_) progress_->done(acceptable, seconds, units);
-  }
-  void note(const std::string& line) override {
-    progress_.reset();
-    fmt::print(stderr, "  {}\n", line);
-  }
-  void report_updated(const Report& r) override {
-    if (r.complete) progress_.reset();
-    if (o_.json.empty() && !o_.readable.any() && o_.junit.empty()) return;
-    const std::string json = to_json(r);
-    if (!o_.json.empty()) write_file_atomic(o_.json, json);
-    if (!o_.junit.empty()) write_file_atomic(o_.junit, to_junit(r));
-    if (o_.readable.any())
-      write_readable_reports(o_.readable,
-                             {parse_report_view(json, o_.json.empty() ? "" : o_.json)});
-  }
-
- private:
-  const Opts& o_;
-  std::unique_ptr<Progress> progress_;
 };
 
 // The exit code of a finished report; --expect-fail: the harness must catch
