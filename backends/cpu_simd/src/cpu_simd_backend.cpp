@@ -92,7 +92,10 @@ struct CpuSimd {
     const char* act = std::getenv("TOUCHSTONE_CPU_SIMD_ACTIVATIONS");
     const bool int8 = act && std::string(act) == "int8";
     return touchstone::abi::cpu_device_name() + "; fp32 kernels: Highway " + target +
-           (int8 ? std::string("; quantized path: int8 activations, ") + qlevel_name(qlevel())
+           (int8 ? std::string("; quantized path: int8 activations, ") + qlevel_name(qlevel()) +
+                       (qlevel() == QLevel::AVX512VNNI
+                            ? " (Q4_0/Q4_1/Q5_0/Q8_0 rows interleaved by 16)"
+                            : "")
                  : std::string("; quantized path: fp32 activations, blocks dequantized in "
                                "registers")) +
            "; prefill sgemm: OpenBLAS)";
