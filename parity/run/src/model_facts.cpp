@@ -1,6 +1,7 @@
 #include "touchstone/run/model_facts.h"
 
 #include <map>
+#include <mutex>
 
 #include "touchstone/common/error.h"
 #include "touchstone/model/gguf.h"
@@ -8,7 +9,9 @@
 namespace touchstone {
 
 const ModelFacts& model_facts(const std::string& gguf_path) {
-  static std::map<std::string, ModelFacts> cache;
+  static std::mutex mu;
+  static std::map<std::string, ModelFacts> cache;  // entries never move or go
+  const std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(gguf_path); it != cache.end()) return it->second;
   const gguf::File file = gguf::File::open(gguf_path);
   ModelFacts facts{chat_template_from_gguf(file), tokenizer_data_from_gguf(file), std::nullopt};

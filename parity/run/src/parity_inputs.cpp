@@ -10,7 +10,6 @@
 #include "touchstone/harness/chat.h"
 #include "touchstone/harness/model_store.h"
 #include "touchstone/harness/stale.h"
-#include "touchstone/model/gguf.h"
 #include "touchstone/run/build_info.h"
 #include "touchstone/run/model_facts.h"
 
@@ -84,21 +83,21 @@ std::unique_ptr<Inputs> load_inputs(const Opts& o) {
   // The golden's own sha256 is checked against the manifest's pin before
   // libhdf5 reads a byte; then it must answer what the manifest asks now.
   in->golden = read_pinned_golden(m, mm, o.trust_goldens);
-  if (!o.trust_goldens) {
-    // Only what this run reads: its cases and passages, and the model's first
-    // case (the consistency and serving checks' needle when none is named).
-    std::vector<std::string> used = in->plan.cases;
-    used.insert(used.end(), in->plan.scoring.begin(), in->plan.scoring.end());
-    for (const ManifestCase& c : m.cases) {
-      if (c.model == mm.name) {
-        used.push_back(c.name);
-        break;
-      }
+  // The stale-golden check covers only what this run reads: its cases and
+  // passages, and the model's first case (the consistency and serving checks'
+  // needle when none is named).
+  std::vector<std::string> used = in->plan.cases;
+  used.insert(used.end(), in->plan.scoring.begin(), in->plan.scoring.end());
+  for (const ManifestCase& c : m.cases) {
+    if (c.model == mm.name) {
+      used.push_back(c.name);
+      break;
     }
-    require_fresh_golden(m, mm, in->golden,
-                         chat_template_from_gguf(gguf::File::open(in->model_path)), &used);
   }
-  in->tok = std::make_unique<Tokenizer>(model_facts(in->model_path).tokenizer);
+  // The GGUF's metadata, read once per file and process (model_facts.h).
+  const ModelFacts& facts = model_facts(in->model_path);
+  if (!o.trust_goldens) require_fresh_golden(m, mm, in->golden, facts.chat, &used);
+  in->tok = std::make_unique<Tokenizer>(facts.tokenizer);
   for (const std::string& f : o.known_divergences) in->known.load(f);
   for (const auto& n : in->plan.cases)
     if (!in->golden.find_case(n))

@@ -29,7 +29,7 @@ struct ModelFacts {
 // The facts of the GGUF at `gguf_path`, read on the first call for that path
 // and kept for the life of the process. Throws touchstone::Error (naming the
 // file and offset) when the file cannot be read as a GGUF, as gguf::File::open.
-// Not thread-safe (the CLI is single-threaded here).
+// Thread-safe (one lock around the cache; a first read holds it).
 const ModelFacts& model_facts(const std::string& gguf_path);
 
 }  // namespace touchstone
