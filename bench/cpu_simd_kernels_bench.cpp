@@ -11,7 +11,7 @@
 //   q4_1/prefill/64     4096 x 576 Q4_1 rows x 64 tokens
 //   q4_0/..., q8_0/prefill/64   the same shapes for Q4_0 / Q8_0
 //   q4_k/..., q6_k/...  K-quant rows of 1024 inputs (Gemma 3's attn_output / ffn_down
-//                       types) through gemm_blocks_f32 (fp32 activations in both modes)
+//                       types) through gemm_blocks_f32; int8/q4_k/... through gemm_q_r16
 //   q5_0/...            the same for Q5_0 (Gemma 3's attn_q/k, ffn_gate/up)
 // Counters: GMAC/s (multiply-adds per second), GB/s (weight bytes per second).
 // Activations are fp32 (the default quantized path: gemm_q_f32); int8/... the same
@@ -132,7 +132,7 @@ void run_int8(benchmark::State& state, QType t, size_t rows, size_t slice, size_
 // elements) and Q5_0 (type 6, 22 bytes, 32 elements) with valid fp16 scales,
 // rows of kKIn inputs.
 constexpr size_t kKIn = 1024;
-void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok) {
+void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok, bool int8) {
   const size_t be = type == 6 ? 32 : 256;
   const size_t bb = type == 12 ? 144 : type == 14 ? 210 : 22, nb = kKIn / be, row_bytes = nb * bb;
   std::vector<uint8_t> w(rows * row_bytes);
@@ -153,9 +153,34 @@ void run_k(benchmark::State& state, int type, size_t rows, size_t n_tok) {
   std::normal_distribution<float> nd;
   for (auto& v : x) v = nd(rng);
   std::vector<float> y(n_tok * rows);
+  // int8: the row-interleaved kernel (AVX-512 VNNI only; elsewhere the backend
+  // keeps fp32 activations for these types).
+  const size_t nb32 = kKIn / 32;
+  std::vector<int8_t> qs(n_tok * kKIn);
+  std::vector<float> d(n_tok * nb32), sm(n_tok * nb32);
+  std::vector<touchstone::cpu_simd::ActRow> X(n_tok);
+  std::vector<uint8_t> R;
+  if (int8) {
+    if (touchstone::cpu_simd::qlevel() != touchstone::cpu_simd::QLevel::AVX512VNNI) {
+      state.SkipWithError("int8 K-quant / Q5_0 kernel needs AVX-512 VNNI");
+      return;
+    }
+    for (size_t k = 0; k < n_tok; ++k) {
+      X[k] = touchstone::cpu_simd::ActRow{qs.data() + k * kKIn, d.data() + k * nb32,
+                                          sm.data() + k * nb32};
+      touchstone::cpu_simd::quantize_act(x.data() + k * kKIn, kKIn, X[k]);
+    }
+    R.resize(touchstone::cpu_simd::r16_bytes(type, rows, nb32));
+    touchstone::cpu_simd::repack_r16(type, w.data(), row_bytes, nb32, rows, R.data());
+  }
   for (auto _ : state) {
-    touchstone::cpu_simd::gemm_blocks_f32(type, w.data(), row_bytes, be, bb, 0, rows, x.data(),
-                                          kKIn, n_tok, y.data(), rows);
+    if (int8) {
+      touchstone::cpu_simd::gemm_q_r16(type, R.data(), nb32, 0, rows, X.data(), n_tok, y.data(),
+                                       rows);
+    } else {
+      touchstone::cpu_simd::gemm_blocks_f32(type, w.data(), row_bytes, be, bb, 0, rows, x.data(),
+                                            kKIn, n_tok, y.data(), rows);
+    }
     benchmark::DoNotOptimize(y.data());
   }
   const double macs = double(rows) * double(kKIn) * double(n_tok) * double(state.iterations());
@@ -188,12 +213,18 @@ BENCHMARK_CAPTURE(run, q80pf, QType::Q8_0, 4096, 4096, 64)->Name("q8_0/prefill/6
 BENCHMARK_CAPTURE(run_int8, q40l2, QType::Q4_0, 1536, 1536, 1)->Name("int8/q4_0/decode/l2");
 BENCHMARK_CAPTURE(run_int8, q40pf, QType::Q4_0, 4096, 4096, 64)->Name("int8/q4_0/prefill/64");
 BENCHMARK_CAPTURE(run_int8, q80pf, QType::Q8_0, 4096, 4096, 64)->Name("int8/q8_0/prefill/64");
-BENCHMARK_CAPTURE(run_k, q4kl2, 12, 512, 1)->Name("q4_k/decode/l2");
-BENCHMARK_CAPTURE(run_k, q4kpf, 12, 1024, 64)->Name("q4_k/prefill/64");
-BENCHMARK_CAPTURE(run_k, q6kl2, 14, 512, 1)->Name("q6_k/decode/l2");
-BENCHMARK_CAPTURE(run_k, q6kpf, 14, 1024, 64)->Name("q6_k/prefill/64");
-BENCHMARK_CAPTURE(run_k, q50l2, 6, 512, 1)->Name("q5_0/decode/l2");
-BENCHMARK_CAPTURE(run_k, q50pf, 6, 1024, 64)->Name("q5_0/prefill/64");
+BENCHMARK_CAPTURE(run_k, q4kl2, 12, 512, 1, false)->Name("q4_k/decode/l2");
+BENCHMARK_CAPTURE(run_k, q4kl2i8, 12, 512, 1, true)->Name("int8/q4_k/decode/l2");
+BENCHMARK_CAPTURE(run_k, q4kpf, 12, 1024, 64, false)->Name("q4_k/prefill/64");
+BENCHMARK_CAPTURE(run_k, q4kpfi8, 12, 1024, 64, true)->Name("int8/q4_k/prefill/64");
+BENCHMARK_CAPTURE(run_k, q6kl2, 14, 512, 1, false)->Name("q6_k/decode/l2");
+BENCHMARK_CAPTURE(run_k, q6kl2i8, 14, 512, 1, true)->Name("int8/q6_k/decode/l2");
+BENCHMARK_CAPTURE(run_k, q6kpf, 14, 1024, 64, false)->Name("q6_k/prefill/64");
+BENCHMARK_CAPTURE(run_k, q6kpfi8, 14, 1024, 64, true)->Name("int8/q6_k/prefill/64");
+BENCHMARK_CAPTURE(run_k, q50l2, 6, 512, 1, false)->Name("q5_0/decode/l2");
+BENCHMARK_CAPTURE(run_k, q50l2i8, 6, 512, 1, true)->Name("int8/q5_0/decode/l2");
+BENCHMARK_CAPTURE(run_k, q50pf, 6, 1024, 64, false)->Name("q5_0/prefill/64");
+BENCHMARK_CAPTURE(run_k, q50pfi8, 6, 1024, 64, true)->Name("int8/q5_0/prefill/64");
 
 int main(int argc, char** argv) {
   const touchstone::cpu_simd::IsaSelection& sel = touchstone::cpu_simd::select_isa_from_env();

@@ -94,7 +94,7 @@ struct CpuSimd {
     return touchstone::abi::cpu_device_name() + "; fp32 kernels: Highway " + target +
            (int8 ? std::string("; quantized path: int8 activations, ") + qlevel_name(qlevel()) +
                        (qlevel() == QLevel::AVX512VNNI
-                            ? " (Q4_0/Q4_1/Q5_0/Q8_0 rows interleaved by 16)"
+                            ? " (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K rows interleaved by 16)"
                             : "")
                  : std::string("; quantized path: fp32 activations, blocks dequantized in "
                                "registers")) +

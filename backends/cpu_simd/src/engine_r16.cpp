@@ -1,6 +1,7 @@
 // engine_r16.cpp - the quantized weights a second time, row-interleaved for the
-// int8 activation mode's AVX-512 VNNI kernel (kernels_quant_r16.cpp): every
-// Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix whose rows are a multiple of 16.
+// int8 activation mode's AVX-512 VNNI kernel (kernels_quant_r16.cpp,
+// kernels_quant_r16k.cpp): every Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K matrix
+// whose rows are a multiple of 16.
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -20,8 +21,8 @@ const WeightSet& SimdModel::quantized_r16() {
     all.push_back(&r16_.lm_head);
     auto type = [](const Linear* w) { return w->generic ? w->gtype : int(w->qtype); };
     std::erase_if(all, [&](const Linear* w) {
-      return !w->q || !r16_type(type(w)) || (w->generic && w->block_elems != 32) ||
-             w->n_out % 16 != 0 || w->n_in % 32 != 0;
+      return !w->q || !r16_type(type(w)) || w->n_out % 16 != 0 || w->n_in % 32 != 0 ||
+             (w->generic && w->n_in % w->block_elems != 0);
     });
     constexpr size_t kAlign = size_t{2} << 20;
     size_t total = 0;

@@ -129,18 +129,21 @@ void gemm_q(QType type, const uint8_t* W, size_t row_bytes, size_t nb, size_t r0
             const ActRow* X, size_t n_tok, float* Y, size_t ldy);
 
 // int8 activations x GGUF blocks in a row-interleaved layout
-// (kernels_quant_r16.cpp), AVX-512 VNNI only (qlevel() == AVX512VNNI; the
-// caller checks), for ggml types Q4_0 (2), Q4_1 (3), Q5_0 (6) and Q8_0 (8)
-// (r16_type): rows in groups of 16, one record of 16 * block_bytes bytes per
-// group and block. repack_r16 writes rows [0, n_rows) (n_rows % 16 == 0) of a
-// GGUF matrix (row r at W + r * row_bytes, nb blocks of 32) into dst
-// (r16_bytes(t, n_rows, nb) bytes). gemm_q_r16: Y[t * ldy + r] for rows r in
-// [r0, r1) (multiples of 16) and tokens t < n_tok; per output, blocks in
-// order, with the exact int32 block sum isum_b of the stored unsigned quants:
-// acc = fma(isum_b, fl(d_w d_a), acc), macc = fma(c_w, s_a, macc), y = acc +
-// macc, c_w = m_w (Q4_1), -8 d_w (Q4_0), -16 d_w (Q5_0), -128 d_w (Q8_0,
-// stored + 128). One output's bits do not depend on the row range or on the
-// token count.
+// (kernels_quant_r16.cpp, kernels_quant_r16k.cpp), AVX-512 VNNI only (qlevel()
+// == AVX512VNNI; the caller checks), for ggml types Q4_0 (2), Q4_1 (3), Q5_0
+// (6), Q8_0 (8), Q4_K (12) and Q6_K (14) (r16_type): rows in groups of 16, one
+// record per group and block (K-quants: per 256-element super-block). nb
+// counts 32-element blocks (n_in / 32; a multiple of 8 for the K-quants).
+// repack_r16 writes rows [0, n_rows) (n_rows % 16 == 0) of a GGUF matrix (row r
+// at W + r * row_bytes) into dst (r16_bytes(t, n_rows, nb) bytes). gemm_q_r16:
+// Y[t * ldy + r] for rows r in [r0, r1) (multiples of 16) and tokens t < n_tok;
+// per output, 32-element blocks in order, with the exact int32 block sum
+// isum_b of the stored unsigned quants: acc = fma(isum_b, fl(d_w d_a), acc),
+// macc = fma(c_w, s_a, macc), y = acc + macc, c_w = m_w (Q4_1), -8 d_w (Q4_0),
+// -16 d_w (Q5_0), -128 d_w (Q8_0, stored + 128), -dmin m_b (Q4_K, d_w = d
+// sc_b); Q6_K: two terms per block, one per 16-element half with its scale
+// (isum_h = sum u a - 32 sum a), no macc (kernels_quant_r16k.cpp). One
+// output's bits do not depend on the row range or on the token count.
 bool r16_type(int ggml_type);
 size_t r16_bytes(int ggml_type, size_t n_rows, size_t nb);
 void repack_r16(int ggml_type, const uint8_t* W, size_t row_bytes, size_t nb, size_t n_rows,

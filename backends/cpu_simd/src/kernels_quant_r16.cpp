@@ -34,6 +34,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "kernels_quant_r16k.h"
 
 namespace touchstone::cpu_simd {
 namespace {
@@ -42,7 +43,7 @@ constexpr size_t kGroup = 16;
 constexpr size_t kAhead = 4096;  // decode's software prefetch distance, bytes
 
 // GGUF type numbers (ggml_type) of the formats this kernel takes.
-constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8;
+constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 
 struct R16Shape {
   size_t nv;     // 64-byte quant vectors per record
@@ -168,13 +169,18 @@ void gemm_r16(const uint8_t* R, size_t nb, size_t r0, size_t r1, const ActRow* X
 }  // namespace
 
 bool r16_type(int ggml_type) {
-  return ggml_type == kQ4_0 || ggml_type == kQ4_1 || ggml_type == kQ5_0 || ggml_type == kQ8_0;
+  return ggml_type == kQ4_0 || ggml_type == kQ4_1 || ggml_type == kQ5_0 || ggml_type == kQ8_0 ||
+         r16k_type(ggml_type);
 }
 
-size_t r16_bytes(int t, size_t n_rows, size_t nb) { return n_rows * nb * shape(t).block; }
+size_t r16_bytes(int t, size_t n_rows, size_t nb) {
+  if (r16k_type(t)) return r16k_bytes(t, n_rows, nb);
+  return n_rows * nb * shape(t).block;
+}
 
 // Record layout: see the top of this file.
 void repack_r16(int t, const uint8_t* W, size_t row_bytes, size_t nb, size_t n_rows, uint8_t* dst) {
+  if (r16k_type(t)) return repack_r16k(t, W, row_bytes, nb, n_rows, dst);
   const R16Shape S = shape(t);
   for (size_t g = 0; g < n_rows / kGroup; ++g) {
     for (size_t b = 0; b < nb; ++b) {
@@ -205,6 +211,9 @@ void repack_r16(int t, const uint8_t* W, size_t row_bytes, size_t nb, size_t n_r
 void gemm_q_r16(int type, const uint8_t* R, size_t nb, size_t r0, size_t r1, const ActRow* X,
                 size_t n_tok, float* Y, size_t ldy) {
   switch (type) {
+    case kQ4_K:
+    case kQ6_K:
+      return gemm_q_r16k(type, R, nb, r0, r1, X, n_tok, Y, ldy);
     case kQ4_1:
       return gemm_r16<kQ4_1>(R, nb, r0, r1, X, n_tok, Y, ldy);
     case kQ5_0:

@@ -12,6 +12,7 @@
 #include "cpu_simd_backend.h"
 #include "gguf_builder.h"
 #include "kernels.h"
+#include "random_blocks.h"
 #include "touchstone/model/quant.h"
 
 namespace {
@@ -19,54 +20,7 @@ namespace {
 namespace gg = touchstone::gguf;
 using gg::TensorType;
 
-// Random blocks of `t` whose fp16 scale fields are small finite numbers
-// (random bytes elsewhere: every bit pattern of the quant fields is valid).
-std::vector<uint8_t> random_blocks(TensorType t, size_t n_elems, uint32_t seed) {
-  const gg::TypeTraits& tr = gg::type_traits(t);
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> out;
-  if (t == TensorType::F16) {
-    std::normal_distribution<float> nd(0.0f, 0.05f);
-    for (size_t i = 0; i < n_elems; ++i) {
-      const uint16_t h = gg::fp32_to_fp16(nd(rng));
-      out.push_back(uint8_t(h));
-      out.push_back(uint8_t(h >> 8));
-    }
-    return out;
-  }
-  const size_t nb = n_elems / tr.block_size;
-  out.resize(nb * tr.type_size);
-  for (auto& b : out) b = uint8_t(rng());
-  auto half = [&](uint8_t* p) {  // ~0.004 .. 0.008, random sign for mins
-    const uint16_t h = uint16_t(0x1c00u | (rng() & 0x3ffu));
-    p[0] = uint8_t(h);
-    p[1] = uint8_t(h >> 8);
-  };
-  for (size_t b = 0; b < nb; ++b) {
-    uint8_t* blk = out.data() + b * tr.type_size;
-    switch (t) {
-      case TensorType::Q4_K:  // {d, dmin, scales[12], qs[128]}
-      case TensorType::Q5_K:
-      case TensorType::Q2_K:
-        half(blk);
-        half(blk + 2);
-        if (t == TensorType::Q2_K) {  // {scales[16], qs[64], d, dmin}
-          half(blk + 80);
-          half(blk + 82);
-        }
-        break;
-      case TensorType::Q6_K:  // {ql[128], qh[64], scales[16], d}
-        half(blk + 208);
-        break;
-      case TensorType::Q5_0:  // {d, qh[4], qs[16]}
-        half(blk);
-        break;
-      default:
-        ADD_FAILURE() << "no generator for " << gg::type_name(t);
-    }
-  }
-  return out;
-}
+using touchstone::cpu_simd::test::random_blocks;
 
 std::vector<float> random_vec(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

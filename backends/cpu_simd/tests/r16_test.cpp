@@ -22,6 +22,7 @@ using test::kQ4_0;
 using test::kQ4_1;
 using test::kQ5_0;
 using test::kQ8_0;
+constexpr int kQ4_K = 12, kQ6_K = 14;
 std::vector<uint8_t> blocks(int t, size_t n_rows, size_t nb, uint32_t seed) {
   return test::random_blocks(t, n_rows, nb, seed);
 }
@@ -34,7 +35,10 @@ float h(const uint8_t* p) {
 
 // The arithmetic kernels.h documents for gemm_q_r16, one output at a time,
 // from the GGUF blocks as ggml-common.h lays them out.
+float expected_k(int t, const uint8_t* row, size_t nb, const ActRow& a);
+
 float expected(int t, const uint8_t* row, size_t nb, const ActRow& a) {
+  if (t == kQ4_K || t == kQ6_K) return expected_k(t, row, nb, a);
   const size_t bb = block_bytes(t);
   float acc = 0.0f, macc = 0.0f;
   for (size_t b = 0; b < nb; ++b) {
@@ -67,6 +71,53 @@ float expected(int t, const uint8_t* row, size_t nb, const ActRow& a) {
   return acc + macc;
 }
 
+// The unsigned quants u (value = d sc (u - 32) for Q6_K, d sc u - dmin m for
+// Q4_K) of element e of a K-quant block, and its scale and min, read as
+// ggml-quants.c's dequantize_row_q4_K / q6_K read them.
+struct KElem {
+  int u, sc, m;
+};
+KElem k_elem(int t, const uint8_t* blk, int e) {
+  if (t == kQ6_K) {                                            // {ql[128], qh[64], scales[16], d}
+    const int n = e / 128, l = e % 32, part = (e % 128) / 32;  // part: q1..q4
+    const uint8_t ql = blk[64 * n + l + (part & 1) * 32], qh = blk[128 + 32 * n + l];
+    const int lo = part < 2 ? ql & 0xF : ql >> 4;
+    return {lo | ((qh >> (2 * part)) & 3) << 4, int(int8_t(blk[192 + e / 16])), 0};
+  }
+  const uint8_t* s = blk + 4;  // {d, dmin, scales[12], qs[128]}
+  const int j = e / 32, c = e / 64, l = e % 32;
+  const int u = (e % 64) < 32 ? blk[16 + 32 * c + l] & 0xF : blk[16 + 32 * c + l] >> 4;
+  if (j < 4) return {u, s[j] & 63, s[j + 4] & 63};
+  return {u, (s[j + 4] & 0xF) | (s[j - 4] >> 6) << 4, (s[j + 4] >> 4) | (s[j] >> 6) << 4};
+}
+
+// kernels_quant_r16k.cpp's documented arithmetic, one output at a time.
+float expected_k(int t, const uint8_t* row, size_t nb, const ActRow& a) {
+  const size_t bb = t == kQ4_K ? 144 : 210;
+  float acc = 0.0f, macc = 0.0f;
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + (b / 8) * bb;
+    const int e0 = int(b % 8) * 32;
+    const int8_t* x = a.qs + b * 32;
+    if (t == kQ6_K) {
+      for (int half = 0; half < 2; ++half) {
+        int32_t isum = 0;
+        for (int i = 16 * half; i < 16 * half + 16; ++i)
+          isum += (k_elem(t, blk, e0 + i).u - 32) * x[i];
+        const float dsc = h(blk + 208) * float(k_elem(t, blk, e0 + 16 * half).sc);
+        acc = std::fma(float(isum), dsc * a.d[b], acc);
+      }
+      continue;
+    }
+    int32_t isum = 0;
+    for (int i = 0; i < 32; ++i) isum += k_elem(t, blk, e0 + i).u * x[i];
+    const KElem s = k_elem(t, blk, e0);
+    acc = std::fma(float(isum), (h(blk) * float(s.sc)) * a.d[b], acc);
+    macc = std::fma(-(h(blk + 2) * float(s.m)), a.s[b], macc);
+  }
+  return t == kQ6_K ? acc : acc + macc;
+}
+
 class R16 : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -82,11 +133,14 @@ TEST_P(R16, MatchesItsArithmeticBitForBitForAnyRowsAndTokens) {
   const int t = GetParam();
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  for (size_t n_in : {32u, 96u, 576u}) {
-    const size_t rows = 48, n_tok = 15, nb = n_in / 32, bb = block_bytes(t);
-    const auto W = blocks(t, rows, nb, uint32_t(n_in));
+  const bool kq = t == kQ4_K || t == kQ6_K;
+  for (size_t n_in : kq ? std::vector<size_t>{256, 768} : std::vector<size_t>{32, 96, 576}) {
+    const size_t rows = 48, n_tok = 15, nb = n_in / 32;
+    const auto W = kq ? test::random_blocks(gg::TensorType(t), rows * n_in, uint32_t(n_in))
+                      : blocks(t, rows, nb, uint32_t(n_in));
+    const size_t row_bytes = W.size() / rows;
     std::vector<uint8_t> R(r16_bytes(t, rows, nb));
-    repack_r16(t, W.data(), nb * bb, nb, rows, R.data());
+    repack_r16(t, W.data(), row_bytes, nb, rows, R.data());
     std::vector<int8_t> qs(n_tok * n_in);
     std::vector<float> d(n_tok * nb), s(n_tok * nb), x(n_in);
     std::vector<ActRow> X(n_tok);
@@ -99,7 +153,7 @@ TEST_P(R16, MatchesItsArithmeticBitForBitForAnyRowsAndTokens) {
     gemm_q_r16(t, R.data(), nb, 0, rows, X.data(), n_tok, Y.data(), rows);  // tiles 8 + 4 + 2 + 1
     for (size_t k = 0; k < n_tok; ++k)
       for (size_t r = 0; r < rows; ++r)
-        ASSERT_EQ(Y[k * rows + r], expected(t, W.data() + r * nb * bb, nb, X[k]))
+        ASSERT_EQ(Y[k * rows + r], expected(t, W.data() + r * row_bytes, nb, X[k]))
             << "n_in " << n_in << " row " << r << " token " << k;
     // One token, one row group in the middle: the same bits.
     for (size_t k = 0; k < n_tok; ++k) {
@@ -110,27 +164,26 @@ TEST_P(R16, MatchesItsArithmeticBitForBitForAnyRowsAndTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, R16, ::testing::Values(kQ4_0, kQ4_1, kQ5_0, kQ8_0),
+INSTANTIATE_TEST_SUITE_P(Types, R16, ::testing::Values(kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ6_K),
                          [](const auto& pi) {
-                           return pi.param == kQ4_0   ? std::string("Q4_0")
-                                  : pi.param == kQ4_1 ? std::string("Q4_1")
-                                  : pi.param == kQ5_0 ? std::string("Q5_0")
-                                                      : std::string("Q8_0");
+                           return std::string(gg::type_name(gg::TensorType(pi.param)));
                          });
 
-// Q5_0 through the dequantizer: a block whose fifth bits are all set and all
-// clear gives u - 16 = the dequantized value / d for every element (the
-// layout's bit bookkeeping against ggml's).
-TEST(R16Q5, FifthBitsMatchTheDequantizer) {
-  if (qlevel_best() != QLevel::AVX512VNNI) GTEST_SKIP() << "AVX-512 VNNI only";
-  force_qlevel(QLevel::AVX512VNNI);
-  const size_t rows = 16, nb = 2, n_in = 64;
-  auto W = blocks(kQ5_0, rows, nb, 9);
+// Through the dequantizer: with one-hot activations (q_i = 1, d_a = 1, s_a = 1
+// in q_i's block) the output is the dequantized weight w_i itself, for every
+// element i: the layout's bookkeeping of nibbles, fifth / high bits, scales
+// and mins against ggml's own reading of the blocks.
+class R16OneHot : public R16 {};
+
+TEST_P(R16OneHot, OutputsAreTheDequantizedWeights) {
+  const int t = GetParam();
+  const size_t rows = 16, n_in = 512, nb = n_in / 32;
+  const auto tt = gg::TensorType(t);
+  const auto W = test::random_blocks(tt, rows * n_in, 9);
   std::vector<float> wf(rows * n_in);
-  gg::dequantize_row(gg::TensorType::Q5_0, W.data(), wf.data(), int64_t(rows * n_in));
-  std::vector<uint8_t> R(r16_bytes(kQ5_0, rows, nb));
-  repack_r16(kQ5_0, W.data(), nb * 22, nb, rows, R.data());
-  // One-hot activations (x_i = 127 at a single i, d_a = 1/127 ... exact): y = w_i.
+  gg::dequantize_row(tt, W.data(), wf.data(), int64_t(rows * n_in));
+  std::vector<uint8_t> R(r16_bytes(t, rows, nb));
+  repack_r16(t, W.data(), W.size() / rows, nb, rows, R.data());
   for (size_t i = 0; i < n_in; ++i) {
     std::vector<int8_t> qs(n_in, 0);
     qs[i] = 1;
@@ -138,11 +191,15 @@ TEST(R16Q5, FifthBitsMatchTheDequantizer) {
     s[i / 32] = 1.0f;  // s = d * sum(q)
     const ActRow X{qs.data(), d.data(), s.data()};
     std::vector<float> y(rows);
-    gemm_q_r16(kQ5_0, R.data(), nb, 0, rows, &X, 1, y.data(), rows);
+    gemm_q_r16(t, R.data(), nb, 0, rows, &X, 1, y.data(), rows);
     for (size_t r = 0; r < rows; ++r)
       ASSERT_EQ(y[r], wf[r * n_in + i]) << "row " << r << " i " << i;
   }
-  force_qlevel(qlevel_best());
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, R16OneHot, ::testing::Values(kQ5_0, kQ4_K, kQ6_K),
+                         [](const auto& pi) {
+                           return std::string(gg::type_name(gg::TensorType(pi.param)));
+                         });
 
 }  // namespace
