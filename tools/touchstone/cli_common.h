@@ -46,6 +46,7 @@ void add_golden(CLI::App& app, int& exit_code);
 void add_parity(CLI::App& app, int& exit_code);
 void add_export(CLI::App& app, int& exit_code);
 void add_summary(CLI::App& app, int& exit_code);
+void add_merge(CLI::App& app, int& exit_code);
 void add_info(CLI::App& app, int& exit_code);
 void add_tokenize(CLI::App& app, int& exit_code);
 void add_list(CLI::App& app, int& exit_code);

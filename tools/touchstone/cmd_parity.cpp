@@ -170,6 +170,18 @@ void add_test_options(CLI::App* cmd, Opts* o) {
       ->needs(expect_fail);
 }
 
+// A fleet: one shard of the plan, and the recorded durations that balance it.
+void add_fleet_options(CLI::App* cmd, Opts* o) {
+  cmd->add_option_function<std::string>(
+      "--shard", [o](const std::string& s) { o->shard = parse_shard(s, process_environment()); },
+      "Run one shard of the plan: I/N, or auto (auto/N) with the index from SLURM_ARRAY_TASK_ID, "
+      "JOB_COMPLETION_INDEX or BUILDKITE_PARALLEL_JOB; --json writes what `touchstone merge` "
+      "reads (docs/fleet.md)");
+  cmd->add_option("--durations", o->durations,
+                  "Recorded seconds per plan item (JSON): they balance the shards (every shard "
+                  "reads the same file); an unsharded run writes its items' seconds back");
+}
+
 // Inputs (manifest, goldens, known divergences) and the reports written.
 void add_io_options(CLI::App* cmd, Opts* o) {
   cmd->add_option("--known-divergences", o->known_divergences,
@@ -200,6 +212,7 @@ void add_parity(CLI::App& app, int& exit_code) {
   add_run_options(cmd, o.get());
   add_test_options(cmd, o.get());
   add_io_options(cmd, o.get());
+  add_fleet_options(cmd, o.get());
   cmd->callback([o, &exit_code] { exit_code = run_parity(*o); });
 }
 

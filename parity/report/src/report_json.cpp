@@ -255,6 +255,16 @@ std::string to_json(const Report& r) {
   j["not_supported"] = json::array();
   for (const NotSupportedCheck& n : r.not_supported)
     j["not_supported"].push_back({{"check", n.check}, {"reason", n.reason}});
+  if (r.shard) {
+    const ShardInfo& sh = *r.shard;
+    j["shard"] = {{"index", sh.index},
+                  {"count", sh.count},
+                  {"plan_digest", sh.plan_digest},
+                  {"goldens_digest", sh.goldens_digest},
+                  {"plan_items", sh.plan_items},
+                  {"items", sh.items},
+                  {"host", sh.host}};
+  }
   // Backend names, device strings and token bytes may be any bytes: invalid
   // UTF-8 is replaced (U+FFFD), never thrown on after the verdict.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";

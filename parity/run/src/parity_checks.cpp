@@ -14,18 +14,8 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
                 bool with_scoring, ParityObserver& obs) {
   const Suite& suite = in.manifest.find_suite(o.suite);
   const int max_steps = effective_max_steps(o, suite);
-  // Progress units: prompt tokens + steps (prefill costs per token too), positions.
-  auto case_units = [&](const std::string& n) {
-    const GoldenCase& g = *in.golden.find_case(n);
-    const double steps = double(g.greedy_ids.size());
-    return double(g.prompt_ids.size()) +
-           (max_steps > 0 ? std::min(steps, double(max_steps)) : steps);
-  };
-  auto scoring_units = [&](const std::string& n) {
-    const double pos = double(in.golden.find_scoring(n)->token_ids.size());
-    const int max_positions = effective_max_positions(o, suite, n);
-    return max_positions > 0 ? std::min(pos, double(max_positions)) : pos;
-  };
+  auto case_units = [&](const std::string& n) { return run_detail::case_units(o, in, n); };
+  auto scoring_units = [&](const std::string& n) { return run_detail::scoring_units(o, in, n); };
   double units = 0;
   for (const auto& n : in.plan.cases) units += case_units(n);
   for (const auto& n : in.plan.scoring) units += scoring_units(n);
@@ -76,8 +66,7 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
 // consistency_tokens, else 96), as five more result rows.
 void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report& report,
                      ParityObserver& obs) {
-  const std::string& first =
-      in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
+  const std::string& first = anchor_case(in);
   const GoldenCase& g = *in.golden.find_case(first);
   std::vector<int32_t> tokens = g.prompt_ids;
   tokens.insert(tokens.end(), g.greedy_ids.begin(), g.greedy_ids.end());
@@ -133,7 +122,7 @@ namespace {
 // so its own enforcement is what the checks judge; else the first of them.
 const GoldenCase* structured_case(const Opts& o, const Inputs& in, BackendHost& host) {
   std::vector<const GoldenCase*> cases;
-  for (const std::string& n : in.plan.cases)
+  for (const std::string& n : in.plan.all_cases)
     if (const GoldenCase* c = in.golden.find_case(n); c && c->has_grammar()) cases.push_back(c);
   if (!o.cases.empty() && !cases.empty()) return cases.front();
   for (const GoldenCase& c : in.golden.cases)

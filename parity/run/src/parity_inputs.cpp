@@ -18,7 +18,9 @@ namespace {
 
 Plan plan_run(const Manifest& m, const Opts& o) {
   const Suite& suite = m.find_suite(o.suite);
-  Plan p{o.cases.empty() ? suite.cases : o.cases, o.scoring.empty() ? suite.scoring : o.scoring};
+  Plan p;
+  p.cases = o.cases.empty() ? suite.cases : o.cases;
+  p.scoring = o.scoring.empty() ? suite.scoring : o.scoring;
   if (o.no_scoring) p.scoring.clear();
   // Naming cases or passages selects just those; naming neither runs the whole suite.
   if (!o.cases.empty() && o.scoring.empty()) p.scoring.clear();
@@ -127,6 +129,7 @@ int consistency_tokens(const Opts& o, const Suite& suite) {
 // backend's own default (max_context = 0) may be smaller than the 4,096-token
 // long-context items need (static_graph's is 2048).
 int32_t planned_context(const Opts& o, const Inputs& in) {
+  if (in.context > 0) return in.context;  // fixed for the whole plan (ParityRun)
   const Suite& suite = in.manifest.find_suite(o.suite);
   const int max_steps = effective_max_steps(o, suite);
   size_t need = 0;

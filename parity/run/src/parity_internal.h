@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,13 +17,17 @@
 #include "touchstone/report/report.h"
 #include "touchstone/run/backend_host.h"
 #include "touchstone/run/parity_run.h"
+#include "touchstone/run/shard.h"
 
 namespace touchstone {
 
 using Opts = ParityOptions;
 
 struct Plan {
-  std::vector<std::string> cases, scoring;
+  std::vector<std::string> cases, scoring;  // this run's (one shard's when sharded)
+  // The whole plan's: the anchor case of the golden-free checks is its first
+  // case, so every shard checks what the unsharded run checks.
+  std::vector<std::string> all_cases, all_scoring;
   const ManifestModel* model = nullptr;
 };
 
@@ -36,6 +41,9 @@ struct ParityInputs {
   GoldenFile golden;
   std::unique_ptr<Tokenizer> tok;
   KnownDivergences known;                    // reviewed expected failures (--known-divergences)
+  int32_t context = 0;                       // every session's KV capacity (the whole plan's)
+  std::optional<ShardInfo> shard;            // set when the run is one shard
+  bool own_identity = true;                  // a top-N backend's tokenizer check runs here
   std::chrono::steady_clock::time_point t0;  // the run's start (before the inputs were read)
 };
 using Inputs = ParityInputs;
@@ -63,6 +71,16 @@ void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& 
 bool wants_serving(const Opts& o, BackendHost& host, Report& report);
 void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& report,
                  ParityObserver& obs);
+// Work units (progress, shard balance): a case's prompt tokens + greedy steps
+// (trimmed), a passage's positions (trimmed).
+double case_units(const Opts& o, const Inputs& in, const std::string& name);
+double scoring_units(const Opts& o, const Inputs& in, const std::string& name);
+// The anchor case of the consistency and serving checks.
+const std::string& anchor_case(const Inputs& in);
+// The plan's items (touchstone/run/shard.h) and, when o.shard is set, this
+// shard's: in.plan narrowed, the groups it does not own switched off in o.
+std::vector<PlanItem> plan_items(const Opts& o, const Inputs& in);
+void apply_shard(Opts& o, Inputs& in);
 
 // A failure the backend caused before the check could start (load, session).
 template <typename Result>

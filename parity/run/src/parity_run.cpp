@@ -49,8 +49,7 @@ ServingPlan serving_plan(const Opts& o, const Inputs& in, BackendLibrary& lib) {
 // golden continuation, as four more result rows; sessions sized for the plan.
 void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& report,
                  ParityObserver& obs) {
-  const std::string& first =
-      in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
+  const std::string& first = anchor_case(in);
   const GoldenCase& g = *in.golden.find_case(first);
   try {
     BackendLibrary& lib = host.library();
@@ -111,9 +110,9 @@ void plan_top_n(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
       top_n_not_supported(top_n, o.consistency_only ? std::vector<std::string>{} : in.plan.scoring,
                           wants_consistency(o));
   report.n_planned = o.consistency_only ? 0 : int(in.plan.cases.size());
-  if (in.plan.cases.empty() && in.golden.cases.empty()) return obs.report_updated(report);
-  const std::string& first =
-      in.plan.cases.empty() ? in.golden.cases.front().name : in.plan.cases.front();
+  if (!in.own_identity || (in.plan.all_cases.empty() && in.golden.cases.empty()))
+    return obs.report_updated(report);
+  const std::string& first = anchor_case(in);
   if (std::optional<CaseResult> id = check_remote_tokenizer(host, *in.golden.find_case(first))) {
     report.cases.push_back(std::move(*id));
     ++report.n_planned;
@@ -140,6 +139,24 @@ void describe_backend(BackendHost& host, RunInfo& info) {
   } catch (const std::exception&) {
     // A backend that cannot say: the checks that need the capabilities fail with the reason.
   }
+}
+
+// Seconds per plan item (shard.h) from the rows of a report.
+std::map<std::string, double> item_seconds(const Report& report) {
+  std::map<std::string, double> out;
+  for (const CaseResult& c : report.cases) {
+    const std::string& n = c.name;
+    const char* group = n.starts_with("consistency")                        ? "consistency"
+                        : n.starts_with("serving")                          ? "serving"
+                        : n.starts_with("structured.") || n == "structured" ? "structured"
+                                                                            : nullptr;
+    if (group)
+      out[group] += c.seconds;
+    else if (!n.starts_with("identity."))
+      out["case:" + n] += c.seconds;
+  }
+  for (const ScoringResult& s : report.scoring) out["scoring:" + s.name] += s.seconds;
+  return out;
 }
 
 // The groups of checks in order; a BackendError that escapes one follows the
@@ -172,6 +189,10 @@ ParityRun::ParityRun(ParityOptions options) : o_(std::move(options)) {
   const auto t0 = std::chrono::steady_clock::now();
   in_ = load_inputs(o_);
   in_->t0 = t0;
+  in_->plan.all_cases = in_->plan.cases;
+  in_->plan.all_scoring = in_->plan.scoring;
+  in_->context = run_detail::planned_context(o_, *in_);
+  run_detail::apply_shard(o_, *in_);
 }
 
 ParityRun::~ParityRun() = default;
@@ -186,6 +207,8 @@ int ParityRun::case_max_steps() const {
 int ParityRun::passage_max_positions(const std::string& name) const {
   return run_detail::effective_max_positions(o_, in_->manifest.find_suite(o_.suite), name);
 }
+std::vector<PlanItem> ParityRun::plan_items() const { return run_detail::plan_items(o_, *in_); }
+const std::optional<ShardInfo>& ParityRun::shard() const { return in_->shard; }
 bool ParityRun::runs_consistency() const { return run_detail::wants_consistency(o_); }
 bool ParityRun::runs_structured() const { return run_detail::wants_structured(o_); }
 
@@ -199,6 +222,7 @@ Report ParityRun::run(ParityObserver& obs) {
                          : int(in.plan.cases.size() + in.plan.scoring.size());
   if (wants_consistency(o)) report.n_planned += 5;
   report.info = run_info(o, in);
+  report.shard = in.shard;
   BackendHost host(
       HostOptions{o.backend, o.in_process, o.timeout_s, in.model_path,
                   BackendSessionOptions{in.weights, o.threads, planned_context(o, in), o.fault},
@@ -218,6 +242,10 @@ Report ParityRun::run(ParityObserver& obs) {
   report.complete = true;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - in.t0).count();
   report.info.finished_at = utc_timestamp(std::chrono::system_clock::now());
+  // A shard leaves the durations alone (the other shards split the plan by
+  // them); `touchstone merge --durations` records a sharded run's.
+  if (!o.durations.empty() && !o.shard.sharded())
+    update_durations(o.durations, item_seconds(report));
   obs.report_updated(report);
   disarm_exit_guard();
   return report;

@@ -55,8 +55,22 @@ struct NotSupportedCheck {
   std::string check, reason;
 };
 
+// A shard of a plan split over machines (touchstone/run/shard.h): what
+// `touchstone merge` needs to put the shards' reports back together.
+struct ShardInfo {
+  int index = 0, count = 1;
+  // sha256 of what decides the results (backend, weight path, profile, suite,
+  // model, trims, checks, faults, known divergences) and the plan's items;
+  // the golden file's pinned sha256.
+  std::string plan_digest, goldens_digest;
+  std::vector<std::string> plan_items;  // every item of the plan, in run order
+  std::vector<std::string> items;       // this shard's
+  std::string host;                     // the machine that ran it (hostname)
+};
+
 struct Report {
   RunInfo info;
+  std::optional<ShardInfo> shard;  // set when the run is one shard of a plan
   std::vector<CaseResult> cases;
   std::vector<ScoringResult> scoring;
   std::vector<NotSupportedCheck> not_supported;

@@ -16,10 +16,12 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "touchstone/report/report.h"
+#include "touchstone/run/shard.h"
 #include "touchstone/runtime/backend.h"
 
 namespace touchstone {
@@ -66,6 +68,15 @@ struct ParityOptions {
   // Structured-output checks (touchstone/harness/structured.h) on one grammar case.
   bool structured = false, structured_only = false;
   std::vector<std::string> structured_checks;  // empty = all
+
+  // Fleet (touchstone/run/shard.h, docs/fleet.md): run only this shard's items
+  // of the plan (the report then carries a ShardInfo for `touchstone merge`).
+  ShardSpec shard;
+  // Recorded seconds per plan item (read_durations): they balance the shards
+  // (every shard of a plan must read the same file); an unsharded run writes
+  // its items' seconds back (`touchstone merge --durations` for a sharded one).
+  // "" = none.
+  std::string durations;
 };
 
 // Progress of a run, as it happens. Every member has an empty default; the
@@ -102,7 +113,13 @@ class ParityRun {
   ParityRun(const ParityRun&) = delete;
   ParityRun& operator=(const ParityRun&) = delete;
 
+  // The options as planned: for a shard, the groups of golden-free checks it
+  // does not own are switched off (no_consistency, no_serving, structured).
   const ParityOptions& options() const { return o_; }
+  // Every item of the plan, in run order, with its cost (shard.h), and this
+  // run's shard of it (empty when not sharded).
+  std::vector<PlanItem> plan_items() const;
+  const std::optional<ShardInfo>& shard() const;
   // The planned checks against goldens, in run order.
   const std::vector<std::string>& cases() const;
   const std::vector<std::string>& scoring() const;
