@@ -8,6 +8,7 @@
   schema-consistency  a consistency-only run validates
   schema-serving      a serving-checks run (prefix_fork only) validates; drift per fork point,
                       batching / fork modes named
+  schema-shards       two shards' reports (--shard I/2) and their merge validate
   schema-negative     a valid report with any required field removed (top level, a
                       case, a passage) or a wrong type fails validation
   markdown            --summary of a FAIL run: verdict line, matrix, first failing step + why
@@ -198,6 +199,36 @@ def mode_schema_serving(ctx):
         fail(f"serving row without drift per fork point: {c['drift']}")
     if r["backend"]["batching"] is None or r["backend"]["fork"] is None:
         fail("a serving run must name how batches and forks ran")
+
+
+def mode_schema_shards(ctx):
+    """Two shards of a case + a passage, each report and their merge valid."""
+    shards = []
+    for i in range(2):
+        out = ctx.path(f"shard{i}.json")
+        ctx.parity("--backend", ctx.backend, "--weights", ctx.weights, "--case", "narrative",
+                   "--scoring", "alice_ch1", "--max-steps", "8", "--max-positions", "32",
+                   "--shard", f"{i}/2", "--json", out, expect_rc=0)
+        with open(out) as f:
+            r = json.load(f)
+        validate(ctx, r)
+        check_common(ctx, r, "PASS")
+        if r["shard"]["index"] != i or len(r["shard"]["items"]) != 1:
+            fail(f"shard {i}: {r['shard']}")
+        shards.append(out)
+    merged = ctx.path("merged.json")
+    p = subprocess.run([ctx.touchstone, "merge", *shards, "--json", merged],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    print(p.stdout[-3000:])
+    if p.returncode != 0:
+        fail(f"merge: exit status {p.returncode}")
+    with open(merged) as f:
+        r = json.load(f)
+    validate(ctx, r)
+    check_common(ctx, r, "PASS")
+    check_series(r)
+    if "shard" in r or len(r["shards"]) != 2:
+        fail("a merged report has shards[], not shard")
 
 
 def mode_schema_negative(ctx):
