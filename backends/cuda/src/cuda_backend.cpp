@@ -70,7 +70,19 @@ std::string current_device() {
   return fmt::format("device {} ({})", dev, p.name);
 }
 
-// Selected device (TOUCHSTONE_CUDA_DEVICE, default 0); TS_ERR_DEVICE when none.
+// The device index asked for: TOUCHSTONE_CUDA_DEVICE; else the GPU CTest gave
+// the running test (RESOURCE_GROUPS "gpus:1" with a resource spec file whose
+// GPU ids are CUDA device indices: CTEST_RESOURCE_GROUP_0_GPUS="id:N,slots:1",
+// docs/fleet.md#gpus); else 0.
+int selected_device() {
+  if (const char* s = std::getenv("TOUCHSTONE_CUDA_DEVICE"); s && *s) return std::atoi(s);
+  if (const char* s = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS");
+      s && std::strncmp(s, "id:", 3) == 0)
+    return std::atoi(s + 3);
+  return 0;
+}
+
+// Selected device (selected_device()); TS_ERR_DEVICE when none.
 int require_device() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
@@ -81,12 +93,12 @@ int require_device() {
   }
   if (n <= 0)
     throw StatusError(TS_ERR_DEVICE, "no CUDA device: cudaGetDeviceCount found 0 devices");
-  int dev = 0;
-  if (const char* s = std::getenv("TOUCHSTONE_CUDA_DEVICE"); s && *s) dev = std::atoi(s);
+  const int dev = selected_device();
   if (dev < 0 || dev >= n) {
-    throw StatusError(
-        TS_ERR_DEVICE,
-        fmt::format("TOUCHSTONE_CUDA_DEVICE={} but cudaGetDeviceCount found {} device(s)", dev, n));
+    throw StatusError(TS_ERR_DEVICE,
+                      fmt::format("device {} asked for (TOUCHSTONE_CUDA_DEVICE or CTest's "
+                                  "resource group) but cudaGetDeviceCount found {} device(s)",
+                                  dev, n));
   }
   TS_CUDA(cudaSetDevice(dev));
   return dev;
@@ -384,8 +396,7 @@ std::string describe_device() {
                ? fmt::format("CUDA: no device (cudaGetDeviceCount: {})", cudaGetErrorString(e))
                : std::string("CUDA: no device (cudaGetDeviceCount found 0 devices)");
   }
-  int dev = 0;
-  if (const char* s = std::getenv("TOUCHSTONE_CUDA_DEVICE"); s && *s) dev = std::atoi(s);
+  const int dev = selected_device();
   cudaDeviceProp p{};
   if (dev < 0 || dev >= n || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
     return fmt::format("CUDA: device {} not usable ({} device(s))", dev, n);
