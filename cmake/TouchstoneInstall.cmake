@@ -36,6 +36,17 @@ foreach(_h backend_abi.h backend_adapter.hpp)
   install(FILES ${CMAKE_BINARY_DIR}/sdk_compat/${_h} DESTINATION include/touchstone COMPONENT dev)
 endforeach()
 
+# Touchstone::parity: the parity run as a library (libtouchstone_parity.so, lib/)
+# and the headers of every module its API reaches (include/touchstone/<module>/).
+install(TARGETS touchstone_parity EXPORT TouchstoneTargets
+        LIBRARY DESTINATION lib COMPONENT dev)
+foreach(_d common/include model/core/include model/gguf/include model/tokenizer/include
+        parity/runtime/include parity/golden/include parity/metrics/include parity/grammar/include
+        parity/harness/include parity/report/include parity/run/include)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${_d}/touchstone DESTINATION include COMPONENT dev
+          FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
+endforeach()
+
 install(TARGETS touchstone touchstone-backend-runner EXPORT TouchstoneTargets
         RUNTIME DESTINATION bin COMPONENT runtime)
 if(TARGET touchstone-export-static-graph)

@@ -42,7 +42,14 @@ std::string runner_path(const ChildOptions& o) {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) throw Error("cannot locate touchstone-backend-runner: /proc/self/exe: {}", ec.message());
-  return (exe.parent_path() / "touchstone-backend-runner").string();
+  const auto beside = exe.parent_path() / "touchstone-backend-runner";
+  // Inside a team's own test binary: the SDK's bin/, beside the lib/ that holds
+  // libtouchstone_parity.so.
+  if (const auto lib = harness_code_dir(); !std::filesystem::exists(beside) && !lib.empty()) {
+    const auto sdk = lib.parent_path() / "bin" / "touchstone-backend-runner";
+    if (std::filesystem::exists(sdk)) return sdk.string();
+  }
+  return beside.string();
 }
 
 std::string describe_wait_status(int status) {

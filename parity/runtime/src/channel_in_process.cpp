@@ -31,6 +31,10 @@ std::vector<fs::path> search_dirs() {
     dirs.push_back(exe.parent_path().parent_path() / "lib");                 // build tree
     dirs.push_back(exe.parent_path().parent_path() / "lib" / "touchstone");  // installed
   }
+  if (const fs::path lib = harness_code_dir(); !lib.empty() && lib != exe.parent_path()) {
+    dirs.push_back(lib / "touchstone");  // the SDK's lib/ (libtouchstone_parity.so)
+    dirs.push_back(lib);
+  }
   return dirs;
 }
 
@@ -249,6 +253,15 @@ class InProcessChannel final : public BackendChannel {
 };
 
 }  // namespace
+
+fs::path harness_code_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&harness_code_dir), &info) == 0 || !info.dli_fname)
+    return {};
+  std::error_code ec;
+  const fs::path p = fs::canonical(info.dli_fname, ec);
+  return ec ? fs::path() : p.parent_path();
+}
 
 std::vector<std::string> exec_command(std::string_view spec) {
   std::vector<std::string> argv;

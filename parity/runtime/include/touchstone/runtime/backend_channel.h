@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
@@ -161,5 +162,12 @@ std::unique_ptr<BackendChannel> open_http(const std::string& spec, const HttpOpt
 // <exe dir>/../lib); a path, or an "exec:" command, is returned as is. Throws Error
 // listing the places tried.
 std::string resolve_backend_path(const std::string& name_or_path);
+
+// The directory of the file that holds the harness's code: the program's
+// bin/ when the harness is linked statically (the CLI), the SDK's lib/ when it
+// is libtouchstone_parity.so inside a team's own test binary (dladdr); empty
+// when it cannot be told. The runner and the backends are found relative to it
+// after the program's own directory (docs/sdk.md#googletest).
+std::filesystem::path harness_code_dir();
 
 }  // namespace touchstone
