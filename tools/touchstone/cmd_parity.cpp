@@ -12,39 +12,23 @@
 #include "parity_observer.h"
 #include "touchstone/harness/serving.h"
 #include "touchstone/harness/structured.h"
-#include "touchstone/model/faults.h"
 #include "touchstone/report/report.h"
 #include "touchstone/run/parity_run.h"
 
 namespace touchstone::cli {
 namespace {
 
-struct Opts : ParityOptions, ReportOutputs {
+struct Opts : ParityOptions, ReportOutputs, ExpectOptions {
   Opts() { manifest = checking_manifest_path(); }
-  bool expect_fail = false;
-  std::string expect_step;   // --expect-step: N, CHECK or CHECK@N
-  std::string expect_layer;  // --expect-layer: L:attn|ffn|resid, or after
 };
 
-// The exit code of a finished report; --expect-fail: the harness must catch
-// the fault and say where.
+// The exit code of a finished report (with --expect-fail: expect.h).
 int exit_code(const Opts& o, const Report& report) {
   const std::string verdict = report.verdict();
   if (verdict == "SKIP") return kExitSkip;
   if (verdict == "UNSUPPORTED") return kExitUnsupported;
   if (!o.expect_fail) return report.passed() ? 0 : kExitFail;
-  const bool caught = expect_fail_caught(report);
-  fmt::print("expect-fail: fault {} {}\n", o.fault.empty() ? "(none)" : o.fault,
-             caught ? "was caught, first divergent steps named" : "was NOT caught");
-  if (caught && !o.expect_step.empty() && !expect_step_met(report, o.expect_step)) {
-    fmt::print("expect-step: expected {}: NOT met\n", o.expect_step);
-    return kExitFail;
-  }
-  if (caught && !o.expect_layer.empty() && !expect_layer_met(report, o.expect_layer)) {
-    fmt::print("expect-layer: expected {}: NOT met\n", o.expect_layer);
-    return kExitFail;
-  }
-  return caught ? 0 : kExitFail;
+  return expect_exit_code(o, o.fault, report);
 }
 
 int run_parity(const Opts& o) {
@@ -134,42 +118,6 @@ void add_run_options(CLI::App* cmd, Opts* o) {
                 "crash takes the run down");
 }
 
-// Test only: a fault injected, and what its run must report.
-void add_test_options(CLI::App* cmd, Opts* o) {
-  cmd->add_option("--fault", o->fault,
-                  "Test only: inject a named fault into the backend (the catalog: "
-                  "docs/metrics.md#fault-catalog-and-margins)")
-      ->check(CLI::IsMember(fault_names()));
-  CLI::Option* expect_fail = cmd->add_flag(
-      "--expect-fail", o->expect_fail,
-      "Test only: succeed iff the verdict is FAIL and every failing case names its first "
-      "divergent step");
-  cmd->add_option("--expect-step", o->expect_step,
-                  "Test only, with --expect-fail: every failing check must fail first at this "
-                  "step / position N, or be the named check (CHECK, e.g. consistency.threads), "
-                  "or both (CHECK@N); a trailing '+' (CHECK@N+): CHECK must fail so, other "
-                  "checks may fail too")
-      ->check([](const std::string& spec) {
-        const std::string v =
-            spec.size() > 1 && spec.ends_with('+') ? spec.substr(0, spec.size() - 1) : spec;
-        const size_t at = v.find('@');
-        const std::string n = v.find_first_not_of("0123456789") == std::string::npos ? v
-                              : at == std::string::npos                              ? "0"
-                                                        : v.substr(at + 1);
-        return !n.empty() && n.size() < 9 && n.find_first_not_of("0123456789") == std::string::npos
-                   ? std::string()
-                   : std::string(
-                         "N, CHECK or CHECK@N, optionally with a trailing '+' (N a step number)");
-      })
-      ->needs(expect_fail);
-  cmd->add_option("--expect-layer", o->expect_layer,
-                  "Test only, with --expect-fail: every failing case's first divergent layer tap "
-                  "is L:attn, L:ffn or L:resid, or 'after' (every tap matches: the fault is past "
-                  "the last layer)")
-      ->check([](const std::string& v) { return expect_layer_spec_error(v); })
-      ->needs(expect_fail);
-}
-
 // A fleet: one shard of the plan, and the recorded durations that balance it.
 void add_fleet_options(CLI::App* cmd, Opts* o) {
   cmd->add_option_function<std::string>(
@@ -210,7 +158,7 @@ void add_parity(CLI::App& app, int& exit_code) {
   add_selection_options(cmd, o.get());
   add_check_options(cmd, o.get());
   add_run_options(cmd, o.get());
-  add_test_options(cmd, o.get());
+  add_expect_options(cmd, o.get(), &o->fault);
   add_io_options(cmd, o.get());
   add_fleet_options(cmd, o.get());
   cmd->callback([o, &exit_code] { exit_code = run_parity(*o); });

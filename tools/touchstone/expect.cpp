@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "cli_common.h"
+#include "touchstone/model/faults.h"
+
 namespace touchstone::cli {
 
 bool expect_fail_caught(const Report& report) {
@@ -88,6 +91,57 @@ bool expect_layer_met(const Report& report, const std::string& spec) {
     ok = ok && m;
   }
   return any && ok;
+}
+
+// Test only: a fault injected, and what its run must report.
+void add_expect_options(CLI::App* cmd, ExpectOptions* o, std::string* fault) {
+  cmd->add_option("--fault", *fault,
+                  "Test only: inject a named fault into the backend (the catalog: "
+                  "docs/metrics.md#fault-catalog-and-margins)")
+      ->check(CLI::IsMember(fault_names()));
+  CLI::Option* expect_fail = cmd->add_flag(
+      "--expect-fail", o->expect_fail,
+      "Test only: succeed iff the verdict is FAIL and every failing case names its first "
+      "divergent step");
+  cmd->add_option("--expect-step", o->expect_step,
+                  "Test only, with --expect-fail: every failing check must fail first at this "
+                  "step / position N, or be the named check (CHECK, e.g. consistency.threads), "
+                  "or both (CHECK@N); a trailing '+' (CHECK@N+): CHECK must fail so, other "
+                  "checks may fail too")
+      ->check([](const std::string& spec) {
+        const std::string v =
+            spec.size() > 1 && spec.ends_with('+') ? spec.substr(0, spec.size() - 1) : spec;
+        const size_t at = v.find('@');
+        const std::string n = v.find_first_not_of("0123456789") == std::string::npos ? v
+                              : at == std::string::npos                              ? "0"
+                                                        : v.substr(at + 1);
+        return !n.empty() && n.size() < 9 && n.find_first_not_of("0123456789") == std::string::npos
+                   ? std::string()
+                   : std::string(
+                         "N, CHECK or CHECK@N, optionally with a trailing '+' (N a step number)");
+      })
+      ->needs(expect_fail);
+  cmd->add_option("--expect-layer", o->expect_layer,
+                  "Test only, with --expect-fail: every failing case's first divergent layer tap "
+                  "is L:attn, L:ffn or L:resid, or 'after' (every tap matches: the fault is past "
+                  "the last layer)")
+      ->check([](const std::string& v) { return expect_layer_spec_error(v); })
+      ->needs(expect_fail);
+}
+
+int expect_exit_code(const ExpectOptions& o, const std::string& fault, const Report& report) {
+  const bool caught = expect_fail_caught(report);
+  fmt::print("expect-fail: fault {} {}\n", fault.empty() ? "(none)" : fault,
+             caught ? "was caught, first divergent steps named" : "was NOT caught");
+  if (caught && !o.expect_step.empty() && !expect_step_met(report, o.expect_step)) {
+    fmt::print("expect-step: expected {}: NOT met\n", o.expect_step);
+    return kExitFail;
+  }
+  if (caught && !o.expect_layer.empty() && !expect_layer_met(report, o.expect_layer)) {
+    fmt::print("expect-layer: expected {}: NOT met\n", o.expect_layer);
+    return kExitFail;
+  }
+  return caught ? 0 : kExitFail;
 }
 
 }  // namespace touchstone::cli

@@ -2,11 +2,27 @@
 // an injected fault passes only if the harness failed it and said where.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <string>
 
 #include "touchstone/report/report.h"
 
 namespace touchstone::cli {
+
+// What a run with an injected fault must report.
+struct ExpectOptions {
+  bool expect_fail = false;
+  std::string expect_step;   // --expect-step: N, CHECK or CHECK@N
+  std::string expect_layer;  // --expect-layer: L:attn|ffn|resid, or after
+};
+
+// --fault (into *fault), --expect-fail, --expect-step, --expect-layer.
+void add_expect_options(CLI::App* cmd, ExpectOptions* o, std::string* fault);
+
+// The exit code of a finished report under --expect-fail: 0 when the fault was
+// caught (and --expect-step / --expect-layer met), else kExitFail; prints why.
+int expect_exit_code(const ExpectOptions& o, const std::string& fault, const Report& report);
 
 // --expect-fail: the verdict is FAIL and every failing case names its first
 // divergent step (a logit violation or an unaccepted greedy flip).
