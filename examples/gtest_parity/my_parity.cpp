@@ -7,7 +7,7 @@
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   touchstone::ParityOptions o;
-  o.manifest = MANIFEST;  // the installed goldens (find_package: TOUCHSTONE_MANIFEST)
+  o.manifest = MANIFEST;   // the installed goldens (find_package: TOUCHSTONE_MANIFEST)
   o.backend = "cpu_simd";  // or the path of your backend's .so, exec:..., http://...
   o.weights = "quantized";
   o.suite = "smoke";
