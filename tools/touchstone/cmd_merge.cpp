@@ -10,12 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
-
 #include "cli_common.h"
 #include "readable_reports.h"
 #include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
 #include "touchstone/report/report.h"
 #include "touchstone/report/report_merge.h"
 #include "touchstone/report/report_render.h"
@@ -29,14 +27,6 @@ struct MergeOpts {
   std::string json, durations;
   ReadableOutputs readable;
 };
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("{}: cannot read", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Seconds per plan item (the items' names as in shard.h) from the merged rows.
 std::map<std::string, double> item_seconds(const nlohmann::json& m) {
@@ -54,7 +44,8 @@ std::map<std::string, double> item_seconds(const nlohmann::json& m) {
 
 int run_merge(const MergeOpts& o) {
   std::vector<std::pair<std::string, std::string>> sources;
-  for (const std::string& f : o.files) sources.emplace_back(f, read_text(f));
+  for (const std::string& f : o.files)
+    sources.emplace_back(f, fileio::read_file(f, "shard report"));
   const MergedReport m = merge_shard_reports(sources);
   const nlohmann::json j = nlohmann::json::parse(m.json);
   for (const auto& s : j["shards"]) {

@@ -72,11 +72,8 @@ constexpr R16Shape shape(int t) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
+#include "kernels_quant_r16_inl.h"
+using r16::block_isum;
 
 // One row group: 16 rows x NT tokens, every block. Y row t at Y + t * ldy.
 template <int T, int NT>
@@ -125,17 +122,9 @@ void group_tile(const uint8_t* G, size_t nb, const ActRow* X, float* Y, size_t l
     }
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const int8_t* a = X[t].qs + b * 32;
-      // Two dependency chains (even / odd quads), exact int32 sums.
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(a));
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(a + 4));
-#pragma GCC unroll 3
-      for (int k = 2; k < 8; k += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[k], bcast4(a + 4 * k));
-        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], bcast4(a + 4 * k + 4));
-      }
+      const __m512i isum = block_isum(w, X[t].qs + b * 32);
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(X[t].d[b]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
       macc[t] = _mm512_fmadd_ps(cw, _mm512_set1_ps(X[t].s[b]), macc[t]);
     }
   }

@@ -128,11 +128,9 @@ void put_row(int t, const uint8_t* blk, size_t r, uint8_t* rec) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
+#include "kernels_quant_r16_inl.h"
+using r16::bcast4;
+using r16::block_isum;
 
 // 16 scales (u8 or int8) times d, in fp32 (exact).
 template <bool Signed>
@@ -202,16 +200,9 @@ void group_tile(const uint8_t* G, size_t nsb, const ActRow* X, const int32_t* of
         const __m512 cw = scales<false>(dmin, g + kM4 + 16 * j);
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
-          const int8_t* a = X[t].qs + b * 32;
-          __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(a));
-          __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(a + 4));
-#pragma GCC unroll 3
-          for (int q = 2; q < 8; q += 2) {
-            s0 = _mm512_dpbusd_epi32(s0, w[q], bcast4(a + 4 * q));
-            s1 = _mm512_dpbusd_epi32(s1, w[q + 1], bcast4(a + 4 * q + 4));
-          }
+          const __m512i isum = block_isum(w, X[t].qs + b * 32);
           const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(X[t].d[b]));
-          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
           macc[t] = _mm512_fnmadd_ps(cw, _mm512_set1_ps(X[t].s[b]), macc[t]);
         }
       } else {

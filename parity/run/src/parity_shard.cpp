@@ -6,11 +6,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "parity_internal.h"
 #include "touchstone/common/error.h"
+#include "touchstone/golden/file_io.h"
 
 namespace touchstone::run_detail {
 namespace {
@@ -25,11 +24,7 @@ double group_units(const Opts& o, const Inputs& in, const std::string& item) {
 }
 
 std::string file_digest(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("{}: cannot read", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return sha256_hex(ss.str());
+  return sha256_hex(fileio::read_file(path, "known-divergence file"));
 }
 
 // What decides the results of the plan's items, as one digest.
