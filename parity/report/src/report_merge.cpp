@@ -184,34 +184,26 @@ json shard_entry(const Bundle& b) {
           {"finished_at", b.j.value("finished_at", json())}};
 }
 
-}  // namespace
-
-MergedReport merge_shard_reports(const std::vector<std::pair<std::string, std::string>>& sources) {
-  if (sources.empty()) throw Error("merge: no shard reports given");
-  std::vector<Bundle> bs;
-  for (const auto& [name, text] : sources) bs.push_back(parse_bundle(name, text));
-  check_bundles(bs);
-  std::vector<const Bundle*> shards;
-  for (const Bundle& b : bs) shards.push_back(&b);
-  std::ranges::sort(shards, {}, &Bundle::index);
-  MergedReport out;
-  const int count = shards.front()->count;
-  for (int i = 0, k = 0; i < count; ++i) {
-    if (k < int(shards.size()) && shards[size_t(k)]->index == i) {
-      if (!shards[size_t(k)]->j["complete"].get<bool>())
-        out.missing.push_back(
-            fmt::format("shard {} of {} did not finish ({})", i, count, shards[size_t(k)]->source));
+// Why the plan is not complete: each missing or unfinished shard.
+std::vector<std::string> missing_shards(const std::vector<const Bundle*>& shards, int count) {
+  std::vector<std::string> out;
+  size_t k = 0;
+  for (int i = 0; i < count; ++i) {
+    if (k < shards.size() && shards[k]->index == i) {
+      if (!shards[k]->j["complete"].get<bool>())
+        out.push_back(
+            fmt::format("shard {} of {} did not finish ({})", i, count, shards[k]->source));
       ++k;
     } else {
-      out.missing.push_back(fmt::format("shard {} of {} is missing", i, count));
+      out.push_back(fmt::format("shard {} of {} is missing", i, count));
     }
   }
-  const std::vector<std::string>& plan = shards.front()->plan_items;
-  json m = shards.front()->j;
-  m.erase("shard");
-  m["cases"] = merge_rows(shards, plan, "cases", "name");
-  m["scoring"] = merge_rows(shards, plan, "scoring", "name");
-  m["not_supported"] = merge_rows(shards, plan, "not_supported", "check");
+  return out;
+}
+
+// checks_planned (summed), seconds (the slowest shard's), the earliest start
+// and latest finish, and the shards array.
+void merge_totals(const std::vector<const Bundle*>& shards, bool complete, json& m) {
   int planned = 0;
   double seconds = 0;
   std::string started, finished;
@@ -226,15 +218,36 @@ MergedReport merge_shard_reports(const std::vector<std::pair<std::string, std::s
     if (!f.empty() && f > finished) finished = f;
     m["shards"].push_back(shard_entry(*b));
   }
-  const bool complete = out.missing.empty();
-  std::string reason;
-  out.verdict = merged_verdict(m, shards, complete, reason);
-  if (out.verdict == "INCOMPLETE") reason = fmt::format("{}", fmt::join(out.missing, "; "));
   m["complete"] = complete;
   m["checks_planned"] = planned;
   m["seconds"] = seconds;
   m["started_at"] = started.empty() ? json() : json(started);
   m["finished_at"] = complete && !finished.empty() ? json(finished) : json();
+}
+
+}  // namespace
+
+MergedReport merge_shard_reports(const std::vector<std::pair<std::string, std::string>>& sources) {
+  if (sources.empty()) throw Error("merge: no shard reports given");
+  std::vector<Bundle> bs;
+  for (const auto& [name, text] : sources) bs.push_back(parse_bundle(name, text));
+  check_bundles(bs);
+  std::vector<const Bundle*> shards;
+  for (const Bundle& b : bs) shards.push_back(&b);
+  std::ranges::sort(shards, {}, &Bundle::index);
+  MergedReport out;
+  out.missing = missing_shards(shards, shards.front()->count);
+  const std::vector<std::string>& plan = shards.front()->plan_items;
+  json m = shards.front()->j;
+  m.erase("shard");
+  m["cases"] = merge_rows(shards, plan, "cases", "name");
+  m["scoring"] = merge_rows(shards, plan, "scoring", "name");
+  m["not_supported"] = merge_rows(shards, plan, "not_supported", "check");
+  const bool complete = out.missing.empty();
+  merge_totals(shards, complete, m);
+  std::string reason;
+  out.verdict = merged_verdict(m, shards, complete, reason);
+  if (out.verdict == "INCOMPLETE") reason = fmt::format("{}", fmt::join(out.missing, "; "));
   m["verdict"] = out.verdict;
   m["passed"] = out.verdict == "PASS" || out.verdict == "KNOWN_DIVERGENCE";
   m["reason"] = reason;
