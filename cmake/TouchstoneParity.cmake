@@ -149,6 +149,56 @@ set(TOUCHSTONE_SERVING_FAULTS_NOT_IN_REFERENCE_CUDA fork_shared_kv batch_all_pos
 set(TOUCHSTONE_FAULT_EXPECTATIONS_FULL_PRECISION
   quant_scale_min_swap=pass nibble_order=pass fp16_accumulation=0/0:attn)
 
+# touchstone_add_backend_parity(<backend.json>)
+#
+# A backend's parity tests as its backend.json declares them (docs/backend-file.md):
+# for each entry of "parity", touchstone_add_parity_tests(<name> <weights> <tier>
+# MODELS <models> SLOW_TAGS <slow_tags> CI_SUITE <ci_suite> PROFILE <profile>
+# KNOWN_DIVERGENCES <known_divergences, relative to the file>), each keyword only
+# when the entry has the member. `touchstone matrix` reads the same file.
+function(touchstone_add_backend_parity file)
+  file(READ ${file} _j)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${file})
+  get_filename_component(_dir ${file} DIRECTORY)
+  string(JSON _name GET "${_j}" name)
+  string(JSON _n LENGTH "${_j}" parity)
+  math(EXPR _last "${_n} - 1")
+  foreach(i RANGE ${_last})
+    string(JSON _e GET "${_j}" parity ${i})
+    string(JSON _w GET "${_e}" weights)
+    string(JSON _tier GET "${_e}" tier)
+    set(_args ${_name} ${_w} ${_tier})
+    foreach(_pair models:MODELS slow_tags:SLOW_TAGS)
+      string(REPLACE ":" ";" _pair ${_pair})
+      list(GET _pair 0 _member)
+      list(GET _pair 1 _kw)
+      string(JSON _arr ERROR_VARIABLE _missing GET "${_e}" ${_member})
+      if(NOT _missing)
+        list(APPEND _args ${_kw})
+        string(JSON _m LENGTH "${_arr}")
+        math(EXPR _ml "${_m} - 1")
+        foreach(k RANGE ${_ml})
+          string(JSON _v GET "${_arr}" ${k})
+          list(APPEND _args ${_v})
+        endforeach()
+      endif()
+    endforeach()
+    foreach(_pair ci_suite:CI_SUITE profile:PROFILE known_divergences:KNOWN_DIVERGENCES)
+      string(REPLACE ":" ";" _pair ${_pair})
+      list(GET _pair 0 _member)
+      list(GET _pair 1 _kw)
+      string(JSON _v ERROR_VARIABLE _missing GET "${_e}" ${_member})
+      if(NOT _missing)
+        if(_member STREQUAL "known_divergences")
+          set(_v ${_dir}/${_v})
+        endif()
+        list(APPEND _args ${_kw} ${_v})
+      endif()
+    endforeach()
+    touchstone_add_parity_tests(${_args})
+  endforeach()
+endfunction()
+
 function(touchstone_add_parity_tests)
   if(ARGV0 STREQUAL "TARGET")
     list(SUBLIST ARGN 1 -1 _rest)  # drop the keyword: <target> [WEIGHTS ...] ...

@@ -47,6 +47,7 @@ void add_parity(CLI::App& app, int& exit_code);
 void add_export(CLI::App& app, int& exit_code);
 void add_summary(CLI::App& app, int& exit_code);
 void add_merge(CLI::App& app, int& exit_code);
+void add_matrix(CLI::App& app, int& exit_code);
 void add_info(CLI::App& app, int& exit_code);
 void add_tokenize(CLI::App& app, int& exit_code);
 void add_list(CLI::App& app, int& exit_code);

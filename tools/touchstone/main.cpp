@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   touchstone::cli::add_export(app, exit_code);
   touchstone::cli::add_summary(app, exit_code);
   touchstone::cli::add_merge(app, exit_code);
+  touchstone::cli::add_matrix(app, exit_code);
   touchstone::cli::add_info(app, exit_code);
   touchstone::cli::add_tokenize(app, exit_code);
   touchstone::cli::add_list(app, exit_code);

@@ -1,0 +1,72 @@
+// backend_file.h - a backend's declared place in the parity matrix: its
+// backend.json (docs/backend-file.md), read by `touchstone matrix` (the rows
+// ci/parity runs) and by CMake's touchstone_add_backend_parity (its CTests).
+//
+//   {"touchstone_backend": 1, "name": "cpu_simd",
+//    "parity": [{"weights": "quantized", "tier": "quantized", "models": [...],
+//                "slow_tags": [...], "ci_suite": "quick", "profile": "...",
+//                "known_divergences": "file.json", "why": "..."}, ...],
+//    "matrix": {"start": 4, "serving_plan": "quick",
+//               "quick": {"suite": "smoke", "max_steps": 16, "golden_free": false},
+//               "paths": [{"weights": "full_precision", "models": [...]}, ...]}}
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace touchstone {
+
+// One weight path's CTests (touchstone_add_parity_tests' arguments).
+struct BackendParityEntry {
+  std::string weights, tier, profile, ci_suite;
+  std::string known_divergences;               // absolute path ("" = none)
+  std::vector<std::string> models, slow_tags;  // empty models = the manifest's first
+  std::string why;
+};
+
+// One weight path of the matrix ci/parity runs; empty models = every model.
+struct BackendMatrixPath {
+  std::string weights;
+  std::vector<std::string> models;
+};
+
+struct BackendFile {
+  std::string path, name;
+  std::vector<BackendParityEntry> parity;
+  int start = 0;             // the matrix starts rows of lower `start` first (longest first)
+  std::string serving_plan;  // "" = the suite's
+  // The quick matrix's row of this backend: another suite and step trim, and
+  // whether the golden-free checks (consistency, serving, structured) run here.
+  std::string quick_suite;
+  int quick_max_steps = 0;
+  bool golden_free = true;
+  std::vector<BackendMatrixPath> paths;
+  const BackendParityEntry* parity_for(const std::string& weights) const;
+};
+
+// Reads and checks one backend.json; throws Error naming the file and field.
+BackendFile read_backend_file(const std::string& path);
+// Every backend.json under root: backends/*/backend.json and
+// reference/backend/backend.json, sorted by path.
+std::vector<BackendFile> find_backend_files(const std::string& root);
+
+// One `touchstone parity` run of the matrix.
+struct MatrixRow {
+  std::string backend, weights, model, suite;
+  std::vector<std::string> args;  // the other flags of the run
+  int start = 0;
+};
+
+// The matrix of `suite` over `models` (the manifest's, in order): per model,
+// per backend (in start order), per matrix path; each row with its profile,
+// known divergences and serving plan from the backend's file. For the quick
+// suite, the golden-free checks run once per backend (on the first model, on
+// its quantized path when it has one, the structured checks beside them), and
+// `shared_path_cases` (cases whose point is code both weight paths share, e.g.
+// the window-crossing long prompt) on the quantized path only when there is one.
+std::vector<MatrixRow> matrix_rows(const std::vector<BackendFile>& backends,
+                                   const std::vector<std::string>& models,
+                                   const std::vector<std::string>& shared_path_cases,
+                                   const std::string& suite);
+
+}  // namespace touchstone
