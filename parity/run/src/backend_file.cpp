@@ -80,6 +80,17 @@ BackendParityEntry parity_entry(const json& e, const std::string& file, const st
   return p;
 }
 
+BackendServingEntry serving_entry(const json& e, const std::string& file, const std::string& ptr) {
+  const Obj o{e, file, ptr, {"weights", "models", "plan", "labels", "why"}};
+  o.check();
+  BackendServingEntry s{o.str("weights", true), o.strs("models"), o.str("plan"), o.strs("labels"),
+                        o.str("why")};
+  check_weights(file, ptr, s.weights);
+  if (!s.plan.empty() && s.plan != "smoke" && s.plan != "quick" && s.plan != "full")
+    throw Error("{}: {}/plan: '{}' (expected smoke, quick or full)", file, ptr, s.plan);
+  return s;
+}
+
 void read_matrix(const json& m, const std::string& file, BackendFile& b) {
   const Obj o{m, file, "/matrix", {"start", "serving_plan", "quick", "paths"}};
   o.check();
@@ -118,7 +129,7 @@ BackendFile read_backend_file(const std::string& path) {
   } catch (const json::parse_error& e) {
     throw Error("{}: not JSON (byte {}): {}", path, e.byte, e.what());
   }
-  const Obj o{j, path, "", {"touchstone_backend", "name", "parity", "matrix"}};
+  const Obj o{j, path, "", {"touchstone_backend", "name", "parity", "serving", "matrix"}};
   o.check();
   if (o.integer("touchstone_backend", 0) != 1)
     throw Error("{}: /touchstone_backend: expected 1 (the format of docs/backend-file.md)", path);
@@ -129,6 +140,14 @@ BackendFile read_backend_file(const std::string& path) {
     throw Error("{}: /parity: expected an array", path);
   for (size_t i = 0; i < j["parity"].size(); ++i)
     b.parity.push_back(parity_entry(j["parity"][i], path, fmt::format("/parity/{}", i)));
+  if (j.contains("serving") && !j["serving"].is_array())
+    throw Error("{}: /serving: expected an array", path);
+  for (size_t i = 0; j.contains("serving") && i < j["serving"].size(); ++i) {
+    const std::string ptr = fmt::format("/serving/{}", i);
+    b.serving.push_back(serving_entry(j["serving"][i], path, ptr));
+    if (!b.parity_for(b.serving.back().weights))
+      throw Error("{}: {}/weights: '{}' has no /parity entry", path, ptr, b.serving.back().weights);
+  }
   if (!j.contains("matrix")) throw Error("{}: /matrix: missing", path);
   read_matrix(j["matrix"], path, b);
   for (const BackendMatrixPath& p : b.paths)

@@ -66,6 +66,12 @@ TEST(BackendFile, MalformedFilesNameTheField) {
   expect_error(file_with(q, R"({"start": "first", "paths": []})"),
                "/matrix/start: expected an integer");
   expect_error(R"({"touchstone_backend": 1, "name": "x", "parity": []})", "/matrix: missing");
+  expect_error(R"({"touchstone_backend": 1, "name": "x", "parity": [], "serving":
+                  [{"weights": "quantized"}], "matrix": {"paths": []}})",
+               "/serving/0/weights: 'quantized' has no /parity entry");
+  expect_error(R"({"touchstone_backend": 1, "name": "x", "parity": [], "serving":
+                  [{"weights": "quantized", "plan": "huge"}], "matrix": {"paths": []}})",
+               "/serving/0/plan: 'huge'");
 }
 
 BackendFile backend(const std::string& name, int start, bool two_paths) {

@@ -24,6 +24,17 @@ struct BackendParityEntry {
   std::string why;
 };
 
+// One group of serving CTests (touchstone_add_serving_tests): a weight path on
+// models (empty = every model), a serving plan ("" = quick), extra labels; the
+// profile and known divergences are its weight path's parity entry's.
+struct BackendServingEntry {
+  std::string weights;
+  std::vector<std::string> models;
+  std::string plan;
+  std::vector<std::string> labels;
+  std::string why;
+};
+
 // One weight path of the matrix ci/parity runs; empty models = every model.
 struct BackendMatrixPath {
   std::string weights;
@@ -33,6 +44,7 @@ struct BackendMatrixPath {
 struct BackendFile {
   std::string path, name;
   std::vector<BackendParityEntry> parity;
+  std::vector<BackendServingEntry> serving;
   int start = 0;             // the matrix starts rows of lower `start` first (longest first)
   std::string serving_plan;  // "" = the suite's
   // The quick matrix's row of this backend: another suite and step trim, and
