@@ -33,12 +33,9 @@ std::map<std::string, double> item_seconds(const nlohmann::json& m) {
   std::map<std::string, double> out;
   for (const auto& row : m["scoring"])
     out["scoring:" + row.value("name", "")] = row.value("seconds", 0.0);
-  for (const auto& row : m["cases"]) {
-    const std::string kind = row.value("kind", "");
-    if (kind == "greedy") out["case:" + row.value("name", "")] = row.value("seconds", 0.0);
-    if (kind == "consistency" || kind == "serving" || kind == "structured")
-      out[kind] += row.value("seconds", 0.0);
-  }
+  for (const auto& row : m["cases"])
+    if (const std::string item = plan_item_of(row.value("name", ""), false); !item.empty())
+      out[item] += row.value("seconds", 0.0);
   return out;
 }
 

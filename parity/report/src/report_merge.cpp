@@ -110,17 +110,6 @@ void check_bundles(const std::vector<Bundle>& bs) {
   }
 }
 
-// The plan item a row (case / check / passage name) belongs to; "" for rows
-// of no item (a top-N backend's identity check, a backend failure).
-std::string item_of(const std::string& name, bool scoring) {
-  if (scoring) return "scoring:" + name;
-  if (name.starts_with("identity.")) return "";
-  for (const char* g : {"consistency", "serving"})
-    if (name.starts_with(g)) return g;
-  if (name.starts_with("structured.") || name == "structured") return "structured";
-  return name == "backend" ? "" : "case:" + name;
-}
-
 // The rows of array `key` of every bundle in plan-item order; rows of no item
 // (identity first, the rest last) in shard order.
 json merge_rows(const std::vector<const Bundle*>& shards, const std::vector<std::string>& plan,
@@ -130,7 +119,7 @@ json merge_rows(const std::vector<const Bundle*>& shards, const std::vector<std:
   for (const Bundle* b : shards) {
     for (const json& row : b->j[key]) {
       const std::string name = row.value(name_key, "");
-      const std::string item = item_of(name, std::string(key) == "scoring");
+      const std::string item = plan_item_of(name, std::string(key) == "scoring");
       const bool known = std::ranges::count(plan, item) > 0;
       if (known) {
         by_item[item].push_back(row);
@@ -226,6 +215,15 @@ void merge_totals(const std::vector<const Bundle*>& shards, bool complete, json&
 }
 
 }  // namespace
+
+std::string plan_item_of(const std::string& name, bool scoring) {
+  if (scoring) return "scoring:" + name;
+  if (name.starts_with("identity.")) return "";
+  for (const char* g : {"consistency", "serving"})
+    if (name.starts_with(g)) return g;
+  if (name.starts_with("structured.") || name == "structured") return "structured";
+  return name == "backend" ? "" : "case:" + name;
+}
 
 MergedReport merge_shard_reports(const std::vector<std::pair<std::string, std::string>>& sources) {
   if (sources.empty()) throw Error("merge: no shard reports given");

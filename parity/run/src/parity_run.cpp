@@ -5,6 +5,7 @@
 
 #include "parity_internal.h"
 #include "touchstone/harness/serving.h"
+#include "touchstone/report/report_merge.h"
 #include "touchstone/run/backend_identity.h"
 #include "touchstone/run/top_n_plan.h"
 
@@ -144,17 +145,8 @@ void describe_backend(BackendHost& host, RunInfo& info) {
 // Seconds per plan item (shard.h) from the rows of a report.
 std::map<std::string, double> item_seconds(const Report& report) {
   std::map<std::string, double> out;
-  for (const CaseResult& c : report.cases) {
-    const std::string& n = c.name;
-    const char* group = n.starts_with("consistency")                        ? "consistency"
-                        : n.starts_with("serving")                          ? "serving"
-                        : n.starts_with("structured.") || n == "structured" ? "structured"
-                                                                            : nullptr;
-    if (group)
-      out[group] += c.seconds;
-    else if (!n.starts_with("identity."))
-      out["case:" + n] += c.seconds;
-  }
+  for (const CaseResult& c : report.cases)
+    if (const std::string item = plan_item_of(c.name, false); !item.empty()) out[item] += c.seconds;
   for (const ScoringResult& s : report.scoring) out["scoring:" + s.name] += s.seconds;
   return out;
 }

@@ -31,6 +31,12 @@ struct MergedReport {
 // both digests), a count that differs, an index outside 0..N-1, two sources
 // with the same index, two sources claiming the same item, an item outside the
 // plan.
+// The plan item (touchstone/run/shard.h) a report row belongs to: "case:NAME",
+// "scoring:NAME" (scoring = a passage's row), "consistency", "serving" or
+// "structured"; "" for rows of no item (a top-N backend's identity check, a
+// backend failure).
+std::string plan_item_of(const std::string& row_name, bool scoring);
+
 MergedReport merge_shard_reports(const std::vector<std::pair<std::string, std::string>>& sources);
 
 }  // namespace touchstone
