@@ -74,6 +74,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION share/doc/touchstone C
 
 install(EXPORT TouchstoneTargets NAMESPACE Touchstone:: DESTINATION ${TOUCHSTONE_INSTALL_CMAKEDIR}
         COMPONENT dev)
+# The first model's file name, where the installed tests expect it (TouchstoneConfig.cmake).
+get_filename_component(TOUCHSTONE_MODEL_FILE "${TOUCHSTONE_MODEL_PATH}" NAME)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/TouchstoneConfig.cmake.in
   ${CMAKE_BINARY_DIR}/TouchstoneConfig.cmake INSTALL_DESTINATION ${TOUCHSTONE_INSTALL_CMAKEDIR})
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/TouchstoneConfigVersion.cmake

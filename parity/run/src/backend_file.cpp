@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "backend_file_obj.h"
 #include "touchstone/common/error.h"
 #include "touchstone/golden/file_io.h"
 
@@ -14,55 +15,9 @@ namespace touchstone {
 namespace {
 
 namespace fs = std::filesystem;
+using backend_file::check_weights;
+using backend_file::Obj;
 using nlohmann::json;
-
-// Reads the members of one JSON object, each checked for its type; unknown
-// members are an error (a misspelt key must not be ignored).
-struct Obj {
-  const json& j;
-  std::string file, ptr;
-  std::vector<std::string> allowed;
-  void check() const {
-    if (!j.is_object()) throw Error("{}: {}: expected an object", file, ptr.empty() ? "/" : ptr);
-    for (const auto& [k, v] : j.items())
-      if (std::ranges::count(allowed, k) == 0)
-        throw Error("{}: {}/{}: unknown member (expected one of: {})", file, ptr, k,
-                    fmt::join(allowed, ", "));
-  }
-  std::string str(const char* k, bool required = false) const {
-    if (!j.contains(k)) {
-      if (required) throw Error("{}: {}/{}: missing", file, ptr, k);
-      return "";
-    }
-    if (!j[k].is_string()) throw Error("{}: {}/{}: expected a string", file, ptr, k);
-    return j[k].get<std::string>();
-  }
-  std::vector<std::string> strs(const char* k) const {
-    std::vector<std::string> out;
-    if (!j.contains(k)) return out;
-    if (!j[k].is_array()) throw Error("{}: {}/{}: expected an array of strings", file, ptr, k);
-    for (const json& v : j[k]) {
-      if (!v.is_string()) throw Error("{}: {}/{}: expected an array of strings", file, ptr, k);
-      out.push_back(v.get<std::string>());
-    }
-    return out;
-  }
-  int integer(const char* k, int dflt) const {
-    if (!j.contains(k)) return dflt;
-    if (!j[k].is_number_integer()) throw Error("{}: {}/{}: expected an integer", file, ptr, k);
-    return j[k].get<int>();
-  }
-  bool boolean(const char* k, bool dflt) const {
-    if (!j.contains(k)) return dflt;
-    if (!j[k].is_boolean()) throw Error("{}: {}/{}: expected true or false", file, ptr, k);
-    return j[k].get<bool>();
-  }
-};
-
-void check_weights(const std::string& file, const std::string& ptr, const std::string& w) {
-  if (w != "full_precision" && w != "quantized")
-    throw Error("{}: {}/weights: '{}' (expected full_precision or quantized)", file, ptr, w);
-}
 
 BackendParityEntry parity_entry(const json& e, const std::string& file, const std::string& ptr) {
   const Obj o{e,
@@ -129,7 +84,11 @@ BackendFile read_backend_file(const std::string& path) {
   } catch (const json::parse_error& e) {
     throw Error("{}: not JSON (byte {}): {}", path, e.byte, e.what());
   }
-  const Obj o{j, path, "", {"touchstone_backend", "name", "parity", "serving", "matrix"}};
+  const Obj o{j,
+              path,
+              "",
+              {"touchstone_backend", "name", "parity", "serving", "structured", "contract",
+               "faults", "testmodels", "adjust", "matrix"}};
   o.check();
   if (o.integer("touchstone_backend", 0) != 1)
     throw Error("{}: /touchstone_backend: expected 1 (the format of docs/backend-file.md)", path);
@@ -148,6 +107,7 @@ BackendFile read_backend_file(const std::string& path) {
     if (!b.parity_for(b.serving.back().weights))
       throw Error("{}: {}/weights: '{}' has no /parity entry", path, ptr, b.serving.back().weights);
   }
+  backend_file::read_ctest_members(j, path, b);
   if (!j.contains("matrix")) throw Error("{}: /matrix: missing", path);
   read_matrix(j["matrix"], path, b);
   for (const BackendMatrixPath& p : b.paths)

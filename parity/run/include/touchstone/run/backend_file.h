@@ -1,6 +1,6 @@
 // backend_file.h - a backend's declared place in the parity matrix: its
 // backend.json (docs/backend-file.md), read by `touchstone matrix` (the rows
-// ci/parity runs) and by CMake's touchstone_add_backend_parity (its CTests).
+// ci/parity runs, and with --ctest the backend's CTests: touchstone/run/ctest_plan.h).
 //
 //   {"touchstone_backend": 1, "name": "cpu_simd",
 //    "parity": [{"weights": "quantized", "tier": "quantized", "models": [...],
@@ -16,7 +16,7 @@
 
 namespace touchstone {
 
-// One weight path's CTests (touchstone_add_parity_tests' arguments).
+// One weight path's parity CTests (touchstone/run/ctest_plan.h).
 struct BackendParityEntry {
   std::string weights, tier, profile, ci_suite;
   std::string known_divergences;               // absolute path ("" = none)
@@ -24,7 +24,7 @@ struct BackendParityEntry {
   std::string why;
 };
 
-// One group of serving CTests (touchstone_add_serving_tests): a weight path on
+// One group of serving CTests (serving.<b>.<w>.<model>[.full]): a weight path on
 // models (empty = every model), a serving plan ("" = quick), extra labels; the
 // profile and known divergences are its weight path's parity entry's.
 struct BackendServingEntry {
@@ -33,6 +33,53 @@ struct BackendServingEntry {
   std::string plan;
   std::vector<std::string> labels;
   std::string why;
+};
+
+// One group of structured-output CTests: a
+// weight path on each of `models` (structured.<b>.<w>.<model>) or each of
+// `cases` (structured.<b>.<w>.<case>); profile and known divergences are its
+// weight path's parity entry's.
+struct BackendStructuredEntry {
+  std::string weights;
+  std::vector<std::string> models, cases, labels;
+};
+
+// One contract conformance CTest (contract.<b>.<w>[.child]): `profile` for
+// its step_batch / fork comparisons ("" = bitwise), `child`: the backend in
+// touchstone-backend-runner; `environment`: what the backend itself needs.
+struct BackendContractEntry {
+  std::string weights, profile;
+  bool child = false;
+  std::vector<std::string> labels, environment;
+};
+
+// One group of fault CTests (fault.<b>.<w>.<fault>): the faults of the named
+// expectation sets (touchstone/run/fault_expectations.h), narrowed to `only`
+// (empty = all) less `exclude`, with `expect` overriding a fault's expected
+// place (fault -> EXPECT), `slow` ones labelled slow, `max_steps` greedy steps
+// (0 = 4).
+struct BackendFaultEntry {
+  std::string weights;
+  std::vector<std::string> sets, only, exclude, slow;
+  std::vector<std::pair<std::string, std::string>> expect;
+  int max_steps = 0;
+};
+
+// The test-model CTests (testmodel.<b>.<w>.<model>, tests/models/manifest.json):
+// every model on each weight path but the `exclude` model:weights pairs.
+struct BackendTestModelEntry {
+  std::vector<std::string> weights, labels, environment, exclude;
+  int timeout = 0;  // seconds, 0 = 300
+};
+
+// A change to generated CTests by name (fnmatch patterns in `tests`, less
+// those matching `except`): labels added or removed, the environment
+// replaced, CTest RESOURCE_GROUPS set. Each pattern must match a test.
+struct BackendAdjust {
+  std::vector<std::string> tests, except, labels, remove_labels, environment;
+  bool set_environment = false;
+  std::string resource_groups;
+  std::string ptr;  // where it is in the file, for errors
 };
 
 // One weight path of the matrix ci/parity runs; empty models = every model.
@@ -45,6 +92,11 @@ struct BackendFile {
   std::string path, name;
   std::vector<BackendParityEntry> parity;
   std::vector<BackendServingEntry> serving;
+  std::vector<BackendStructuredEntry> structured;
+  std::vector<BackendContractEntry> contract;
+  std::vector<BackendFaultEntry> faults;
+  std::vector<BackendTestModelEntry> testmodels;
+  std::vector<BackendAdjust> adjust;
   int start = 0;             // the matrix starts rows of lower `start` first (longest first)
   std::string serving_plan;  // "" = the suite's
   // The quick matrix's row of this backend: another suite and step trim, and
