@@ -50,6 +50,7 @@ void add_merge(CLI::App& app, int& exit_code);
 void add_matrix(CLI::App& app, int& exit_code);
 void add_info(CLI::App& app, int& exit_code);
 void add_tokenize(CLI::App& app, int& exit_code);
+void add_image(CLI::App& app, int& exit_code);
 void add_list(CLI::App& app, int& exit_code);
 
 }  // namespace touchstone::cli

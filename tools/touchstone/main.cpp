@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   touchstone::cli::add_matrix(app, exit_code);
   touchstone::cli::add_info(app, exit_code);
   touchstone::cli::add_tokenize(app, exit_code);
+  touchstone::cli::add_image(app, exit_code);
   touchstone::cli::add_list(app, exit_code);
   try {
     app.parse(argc, argv);

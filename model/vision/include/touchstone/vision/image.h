@@ -1,0 +1,40 @@
+// touchstone/vision/image.h - an 8-bit image as the image processors of vision-language
+// models receive it, and PNG files read and written with libpng.
+//
+// Pixels are rows top to bottom, each row left to right, channels interleaved
+// (HWC, as PIL's "L" and "RGB" modes and a numpy array of a PIL image):
+// pixels[(y * width + x) * channels + c].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace touchstone::vision {
+
+struct Image {
+  int width = 0, height = 0;
+  int channels = 0;             // 1 (PIL mode "L") or 3 ("RGB")
+  std::vector<uint8_t> pixels;  // height * width * channels bytes
+  uint8_t at(int y, int x, int c) const {
+    return pixels[(static_cast<size_t>(y) * width + x) * channels + c];
+  }
+};
+
+// A PNG file as PIL's Image.open(path).convert(...) gives it for 8-bit files:
+// gray and gray + alpha as 1 channel ("L"), RGB, RGBA and palette images as 3
+// ("RGB"): alpha dropped without compositing, palette expanded, transparency
+// ignored, as PIL's convert("L") / convert("RGB") do. Throws touchstone::Error
+// naming the file and libpng's reason for a file that is missing, not a PNG,
+// truncated or corrupt, and for 16-bit samples (PIL reads those as mode "I;16"
+// or "RGB" with rounding of its own, which no processor here takes).
+Image read_png(const std::string& path);
+
+// Writes an 8-bit gray (1 channel) or RGB (3) PNG; throws Error naming the file.
+void write_png(const std::string& path, const Image& image);
+
+// Gray replicated into R, G and B (PIL's convert("RGB") of an "L" image); an RGB
+// image is returned as it is.
+Image to_rgb(const Image& image);
+
+}  // namespace touchstone::vision
