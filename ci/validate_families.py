@@ -121,9 +121,11 @@ def lse(rows):
     return (m[..., 0] + np.log(np.exp(rows - m).sum(-1)))
 
 
-def strip_keys(src: Path, dst: Path, keys: list[str], dequantize: bool = False) -> None:
+def strip_keys(src: Path, dst: Path, keys: list[str], dequantize: bool = False,
+               add_bool: dict[str, bool] | None = None) -> None:
     """Copy a GGUF without some metadata keys (gguf-py: fields, then tensors as stored, or
-    with dequantize=True every tensor dequantized to F32 by gguf-py's numpy code)."""
+    with dequantize=True every tensor dequantized to F32 by gguf-py's numpy code), and
+    with the boolean keys of add_bool added."""
     import gguf
     import numpy as np
     r = gguf.GGUFReader(str(src))
@@ -134,6 +136,8 @@ def strip_keys(src: Path, dst: Path, keys: list[str], dequantize: bool = False) 
             continue
         sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, f.contents(), f.types[0], sub)
+    for name, v in (add_bool or {}).items():
+        w.add_bool(name, v)
     for t in r.tensors:
         if dequantize:
             w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
@@ -203,6 +207,44 @@ def sensitivity(fam: str, hf_dir: Path, ids: list[int], greedy: list[int], ref) 
     return out
 
 
+# Variants the converter cannot express, checked end to end: a GGUF key written into a
+# copy of the converter's F32 file (gguf-py), against transformers with the matching
+# config. The same criteria as the main rows (greedy identical, NMSE <= 1e-10), on the
+# `long` prompt. Qwen3-MoE with norm_topk_prob = false: llama.cpp's converter writes no
+# expert_weights_norm, so only this copy tells the reference not to renormalise.
+KEY_VARIANTS = {
+    "qwen3moe": [("qwen3moe.expert_weights_norm = false vs norm_topk_prob = False",
+                  {"qwen3moe.expert_weights_norm": False}, _cfg(norm_topk_prob=False))],
+}
+
+
+def key_variants(fam: str, gguf_path: Path, hf_dir: Path, touchstone: Path, work: Path, V: int) -> list[dict]:
+    import numpy as np
+    import torch
+    import transformers
+    out = []
+    for i, (name, keys, mutate) in enumerate(KEY_VARIANTS.get(fam, [])):
+        copy = work / f"{fam}-test-f32-variant{i}.gguf"
+        strip_keys(gguf_path, copy, [], add_bool=keys)
+        js = json.loads(run([touchstone, "run", "-m", copy, "-p", PROMPTS[3][1], "-n", str(STEPS), "--json",
+                             "--top-k", str(V), "-b", "reference", "--no-stop", "-t", "1"]))
+        ref = np.zeros((len(js["steps"]), V))
+        for s_, step in enumerate(js["steps"]):
+            for e in step["top_k"]:
+                ref[s_, e["id"]] = e["logit"]
+        cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+        mutate(cfg, None)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            hf_dir, config=cfg, dtype=torch.float32, attn_implementation="eager").eval()
+        ids, greedy = js["prompt_ids"], js["generated_ids"]
+        rows = hf_logits(model, ids + greedy[:-1])[len(ids) - 1:]
+        nmse = float(((ref - rows) ** 2).sum() / (ref ** 2).sum())
+        same = hf_greedy(model, ids, STEPS) == greedy
+        out.append({"variant": name, "nmse": nmse, "greedy_identical": same,
+                    "pass": same and nmse <= NMSE_MAX})
+    return out
+
+
 NOTES = [
     "Notes on the converter (llama.cpp of llama-cpp-python 0.3.16; all families are in it, no newer sdist "
     "was needed) and how tools/make-test-models deals with them:",
@@ -251,7 +293,9 @@ MOE_NOTES = [
     "graph always renormalises (`build_moe_ffn(..., norm_w = true, ...)`); the reference reads the key when "
     "present, else renormalises as llama.cpp. A Qwen3-MoE with `norm_topk_prob = false` converted by llama.cpp "
     "is therefore computed renormalised by both: the sensitivity row `norm_topk_prob false` shows how far that "
-    "is from transformers. Released Qwen3-MoE models (30B-A3B, 235B-A22B) have `norm_topk_prob = true`.",
+    "is from transformers. The variant row checks the reference's path without renormalisation, on a copy "
+    "of the F32 file with `qwen3moe.expert_weights_norm = false` against transformers with "
+    "`norm_topk_prob = False`. Released Qwen3-MoE models (30B-A3B, 235B-A22B) have `norm_topk_prob = true`.",
 ]
 
 
@@ -346,6 +390,8 @@ def validate_family(fam: str, models_dir: Path, touchstone: Path, tmp: Path) -> 
                           "lse_max_abs": float(np.abs(lse(rows) - s["lse"][()]).max()),
                           "target_max_abs": float(np.abs(tgt - s["target_logits"][()]).max())}
         res["pass"] &= res["passage"]["top1_agree"] == 1.0 and res["passage"]["topk_nmse"] <= NMSE_MAX
+        res["key_variants"] = key_variants(fam, gguf, hf_dir, touchstone, work, V)
+        res["pass"] &= all(v["pass"] for v in res["key_variants"])
         res["computation_pass"] = all(p["greedy_identical"] and p["nmse"] <= NMSE_MAX for p in res["prompts"]) \
             and res["passage"]["top1_agree"] == 1.0 and res["passage"]["topk_nmse"] <= NMSE_MAX
     # Every other GGUF of the family loads and runs through the reference (which dequantizes
@@ -432,6 +478,13 @@ def markdown(results: list[dict], meta: dict) -> str:
             "`long` prompt; each must exceed 1e-3, so the agreement above is not vacuous):", ""]
     for r in results:
         out.append(f"- {r['family']}: " + "; ".join(f"{m['feature']}: {m['nmse']:.3g}" for m in r.get("sensitivity", [])))
+    variants = [(r["family"], v) for r in results for v in r.get("key_variants", [])]
+    if variants:
+        out += ["", "Variants the converter cannot write (a key added to a copy of the F32 GGUF by gguf-py, "
+                "against transformers with the matching config; `long` prompt, 16 steps, the same criteria):", ""]
+        for fam, v in variants:
+            out.append(f"- {fam}: {v['variant']}: greedy {'identical' if v['greedy_identical'] else 'DIFFERS'}, "
+                       f"NMSE {v['nmse']:.3g} ({'PASS' if v['pass'] else 'FAIL'})")
     out += ["", "Other GGUFs through `touchstone run -b reference -n 8` on the `long` prompt (the reference "
             "dequantizes to fp32). Each cell: runs; NMSE of its full logits against the reference on a copy "
             "of the same GGUF dequantized to F32 by gguf-py (an independent dequantizer; must be <= 1e-10 "
