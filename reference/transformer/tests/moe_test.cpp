@@ -127,6 +127,9 @@ TEST(MoeConfig, MixtralAndQwen3MoeKeys) {
   EXPECT_TRUE(q.qk_norm);
   EXPECT_EQ(q.moe.n_ff_exp, 12);
   EXPECT_TRUE(q.moe.norm_topk);  // no key: renormalised, as llama.cpp always does
+  TinyOptions no_width = qwen3moe();
+  no_width.expert_ff = 0;  // llama.cpp qwen3moe: n_ff_exp = n_ff / n_expert_used
+  EXPECT_EQ(config_of(no_width).moe.n_ff_exp, q.n_ff / 2);
   EXPECT_FALSE(config_of(qwen3moe(0)).moe.norm_topk);
   EXPECT_TRUE(config_of(qwen3moe(1)).moe.norm_topk);
   EXPECT_FALSE(config_of(TinyOptions{}).is_moe());  // dense llama unchanged
