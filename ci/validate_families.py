@@ -16,13 +16,18 @@ eager attention, CPU, deterministic algorithms, 1 thread:
 * transformers: an independent greedy loop (full forward per step, no cache) from the same
   prompt ids, and the logits along the reference's greedy path.
 
+With --moe, the same for the mixture-of-experts families (mixtral: GGUF arch llama with
+llama.expert_count, HF MixtralForCausalLM; qwen3moe: Qwen3MoeForCausalLM), made by
+`tools/make-test-models/make-test-models --moe`; their section of the doc has its own
+markers, so the dense families' section is left as it is.
+
 Pass: greedy ids identical for every step of every prompt, and per prompt
 NMSE = sum((ref - hf)^2) / sum(ref^2) <= 1e-10 over all steps' full rows (float64).
 Then every other GGUF of the family (F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) must load
 and run 8 steps through `touchstone run -b reference`; its greedy ids are compared with
 the F32 ones for information.
 
-    ci/validate_families.py [--models-dir DIR] [--touchstone BIN] [--family F]...
+    ci/validate_families.py [--models-dir DIR] [--touchstone BIN] [--family F]... [--moe]
                             [--write-doc docs/validation.md] [--json OUT]
 
 Run it in ~/.cache/touchstone/venv-validate (ci/requirements-validate.txt), or in
@@ -45,10 +50,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
+MOE_FAMILIES = ["mixtral", "qwen3moe"]   # tests/models/moe; --moe
 OTHER_TYPES = ["f16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
 STEPS = 16
 NMSE_MAX = 1e-10
 BEGIN, END = "<!-- validate-families:begin -->", "<!-- validate-families:end -->"
+MOE_BEGIN, MOE_END = "<!-- validate-families-moe:begin -->", "<!-- validate-families-moe:end -->"
 
 # Text prompts (the reference's tokenizer makes the ids; transformers gets those ids).
 # With the 512-token test tokenizers they are 1 to ~45 tokens: every one but the
@@ -114,9 +121,11 @@ def lse(rows):
     return (m[..., 0] + np.log(np.exp(rows - m).sum(-1)))
 
 
-def strip_keys(src: Path, dst: Path, keys: list[str], dequantize: bool = False) -> None:
+def strip_keys(src: Path, dst: Path, keys: list[str], dequantize: bool = False,
+               add_bool: dict[str, bool] | None = None) -> None:
     """Copy a GGUF without some metadata keys (gguf-py: fields, then tensors as stored, or
-    with dequantize=True every tensor dequantized to F32 by gguf-py's numpy code)."""
+    with dequantize=True every tensor dequantized to F32 by gguf-py's numpy code), and
+    with the boolean keys of add_bool added."""
     import gguf
     import numpy as np
     r = gguf.GGUFReader(str(src))
@@ -127,6 +136,8 @@ def strip_keys(src: Path, dst: Path, keys: list[str], dequantize: bool = False) 
             continue
         sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, f.contents(), f.types[0], sub)
+    for name, v in (add_bool or {}).items():
+        w.add_bool(name, v)
     for t in r.tensors:
         if dequantize:
             w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
@@ -168,6 +179,12 @@ MUTATIONS = {
                ("no linear RoPE scaling on the global layer",
                 lambda cfg, model: cfg.rope_parameters.update(full_attention={"rope_type": "default", "rope_theta": 1000000.0})),
                ("post-norm weights 0 (x1)", _params(r"post_(attention|feedforward)_layernorm\.weight$", 0.0))],
+    # HF MixtralSparseMoeBlock always renormalises, so only k can be switched.
+    "mixtral": [("top-1 instead of top-2", _cfg(num_experts_per_tok=1)),
+                ("top-3 instead of top-2", _cfg(num_experts_per_tok=3))],
+    "qwen3moe": [("norm_topk_prob false (top-2 weights not renormalised)", _cfg(norm_topk_prob=False)),
+                 ("top-1 instead of top-2", _cfg(num_experts_per_tok=1)),
+                 ("QK-norm weights 1", _params(r"\.(q|k)_norm\.weight$", 1.0))],
     "phi3": [("no sliding window", _cfg(sliding_window=100000)),
              ("full rotary", lambda cfg, model: (cfg.rope_parameters.update(partial_rotary_factor=1.0),
                                                  setattr(cfg, "partial_rotary_factor", 1.0)))],
@@ -187,6 +204,44 @@ def sensitivity(fam: str, hf_dir: Path, ids: list[int], greedy: list[int], ref) 
             mutate(cfg, model)
         rows = hf_logits(model, ids + greedy[:-1])[len(ids) - 1:]
         out.append({"feature": name, "nmse": float(((ref - rows) ** 2).sum() / (ref ** 2).sum())})
+    return out
+
+
+# Variants the converter cannot express, checked end to end: a GGUF key written into a
+# copy of the converter's F32 file (gguf-py), against transformers with the matching
+# config. The same criteria as the main rows (greedy identical, NMSE <= 1e-10), on the
+# `long` prompt. Qwen3-MoE with norm_topk_prob = false: llama.cpp's converter writes no
+# expert_weights_norm, so only this copy tells the reference not to renormalise.
+KEY_VARIANTS = {
+    "qwen3moe": [("qwen3moe.expert_weights_norm = false vs norm_topk_prob = False",
+                  {"qwen3moe.expert_weights_norm": False}, _cfg(norm_topk_prob=False))],
+}
+
+
+def key_variants(fam: str, gguf_path: Path, hf_dir: Path, touchstone: Path, work: Path, V: int) -> list[dict]:
+    import numpy as np
+    import torch
+    import transformers
+    out = []
+    for i, (name, keys, mutate) in enumerate(KEY_VARIANTS.get(fam, [])):
+        copy = work / f"{fam}-test-f32-variant{i}.gguf"
+        strip_keys(gguf_path, copy, [], add_bool=keys)
+        js = json.loads(run([touchstone, "run", "-m", copy, "-p", PROMPTS[3][1], "-n", str(STEPS), "--json",
+                             "--top-k", str(V), "-b", "reference", "--no-stop", "-t", "1"]))
+        ref = np.zeros((len(js["steps"]), V))
+        for s_, step in enumerate(js["steps"]):
+            for e in step["top_k"]:
+                ref[s_, e["id"]] = e["logit"]
+        cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+        mutate(cfg, None)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            hf_dir, config=cfg, dtype=torch.float32, attn_implementation="eager").eval()
+        ids, greedy = js["prompt_ids"], js["generated_ids"]
+        rows = hf_logits(model, ids + greedy[:-1])[len(ids) - 1:]
+        nmse = float(((ref - rows) ** 2).sum() / (ref ** 2).sum())
+        same = hf_greedy(model, ids, STEPS) == greedy
+        out.append({"variant": name, "nmse": nmse, "greedy_identical": same,
+                    "pass": same and nmse <= NMSE_MAX})
     return out
 
 
@@ -214,6 +269,33 @@ NOTES = [
     "key, and the reference refuses it as unknown. llama.cpp reads it only for LongRoPE "
     "(`rope_factors_long/short`, which the reference refuses anyway), so it does not change a model without "
     "those tensors.",
+]
+
+
+MOE_NOTES = [
+    "Notes on the mixture-of-experts models (tiny synthetic models of the real architectures, seeded random "
+    "weights, NOT real MoE weights: they check that the reference computes what transformers computes for "
+    "these architectures, not any released checkpoint):",
+    "",
+    "- transformers 5 keeps experts fused in memory (`mlp.experts.gate_up_proj`, `down_proj`) but "
+    "`save_pretrained` writes the per-expert layout of the released checkpoints "
+    "(`block_sparse_moe.experts.N.w1/w2/w3` for Mixtral, `mlp.experts.N.{gate,up,down}_proj` for Qwen3-MoE), "
+    "which the converter stacks into the 3-D `ffn_{gate,up,down}_exps`.",
+    "- gguf-py of llama.cpp 0.3.16 maps Mixtral's router `block_sparse_moe.gate` to `ffn_gate` (a SmallThinker "
+    "entry under FFN_GATE overrides the Mixtral one under FFN_GATE_INP): the file has `blk.N.ffn_gate.weight` "
+    "[64, 8] and no `ffn_gate_inp`, a tensor llama.cpp's loader requires (llama-model.cpp creates it without "
+    "TENSOR_NOT_REQUIRED) and the reference refuses such a file naming `blk.0.ffn_gate.weight`. "
+    "tools/make-test-models drops that entry before converting (llama.cpp 0.3.36's gguf-py calls SmallThinker's "
+    "router `primary_router`, so the clash is gone there).",
+    "- transformers 5 writes Qwen3-MoE's expert count as `num_local_experts`; the converter's Qwen2MoeModel reads "
+    "`num_experts`, so config.json carries both (the same value).",
+    "- The converter writes no `qwen3moe.expert_weights_norm` (HF `norm_topk_prob`) and llama.cpp's qwen3moe "
+    "graph always renormalises (`build_moe_ffn(..., norm_w = true, ...)`); the reference reads the key when "
+    "present, else renormalises as llama.cpp. A Qwen3-MoE with `norm_topk_prob = false` converted by llama.cpp "
+    "is therefore computed renormalised by both: the sensitivity row `norm_topk_prob false` shows how far that "
+    "is from transformers. The variant row checks the reference's path without renormalisation, on a copy "
+    "of the F32 file with `qwen3moe.expert_weights_norm = false` against transformers with "
+    "`norm_topk_prob = False`. Released Qwen3-MoE models (30B-A3B, 235B-A22B) have `norm_topk_prob = true`.",
 ]
 
 
@@ -308,6 +390,8 @@ def validate_family(fam: str, models_dir: Path, touchstone: Path, tmp: Path) -> 
                           "lse_max_abs": float(np.abs(lse(rows) - s["lse"][()]).max()),
                           "target_max_abs": float(np.abs(tgt - s["target_logits"][()]).max())}
         res["pass"] &= res["passage"]["top1_agree"] == 1.0 and res["passage"]["topk_nmse"] <= NMSE_MAX
+        res["key_variants"] = key_variants(fam, gguf, hf_dir, touchstone, work, V)
+        res["pass"] &= all(v["pass"] for v in res["key_variants"])
         res["computation_pass"] = all(p["greedy_identical"] and p["nmse"] <= NMSE_MAX for p in res["prompts"]) \
             and res["passage"]["top1_agree"] == 1.0 and res["passage"]["topk_nmse"] <= NMSE_MAX
     # Every other GGUF of the family loads and runs through the reference (which dequantizes
@@ -353,7 +437,8 @@ def validate_family(fam: str, models_dir: Path, touchstone: Path, tmp: Path) -> 
 
 
 def markdown(results: list[dict], meta: dict) -> str:
-    out = [BEGIN, "## Converted test models", "",
+    moe = meta.get("moe", False)
+    out = [MOE_BEGIN if moe else BEGIN, "## Mixture-of-experts test models" if moe else "## Converted test models", "",
            "`tools/make-test-models/make-test-models` makes one small seeded random Hugging Face model",
            "per family and converts it with llama.cpp's own `convert_hf_to_gguf.py` (F32, F16) and",
            "`llama-quantize` (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), both from the llama.cpp vendored",
@@ -362,11 +447,12 @@ def markdown(results: list[dict], meta: dict) -> str:
            "Criteria: greedy ids identical for 16 steps, NMSE over all 16 full logits rows <= 1e-10.",
            "",
            "```bash",
-           "tools/make-test-models/make-test-models     # -> ~/.cache/touchstone/test-models, sha256 checked against tests/models/SHA256SUMS",
-           "~/.cache/touchstone/venv-validate/bin/python ci/validate_families.py --write-doc docs/validation.md",
+           ("tools/make-test-models/make-test-models --moe   # -> ~/.cache/touchstone/test-models, sha256 checked against tests/models/moe/SHA256SUMS"
+            if moe else "tools/make-test-models/make-test-models     # -> ~/.cache/touchstone/test-models, sha256 checked against tests/models/SHA256SUMS"),
+           "~/.cache/touchstone/venv-validate/bin/python ci/validate_families.py " + ("--moe " if moe else "") + "--write-doc docs/validation.md",
            "```",
            "",
-           f"- date (UTC): {meta['date']}; {meta['versions']}",
+           f"- date (UTC): {meta['date']}; host: {meta['host']}; {meta['versions']}",
            f"- converter: {meta['converter']}",
            f"- models: {meta['models']}",
            f"- tokenizers: {meta['tokenizers']}",
@@ -392,12 +478,20 @@ def markdown(results: list[dict], meta: dict) -> str:
             "`long` prompt; each must exceed 1e-3, so the agreement above is not vacuous):", ""]
     for r in results:
         out.append(f"- {r['family']}: " + "; ".join(f"{m['feature']}: {m['nmse']:.3g}" for m in r.get("sensitivity", [])))
+    variants = [(r["family"], v) for r in results for v in r.get("key_variants", [])]
+    if variants:
+        out += ["", "Variants the converter cannot write (a key added to a copy of the F32 GGUF by gguf-py, "
+                "against transformers with the matching config; `long` prompt, 16 steps, the same criteria):", ""]
+        for fam, v in variants:
+            out.append(f"- {fam}: {v['variant']}: greedy {'identical' if v['greedy_identical'] else 'DIFFERS'}, "
+                       f"NMSE {v['nmse']:.3g} ({'PASS' if v['pass'] else 'FAIL'})")
     out += ["", "Other GGUFs through `touchstone run -b reference -n 8` on the `long` prompt (the reference "
             "dequantizes to fp32). Each cell: runs; NMSE of its full logits against the reference on a copy "
             "of the same GGUF dequantized to F32 by gguf-py (an independent dequantizer; must be <= 1e-10 "
             "with identical greedy ids); greedy ids equal to the F32 model's (of 8, information only). "
-            "K-quant files hold K blocks only where rows are 256 long (ffn_down, n_ff = 256); llama-quantize "
-            "gives the 64-long rows its fallback types (Q5_0/Q5_1/Q8_0).", "",
+            "K-quant files hold K blocks only where rows are 256 long ("
+            + ("ffn_down_exps, expert width 256" if moe else "ffn_down, n_ff = 256")
+            + "); llama-quantize gives the 64-long rows its fallback types (Q5_0/Q5_1/Q8_0).", "",
             "| family | " + " | ".join(q["type"].upper() for q in results[0]["quantized"]) + " |",
             "|---|" + "---|" * len(results[0]["quantized"])]
     for r in results:
@@ -409,26 +503,39 @@ def markdown(results: list[dict], meta: dict) -> str:
         for fam, p in fails:
             out.append(f"- {fam} / {p['name']}: first greedy difference at step {p['first_greedy_diff']}, "
                        f"NMSE {p['nmse']:.3g} (worst step {p['worst_step']}: {p['nmse_worst_step']:.3g}), max abs {p['max_abs']:.3g}")
-    out += [""] + meta.get("notes", []) + ["", END]
+    out += [""] + meta.get("notes", []) + ["", MOE_END if moe else END]
     return "\n".join(out) + "\n"
 
 
-def write_doc(path: Path, text: str) -> None:
+def write_doc(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
     doc = path.read_text(encoding="utf-8")
-    if BEGIN in doc and END in doc:
-        a = doc.index(BEGIN)
-        b = doc.index(END) + len(END)
+    if begin in doc and end in doc:
+        a = doc.index(begin)
+        b = doc.index(end) + len(end)
         doc = doc[:a] + text.rstrip("\n") + doc[b:]
     else:
         doc = doc.rstrip("\n") + "\n\n" + text
     path.write_text(doc, encoding="utf-8")
 
 
+def host_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache/touchstone/test-models")
     ap.add_argument("--touchstone", type=Path, default=ROOT / "build/dev/bin/touchstone")
-    ap.add_argument("--family", action="append", choices=FAMILIES)
+    ap.add_argument("--family", action="append", choices=FAMILIES + MOE_FAMILIES)
+    ap.add_argument("--moe", action="store_true", help="the mixture-of-experts families (tests/models/moe)")
     ap.add_argument("--write-doc", type=Path)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--note", action="append", default=[], help="extra line for the doc section")
@@ -444,7 +551,7 @@ def main() -> int:
     t0 = time.time()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for fam in args.family or FAMILIES:
+        for fam in args.family or (MOE_FAMILIES if args.moe else FAMILIES):
             t1 = time.time()
             try:
                 r = validate_family(fam, args.models_dir, args.touchstone, Path(tmp))
@@ -465,22 +572,26 @@ def main() -> int:
                 if not p["pass"]:
                     print(f"    {p['name']}: P={p['P']} first greedy diff {p['first_greedy_diff']} NMSE {p['nmse']:.3g} "
                           f"worst step {p['worst_step']} ({p['nmse_worst_step']:.3g}) max abs {p['max_abs']:.3g}", flush=True)
-    sums = ROOT / "tests/models/SHA256SUMS"
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    sums = ROOT / ("tests/models/moe/SHA256SUMS" if args.moe else "tests/models/SHA256SUMS")
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), "moe": args.moe,
+            "host": host_description(),
             "versions": f"python {platform.python_version()}, torch {torch.__version__}, transformers "
                         f"{transformers.__version__}, numpy {np.__version__}",
             "converter": "llama.cpp vendored in llama-cpp-python 0.3.16 (sdist): convert_hf_to_gguf.py with its own "
                          "gguf-py, llama-quantize built from the same sources (CPU, 1 thread)",
             "models": f"sha256 of every GGUF in `{sums.relative_to(ROOT)}`",
-            "tokenizers": "llama, gemma3, phi3: SentencePiece BPE (byte fallback, 512 pieces) trained on "
+            "tokenizers": ("mixtral: SentencePiece BPE (byte fallback, 512 pieces) trained on goldens/passages/*.txt; "
+                           "qwen3moe: byte-level BPE (HF tokenizers, Qwen2 regex, 509 + 3 special tokens), "
+                           "`tokenizer.ggml.pre = qwen2` given explicitly") if args.moe else
+                          "llama, gemma3, phi3: SentencePiece BPE (byte fallback, 512 pieces) trained on "
                           "goldens/passages/*.txt; qwen2, qwen3: byte-level BPE (HF tokenizers, Qwen2 regex, "
                           "509 + 3 special tokens), `tokenizer.ggml.pre = qwen2` given explicitly",
             "time": f"validation {time.time() - t0:.0f} s for {len(results)} families",
-            "notes": NOTES + args.note}
+            "notes": (MOE_NOTES if args.moe else NOTES) + args.note}
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     if args.write_doc:
-        write_doc(args.write_doc, markdown(results, meta))
+        write_doc(args.write_doc, markdown(results, meta), *((MOE_BEGIN, MOE_END) if args.moe else (BEGIN, END)))
     ok = all(r["pass"] for r in results)
     print("ALL PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Writes tests/models/manifest.json: one manifest model per converted test model
+"""Writes tests/models/manifest.json (or DIR/manifest.json for `make_manifest.py DIR`,
+e.g. tests/models/moe, the mixture-of-experts models): one manifest model per converted test model
 (tests/models/*.gguf, pinned by SHA256SUMS, found by a manifest-relative "path"),
 two cases and a short scoring passage each. Goldens: `touchstone golden --manifest
 tests/models/manifest.json` (tests/models/goldens/<name>.h5). The profiles are the
 project's (goldens/manifest.json)."""
-import json, os
+import json, os, sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-root = os.path.dirname(os.path.dirname(here))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+here = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 sums = {}
 with open(os.path.join(here, "SHA256SUMS")) as f:
     for line in f:

@@ -9,7 +9,8 @@ llama.cpp sources and llama-quantize, then calls this script). Direct use:
     make_test_models.py --llama-cpp SRC --quantize BIN --out DIR [--family F ...]
                         [--check-sums FILE] [--write-sums FILE]
 
-Output, per family F (llama, qwen2, qwen3, gemma3, phi3):
+Output, per family F (llama, qwen2, qwen3, gemma3, phi3; with --family, also the
+mixture-of-experts families mixtral and qwen3moe, tests/models/moe):
     DIR/hf/F/                  config.json, model.safetensors, tokenizer files (the
                                ORIGINAL model that ci/validate_families.py loads in HF)
     DIR/F-test-f32.gguf        convert_hf_to_gguf.py --outtype f32
@@ -35,6 +36,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PASSAGES = sorted((ROOT / "goldens" / "passages").glob("*.txt"))
 
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
+# Mixture-of-experts families: made only when named (--family; make-test-models --moe),
+# kept apart in tests/models/moe/ so that tests/models/manifest.json is unchanged.
+MOE_FAMILIES = ["mixtral", "qwen3moe"]
+# general.architecture of each family's GGUF (Mixtral is llama + expert_count).
+ARCH = {"mixtral": "llama"}
 QUANTS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
 QUANT_NAME = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K"}
 VOCAB = 512
@@ -91,6 +97,26 @@ SPECS = {
                     pad_token_id=0, partial_rotary_factor=0.5,
                     rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                          partial_rotary_factor=0.5))),
+    # Mixtral-style: 8 experts, top-2, renormalised (HF MixtralSparseMoeBlock). Expert
+    # width 256 so that ffn_down_exps rows get K-quants, as the dense families' ffn_down.
+    "mixtral": dict(
+        cls="MixtralForCausalLM", cfg="MixtralConfig", tokenizer="spm", seed=1006, init=0.12,
+        config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                    rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+                    num_local_experts=8, num_experts_per_tok=2, bos_token_id=1, eos_token_id=2,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # Qwen3-MoE: Qwen3 attention (QK-norm, head_dim 32), 8 experts of width 256, top-2,
+    # norm_topk_prob true (as Qwen3-30B-A3B and 235B-A22B); every layer sparse.
+    "qwen3moe": dict(
+        cls="Qwen3MoeForCausalLM", cfg="Qwen3MoeConfig", tokenizer="bpe", seed=1007, init=0.12,
+        config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    use_sliding_window=False, bos_token_id=None, eos_token_id=0,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
 }
 
 
@@ -170,6 +196,11 @@ def legacy_config_keys(cfg: dict) -> dict:
             # inside rope_scaling; Llama 3.1's real config has it only in rope_scaling
             # (8192 = the default). Give the same value in both places.
             cfg["original_max_position_embeddings"] = rp["original_max_position_embeddings"]
+    if cfg.get("model_type") == "qwen3_moe" and "num_local_experts" in cfg:
+        # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the
+        # converter's Qwen2MoeModel reads num_experts (its base class writes expert_count
+        # from num_local_experts too, the same value).
+        cfg["num_experts"] = cfg["num_local_experts"]
     return cfg
 
 
@@ -207,7 +238,9 @@ def make_hf_model(family: str, out: Path, work: Path) -> None:
     # The config as written must still mean the same model to transformers.
     again = transformers.AutoConfig.from_pretrained(out)
     for key in ("rope_parameters", "layer_types", "sliding_window", "head_dim", "num_key_value_heads",
-                "partial_rotary_factor", "tie_word_embeddings", "query_pre_attn_scalar"):
+                "partial_rotary_factor", "tie_word_embeddings", "query_pre_attn_scalar",
+                "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"):
         a, b = getattr(config, key, None), getattr(again, key, None)
         if a != b:
             raise SystemExit(f"{family}: config.json reloads with {key} = {b!r}, built with {a!r}")
@@ -230,6 +263,17 @@ CONVERT_RUNNER = textwrap.dedent("""
     import gguf
     assert gguf.__file__.startswith(src), gguf.__file__
     import convert_hf_to_gguf as c
+    # gguf-py of llama.cpp (llama-cpp-python 0.3.16) lists Mixtral's router name
+    # "model.layers.{bid}.block_sparse_moe.gate" under FFN_GATE_INP ("# mixtral phimoe")
+    # AND under FFN_GATE ("# smallthinker"); the later entry wins, so Mixtral's router
+    # becomes blk.N.ffn_gate.weight (a file llama.cpp itself cannot load: no
+    # ffn_gate_inp). The gguf-py of 0.3.36 names smallthinker's router
+    # block_sparse_moe.primary_router instead; drop the clash the same way. Dense
+    # families have no such tensor, so their conversion is unchanged.
+    from gguf.tensor_mapping import TensorNameMap
+    _gate = TensorNameMap.block_mappings_cfg[gguf.MODEL_TENSOR.FFN_GATE]
+    TensorNameMap.block_mappings_cfg[gguf.MODEL_TENSOR.FFN_GATE] = tuple(
+        n for n in _gate if n != "model.layers.{bid}.block_sparse_moe.gate")
     # The converter reads hparams through transformers' AutoConfig(...).to_dict(); with
     # transformers 5 that drops the transformers-4 keys it looks for (rope_theta,
     # rope_scaling), so rope.freq_base and rope_freqs would be silently missing. Read
@@ -265,7 +309,9 @@ def check_gguf(family: str, path: Path) -> None:
     spec = SPECS[family]
     cfg = spec["config"]
     r = gguf.GGUFReader(str(path))
-    arch = family
+    arch = ARCH.get(family, family)
+    if r.fields["general.architecture"].contents() != arch:
+        raise SystemExit(f"{path.name}: general.architecture {r.fields['general.architecture'].contents()!r}, want {arch!r}")
 
     def val(key):
         f = r.fields.get(f"{arch}.{key}")
@@ -284,12 +330,21 @@ def check_gguf(family: str, path: Path) -> None:
         want["attention.sliding_window"] = cfg["sliding_window"]
     if family == "gemma3" and rp["full_attention"].get("rope_type") == "linear":
         want["rope.scaling.factor"] = rp["full_attention"]["factor"]
+    if family in MOE_FAMILIES:
+        want["expert_count"] = cfg.get("num_local_experts", cfg.get("num_experts"))
+        want["expert_used_count"] = cfg["num_experts_per_tok"]
+    if "moe_intermediate_size" in cfg:
+        want["expert_feed_forward_length"] = cfg["moe_intermediate_size"]
     if family == "phi3":
         want["rope.dimension_count"] = int(cfg["hidden_size"] * cfg["partial_rotary_factor"]) // cfg["num_attention_heads"]
     for k, v in want.items():
         if val(k) != v:
             raise SystemExit(f"{path.name}: {arch}.{k} = {val(k)!r}, HF config says {v!r}")
     names = {t.name for t in r.tensors}
+    if family in MOE_FAMILIES:
+        for part in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            if f"blk.0.{part}.weight" not in names:
+                raise SystemExit(f"{path.name}: no blk.0.{part}.weight")
     if family == "llama":
         if "rope_freqs.weight" not in names:
             raise SystemExit(f"{path.name}: no rope_freqs.weight for llama3 RoPE scaling")
@@ -322,7 +377,7 @@ def main() -> int:
     ap.add_argument("--llama-cpp", required=True, type=Path, help="llama.cpp source tree (vendored in the llama-cpp-python sdist)")
     ap.add_argument("--quantize", required=True, type=Path, help="llama-quantize binary built from the same sources")
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--family", action="append", choices=FAMILIES)
+    ap.add_argument("--family", action="append", choices=FAMILIES + MOE_FAMILIES)
     ap.add_argument("--write-sums", type=Path, help="write SHA256SUMS (GGUFs and safetensors) here")
     ap.add_argument("--check-sums", type=Path, help="verify the outputs against this SHA256SUMS")
     args = ap.parse_args()

@@ -653,6 +653,12 @@ struct Cuda {
     auto m = touchstone::abi::load_or_status([&] {
       touchstone::gguf::File file = touchstone::gguf::File::open(path);
       touchstone::ModelConfig cfg = touchstone::read_model_config(file);
+      // Refused by name before any upload (a mixture-of-experts model, for one: the
+      // kernels have no router or expert FFN), as cpu_simd's check_supported.
+      const std::string missing =
+          touchstone::unsupported_features(cfg, architectures, model_features);
+      if (!missing.empty())
+        throw touchstone::UnsupportedModel("{}: not supported by cuda: {}", path, missing);
       return std::make_unique<tc::CudaModel>(std::move(file), std::move(cfg), dev);
     });
     if (!tc::attention_head_dim_supported(m->cfg.head_dim)) {

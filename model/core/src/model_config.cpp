@@ -14,6 +14,7 @@
 #include <set>
 #include <utility>
 
+#include "moe_config.h"
 #include "touchstone/model/gguf.h"
 
 namespace touchstone {
@@ -26,16 +27,14 @@ int32_t positive_i32(const gguf::File& f, const std::string& key, uint64_t v) {
   return static_cast<int32_t>(v);
 }
 
-const std::map<std::string, Family> kFamilies = {{"llama", Family::Llama},
-                                                 {"qwen2", Family::Qwen2},
-                                                 {"qwen3", Family::Qwen3},
-                                                 {"gemma3", Family::Gemma3},
-                                                 {"phi3", Family::Phi3}};
+const std::map<std::string, Family> kFamilies = {
+    {"llama", Family::Llama},   {"qwen2", Family::Qwen2}, {"qwen3", Family::Qwen3},
+    {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},   {"qwen3moe", Family::Qwen3Moe}};
 
 // "{arch}.*" keys the forward pass reads, or that cannot change what it computes
-// (GGUF spec, "LLM" section). Anything else (rope.scaling.attn_factor, expert_count,
-// attention.scale, logit softcapping of another family, ...) changes the model, so it
-// is refused by name.
+// (GGUF spec, "LLM" section). Anything else (rope.scaling.attn_factor, expert_count
+// outside llama / qwen3moe, expert_weights_scale, attention.scale, logit softcapping of
+// another family, ...) changes the model, so it is refused by name.
 std::set<std::string> known_keys(Family fam) {
   std::set<std::string> k = {
       "block_count",         "context_length",       "embedding_length",
@@ -54,6 +53,7 @@ std::set<std::string> known_keys(Family fam) {
     k.insert("rope.freq_base_swa");
     k.insert("final_logit_softcapping");
   }
+  k.merge(moe_keys(fam));
   return k;
 }
 
@@ -181,6 +181,7 @@ void read_family(const gguf::File& f, const std::string& p, ModelConfig& c) {
       c.qkv_bias = true;
       break;
     case Family::Qwen3:
+    case Family::Qwen3Moe:  // llama.cpp src/models/qwen3moe.cpp: Qwen3's attention
       c.rope_style = RopeStyle::NeoX;
       c.qk_norm = true;
       break;
@@ -233,6 +234,8 @@ const char* family_name(Family fam) {
       return "gemma3";
     case Family::Phi3:
       return "phi3";
+    case Family::Qwen3Moe:
+      return "qwen3moe";
   }
   return "?";
 }
@@ -257,6 +260,7 @@ static const std::vector<std::pair<std::string, std::string>>& feature_table() {
       {"embedding_scale", "embedding scale"},
       {"attention_scale", "attention scale"},
       {"final_logit_softcap", "final logit soft-capping"},
+      {"moe", "mixture-of-experts FFN (softmax top-k router)"},
   };
   return t;
 }
@@ -283,7 +287,8 @@ std::vector<std::string> ModelConfig::feature_names() const {
                       ffn_activation != FfnActivation::SiLU,
                       embd_scale != 1.0,
                       attn_scale != 1.0 / std::sqrt(double(head_dim)),
-                      final_logit_softcap != 0.0};
+                      final_logit_softcap != 0.0,
+                      is_moe()};
   std::vector<std::string> out;
   for (size_t i = 0; i < feature_table().size(); ++i)
     if (has[i]) out.push_back(feature_table()[i].first);
@@ -352,9 +357,16 @@ std::vector<std::string> expected_tensor_names(const ModelConfig& c) {
     add("attn_output.weight");
     if (c.post_norms) add("post_attention_norm.weight");
     add("ffn_norm.weight");
-    if (!c.fused_gate_up) add("ffn_gate.weight");
-    add("ffn_up.weight");
-    add("ffn_down.weight");
+    if (c.is_moe()) {  // llama.cpp LLM_TENSOR_FFN_GATE_INP, LLM_TENSOR_FFN_*_EXPS
+      add("ffn_gate_inp.weight");
+      add("ffn_gate_exps.weight");
+      add("ffn_up_exps.weight");
+      add("ffn_down_exps.weight");
+    } else {
+      if (!c.fused_gate_up) add("ffn_gate.weight");
+      add("ffn_up.weight");
+      add("ffn_down.weight");
+    }
     if (c.post_norms) add("post_ffw_norm.weight");
   }
   return n;
@@ -367,13 +379,14 @@ ModelConfig read_model_config(const gguf::File& f) {
   if (it == kFamilies.end()) {
     throw UnsupportedModel(
         "{}: metadata key 'general.architecture': '{}' is not supported (supported: llama, "
-        "qwen2, qwen3, gemma3, phi3)",
+        "qwen2, qwen3, gemma3, phi3, qwen3moe)",
         f.path(), c.architecture);
   }
   c.family = it->second;
   const std::string p = c.architecture + ".";
   read_shapes(f, p, c);
   read_family(f, p, c);
+  read_moe(f, p, c);
   refuse_unknown_keys(f, p, c.family);
   refuse_unknown_tensors(f, c);
   return c;

@@ -25,6 +25,19 @@ std::vector<float> load(const gguf::File& f, const std::string& name, int64_t ne
   return gguf::dequantize(f, t);
 }
 
+// Dequantizes the 3-D expert tensor `name` after checking its ggml shape
+// {ne0, ne1, n_expert}.
+std::vector<float> load_experts(const gguf::File& f, const std::string& name, int64_t ne0,
+                                int64_t ne1, int64_t n_expert) {
+  const gguf::TensorInfo& t = f.tensor(name);
+  if (t.shape.size() != 3 || static_cast<int64_t>(t.shape[0]) != ne0 ||
+      static_cast<int64_t>(t.shape[1]) != ne1 || static_cast<int64_t>(t.shape[2]) != n_expert) {
+    throw Error("{}: tensor '{}': shape [{}] does not match the expected [{}, {}, {}]", f.path(),
+                name, fmt::join(t.shape, ", "), ne0, ne1, n_expert);
+  }
+  return gguf::dequantize(f, t);
+}
+
 // Rows [begin, begin + n) of a row-major matrix with `cols` columns.
 std::vector<float> rows(const std::vector<float>& m, int64_t begin, int64_t n, int64_t cols) {
   return std::vector<float>(m.begin() + begin * cols, m.begin() + (begin + n) * cols);
@@ -58,10 +71,23 @@ void load_attention(const gguf::File& f, const ModelConfig& c, const std::string
   if (c.post_norms) L.post_attn_norm = load(f, b + "post_attention_norm.weight", d, 1);
 }
 
+// Router {n_embd, n_expert} and experts (llama.cpp src/models/qwen3moe.cpp and
+// llama-model.cpp's LLM_ARCH_LLAMA: ffn_gate_inp, ffn_{gate,up}_exps {n_embd, n_ff_exp,
+// n_expert}, ffn_down_exps {n_ff_exp, n_embd, n_expert}).
+void load_moe(const gguf::File& f, const ModelConfig& c, const std::string& b, LayerWeights& L) {
+  const int64_t d = c.n_embd, ff = c.moe.n_ff_exp, n = c.moe.n_expert;
+  L.ffn_gate_inp = load(f, b + "ffn_gate_inp.weight", d, n);
+  L.gate_exps = load_experts(f, b + "ffn_gate_exps.weight", d, ff, n);
+  L.up_exps = load_experts(f, b + "ffn_up_exps.weight", d, ff, n);
+  L.down_exps = load_experts(f, b + "ffn_down_exps.weight", ff, d, n);
+}
+
 void load_ffn(const gguf::File& f, const ModelConfig& c, const std::string& b, LayerWeights& L) {
   const int64_t d = c.n_embd;
   L.ffn_norm = load(f, b + "ffn_norm.weight", d, 1);
-  if (c.fused_gate_up) {
+  if (c.is_moe()) {
+    load_moe(f, c, b, L);
+  } else if (c.fused_gate_up) {
     const std::vector<float> gate_up = load(f, b + "ffn_up.weight", d, 2 * int64_t{c.n_ff});
     L.w_gate = rows(gate_up, 0, c.n_ff, d);
     L.w_up = rows(gate_up, c.n_ff, c.n_ff, d);
@@ -69,7 +95,7 @@ void load_ffn(const gguf::File& f, const ModelConfig& c, const std::string& b, L
     L.w_gate = load(f, b + "ffn_gate.weight", d, c.n_ff);
     L.w_up = load(f, b + "ffn_up.weight", d, c.n_ff);
   }
-  L.w_down = load(f, b + "ffn_down.weight", c.n_ff, d);
+  if (!c.is_moe()) L.w_down = load(f, b + "ffn_down.weight", c.n_ff, d);
   if (c.post_norms) L.post_ffn_norm = load(f, b + "post_ffw_norm.weight", d, 1);
 }
 

@@ -29,6 +29,12 @@ struct TinyOptions {
   float linear_scale = 0.0f;   // rope.scaling.type = linear with this factor
   float softcap = 0.0f;        // final_logit_softcapping (gemma3)
   float freq_base_swa = 0.0f;  // rope.freq_base_swa (gemma3)
+  // Mixture of experts (llama: Mixtral; qwen3moe): > 0 writes expert_count and the
+  // router / expert tensors instead of the dense FFN's.
+  uint32_t n_expert = 0;
+  uint32_t n_expert_used = 2;
+  uint32_t expert_ff = 0;        // > 0: expert_feed_forward_length (else n_ff)
+  int expert_weights_norm = -1;  // 0 / 1: write expert_weights_norm; -1: not written
 };
 
 inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
@@ -37,7 +43,8 @@ inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
   using gg::ValueType;
   gg::testing::GgufBuilder g;
   const std::string a = o.arch;
-  const bool gemma = a == "gemma3", qwen3 = a == "qwen3", qwen2 = a == "qwen2", phi3 = a == "phi3";
+  const bool gemma = a == "gemma3", qwen2 = a == "qwen2", phi3 = a == "phi3";
+  const bool qwen3 = a == "qwen3" || a == "qwen3moe";  // the same attention
   const uint64_t d = 16, ff = 24, V = 32, n_head = 4, n_kv = 2;
   const uint64_t hd = (gemma || qwen3) ? 8 : d / n_head;  // key_length != d / n_head there
   g.key("general.architecture", ValueType::STRING).str(a);
@@ -69,6 +76,14 @@ inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
   }
   if (o.softcap > 0.0f) f32("final_logit_softcapping", o.softcap);
   if (o.freq_base_swa > 0.0f) f32("rope.freq_base_swa", o.freq_base_swa);
+  if (o.n_expert) {
+    u32("expert_count", o.n_expert);
+    u32("expert_used_count", o.n_expert_used);
+    if (o.expert_ff) u32("expert_feed_forward_length", o.expert_ff);
+    if (o.expert_weights_norm >= 0)
+      g.key(a + ".expert_weights_norm", ValueType::BOOL)
+          .put<uint8_t>(uint8_t(o.expert_weights_norm));
+  }
   if (!o.extra_string_key.empty())
     g.key(o.extra_string_key, ValueType::STRING).str(o.extra_string_value);
 
@@ -113,13 +128,19 @@ inline std::vector<uint8_t> tiny_model(const TinyOptions& o) {
     t(b + "attn_output.weight", {q_dim, d}, 0.5f, 0.0f);
     if (gemma) t(b + "post_attention_norm.weight", {d}, 0.2f, 1.0f);
     t(b + "ffn_norm.weight", {d}, 0.2f, 1.0f);
-    if (phi3) {
+    const uint64_t eff = o.expert_ff ? o.expert_ff : ff, ne = o.n_expert;
+    if (ne) {  // llama.cpp's shapes: router {d, n_expert}, experts 3-D
+      t(b + "ffn_gate_inp.weight", {d, ne}, 2.0f, 0.0f);
+      t(b + "ffn_gate_exps.weight", {d, eff, ne}, 0.5f, 0.0f);
+      t(b + "ffn_up_exps.weight", {d, eff, ne}, 0.5f, 0.0f);
+      t(b + "ffn_down_exps.weight", {eff, d, ne}, 0.5f, 0.0f);
+    } else if (phi3) {
       t(b + "ffn_up.weight", {d, 2 * ff}, 0.5f, 0.0f);
     } else {
       t(b + "ffn_gate.weight", {d, ff}, 0.5f, 0.0f);
       t(b + "ffn_up.weight", {d, ff}, 0.5f, 0.0f);
     }
-    t(b + "ffn_down.weight", {ff, d}, 0.5f, 0.0f);
+    if (!ne) t(b + "ffn_down.weight", {ff, d}, 0.5f, 0.0f);
     if (gemma) t(b + "post_ffw_norm.weight", {d}, 0.2f, 1.0f);
   }
   if (!o.extra_tensor.empty()) t(o.extra_tensor, {d}, 0.0f, 1.0f);

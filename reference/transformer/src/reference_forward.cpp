@@ -17,6 +17,9 @@
 //     x  += a
 //     h   = RMSNorm(x) * ffn_norm
 //     f   = Wdown (act(Wgate h) * (Wup h));  act = SiLU (SwiGLU) or tanh-GELU (GeGLU)
+//       mixture of experts (Mixtral, Qwen3-MoE; touchstone/model/moe_router.h):
+//       r = Wrouter h;  (e, w_e) for e in S = route_softmax_top_k(r, k, renormalise)
+//       f = sum_{e in S} w_e * Wdown_e (act(Wgate_e h) * (Wup_e h))
 //     f   = RMSNorm(f) * post_ffn_norm                          (post-norms: Gemma 3)
 //     x  += f
 //   logits = W_lm_head (RMSNorm(x) * output_norm);  cap * tanh(logits / cap) if soft-capped
@@ -41,6 +44,7 @@
 #include <vector>
 
 #include "touchstone/common/error.h"
+#include "touchstone/model/moe_router.h"
 #include "touchstone/model/quant.h"
 #include "touchstone/model/scalar_ops.h"
 #include "touchstone/reference/reference_forward.h"
@@ -109,9 +113,15 @@ ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t 
   k_.resize(kv_dim);
   v_.resize(kv_dim);
   att_out_.resize(q_.size());
-  gate_.resize(size_t(c.n_ff));
-  up_.resize(size_t(c.n_ff));
+  const int32_t n_ff = std::max(c.n_ff, c.moe.n_ff_exp);
+  gate_.resize(size_t(n_ff));
+  up_.resize(size_t(n_ff));
   scores_.resize(size_t(max_ctx_));
+  if (c.is_moe()) {
+    router_.resize(size_t(c.moe.n_expert));
+    expert_out_.resize(size_t(c.n_embd));
+    moe_sum_.resize(size_t(c.n_embd));
+  }
 }
 
 void ReferenceTransformer::set_taps(bool enable) {
@@ -363,24 +373,62 @@ void ReferenceTransformer::attend_head(int32_t l, int32_t h, int32_t t0, int32_t
   }
 }
 
-// Gated FFN of layer l (SwiGLU or GeGLU): reads x_, adds the block's output to x_.
-void ReferenceTransformer::feed_forward(int32_t l) {
-  const ModelConfig& c = w_.config;
-  const LayerWeights& L = w_.layers[size_t(l)];
-  const int64_t d = c.n_embd, n_ff = c.n_ff;
-  const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
-  ops::rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
-  matvec(pool_, L.w_gate.data(), xn_.data(), gate_.data(), n_ff, d, faults_);
-  matvec(pool_, L.w_up.data(), xn_.data(), up_.data(), n_ff, d, faults_);
-  const bool gelu = c.ffn_activation == FfnActivation::GeluTanh;
+// out = Wdown (act(Wgate xn_) * (Wup xn_)), act = SiLU (SwiGLU) or tanh-GELU (GeGLU);
+// matrices row-major, Wgate and Wup [n_ff][n_embd], Wdown [n_embd][n_ff]. Uses gate_, up_.
+void ReferenceTransformer::gated_ffn(const float* w_gate, const float* w_up, const float* w_down,
+                                     int64_t n_ff, float* out) {
+  const int64_t d = w_.config.n_embd;
+  matvec(pool_, w_gate, xn_.data(), gate_.data(), n_ff, d, faults_);
+  matvec(pool_, w_up, xn_.data(), up_.data(), n_ff, d, faults_);
+  const bool gelu = w_.config.ffn_activation == FfnActivation::GeluTanh;
   for (int64_t i = 0; i < n_ff; ++i) {
     const double g = gate_[size_t(i)];
     const double act = gelu ? ops::gelu_tanh(g) : ops::silu(g);
     gate_[size_t(i)] = static_cast<float>(act * double{up_[size_t(i)]});
   }
-  matvec(pool_, L.w_down.data(), gate_.data(), xn_.data(), d, n_ff, faults_);
+  matvec(pool_, w_down, gate_.data(), out, d, n_ff, faults_);
+}
+
+// FFN of layer l (gated, or a mixture of gated experts): reads x_, adds the block's
+// output to x_ (and leaves it in xn_ for the taps).
+void ReferenceTransformer::feed_forward(int32_t l) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& L = w_.layers[size_t(l)];
+  const int64_t d = c.n_embd;
+  const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
+  ops::rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
+  if (c.is_moe()) {
+    moe_feed_forward(l);
+  } else {
+    // The down projection reads gate_ only, so it may overwrite its input xn_.
+    gated_ffn(L.w_gate.data(), L.w_up.data(), L.w_down.data(), c.n_ff, xn_.data());
+  }
   if (c.post_norms) ops::rms_norm(xn_.data(), L.post_ffn_norm.data(), xn_.data(), d, eps);
   add_into(x_, xn_, d);
+}
+
+// Mixture-of-experts FFN of layer l on the normed input in xn_; the output replaces it.
+// HF MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock: router_logits = gate(h); softmax;
+// topk; (renormalise); out = sum over the selected experts of weight * expert(h), each
+// expert an MLP down(act(gate(h)) * up(h)). llama.cpp build_moe_ffn computes the same
+// (ggml_mul_mat_id per expert, weights multiplied in, summed over n_expert_used).
+// Here the k outputs are summed in selection order in fp64 and rounded once.
+void ReferenceTransformer::moe_feed_forward(int32_t l) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& L = w_.layers[size_t(l)];
+  const int64_t d = c.n_embd, ff = c.moe.n_ff_exp;
+  matvec(pool_, L.ffn_gate_inp.data(), xn_.data(), router_.data(), c.moe.n_expert, d, faults_);
+  const std::vector<ops::ExpertWeight> chosen =
+      ops::route_softmax_top_k(router_, c.moe.n_expert_used, c.moe.norm_topk);
+  std::fill(moe_sum_.begin(), moe_sum_.end(), 0.0);
+  for (const ops::ExpertWeight& ew : chosen) {
+    const int64_t up_off = int64_t{ew.expert} * ff * d;  // [n_ff_exp][n_embd] per expert
+    gated_ffn(L.gate_exps.data() + up_off, L.up_exps.data() + up_off, L.down_exps.data() + up_off,
+              ff, expert_out_.data());
+    for (int64_t i = 0; i < d; ++i)
+      moe_sum_[size_t(i)] += ew.weight * double{expert_out_[size_t(i)]};
+  }
+  for (int64_t i = 0; i < d; ++i) xn_[size_t(i)] = static_cast<float>(moe_sum_[size_t(i)]);
 }
 
 void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {

@@ -9,7 +9,8 @@
 // Families (general.architecture):
 //   llama   LlamaForCausalLM (Llama 1/2/3/3.1/3.2, Mistral 7B-style, SmolLM): interleaved
 //           RoPE on converter-permuted Q/K, optional rope_freqs.weight (llama3 scaling),
-//           optional linear RoPE scaling, optional sliding window (Mistral).
+//           optional linear RoPE scaling, optional sliding window (Mistral); with
+//           llama.expert_count, MixtralForCausalLM (mixture-of-experts FFN, MoeConfig).
 //   qwen2   Qwen2ForCausalLM: NeoX RoPE, Q/K/V biases.
 //   qwen3   Qwen3ForCausalLM: NeoX RoPE, per-head QK RMSNorm, head_dim from key_length.
 //   gemma3  Gemma3ForCausalLM (text): NeoX RoPE, QK-norm, post-attention and post-FFN
@@ -18,6 +19,7 @@
 //           model, optional final logit soft-capping.
 //   phi3    Phi3ForCausalLM: NeoX RoPE, fused QKV and fused gate|up projections
 //           (split at load), optional sliding window.
+//   qwen3moe Qwen3MoeForCausalLM: Qwen3's attention with a mixture-of-experts FFN.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,7 @@ namespace gguf {
 class File;
 }
 
-enum class Family { Llama, Qwen2, Qwen3, Gemma3, Phi3 };
+enum class Family { Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe };
 enum class RopeStyle { Interleaved, NeoX };   // see ops::rope_interleaved / ops::rope_neox
 enum class FfnActivation { SiLU, GeluTanh };  // SwiGLU / GeGLU gate
 
@@ -43,6 +45,17 @@ struct LayerConfig {
   double rope_base = 10000.0;  // RoPE theta base of this layer
   double rope_scale = 1.0;     // linear RoPE scaling factor (positions divided by it)
   int32_t sliding_window = 0;  // 0: full causal attention; W: attend to the last W positions
+};
+
+// Mixture-of-experts FFN (touchstone/model/moe_router.h has the router's maths): the
+// dense gated FFN of every layer is replaced by n_expert gated FFNs of width n_ff_exp,
+// of which the router picks n_expert_used per token (HF MixtralSparseMoeBlock,
+// Qwen3MoeSparseMoeBlock; llama.cpp llm_graph_context::build_moe_ffn).
+struct MoeConfig {
+  int32_t n_expert = 0;       // {arch}.expert_count; 0: dense FFN
+  int32_t n_expert_used = 0;  // {arch}.expert_used_count (the router's top-k)
+  int32_t n_ff_exp = 0;       // {arch}.expert_feed_forward_length (qwen3moe), else n_ff
+  bool norm_topk = true;      // renormalise the k selected weights to sum 1
 };
 
 struct ModelConfig {
@@ -72,7 +85,10 @@ struct ModelConfig {
   double embd_scale = 1.0;     // token embedding multiplier (Gemma: sqrt(n_embd))
   double attn_scale = 0.0;     // attention score multiplier (default 1/sqrt(head_dim))
   double final_logit_softcap = 0.0;  // 0: none; else cap * tanh(logit / cap)
+  MoeConfig moe;                     // n_expert == 0 unless a mixture-of-experts model
   std::vector<LayerConfig> layers;   // n_layer entries
+
+  bool is_moe() const { return moe.n_expert > 0; }
 
   // True for the configuration every backend of this repo computes: a "llama"
   // family model with interleaved RoPE, full rotary, SwiGLU, no scaling, no sliding

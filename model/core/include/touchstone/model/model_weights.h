@@ -13,6 +13,11 @@
 // Fused Phi-3 tensors are split at load: attn_qkv rows [q | k | v] into wq, wk, wv;
 // ffn_up rows [gate | up] (HF Phi3MLP: gate, up = gate_up_proj(x).chunk(2)) into
 // w_gate, w_up. Optional vectors are empty when the config does not use them.
+//
+// Mixture-of-experts layers (ModelConfig::moe) have no w_gate / w_up / w_down; their
+// experts are GGUF 3-D tensors, ggml shape {n_in, n_out, n_expert}: expert e's matrix is
+// the row-major [n_out][n_in] block at offset e * n_out * n_in (the converter stacks
+// HF's per-expert matrices along the last ggml axis, convert_hf_to_gguf.py).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +45,10 @@ struct LayerWeights {
   std::vector<float> w_up;            // [n_ff][n_embd]              blk.N.ffn_up.weight
   std::vector<float> w_down;          // [n_embd][n_ff]              blk.N.ffn_down.weight
   std::vector<float> post_ffn_norm;   // [n_embd]                    blk.N.post_ffw_norm.weight
+  std::vector<float> ffn_gate_inp;    // [n_expert][n_embd]          blk.N.ffn_gate_inp.weight
+  std::vector<float> gate_exps;       // [n_expert][n_ff_exp][n_embd] blk.N.ffn_gate_exps.weight
+  std::vector<float> up_exps;         // [n_expert][n_ff_exp][n_embd] blk.N.ffn_up_exps.weight
+  std::vector<float> down_exps;       // [n_expert][n_embd][n_ff_exp] blk.N.ffn_down_exps.weight
 };
 
 struct ModelWeights {

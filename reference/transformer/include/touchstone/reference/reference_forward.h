@@ -101,6 +101,9 @@ class ReferenceTransformer {
   void attention(int32_t l, int32_t pos);
   void attend_head(int32_t l, int32_t h, int32_t t0, int32_t n_kv);
   void feed_forward(int32_t l);
+  void moe_feed_forward(int32_t l);
+  void gated_ffn(const float* w_gate, const float* w_up, const float* w_down, int64_t n_ff,
+                 float* out);
   float* k_layer(int32_t l) const;
   float* v_layer(int32_t l) const;
 
@@ -137,6 +140,10 @@ class ReferenceTransformer {
   // Scratch activations, allocated once: x (residual), xn (normed), q, k, v, att_out, gate, up.
   std::vector<float> x_, xn_, q_, k_, v_, att_out_, gate_, up_;
   std::vector<double> scores_;  // [max_ctx] attention scores of one head
+  // Mixture-of-experts layers only: router logits [n_expert], one expert's output
+  // [n_embd], the weighted sum of the experts' outputs [n_embd] (fp64).
+  std::vector<float> router_, expert_out_;
+  std::vector<double> moe_sum_;
 };
 
 }  // namespace touchstone
