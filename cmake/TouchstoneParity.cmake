@@ -94,7 +94,7 @@ function(_touchstone_generate_ctests)
   endforeach()
   add_custom_command(OUTPUT ${_out}
     COMMAND ${TOUCHSTONE_CLI} matrix ${_args}
-    DEPENDS ${_deps}
+    DEPENDS ${_deps} DEPFILE ${_out}.d
     COMMENT "touchstone matrix --ctest: the CTests of the backends' backend.json files" VERBATIM)
   add_custom_target(touchstone_ctests ALL DEPENDS ${_out})
   set(_include ${CMAKE_BINARY_DIR}/touchstone_ctests_include.cmake)

@@ -8,7 +8,8 @@
 //   --cli PATH --manifest FILE [--contract-test PATH] [--test-models FILE]
 //   [--model-path GGUF] [--report-dir DIR] [--one-thread-env VAR=VALUE]...
 // The CTests the given files declare (touchstone/run/ctest_plan.h), written to
-// OUT as a CTest script (CMake's touchstone_add_backend_tests includes it).
+// OUT as a CTest script (CMake's touchstone_add_backend_tests includes it), and
+// OUT.d, the files read, as a Makefile depfile.
 // A malformed backend.json is an error naming the file and field (exit 2).
 #include <fmt/format.h>
 
@@ -51,6 +52,21 @@ int write_ctests(const MatrixOpts& o) {
   if (!o.ctx.test_models.empty()) tm = load_manifest(o.ctx.test_models);
   const std::vector<CtestTest> tests = ctest_plan(backends, m, tm ? &*tm : nullptr, o.ctx);
   fileio::write_atomic(o.ctest_out, ctest_script(tests));
+  // A Makefile-style depfile (add_custom_command DEPFILE): every file read, so
+  // that a change to any of them regenerates the tests.
+  std::string dep = o.ctest_out + ":";
+  std::vector<std::string> read = {o.ctx.manifest};
+  if (!o.ctx.test_models.empty()) read.push_back(o.ctx.test_models);
+  for (const CtestBackend& b : backends) {
+    read.push_back(b.file.path);
+    for (const BackendTestModelEntry& e : b.file.testmodels)
+      if (!e.manifest.empty()) read.push_back(e.manifest);
+  }
+  for (const std::string& f : read) {
+    dep += " ";
+    for (char c : f) dep += c == ' ' ? std::string("\\ ") : std::string(1, c);
+  }
+  fileio::write_atomic(o.ctest_out + ".d", dep + "\n");
   return 0;
 }
 

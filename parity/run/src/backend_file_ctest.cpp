@@ -1,5 +1,6 @@
 // backend_file_ctest.cpp - the CTest members of backend.json (structured,
 // contract, faults, testmodels, adjust; docs/backend-file.md), read and checked.
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -95,10 +96,16 @@ void read_ctest_members(const json& j, const std::string& path, BackendFile& b) 
     b.faults.push_back(fault_entry(e, path, ptr));
   });
   each(j, path, "testmodels", [&](const json& e, const std::string& ptr) {
-    const Obj o{e, path, ptr, {"weights", "labels", "environment", "exclude", "timeout", "why"}};
+    const Obj o{e,
+                path,
+                ptr,
+                {"weights", "labels", "environment", "exclude", "timeout", "manifest", "why"}};
     o.check();
+    std::string manifest = o.str("manifest");
+    if (!manifest.empty())
+      manifest = (std::filesystem::path(path).parent_path() / manifest).lexically_normal().string();
     b.testmodels.push_back({o.strs("weights"), o.strs("labels"), o.strs("environment"),
-                            o.strs("exclude"), o.integer("timeout", 0)});
+                            o.strs("exclude"), o.integer("timeout", 0), manifest});
     for (const std::string& w : b.testmodels.back().weights) check_weights(path, ptr, w);
   });
   each(j, path, "adjust", [&](const json& e, const std::string& ptr) {

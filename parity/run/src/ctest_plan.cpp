@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "ctest_internal.h"
@@ -166,15 +167,18 @@ void add_contract(const Gen& g) {
 
 void add_testmodels(const Gen& g) {
   for (const BackendTestModelEntry& e : g.b.testmodels) {
-    if (!g.test_models) throw Error("{}: /testmodels: no test-model manifest was given", g.b.path);
-    for (const ManifestModel& m : g.test_models->models) {
+    std::optional<Manifest> own;
+    if (!e.manifest.empty()) own = load_manifest(e.manifest);
+    const Manifest* tm = own ? &*own : g.test_models;
+    if (!tm) throw Error("{}: /testmodels: no test-model manifest was given", g.b.path);
+    for (const ManifestModel& m : tm->models) {
       for (const std::string& w : e.weights) {
         if (has(e.exclude, m.name + ":" + w)) continue;
         const std::string t = fmt::format("testmodel.{}.{}.{}", g.b.name, w, m.name);
         g.out.push_back(skippable(t,
-                                  {g.ctx.cli, "parity", "--manifest", g.test_models->path,
-                                   "--model", m.name, "--backend", g.backend_arg, "--weights", w,
-                                   "--no-consistency", "--threads", "1", "--junit", junit(g, t)},
+                                  {g.ctx.cli, "parity", "--manifest", tm->path, "--model", m.name,
+                                   "--backend", g.backend_arg, "--weights", w, "--no-consistency",
+                                   "--threads", "1", "--junit", junit(g, t)},
                                   cat({"parity", "testmodel", g.b.name, w}, e.labels),
                                   e.environment, e.timeout > 0 ? e.timeout : 300, 0));
       }

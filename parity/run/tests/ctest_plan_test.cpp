@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 
+#include <unistd.h>
+
 #include "touchstone/common/error.h"
 #include "touchstone/golden/manifest.h"
 #include "touchstone/model/faults.h"
@@ -36,11 +38,17 @@ const touchstone::Manifest& manifest() {
 }
 
 BackendFile read_text(const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / "ts_ctest_plan_test.json";
+  // One file per process and call: CTest runs these tests in parallel processes.
+  static int n = 0;
+  const fs::path p =
+      fs::temp_directory_path() /
+      ("ts_ctest_plan_test." + std::to_string(::getpid()) + "." + std::to_string(n++) + ".json");
   std::ofstream(p) << text;
-  BackendFile b = touchstone::read_backend_file(p.string());
-  fs::remove(p);
-  return b;
+  struct Remove {
+    fs::path p;
+    ~Remove() { fs::remove(p); }
+  } remove{p};
+  return touchstone::read_backend_file(p.string());
 }
 
 std::vector<CtestTest> plan(const BackendFile& b) {

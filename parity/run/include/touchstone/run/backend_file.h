@@ -65,11 +65,13 @@ struct BackendFaultEntry {
   int max_steps = 0;
 };
 
-// The test-model CTests (testmodel.<b>.<w>.<model>, tests/models/manifest.json):
-// every model on each weight path but the `exclude` model:weights pairs.
+// The test-model CTests (testmodel.<b>.<w>.<model>): every model of a test-model
+// manifest (tests/models/manifest.json, or `manifest`) on each weight path but the
+// `exclude` model:weights pairs.
 struct BackendTestModelEntry {
   std::vector<std::string> weights, labels, environment, exclude;
-  int timeout = 0;  // seconds, 0 = 300
+  int timeout = 0;       // seconds, 0 = 300
+  std::string manifest;  // absolute path; "" = the generator's test-model manifest
 };
 
 // A change to generated CTests by name (fnmatch patterns in `tests`, less
