@@ -175,12 +175,14 @@ void add_testmodels(const Gen& g) {
       for (const std::string& w : e.weights) {
         if (has(e.exclude, m.name + ":" + w)) continue;
         const std::string t = fmt::format("testmodel.{}.{}.{}", g.b.name, w, m.name);
-        g.out.push_back(skippable(t,
-                                  {g.ctx.cli, "parity", "--manifest", tm->path, "--model", m.name,
-                                   "--backend", g.backend_arg, "--weights", w, "--no-consistency",
-                                   "--threads", "1", "--junit", junit(g, t)},
-                                  cat({"parity", "testmodel", g.b.name, w}, e.labels),
-                                  e.environment, e.timeout > 0 ? e.timeout : 300, 0));
+        g.out.push_back(
+            skippable(t,
+                      cat({g.ctx.cli, "parity", "--manifest", tm->path, "--model", m.name,
+                           "--backend", g.backend_arg, "--weights", w, "--no-consistency",
+                           "--threads", "1", "--junit", junit(g, t)},
+                          e.args),
+                      cat({"parity", "testmodel", g.b.name, w}, e.labels), e.environment,
+                      e.timeout > 0 ? e.timeout : 300, 0));
       }
     }
   }

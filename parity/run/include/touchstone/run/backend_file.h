@@ -70,8 +70,9 @@ struct BackendFaultEntry {
 // `exclude` model:weights pairs.
 struct BackendTestModelEntry {
   std::vector<std::string> weights, labels, environment, exclude;
-  int timeout = 0;       // seconds, 0 = 300
-  std::string manifest;  // absolute path; "" = the generator's test-model manifest
+  int timeout = 0;                // seconds, 0 = 300
+  std::string manifest;           // absolute path; "" = the generator's test-model manifest
+  std::vector<std::string> args;  // more `touchstone parity` flags (e.g. --no-serving)
 };
 
 // A change to generated CTests by name (fnmatch patterns in `tests`, less
