@@ -6,6 +6,7 @@
 #define HWY_TARGET_INCLUDE "kernels_hwy_blocks.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels_hwy_kquant-inl.h"
 
 #include <string.h>
 
@@ -666,6 +667,13 @@ HWY_ATTR void GemmBlocksF32(int type, const uint8_t* W, size_t row_bytes, size_t
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3)
   if (type == kQ5_0 && block_elems == 32 && block_bytes == 22 && n_tok < kPanelMinTok) {
     return GemmQF32T<kQ5_0>(W, row_bytes, row_bytes / block_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
+  }
+  // Q4_K / Q6_K decode: weights formed in registers (kernels_hwy_kquant-inl.h).
+  if (type == kQ4_K && block_elems == 256 && block_bytes == 144 && n_tok < kPanelMinTok) {
+    return GemmKQuantRegs<false>(W, row_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
+  }
+  if (type == kQ6_K && block_elems == 256 && block_bytes == 210 && n_tok < kPanelMinTok) {
+    return GemmKQuantRegs<true>(W, row_bytes, r0, r1, X, ldx, n_tok, Y, ldy);
   }
 #endif
   PanelGemm(type, W, row_bytes, row_bytes / block_bytes, block_elems, block_bytes, r0, r1, X, ldx,

@@ -83,6 +83,16 @@ TEST_P(GenericBlocks, MatchDequantizedReferenceAndAreTilingIndependent) {
                                             X.data() + k * n_in, n_in, 1, y1.data(), rows);
       for (size_t r = 2; r < 6; ++r) EXPECT_EQ(y1[r], Y[k * rows + r]);
     }
+    // A few tokens (a batched decode step, below the panels' token count: Q4_K /
+    // Q6_K / Q5_0 form their weights in registers there), every row: bitwise.
+    for (size_t n : {2u, 5u, 7u}) {
+      std::vector<float> yn(n * rows, NAN);
+      touchstone::cpu_simd::gemm_blocks_f32(int(t), W.data(), row_bytes, be, bbytes, 0, rows,
+                                            X.data() + 3 * n_in, n_in, n, yn.data(), rows);
+      for (size_t k = 0; k < n; ++k)
+        for (size_t r = 0; r < rows; ++r)
+          EXPECT_EQ(yn[k * rows + r], Y[(k + 3) * rows + r]) << n << " tokens";
+    }
   }
   touchstone::cpu_simd::force_hwy_target(0);
 }
