@@ -52,6 +52,8 @@ constexpr FaultEntry kFaults[] = {
     {"grammar_early_stop", [](Faults& f) { f.grammar_early_stop = true; }},
     {"grammar_advanced_on_rejected_draft", [](Faults& f) { f.grammar_draft_advance = true; }},
     {"grammar_mask_shared_in_batch", [](Faults& f) { f.grammar_batch_mask = true; }},
+    {"moe_runner_up", [](Faults& f) { f.moe_runner_up = true; }},
+    {"moe_renorm_skipped", [](Faults& f) { f.moe_renorm_skipped = true; }},
 };
 
 }  // namespace

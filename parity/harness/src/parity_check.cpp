@@ -43,7 +43,8 @@ void compare_taps(const GoldenCase& g, size_t t, std::span<const float> test, do
       const size_t off = (size_t(l) * kTapPoints + size_t(p)) * D;
       const double e = metrics::nmse(std::span<const float>(ref + off, D), test.subspan(off, D));
       if (!(e <= tol)) {
-        r.first_layer_divergence = LayerDivergence{g.tap_steps[t], l, p, e, tol};
+        r.first_layer_divergence = LayerDivergence{g.tap_steps[t], l, p, e, tol, {}, {}};
+        r.first_layer_divergence->backend_taps.assign(test.begin(), test.end());
         return;
       }
     }

@@ -103,11 +103,13 @@ json scoring_series_json(const ScoringResult& r) {
 
 json layer_json(const std::optional<LayerDivergence>& l) {
   if (!l) return nullptr;
-  return {{"step", l->step},
-          {"layer", l->layer},
-          {"point", l->point_name()},
-          {"nmse", finite_or(l->nmse, -1)},
-          {"tolerance", l->tolerance}};
+  json j = {{"step", l->step},
+            {"layer", l->layer},
+            {"point", l->point_name()},
+            {"nmse", finite_or(l->nmse, -1)},
+            {"tolerance", l->tolerance}};
+  if (!l->explanation.empty()) j["explanation"] = l->explanation;
+  return j;
 }
 
 json violations_json(const std::vector<Violation>& vs) {

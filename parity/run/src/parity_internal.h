@@ -13,6 +13,7 @@
 #include "touchstone/golden/manifest.h"
 #include "touchstone/harness/known_divergence.h"
 #include "touchstone/harness/parity.h"
+#include "touchstone/model/model_weights.h"
 #include "touchstone/model/tokenizer.h"
 #include "touchstone/report/report.h"
 #include "touchstone/run/backend_host.h"
@@ -31,6 +32,12 @@ struct Plan {
   const ManifestModel* model = nullptr;
 };
 
+// A mixture-of-experts model's weights for the routing diagnosis (parity_routing.cpp),
+// read on the first FFN divergence; weights empty for a dense model.
+struct MoeProbe {
+  std::optional<ModelWeights> weights;
+};
+
 // Everything a run reads before it touches the backend.
 struct ParityInputs {
   Manifest manifest;
@@ -40,13 +47,20 @@ struct ParityInputs {
   std::string model_path;
   GoldenFile golden;
   std::unique_ptr<Tokenizer> tok;
-  KnownDivergences known;                    // reviewed expected failures (--known-divergences)
-  int32_t context = 0;                       // every session's KV capacity (the whole plan's)
-  std::optional<ShardInfo> shard;            // set when the run is one shard
-  bool own_identity = true;                  // a top-N backend's tokenizer check runs here
-  std::chrono::steady_clock::time_point t0;  // the run's start (before the inputs were read)
+  KnownDivergences known;                       // reviewed expected failures (--known-divergences)
+  int32_t context = 0;                          // every session's KV capacity (the whole plan's)
+  std::optional<ShardInfo> shard;               // set when the run is one shard
+  bool own_identity = true;                     // a top-N backend's tokenizer check runs here
+  std::chrono::steady_clock::time_point t0;     // the run's start (before the inputs were read)
+  mutable std::shared_ptr<MoeProbe> moe_probe;  // null until a diagnosis needs it
 };
 using Inputs = ParityInputs;
+
+// When case r's first divergent layer tap is an FFN output of a mixture-of-experts
+// model: the routing diagnosis (touchstone/run/moe_routing.h) as the divergence's
+// explanation, and a failure when the backend's routing or weighting differs beyond
+// the near-tie rule (docs/metrics.md, "Routing divergence").
+void explain_routing(const Inputs& in, const GoldenCase& g, CaseResult& r);
 
 namespace run_detail {
 

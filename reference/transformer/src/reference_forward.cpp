@@ -89,6 +89,24 @@ void add_into(std::vector<float>& x, const std::vector<float>& y, int64_t n) {
     x[size_t(i)] = static_cast<float>(double{x[size_t(i)]} + double{y[size_t(i)]});
 }
 
+// The router with a mixture-of-experts fault (touchstone/model/faults.h): moe_runner_up
+// takes the (k+1)-th expert in place of the k-th, moe_renorm_skipped leaves the weights
+// as the softmax gave them; otherwise route_softmax_top_k's maths.
+std::vector<ops::ExpertWeight> faulty_route(std::span<const float> logits, const MoeConfig& m,
+                                            const Faults& f) {
+  const std::vector<double> p = ops::softmax(logits);
+  const int32_t k = m.n_expert_used;
+  std::vector<int32_t> top = ops::top_k_experts(p, std::min(k + 1, m.n_expert));
+  if (f.moe_runner_up && k < m.n_expert) top[size_t(k - 1)] = top[size_t(k)];
+  top.resize(size_t(k));
+  double sum = 0;
+  for (int32_t e : top) sum += p[size_t(e)];
+  const bool renormalise = m.norm_topk && !f.moe_renorm_skipped;
+  std::vector<ops::ExpertWeight> out;
+  for (int32_t e : top) out.push_back({e, renormalise ? p[size_t(e)] / sum : p[size_t(e)]});
+  return out;
+}
+
 }  // namespace
 
 ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t max_context,
@@ -419,7 +437,8 @@ void ReferenceTransformer::moe_feed_forward(int32_t l) {
   const int64_t d = c.n_embd, ff = c.moe.n_ff_exp;
   matvec(pool_, L.ffn_gate_inp.data(), xn_.data(), router_.data(), c.moe.n_expert, d, faults_);
   const std::vector<ops::ExpertWeight> chosen =
-      ops::route_softmax_top_k(router_, c.moe.n_expert_used, c.moe.norm_topk);
+      faults_.moe() ? faulty_route(router_, c.moe, faults_)
+                    : ops::route_softmax_top_k(router_, c.moe.n_expert_used, c.moe.norm_topk);
   std::fill(moe_sum_.begin(), moe_sum_.end(), 0.0);
   for (const ops::ExpertWeight& ew : chosen) {
     const int64_t up_off = int64_t{ew.expert} * ff * d;  // [n_ff_exp][n_embd] per expert

@@ -89,6 +89,13 @@ struct Faults {
                                     // allowed set of the first entry with a grammar is
                                     // applied to every other entry's logits (vLLM PR
                                     // 22896's shared bitmask) (batch_isolation)
+  // Mixture-of-experts faults (the reference; caught by the routing diagnosis,
+  // docs/metrics.md#routing-divergence; a no-op on a dense model):
+  bool moe_runner_up = false;  // "moe_runner_up": the router's k-th expert replaced by the
+                               // (k+1)-th, the runner-up (a routing divergence)
+  bool moe_renorm_skipped = false;  // "moe_renorm_skipped": the top-k weights left as the
+                                    // softmax gave them where the family renormalises
+                                    // them (an expert weighting divergence)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
@@ -97,6 +104,8 @@ struct Faults {
     return grammar_mask_late || grammar_straddle || grammar_early_stop || grammar_draft_advance ||
            grammar_batch_mask;
   }
+  // The mixture-of-experts faults (a backend that does not implement them refuses them).
+  bool moe() const { return moe_runner_up || moe_renorm_skipped; }
   // The serving faults (a backend without step_batch / fork_session refuses them).
   bool serving() const {
     return batch_token_count_split || batch_kv_leak || fork_short_copy || batch_position_offset ||

@@ -11,9 +11,11 @@ namespace touchstone::abi {
 // The catalog entry named by `name` (NULL or "" = no fault). An unknown name
 // is TS_ERR_UNSUPPORTED naming it and the catalog (parse_fault's message); so
 // is a structured-output fault unless the backend enforces grammars itself
-// (`enforces_grammar`, ABI v7). Whether the backend implements any other fault
-// is the backend's own check.
-inline touchstone::Faults session_fault(const char* name, bool enforces_grammar = false) {
+// (`enforces_grammar`, ABI v7), and a mixture-of-experts fault unless it implements
+// those (`moe_faults`: the reference). Whether the backend implements any other
+// fault is the backend's own check.
+inline touchstone::Faults session_fault(const char* name, bool enforces_grammar = false,
+                                        bool moe_faults = false) {
   touchstone::Faults f;
   try {
     f = touchstone::parse_fault(name ? name : "");
@@ -25,6 +27,11 @@ inline touchstone::Faults session_fault(const char* name, bool enforces_grammar 
                       "fault '" + f.name +
                           "' sits in a grammar the backend enforces itself (ABI v7 "
                           "TS_CAP_STRUCTURED_OUTPUT); this backend enforces none");
+  }
+  if (f.moe() && !moe_faults) {
+    throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + f.name +
+                                              "' is a mixture-of-experts routing fault, which "
+                                              "only the reference implements");
   }
   return f;
 }

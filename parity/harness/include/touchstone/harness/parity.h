@@ -42,6 +42,12 @@ struct GreedyDivergence {
 struct LayerDivergence {
   int step = 0, layer = 0, point = 0;
   double nmse = 0.0, tolerance = 0.0;
+  // The backend's whole tap record of that step ([n_layer][TS_TAP_POINTS][n_embd]),
+  // kept for the diagnosis of a mixture-of-experts FFN (touchstone/run/moe_routing.h).
+  std::vector<float> backend_taps;
+  // That diagnosis, when the point is an FFN output of a mixture-of-experts layer
+  // ("routing divergence at step 0, layer 1: ...", "routing agrees at ..."); "" = none.
+  std::string explanation;
   std::string point_name() const;
   std::string describe() const;  // "layer 3, attention output: NMSE 3.1e-02 > 1.0e-09 (step 0)"
 };

@@ -1,0 +1,208 @@
+// moe_routing.cpp - the routing of a backend's mixture-of-experts FFN read back from
+// its layer taps (touchstone/run/moe_routing.h has the maths).
+#include "touchstone/run/moe_routing.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/common/error.h"
+#include "touchstone/metrics/metrics.h"
+#include "touchstone/model/moe_router.h"
+#include "touchstone/model/scalar_ops.h"
+
+namespace touchstone {
+namespace {
+
+constexpr int kExtraCandidates = 4;     // experts beyond k the backend's router ranks first
+constexpr double kExplainFactor = 0.1;  // a candidate explains it at 1/10 the reference's NMSE
+
+struct LayerView {
+  const ModelWeights& w;
+  int layer;
+  int64_t d, ff;
+  const LayerWeights& L() const { return w.layers[size_t(layer)]; }
+};
+
+// The FFN's input stream of one step's taps (see the header).
+std::vector<float> ffn_input(const LayerView& v, std::span<const float> taps) {
+  const size_t D = size_t(v.d), rec = size_t(TS_TAP_POINTS) * D;
+  const float* cur = taps.data() + size_t(v.layer) * rec;
+  std::vector<float> x(D);
+  for (size_t i = 0; i < D; ++i) {
+    if (v.layer > 0) {
+      const float* prev = cur - rec;
+      x[i] = float(double{prev[TS_TAP_RESIDUAL * D + i]} + double{cur[TS_TAP_ATTN_OUT * D + i]});
+    } else {
+      x[i] = cur[TS_TAP_RESIDUAL * D + i] - cur[TS_TAP_FFN_OUT * D + i];
+    }
+  }
+  return x;
+}
+
+std::vector<float> matvec(const float* W, std::span<const float> x, int64_t n_out) {
+  std::vector<float> y(static_cast<size_t>(n_out));
+  for (int64_t o = 0; o < n_out; ++o)
+    y[size_t(o)] = float(ops::dot(W + o * int64_t(x.size()), x.data(), int64_t(x.size())));
+  return y;
+}
+
+// Expert e's gated MLP on the normed input h, rounded as the reference rounds.
+std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const float> h) {
+  const int64_t off = int64_t{e} * v.ff * v.d;
+  std::vector<float> g = matvec(v.L().gate_exps.data() + off, h, v.ff);
+  const std::vector<float> u = matvec(v.L().up_exps.data() + off, h, v.ff);
+  const bool gelu = v.w.config.ffn_activation == FfnActivation::GeluTanh;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double act = gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
+    g[i] = float(act * double{u[i]});
+  }
+  return matvec(v.L().down_exps.data() + off, g, v.d);
+}
+
+struct Router {
+  std::vector<float> h, z;     // normed input, router logits
+  std::vector<double> p;       // softmax(z)
+  std::vector<int32_t> order;  // every expert, largest p first (ties: lower index)
+};
+
+Router route(const LayerView& v, std::span<const float> x) {
+  Router r;
+  r.h.resize(x.size());
+  ops::rms_norm(x.data(), v.L().ffn_norm.data(), r.h.data(), v.d, v.w.config.rms_norm_eps);
+  r.z = matvec(v.L().ffn_gate_inp.data(), r.h, v.w.config.moe.n_expert);
+  r.p = ops::softmax(r.z);
+  r.order = ops::top_k_experts(r.p, v.w.config.moe.n_expert);
+  return r;
+}
+
+// sum_{e in set} w_e E_e in fp64, rounded once (the reference's order: the set's).
+RoutingCandidate mix(const std::map<int32_t, std::vector<float>>& E, const Router& r,
+                     std::vector<int32_t> set, bool renormalise, std::span<const float> f_test) {
+  double sum_p = 0;
+  for (int32_t e : set) sum_p += r.p[size_t(e)];
+  std::vector<double> acc(f_test.size(), 0.0);
+  for (int32_t e : set) {
+    const double w = renormalise ? r.p[size_t(e)] / sum_p : r.p[size_t(e)];
+    const std::vector<float>& out = E.at(e);
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] += w * double{out[i]};
+  }
+  std::vector<float> y(acc.begin(), acc.end());
+  return {std::move(set), renormalise, metrics::nmse(f_test, y)};
+}
+
+std::string list(const std::vector<int32_t>& v) {
+  std::vector<int32_t> s(v);
+  std::sort(s.begin(), s.end());
+  return fmt::format("{{{}}}", fmt::join(s, ", "));
+}
+
+bool same_set(std::vector<int32_t> a, std::vector<int32_t> b) {
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  return a == b;
+}
+
+}  // namespace
+
+bool RoutingDiagnosis::routing_differs() const {
+  return !same_set(best.experts, reference) && best.nmse <= kExplainFactor * reference_mix.nmse;
+}
+
+bool RoutingDiagnosis::weighting_differs() const {
+  return same_set(best.experts, reference) && best.renormalised != family_renormalises &&
+         best.nmse <= kExplainFactor * reference_mix.nmse;
+}
+
+bool RoutingDiagnosis::near_tie(double near_tie_margin) const {
+  if (!routing_differs() || runner_up < 0 || reference.empty()) return false;
+  std::vector<int32_t> swapped(reference);
+  swapped.back() = runner_up;
+  return same_set(best.experts, swapped) && margin < near_tie_margin;
+}
+
+std::string RoutingDiagnosis::describe(double near_tie_margin) const {
+  const std::string where = fmt::format("step {}, layer {}", step, layer);
+  const std::string ref = fmt::format(
+      "the reference's experts {} (router margin {:.4g} nats between its k-th and "
+      "expert {}, the runner-up)",
+      list(reference), margin, runner_up);
+  if (routing_differs()) {
+    return fmt::format(
+        "routing divergence at {}: the backend's FFN output is the mixture of experts {} "
+        "(NMSE {:.3e}), not {} (NMSE {:.3e} on the backend's own FFN input); {}{}",
+        where, list(best.experts), best.nmse, list(reference), reference_mix.nmse, ref,
+        near_tie(near_tie_margin)
+            ? fmt::format(": a near tie (< {} nats), accepted", near_tie_margin)
+            : fmt::format(": not a near tie (the rule: the runner-up swapped in, margin < {} "
+                          "nats)",
+                          near_tie_margin));
+  }
+  if (weighting_differs()) {
+    return fmt::format(
+        "expert weighting differs at {}: the backend's FFN output is {} {} (NMSE {:.3e}), the "
+        "family {} (NMSE {:.3e})",
+        where, list(best.experts), best.renormalised ? "renormalised" : "not renormalised",
+        best.nmse, family_renormalises ? "renormalises" : "does not renormalise",
+        reference_mix.nmse);
+  }
+  return fmt::format(
+      "routing agrees at {} ({}); the backend's FFN output is NMSE {:.3e} from that mixture on "
+      "its own FFN input: the experts' arithmetic differs, not the routing",
+      where, ref, reference_mix.nmse);
+}
+
+std::optional<RoutingDiagnosis> diagnose_routing(const ModelWeights& w, int step, int layer,
+                                                 std::span<const float> ref_taps,
+                                                 std::span<const float> test_taps) {
+  const ModelConfig& c = w.config;
+  if (!c.is_moe() || layer < 0 || layer >= c.n_layer) return std::nullopt;
+  const size_t rec = size_t(c.n_layer) * TS_TAP_POINTS * size_t(c.n_embd);
+  if (ref_taps.size() != rec || test_taps.size() != rec) {
+    throw Error("routing diagnosis: tap records of {} and {} floats, the model's is {}",
+                ref_taps.size(), test_taps.size(), rec);
+  }
+  const LayerView v{w, layer, c.n_embd, c.moe.n_ff_exp};
+  const int k = c.moe.n_expert_used, n = c.moe.n_expert;
+  const Router ref = route(v, ffn_input(v, ref_taps));
+  const Router test = route(v, ffn_input(v, test_taps));
+  const size_t D = size_t(c.n_embd);
+  const std::span<const float> f_test =
+      test_taps.subspan((size_t(layer) * TS_TAP_POINTS + TS_TAP_FFN_OUT) * D, D);
+  RoutingDiagnosis dg;
+  dg.step = step;
+  dg.layer = layer;
+  dg.reference.assign(ref.order.begin(), ref.order.begin() + k);
+  dg.family_renormalises = c.moe.norm_topk;
+  if (k < n) {
+    dg.runner_up = ref.order[size_t(k)];
+    dg.margin = double{ref.z[size_t(ref.order[size_t(k - 1)])]} - ref.z[size_t(dg.runner_up)];
+  }
+  std::vector<int32_t> pool(test.order.begin(),
+                            test.order.begin() + std::min(n, k + kExtraCandidates));
+  std::map<int32_t, std::vector<float>> E;
+  for (int32_t e : dg.reference) E.emplace(e, expert_output(v, e, test.h));
+  for (int32_t e : pool) E.try_emplace(e, expert_output(v, e, test.h));
+  dg.reference_mix = mix(E, test, dg.reference, dg.family_renormalises, f_test);
+  dg.best = dg.reference_mix;
+  auto consider = [&](const std::vector<int32_t>& set) {
+    for (bool renorm : {dg.family_renormalises, !dg.family_renormalises}) {
+      RoutingCandidate cand = mix(E, test, set, renorm, f_test);
+      if (cand.nmse < dg.best.nmse) dg.best = std::move(cand);
+    }
+  };
+  consider(dg.reference);
+  for (size_t i = 0; i < dg.reference.size(); ++i) {
+    for (const auto& [e, out] : E) {
+      if (std::find(dg.reference.begin(), dg.reference.end(), e) != dg.reference.end()) continue;
+      std::vector<int32_t> set(dg.reference);
+      set[i] = e;
+      consider(set);
+    }
+  }
+  return dg;
+}
+
+}  // namespace touchstone
