@@ -1,7 +1,8 @@
 // engine.cpp - the cpu_simd model views (GGUF blocks or fp32 copies), the
 // session's setup (KV cache, scratch, fault copies) and the matmul dispatch
 // (linears). The forward pass itself: engine_pass.cpp (layers),
-// engine_attention.cpp, engine_batch.cpp (prefill / decode / step_batch / fork).
+// engine_attention.cpp, engine_moe.cpp (mixture-of-experts FFN), engine_batch.cpp
+// (prefill / decode / step_batch / fork).
 //
 // Numerics (see docs/backends/cpu_simd.md):
 //  * matrices: full precision = fp32 weights, fp32 accumulation (OpenBLAS sgemm

@@ -5,10 +5,11 @@
 // optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
 // dimensions (per-layer base / linear scale, rope_freqs divisors), GQA with an
 // optional sliding window and the model's attention scale, optional
-// post-attention / post-FFN norms, SwiGLU or GeGLU, embedding scale, optional
-// final logit soft-capping. Every matrix runs once over all tokens of the pass
-// (linears); per token: norms, RoPE at its own position, K/V written into its
-// own session's cache; attention per token against its own session's cache.
+// post-attention / post-FFN norms, SwiGLU or GeGLU (or a mixture of SwiGLU
+// experts: engine_moe.cpp), embedding scale, optional final logit soft-capping.
+// Every matrix runs once over all tokens of the pass (linears); per token: norms,
+// RoPE at its own position, K/V written into its own session's cache; attention
+// per token against its own session's cache.
 // Numerics: engine.cpp's header and docs/backends/cpu_simd.md.
 #include <algorithm>
 #include <cstring>

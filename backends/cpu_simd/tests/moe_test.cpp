@@ -4,19 +4,22 @@
 //    quantized path's matvec, full precision's sgemm) and the converted test models
 //    of tests/models/moe (GGUF blocks: Q4_0, Q8_0, Q4_K with Q5_0 experts, Q6_K, F16)
 //    against ReferenceTransformer, prefill and decode, 1 == 3 threads bitwise;
+//  * what the reference refuses (sigmoid routers, shared experts) is refused;
 //  * step_batch == each session alone, bitwise, on the quantized path (batch
 //    invariance: tokens grouped by expert see the same operations as alone), with
 //    fp32 activations and with int8 activations at every int8 level this CPU runs
-//    (the row-interleaved experts on AVX-512 VNNI).
+//    (the row-interleaved experts on AVX-512 VNNI, which hold every expert).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cpu_simd_backend.h"
+#include "engine.h"
 #include "kernels.h"
 #include "tiny_family.h"
 #include "touchstone/abi/backend_abi.h"
@@ -162,6 +165,31 @@ TEST(Moe, TestModelsMatchTheReferenceOnBothPaths) {
   }
 }
 
+// What the reference refuses, cpu_simd refuses too, naming it (read_model_config):
+// a sigmoid router's key, a shared expert's tensor, a dense FFN beside the experts.
+TEST(Moe, OtherRoutersAndSharedExpertsAreRefused) {
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
+  TinyOptions gating;
+  gating.arch = "qwen3moe";
+  gating.n_expert = 4;
+  gating.extra_string_key = "qwen3moe.expert_gating_func";
+  TinyOptions shared = gating;
+  shared.extra_string_key.clear();
+  shared.extra_tensor = "blk.0.ffn_gate_inp_shexp.weight";
+  TinyOptions dense;
+  dense.n_expert = 4;
+  dense.extra_tensor = "blk.0.ffn_gate.weight";
+  for (const auto& [o, name] : {std::pair{gating, std::string("qwen3moe.expert_gating_func")},
+                                std::pair{shared, std::string("blk.0.ffn_gate_inp_shexp.weight")},
+                                std::pair{dense, std::string("blk.0.ffn_gate.weight")}}) {
+    gg::testing::TempFile f(touchstone::testing::tiny_model(o), "moe_refused");
+    ts_model* model = nullptr;
+    EXPECT_NE(api->load_model(f.path().c_str(), &model), TS_OK) << name;
+    EXPECT_NE(std::string(api->last_error()).find(name), std::string::npos) << api->last_error();
+    if (model) api->free_model(model);
+  }
+}
+
 // Three sessions at positions 0, 5 and 2 advanced by one step_batch (a chunk with
 // all positions, a decode step, a chunk) == each alone, bitwise, on the quantized
 // path: fp32 activations, then int8 activations at every int8 level.
@@ -204,6 +232,24 @@ TEST(Moe, StepBatchEqualsEachSessionAloneOnTheQuantizedPath) {
   using namespace touchstone::cpu_simd;
   select_isa_from_env();
   std::vector<Model> models = file_cases();
+  // The int8 mode's row-interleaved copy (AVX-512 VNNI) holds every expert of a
+  // type its kernel reads (their rows, 256 and 64, are multiples of 16).
+  size_t n_r16 = 0;
+  for (const Model& m : models) {
+    SimdModel sm(m.path);
+    for (const LayerView& L : sm.quantized_r16().layers) {
+      for (const std::vector<Linear>* v : {&L.gate_exps, &L.up_exps, &L.down_exps}) {
+        for (const Linear& w : *v) {
+          if (!w.q || !r16_type(w.generic ? w.gtype : int(w.qtype))) continue;
+          EXPECT_NE(w.r16, nullptr) << m.name;
+          ++n_r16;
+        }
+      }
+    }
+  }
+  if (!models.empty()) {
+    EXPECT_GT(n_r16, 0u);
+  }
   std::vector<std::unique_ptr<gg::testing::TempFile>> tiny;
   for (const auto& [name, o] : tiny_cases()) {
     tiny.push_back(std::make_unique<gg::testing::TempFile>(touchstone::testing::tiny_model(o),
