@@ -1,7 +1,8 @@
 // engine.cpp - the cpu_simd model views (GGUF blocks or fp32 copies), the
 // session's setup (KV cache, scratch, fault copies) and the matmul dispatch
 // (linears). The forward pass itself: engine_pass.cpp (layers),
-// engine_attention.cpp, engine_batch.cpp (prefill / decode / step_batch / fork).
+// engine_attention.cpp, engine_moe.cpp (mixture-of-experts FFN), engine_batch.cpp
+// (prefill / decode / step_batch / fork).
 //
 // Numerics (see docs/backends/cpu_simd.md):
 //  * matrices: full precision = fp32 weights, fp32 accumulation (OpenBLAS sgemm
@@ -47,13 +48,18 @@ bool env_is(const char* name, const char* value) {
   return e && std::strcmp(e, value) == 0;
 }
 
+// A matrix [n_out][n_in] of the file (ggml shape {n_in, n_out}), or, with
+// n_expert > 0, a 3-D expert tensor {n_in, n_out, n_expert} viewed as one matrix of
+// n_expert * n_out rows (expert e: rows [e * n_out, (e + 1) * n_out)).
 Linear make_quant(const gg::File& f, const std::string& name, size_t n_in, size_t n_out,
-                  std::string* why) {
+                  std::string* why, size_t n_expert = 0) {
   Linear L;
   L.n_in = n_in;
-  L.n_out = n_out;
+  L.n_out = n_expert ? n_out * n_expert : n_out;
   const gg::TensorInfo& t = f.tensor(name);
-  if (t.shape.size() != 2 || t.shape[0] != n_in || t.shape[1] != n_out) {
+  const bool shape_ok =
+      n_expert ? t.shape.size() == 3 && t.shape[2] == n_expert : t.shape.size() == 2;
+  if (!shape_ok || t.shape[0] != n_in || t.shape[1] != n_out) {
     throw StatusError(TS_ERR_IO, f.path() + ": tensor " + name + " has an unexpected shape");
   }
   switch (t.type) {
@@ -146,7 +152,38 @@ Linear rows_of(const Linear& m, size_t r0, size_t n) {
   return L;
 }
 
+// The n_expert matrices of n_out rows each of a 3-D expert tensor (make_quant).
+std::vector<Linear> experts_of(const Linear& all, size_t n_expert) {
+  std::vector<Linear> v;
+  const size_t n_out = all.n_out / n_expert;
+  for (size_t e = 0; e < n_expert; ++e) v.push_back(rows_of(all, e * n_out, n_out));
+  return v;
+}
+
+// A mixture-of-experts layer's router and experts (llama.cpp llama-model.cpp,
+// LLM_ARCH_LLAMA / LLM_ARCH_QWEN3MOE): ffn_gate_inp {n_embd, n_expert},
+// ffn_{gate,up}_exps {n_embd, n_ff_exp, n_expert}, ffn_down_exps {n_ff_exp, n_embd,
+// n_expert}; expert e is rows [e * n_out, (e + 1) * n_out) of its tensor.
+void moe_views(const gg::File& f, const touchstone::ModelConfig& c, const std::string& b,
+               LayerView& L, std::string* why) {
+  const size_t d = size_t(c.n_embd), ne = size_t(c.moe.n_expert), fe = size_t(c.moe.n_ff_exp);
+  L.router = make_quant(f, b + "ffn_gate_inp.weight", d, ne, why);
+  auto exps = [&](const char* name, size_t n_in, size_t n_out) {
+    return experts_of(make_quant(f, b + name, n_in, n_out, why, ne), ne);
+  };
+  L.gate_exps = exps("ffn_gate_exps.weight", d, fe);
+  L.up_exps = exps("ffn_up_exps.weight", d, fe);
+  L.down_exps = exps("ffn_down_exps.weight", fe, d);
+}
+
 }  // namespace
+
+std::vector<Linear*> LayerView::matrices() {
+  std::vector<Linear*> v = {&wq, &wk, &wv, &wo, &gate, &up, &down, &router};
+  for (std::vector<Linear>* x : {&gate_exps, &up_exps, &down_exps})
+    for (Linear& w : *x) v.push_back(&w);
+  return v;
+}
 
 SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
   cfg_ = touchstone::read_model_config(file_);
@@ -189,7 +226,9 @@ SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
       L.k_norm = vec(b + "attn_k_norm.weight", hd);
     }
     L.wo = mat(b + "attn_output.weight", qd, d);
-    if (cfg_.fused_gate_up) {
+    if (cfg_.is_moe()) {
+      moe_views(file_, cfg_, b, L, &q_unsupported_);
+    } else if (cfg_.fused_gate_up) {
       const Linear gu = mat(b + "ffn_up.weight", d, 2 * ff);
       L.gate = rows_of(gu, 0, ff);
       L.up = rows_of(gu, ff, ff);
@@ -197,7 +236,7 @@ SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
       L.gate = mat(b + "ffn_gate.weight", d, ff);
       L.up = mat(b + "ffn_up.weight", d, ff);
     }
-    L.down = mat(b + "ffn_down.weight", ff, d);
+    if (!cfg_.is_moe()) L.down = mat(b + "ffn_down.weight", ff, d);
     if (cfg_.post_norms) {
       L.post_attn_norm = vec(b + "post_attention_norm.weight", d);
       L.post_ffn_norm = vec(b + "post_ffw_norm.weight", d);
@@ -234,7 +273,7 @@ void SimdModel::relocate_quantized() {
   constexpr size_t kAlign = size_t{2} << 20;
   std::vector<Linear*> all;
   for (LayerView& L : q_.layers) {
-    for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
+    for (Linear* w : L.matrices()) {
       if (w->q) all.push_back(w);  // (F32 matrices are used in place)
     }
   }
@@ -286,9 +325,17 @@ const WeightSet& SimdModel::full_precision() {
       L.wk = make_fp(l.wk, d, kvd);
       L.wv = make_fp(l.wv, d, kvd);
       L.wo = make_fp(l.wo, qd, d);
-      L.gate = make_fp(l.w_gate, d, ff);
-      L.up = make_fp(l.w_up, d, ff);
-      L.down = make_fp(l.w_down, ff, d);
+      if (cfg_.is_moe()) {
+        const size_t ne = size_t(cfg_.moe.n_expert), fe = size_t(cfg_.moe.n_ff_exp);
+        L.router = make_fp(l.ffn_gate_inp, d, ne);
+        L.gate_exps = experts_of(make_fp(l.gate_exps, d, ne * fe), ne);
+        L.up_exps = experts_of(make_fp(l.up_exps, d, ne * fe), ne);
+        L.down_exps = experts_of(make_fp(l.down_exps, fe, ne * d), ne);
+      } else {
+        L.gate = make_fp(l.w_gate, d, ff);
+        L.up = make_fp(l.w_up, d, ff);
+        L.down = make_fp(l.w_down, ff, d);
+      }
       f_.layers.push_back(L);
     }
     f_.output_norm = fp_->output_norm.data();
@@ -345,8 +392,20 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
   v_.resize(B * kvd);
   att_.resize(B * qd);
   tmp_.resize(B * d);
-  gate_.resize(B * ff);
-  up_.resize(B * ff);
+  const size_t ff_max = std::max(ff, size_t(c_.moe.n_ff_exp));
+  gate_.resize(B * ff_max);
+  up_.resize(B * ff_max);
+  if (c_.is_moe()) {
+    const size_t ne = size_t(c_.moe.n_expert), k = size_t(c_.moe.n_expert_used);
+    moe_logits_.resize(B * ne);
+    moe_x_.resize(B * d);
+    moe_out_.resize(B * k * d);
+    moe_expert_.resize(B * k);
+    moe_weight_.resize(B * k);
+    moe_slots_.resize(B * k);
+    moe_count_.resize(ne + 1);
+    moe_fill_.reserve(ne);
+  }
   reserve_scores(max_ctx_);
   tok_seg_.resize(B);
   blocks_.reserve(2 * B);
@@ -368,7 +427,7 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
       faults_.batch_token_count_split)
     partial_.resize(size_t(pool_.size()) * B * 128);
   if (faults_.quantized_only() && quant_) corrupt_quantized_copy(*w_);
-  const size_t max_in = std::max({d, qd, ff});
+  const size_t max_in = std::max({d, qd, ff_max});
   act_qs_.resize(B * max_in);
   act_d_.resize(B * max_in / 32);
   act_s_.resize(B * max_in / 32);
@@ -416,7 +475,7 @@ void SimdSession::corrupt_quantized_copy(const WeightSet& src) {
   faulty_w_ = src;
   std::vector<Linear*> all;
   for (LayerView& L : faulty_w_.layers)
-    for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) all.push_back(w);
+    for (Linear* w : L.matrices()) all.push_back(w);
   all.push_back(&faulty_w_.lm_head);
   size_t n_corrupted = 0;
   for (Linear* w : all) {

@@ -41,6 +41,9 @@ struct Linear {
 // One layer's weights. Optional vectors are nullptr when the config does not use
 // them (bq/bk/bv: qkv_bias; q_norm/k_norm: qk_norm; post_*: post_norms). Fused
 // Phi-3 matrices are row ranges of the fused tensor (same blocks, no copy).
+// Mixture-of-experts layers (ModelConfig::moe) have no gate / up / down but a
+// router [n_expert][n_embd] and per expert e the row range e of the 3-D GGUF
+// tensors (ggml shape {n_in, n_out, n_expert}: expert e's rows are contiguous).
 struct LayerView {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
@@ -48,6 +51,10 @@ struct LayerView {
   const float *q_norm = nullptr, *k_norm = nullptr;
   const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
   Linear wq, wk, wv, wo, gate, up, down;
+  Linear router;                                      // ffn_gate_inp (MoE only)
+  std::vector<Linear> gate_exps, up_exps, down_exps;  // [n_expert] (MoE only)
+  // Every matrix of the layer (experts included), for the passes over all of them.
+  std::vector<Linear*> matrices();
 };
 
 struct WeightSet {
@@ -60,11 +67,11 @@ struct WeightSet {
 // (ModelConfig::feature_names(), docs/model-families.md) this engine computes,
 // comma-separated as the ABI v3 table declares them. SimdModel() refuses anything
 // else with touchstone::UnsupportedModel naming it.
-inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3";
+inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe";
 inline constexpr const char* kModelFeatures =
     "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
-    "geglu,embedding_scale,attention_scale,final_logit_softcap";
+    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe";
 
 class SimdModel {
  public:
@@ -221,6 +228,12 @@ class SimdSession {
   void embed_and_rope();
   void attention_block(int32_t layer);
   void ffn_block(int32_t layer);
+  // act(gate_) * up_ in place for n_tok rows of width ff (gate_ / up_ rows ff apart).
+  void gated_activation(size_t n_tok, size_t ff);
+  // Mixture-of-experts FFN (engine_moe.cpp): xn_'s n_tok_ normed rows -> tmp_.
+  void moe_ffn(int32_t layer);
+  void moe_route(const LayerView& L);
+  void moe_expert(const LayerView& L, int32_t e, const int32_t* slots, size_t n);
   void taps_last_token(int32_t layer, int point, const float* rows);
   void logits_head();
   void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok);
@@ -291,6 +304,12 @@ class SimdSession {
   std::shared_ptr<KvCache> kv_;
   // Scratch for kMaxBatch tokens, allocated once (scores_: max_ctx_ per thread).
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
+  // MoE scratch: router logits [kMaxBatch][n_expert]; each token's k chosen experts
+  // and weights in the router's order; the slots (token * k + j) of each expert;
+  // the gathered inputs and each slot's expert output [kMaxBatch * k][n_embd].
+  std::vector<float> moe_logits_, moe_x_, moe_out_;
+  std::vector<int32_t> moe_expert_, moe_slots_, moe_count_, moe_fill_;
+  std::vector<double> moe_weight_;
   std::unique_ptr<float[]> multi_scores_;  // attn_queries() x max_ctx_ per thread
   std::vector<int8_t> act_qs_;
   std::vector<float> act_d_, act_s_;

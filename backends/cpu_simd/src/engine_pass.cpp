@@ -5,10 +5,11 @@
 // optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
 // dimensions (per-layer base / linear scale, rope_freqs divisors), GQA with an
 // optional sliding window and the model's attention scale, optional
-// post-attention / post-FFN norms, SwiGLU or GeGLU, embedding scale, optional
-// final logit soft-capping. Every matrix runs once over all tokens of the pass
-// (linears); per token: norms, RoPE at its own position, K/V written into its
-// own session's cache; attention per token against its own session's cache.
+// post-attention / post-FFN norms, SwiGLU or GeGLU (or a mixture of SwiGLU
+// experts: engine_moe.cpp), embedding scale, optional final logit soft-capping.
+// Every matrix runs once over all tokens of the pass (linears); per token: norms,
+// RoPE at its own position, K/V written into its own session's cache; attention
+// per token against its own session's cache.
 // Numerics: engine.cpp's header and docs/backends/cpu_simd.md.
 #include <algorithm>
 #include <cstring>
@@ -164,28 +165,23 @@ void SimdSession::attention_block(int32_t l) {
   taps_last_token(l, TS_TAP_ATTN_OUT, tmp_.data());
 }
 
-// Norm, gate / up, act(gate) * up, down, post-norm, residual add.
+// Norm, gate / up, act(gate) * up, down (or the mixture of experts:
+// engine_moe.cpp), post-norm, residual add.
 void SimdSession::ffn_block(int32_t l) {
   const size_t d = size_t(c_.n_embd), ff = size_t(c_.n_ff), N = size_t(n_tok_);
   const double eps = c_.rms_norm_eps * faults_.rms_eps_scale;
   const LayerView& L = w_->layers[size_t(l)];
   for (size_t i = 0; i < N; ++i)
     rms_norm(x_.data() + i * d, L.ffn_norm, xn_.data() + i * d, d, eps);
-  const Job gu[2] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
-  linears(gu, 2, xn_.data(), d, N);
-  // act(gate) * up in fp64, rounded once (act = SiLU or tanh-GELU, vector
-  // fp64 tanh / exp: kernels.h gated_act_f64); split into fixed slices of
-  // kActSlice so decode (one token) uses every thread too.
-  const bool gelu = c_.ffn_activation == touchstone::FfnActivation::GeluTanh;
-  constexpr size_t kActSlice = 256;
-  const size_t n_slices = ops::ceil_div(ff, kActSlice);
-  pool_.run(N * n_slices, [&](size_t task, int) {
-    const size_t i = task / n_slices, j0 = (task % n_slices) * kActSlice;
-    gated_act_f64(gelu, gate_.data() + i * ff + j0, up_.data() + i * ff + j0,
-                  std::min(ff, j0 + kActSlice) - j0);
-  });
-  const Job dn[1] = {{&L.down, tmp_.data(), d}};
-  linears(dn, 1, gate_.data(), ff, N);
+  if (c_.is_moe()) {
+    moe_ffn(l);
+  } else {
+    const Job gu[2] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
+    linears(gu, 2, xn_.data(), d, N);
+    gated_activation(N, ff);
+    const Job dn[1] = {{&L.down, tmp_.data(), d}};
+    linears(dn, 1, gate_.data(), ff, N);
+  }
   if (L.post_ffn_norm) {
     for (size_t i = 0; i < N; ++i)
       rms_norm(tmp_.data() + i * d, L.post_ffn_norm, tmp_.data() + i * d, d, eps);
@@ -193,6 +189,20 @@ void SimdSession::ffn_block(int32_t l) {
   for (size_t i = 0; i < N * d; ++i) x_[i] += tmp_[i];
   taps_last_token(l, TS_TAP_FFN_OUT, tmp_.data());
   taps_last_token(l, TS_TAP_RESIDUAL, x_.data());
+}
+
+// act(gate) * up in fp64, rounded once (act = SiLU or tanh-GELU, vector
+// fp64 tanh / exp: kernels.h gated_act_f64); split into fixed slices of
+// kActSlice so decode (one token) uses every thread too.
+void SimdSession::gated_activation(size_t n_tok, size_t ff) {
+  const bool gelu = c_.ffn_activation == touchstone::FfnActivation::GeluTanh;
+  constexpr size_t kActSlice = 256;
+  const size_t n_slices = ops::ceil_div(ff, kActSlice);
+  pool_.run(n_tok * n_slices, [&](size_t task, int) {
+    const size_t i = task / n_slices, j0 = (task % n_slices) * kActSlice;
+    gated_act_f64(gelu, gate_.data() + i * ff + j0, up_.data() + i * ff + j0,
+                  std::min(ff, j0 + kActSlice) - j0);
+  });
 }
 
 void SimdSession::tap(int32_t layer, int point, const float* row) {

@@ -17,7 +17,7 @@ const WeightSet& SimdModel::quantized_r16() {
     r16_ = q;
     std::vector<Linear*> all;
     for (LayerView& L : r16_.layers)
-      for (Linear* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) all.push_back(w);
+      for (Linear* w : L.matrices()) all.push_back(w);  // experts: one matrix each
     all.push_back(&r16_.lm_head);
     auto type = [](const Linear* w) { return w->generic ? w->gtype : int(w->qtype); };
     std::erase_if(all, [&](const Linear* w) {

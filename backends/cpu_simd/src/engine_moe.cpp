@@ -1,0 +1,95 @@
+// engine_moe.cpp - the mixture-of-experts FFN of the cpu_simd engine (Mixtral-style:
+// llama + llama.expert_count; Qwen3-MoE), the reference's maths
+// (reference/transformer/src/reference_forward.cpp, moe_feed_forward), per token:
+//   r = W_router h                                   (fp32, linears)
+//   (e_j, w_j), j < k = ops::route_softmax_top_k(r, k, norm_topk)
+//       fp64 softmax, the k largest (equal: lower expert index first), optionally
+//       renormalised (touchstone/model/moe_router.h; HF MixtralSparseMoeBlock,
+//       Qwen3MoeSparseMoeBlock; llama.cpp llm_graph_context::build_moe_ffn)
+//   f = sum_j w_j * Wdown_e_j (act(Wgate_e_j h) * (Wup_e_j h))
+//       each expert's gated FFN as the dense one (fp32 matmuls, act in fp64 rounded
+//       once), the k terms summed in fp64 in the router's order j = 0, 1, ..., k-1
+//       from 0.0, rounded once to fp32 (the reference's order and roundings).
+// The pass's tokens are grouped by expert: each chosen expert's matrices run once
+// over the gathered rows of the tokens that chose it (linears: the dense FFN's
+// kernels on the expert's row range of the 3-D tensor). On the quantized path every
+// output of those kernels is the same operation sequence for any token count and
+// row range, and everything else here is per token, so a token's result does not
+// depend on which other tokens or sessions share its pass (batch invariance,
+// docs/backends/cpu_simd.md).
+#include <algorithm>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "engine.h"
+#include "touchstone/model/moe_router.h"
+
+namespace touchstone::cpu_simd {
+
+void SimdSession::moe_ffn(int32_t l) {
+  const LayerView& L = w_->layers[size_t(l)];
+  const size_t d = size_t(c_.n_embd), N = size_t(n_tok_), k = size_t(c_.moe.n_expert_used);
+  moe_route(L);
+  for (int32_t e = 0; e < c_.moe.n_expert; ++e) {
+    const int32_t first = moe_count_[size_t(e)], n = moe_count_[size_t(e) + 1] - first;
+    if (n > 0) moe_expert(L, e, moe_slots_.data() + first, size_t(n));
+  }
+  // f = sum_j w_j * out_j in fp64, in the router's order, rounded once.
+  pool_.run(N, [&](size_t i, int) {
+    const double* w = moe_weight_.data() + i * k;
+    const float* out = moe_out_.data() + i * k * d;
+    for (size_t c = 0; c < d; ++c) {
+      double acc = 0.0;
+      for (size_t j = 0; j < k; ++j) acc += w[j] * double{out[j * d + c]};
+      tmp_[i * d + c] = static_cast<float>(acc);
+    }
+  });
+}
+
+// Router logits of every token (one linears call), each token's k experts and
+// weights (slot i * k + j: token i's j-th choice), then the slots grouped by expert
+// in token order: expert e's slots are moe_slots_[moe_count_[e], moe_count_[e + 1]).
+void SimdSession::moe_route(const LayerView& L) {
+  const size_t d = size_t(c_.n_embd), N = size_t(n_tok_), ne = size_t(c_.moe.n_expert);
+  const size_t k = size_t(c_.moe.n_expert_used);
+  const Job router[1] = {{&L.router, moe_logits_.data(), ne}};
+  linears(router, 1, xn_.data(), d, N);
+  pool_.run(N, [&](size_t i, int) {
+    const std::vector<touchstone::ops::ExpertWeight> chosen = touchstone::ops::route_softmax_top_k(
+        std::span<const float>(moe_logits_.data() + i * ne, ne), int32_t(k), c_.moe.norm_topk);
+    for (size_t j = 0; j < k; ++j) {
+      moe_expert_[i * k + j] = chosen[j].expert;
+      moe_weight_[i * k + j] = chosen[j].weight;
+    }
+  });
+  std::fill(moe_count_.begin(), moe_count_.end(), 0);
+  for (size_t s = 0; s < N * k; ++s) ++moe_count_[size_t(moe_expert_[s]) + 1];
+  for (size_t e = 0; e < ne; ++e) moe_count_[e + 1] += moe_count_[e];
+  std::vector<int32_t>& next = moe_fill_;
+  next.assign(moe_count_.begin(), moe_count_.end() - 1);
+  for (size_t s = 0; s < N * k; ++s)
+    moe_slots_[size_t(next[size_t(moe_expert_[s])]++)] = int32_t(s);
+}
+
+// Expert e's gated FFN on the n tokens of `slots` (gathered into moe_x_), each
+// output row written to its slot of moe_out_.
+void SimdSession::moe_expert(const LayerView& L, int32_t e, const int32_t* slots, size_t n) {
+  const size_t d = size_t(c_.n_embd), fe = size_t(c_.moe.n_ff_exp);
+  const size_t k = size_t(c_.moe.n_expert_used);
+  for (size_t r = 0; r < n; ++r) {
+    const size_t i = size_t(slots[r]) / k;
+    std::memcpy(moe_x_.data() + r * d, xn_.data() + i * d, d * sizeof(float));
+  }
+  const size_t x = size_t(e);
+  const Job gu[2] = {{&L.gate_exps[x], gate_.data(), fe}, {&L.up_exps[x], up_.data(), fe}};
+  linears(gu, 2, moe_x_.data(), d, n);
+  gated_activation(n, fe);
+  // tmp_ is free until moe_ffn's sum: the expert's rows, then copied to their slots.
+  const Job dn[1] = {{&L.down_exps[x], tmp_.data(), d}};
+  linears(dn, 1, gate_.data(), fe, n);
+  for (size_t r = 0; r < n; ++r)
+    std::memcpy(moe_out_.data() + size_t(slots[r]) * d, tmp_.data() + r * d, d * sizeof(float));
+}
+
+}  // namespace touchstone::cpu_simd
