@@ -35,6 +35,7 @@ const char* const kPointNames[kTapPoints] = {"attention output", "FFN output", "
 void compare_taps(const GoldenCase& g, size_t t, std::span<const float> test, double tol,
                   CaseResult& r) {
   ++r.tap_steps_compared;
+  r.backend_taps.insert(r.backend_taps.end(), test.begin(), test.end());
   if (r.first_layer_divergence) return;
   const size_t D = size_t(g.tap_dim);
   const float* ref = g.taps.data() + t * g.tap_record_size();
@@ -43,8 +44,7 @@ void compare_taps(const GoldenCase& g, size_t t, std::span<const float> test, do
       const size_t off = (size_t(l) * kTapPoints + size_t(p)) * D;
       const double e = metrics::nmse(std::span<const float>(ref + off, D), test.subspan(off, D));
       if (!(e <= tol)) {
-        r.first_layer_divergence = LayerDivergence{g.tap_steps[t], l, p, e, tol, {}, {}};
-        r.first_layer_divergence->backend_taps.assign(test.begin(), test.end());
+        r.first_layer_divergence = LayerDivergence{g.tap_steps[t], l, p, e, tol, {}};
         return;
       }
     }

@@ -24,13 +24,9 @@ std::optional<LayerDivergence> first_divergent_tap(std::span<const float> ref,
     const bool differs = bitwise ? std::memcmp(a.data(), b.data(), d * sizeof(float)) != 0
                                  : !(e <= o.layer_tolerance);
     if (differs) {
-      return LayerDivergence{position,
-                             int(k / kTapPoints),
-                             int(k % kTapPoints),
-                             e,
-                             bitwise ? 0.0 : o.layer_tolerance,
-                             {},
-                             {}};
+      return LayerDivergence{
+          position, int(k / kTapPoints), int(k % kTapPoints), e, bitwise ? 0.0 : o.layer_tolerance,
+          {}};
     }
   }
   return std::nullopt;

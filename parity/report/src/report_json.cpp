@@ -175,6 +175,7 @@ json case_json(const CaseResult& c) {
   cj["near_ties"] = json::array();
   for (const auto& d : c.near_ties) cj["near_ties"].push_back(divergence_json(d));
   cj["tap_steps_compared"] = c.tap_steps_compared;
+  if (!c.routing.empty()) cj["routing"] = c.routing;
   cj["first_layer_divergence"] = layer_json(c.first_layer_divergence);
   cj["series"] = case_series_json(c);
   cj["verdict"] = item_verdict(c);

@@ -2,7 +2,10 @@
 // when a case's first divergent layer tap is an FFN output of a mixture-of-experts
 // model, which experts the backend used (touchstone/run/moe_routing.h), judged by the
 // near-tie rule of docs/metrics.md ("Routing divergence").
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <optional>
 
 #include "parity_internal.h"
 #include "touchstone/abi/backend_abi.h"
@@ -26,29 +29,70 @@ const ModelWeights* moe_weights(const Inputs& in) {
 
 }  // namespace
 
+namespace {
+
+struct RoutingScan {
+  int pairs = 0, agreed = 0, ties = 0;
+  std::optional<RoutingDiagnosis> first_wrong, first_tie;
+};
+
+// Every compared tap step x mixture-of-experts layer, in order; layer divergence ld
+// (an FFN output) gets its pair's description.
+RoutingScan scan(const ModelWeights& w, const GoldenCase& g, const CaseResult& r, double tie,
+                 LayerDivergence* ld) {
+  RoutingScan sc;
+  const size_t rec = g.tap_record_size();
+  const std::span<const float> ref(g.taps), test(r.backend_taps);
+  for (int t = 0; t < r.tap_steps_compared; ++t) {
+    for (int l = 0; l < w.config.n_layer; ++l) {
+      const int step = g.tap_steps[size_t(t)];
+      const std::optional<RoutingDiagnosis> dg = diagnose_routing(
+          w, step, l, ref.subspan(size_t(t) * rec, rec), test.subspan(size_t(t) * rec, rec));
+      if (!dg) continue;
+      ++sc.pairs;
+      if (ld && ld->step == step && ld->layer == l) ld->explanation = dg->describe(tie);
+      if (!dg->routing_differs() && !dg->weighting_differs()) {
+        ++sc.agreed;
+      } else if (dg->near_tie(tie)) {
+        ++sc.ties;
+        if (!sc.first_tie) sc.first_tie = dg;
+      } else if (!sc.first_wrong) {
+        sc.first_wrong = dg;
+      }
+    }
+  }
+  return sc;
+}
+
+}  // namespace
+
 void explain_routing(const Inputs& in, const GoldenCase& g, CaseResult& r) {
-  if (!r.first_layer_divergence || r.first_layer_divergence->point != TS_TAP_FFN_OUT) return;
-  LayerDivergence& ld = *r.first_layer_divergence;
-  const auto t = std::find(g.tap_steps.begin(), g.tap_steps.end(), ld.step);
-  if (ld.backend_taps.empty() || t == g.tap_steps.end() || in.model_path.empty()) return;
+  const size_t rec = g.tap_record_size();
+  if (r.tap_steps_compared == 0 || rec == 0 || in.model_path.empty() ||
+      r.backend_taps.size() != size_t(r.tap_steps_compared) * rec ||
+      g.taps.size() < r.backend_taps.size()) {
+    return;
+  }
   const ModelWeights* w = moe_weights(in);
   if (!w) return;
-  const size_t rec = g.tap_record_size();
-  const std::span<const float> ref =
-      std::span<const float>(g.taps).subspan(size_t(t - g.tap_steps.begin()) * rec, rec);
-  const std::optional<RoutingDiagnosis> dg =
-      diagnose_routing(*w, ld.step, ld.layer, ref, ld.backend_taps);
-  if (!dg) return;
+  LayerDivergence* ld =
+      r.first_layer_divergence && r.first_layer_divergence->point == TS_TAP_FFN_OUT
+          ? &*r.first_layer_divergence
+          : nullptr;
   const double tie = in.profile->near_tie_margin;
-  ld.explanation = dg->describe(tie);
-  const bool wrong = (dg->routing_differs() && !dg->near_tie(tie)) || dg->weighting_differs();
-  if (wrong) {
-    r.failures.push_back(ld.explanation);
-    r.violations.push_back({dg->routing_differs() ? "routing" : "expert_weighting", dg->best.nmse,
-                            dg->reference_mix.nmse});
+  const RoutingScan sc = scan(*w, g, r, tie, ld);
+  r.routing = fmt::format(
+      "routing as the reference's at {} of {} (step, layer) pairs, {} near-tie swap{} accepted",
+      sc.agreed, sc.pairs, sc.ties, sc.ties == 1 ? "" : "s");
+  if (sc.first_tie) r.routing += " (first: " + sc.first_tie->describe(tie) + ")";
+  if (sc.first_wrong) {
+    const RoutingDiagnosis& dg = *sc.first_wrong;
+    r.failures.push_back(dg.describe(tie));
+    r.violations.push_back(
+        {dg.routing_differs() ? "routing" : "expert_weighting", double(dg.step), double(dg.layer)});
     r.passed = false;
-  } else if (!r.failures.empty()) {
-    r.failures.push_back(ld.explanation);
+  } else if (ld && !ld->explanation.empty() && !r.failures.empty()) {
+    r.failures.push_back(ld->explanation);
   }
 }
 

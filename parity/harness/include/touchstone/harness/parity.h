@@ -42,11 +42,9 @@ struct GreedyDivergence {
 struct LayerDivergence {
   int step = 0, layer = 0, point = 0;
   double nmse = 0.0, tolerance = 0.0;
-  // The backend's whole tap record of that step ([n_layer][TS_TAP_POINTS][n_embd]),
-  // kept for the diagnosis of a mixture-of-experts FFN (touchstone/run/moe_routing.h).
-  std::vector<float> backend_taps;
-  // That diagnosis, when the point is an FFN output of a mixture-of-experts layer
-  // ("routing divergence at step 0, layer 1: ...", "routing agrees at ..."); "" = none.
+  // The routing diagnosis (touchstone/run/moe_routing.h), when the point is an FFN
+  // output of a mixture-of-experts layer ("routing divergence at step 0, layer 1: ...",
+  // "routing agrees at ..."); "" = none.
   std::string explanation;
   std::string point_name() const;
   std::string describe() const;  // "layer 3, attention output: NMSE 3.1e-02 > 1.0e-09 (step 0)"
@@ -120,6 +118,12 @@ struct CaseResult {
   int first_logit_violation_step = -1;               // first step whose logits break the profile
   std::string first_logit_violation;                 // what broke there
   int tap_steps_compared = 0;                        // golden tap steps compared (0 = no taps)
+  // The backend's tap records of those steps, [tap_steps_compared][n_layer][TS_TAP_POINTS]
+  // [n_embd] float32, for the routing diagnosis of a mixture-of-experts model.
+  std::vector<float> backend_taps;
+  // That diagnosis over every compared step and layer ("" = not a mixture-of-experts
+  // model, or no taps): "routing as the reference's at 6 of 6 (step, layer) pairs ...".
+  std::string routing;
   std::optional<LayerDivergence> first_layer_divergence;
   // Serving checks: where the first failing row's layer taps were compared
   // (" at position N (<shape, slot, ...>)"; "" = not located, no taps).
