@@ -91,8 +91,8 @@ struct Faults {
                                     // 22896's shared bitmask) (batch_isolation)
   // Mixture-of-experts faults (the reference; caught by the routing diagnosis,
   // docs/metrics.md#routing-divergence; a no-op on a dense model):
-  bool moe_runner_up = false;  // "moe_runner_up": the router's k-th expert replaced by the
-                               // (k+1)-th, the runner-up (a routing divergence)
+  bool moe_runner_up = false;       // "moe_runner_up": the router's k-th expert replaced by the
+                                    // (k+1)-th, the runner-up (a routing divergence)
   bool moe_renorm_skipped = false;  // "moe_renorm_skipped": the top-k weights left as the
                                     // softmax gave them where the family renormalises
                                     // them (an expert weighting divergence)
