@@ -552,10 +552,11 @@ def markdown(results: list[dict], meta: dict) -> str:
             "dequantizes to fp32). Each cell: runs; NMSE of its full logits against the reference on a copy "
             "of the same GGUF dequantized to F32 by gguf-py (an independent dequantizer; must be <= 1e-10 "
             "with identical greedy ids); greedy ids equal to the F32 model's (of 8, information only). "
-            "K-quant files hold K blocks only where rows are 256 long ("
-            + ("ffn_down_exps, expert width 256" if moe else "ffn_down, n_ff = 256")
-            + "); llama-quantize gives the 64-long rows its fallback types (Q5_0/Q5_1/Q8_0)."
-            + (" gpt-oss: MXFP4 is llama-quantize's MXFP4_MOE (the 3-D expert tensors MXFP4, every other "
+            + ("K-quant files hold K blocks only where rows are 256 long ("
+               + ("ffn_down_exps, expert width 256" if moe else "ffn_down, n_ff = 256")
+               + "); llama-quantize gives the 64-long rows its fallback types (Q5_0/Q5_1/Q8_0)."
+               if group != "gptoss" else "")
+            + ("gpt-oss: MXFP4 is llama-quantize's MXFP4_MOE (the 3-D expert tensors MXFP4, every other "
                "matrix Q8_0); the test model's experts are MXFP4-exact, so its expert tensors dequantize to the "
                "F32 file's values bit for bit." if group == "gptoss" else ""), "",
             "| family | " + " | ".join(q["type"].upper() for q in results[0]["quantized"]) + " |",
