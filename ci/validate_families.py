@@ -19,7 +19,9 @@ eager attention, CPU, deterministic algorithms, 1 thread:
 With --moe, the same for the mixture-of-experts families (mixtral: GGUF arch llama with
 llama.expert_count, HF MixtralForCausalLM; qwen3moe: Qwen3MoeForCausalLM), made by
 `tools/make-test-models/make-test-models --moe`; their section of the doc has its own
-markers, so the dense families' section is left as it is.
+markers, so the dense families' section is left as it is. With --gptoss, gpt-oss
+(GGUF arch gpt-oss, HF GptOssForCausalLM; tests/models/gpt-oss, made by
+`make-test-models --gptoss`: F32, F16, Q8_0 and MXFP4 files), in a section of its own.
 
 Pass: greedy ids identical for every step of every prompt, and per prompt
 NMSE = sum((ref - hf)^2) / sum(ref^2) <= 1e-10 over all steps' full rows (float64).
@@ -27,7 +29,7 @@ Then every other GGUF of the family (F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) mu
 and run 8 steps through `touchstone run -b reference`; its greedy ids are compared with
 the F32 ones for information.
 
-    ci/validate_families.py [--models-dir DIR] [--touchstone BIN] [--family F]... [--moe]
+    ci/validate_families.py [--models-dir DIR] [--touchstone BIN] [--family F]... [--moe | --gptoss]
                             [--write-doc docs/validation.md] [--json OUT]
 
 Run it in ~/.cache/touchstone/venv-validate (ci/requirements-validate.txt), or in
@@ -51,11 +53,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
 MOE_FAMILIES = ["mixtral", "qwen3moe"]   # tests/models/moe; --moe
+GPTOSS_FAMILIES = ["gptoss"]             # tests/models/gpt-oss; --gptoss
 OTHER_TYPES = ["f16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
+FAMILY_TYPES = {"gptoss": ["f16", "q8_0", "mxfp4"]}   # else OTHER_TYPES
 STEPS = 16
 NMSE_MAX = 1e-10
 BEGIN, END = "<!-- validate-families:begin -->", "<!-- validate-families:end -->"
 MOE_BEGIN, MOE_END = "<!-- validate-families-moe:begin -->", "<!-- validate-families-moe:end -->"
+GPTOSS_BEGIN, GPTOSS_END = "<!-- validate-families-gptoss:begin -->", "<!-- validate-families-gptoss:end -->"
 
 # Text prompts (the reference's tokenizer makes the ids; transformers gets those ids).
 # With the 512-token test tokenizers they are 1 to ~45 tokens: every one but the
@@ -185,17 +190,33 @@ MUTATIONS = {
     "qwen3moe": [("norm_topk_prob false (top-2 weights not renormalised)", _cfg(norm_topk_prob=False)),
                  ("top-1 instead of top-2", _cfg(num_experts_per_tok=1)),
                  ("QK-norm weights 1", _params(r"\.(q|k)_norm\.weight$", 1.0))],
+    # gpt-oss: each feature of the family switched off in transformers.
+    "gptoss": [("no attention sinks (sinks -inf)", _params(r"\.sinks$", float("-inf"))),
+               ("every layer full attention", lambda cfg, model: setattr(cfg, "layer_types", ["full_attention"] * cfg.num_hidden_layers)),
+               ("no YaRN (default RoPE, theta 150000)", _cfg(rope_parameters={"rope_type": "default", "rope_theta": 150000.0})),
+               ("no SwiGLU clamp (swiglu_limit 1e9)", _cfg(swiglu_limit=1e9)),
+               ("router and expert biases zero", _params(r"(router\.bias|_proj_bias)$", 0.0)),
+               ("top-1 instead of top-2", _cfg(num_experts_per_tok=1))],
     "phi3": [("no sliding window", _cfg(sliding_window=100000)),
              ("full rotary", lambda cfg, model: (cfg.rope_parameters.update(partial_rotary_factor=1.0),
                                                  setattr(cfg, "partial_rotary_factor", 1.0)))],
 }
 
 
-def sensitivity(fam: str, hf_dir: Path, ids: list[int], greedy: list[int], ref) -> list[dict]:
+# Information only (no threshold): what a variant that other implementations compute
+# would change. gpt-oss: llama.cpp rounds YaRN's correction range (ggml_rope_yarn_corr_dims:
+# floor / ceil), i.e. transformers' truncate = True; the released config says false.
+INFO_MUTATIONS = {
+    "gptoss": [("YaRN correction range rounded (truncate true, as llama.cpp)",
+                lambda cfg, model: cfg.rope_parameters.update(truncate=True))],
+}
+
+
+def sensitivity(fam: str, hf_dir: Path, ids: list[int], greedy: list[int], ref, info: bool = False) -> list[dict]:
     import torch
     import transformers
     out = []
-    for name, mutate in MUTATIONS[fam]:
+    for name, mutate in (INFO_MUTATIONS.get(fam, []) if info else MUTATIONS[fam]):
         cfg = transformers.AutoConfig.from_pretrained(hf_dir)
         mutate(cfg, None) if "_params" not in mutate.__qualname__ else None
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -299,6 +320,28 @@ MOE_NOTES = [
 ]
 
 
+GPTOSS_NOTES = [
+    "Notes on the gpt-oss model (a tiny synthetic model of the real architecture, seeded random weights, NOT "
+    "gpt-oss weights, none of which these machines have: it checks that the reference computes what "
+    "transformers computes for GptOssForCausalLM, not any released checkpoint):",
+    "",
+    "- The HF config has the released models' structure at a tiny size: YaRN (factor 32, beta_fast 32, "
+    "beta_slow 1, truncate false, original context 4096, theta 150000), sliding window (8 here, 128 released) "
+    "on layer 0 and full attention on layer 1, q/k/v/o biases, one sink logit per head, 8 experts top-2 "
+    "(32 or 128 top-4 released), swiglu_alpha 1.702, swiglu_limit 7.0. Expert weights are rounded to MXFP4 "
+    "values before saving (the released experts are MXFP4) and the gate/up weights scaled so that gates "
+    "pass the clamp.",
+    "- The converter (GptOssModel) splits HF's interleaved `gate_up_proj` [E, hidden, 2I] into "
+    "`ffn_gate_exps` (columns 0, 2, ...) and `ffn_up_exps` (1, 3, ...), transposed to ggml {hidden, I, E}, and "
+    "writes the biases likewise; it emits MXFP4 only from a checkpoint already in MXFP4 (`*_blocks`, "
+    "`*_scales`), so the MXFP4 file here is llama-quantize MXFP4_MOE of the F32 file.",
+    "- The GGUF carries neither the YaRN betas nor `truncate`, nor the SwiGLU constants: the reference takes "
+    "the released config's values (the betas and constants are llama.cpp's as well). llama.cpp always rounds "
+    "YaRN's correction range (floor / ceil in `ggml_rope_yarn_corr_dims`), which is transformers' "
+    "`truncate = true`: the information row shows how far that is from the released `truncate = false`.",
+]
+
+
 REFUSED_RE = re.compile(r"metadata key '([^']+)' is not supported by the reference")
 
 
@@ -373,6 +416,7 @@ def validate_family(fam: str, models_dir: Path, touchstone: Path, tmp: Path) -> 
                 r["ref_ids"], r["hf_ids"] = greedy, hf_g
             if name == "long":
                 res["sensitivity"] = sensitivity(fam, hf_dir, prompt_ids, greedy, ref)
+                res["info_variants"] = sensitivity(fam, hf_dir, prompt_ids, greedy, ref, info=True)
                 res["pass"] &= all(m["nmse"] > 1e-3 for m in res["sensitivity"])
             r["pass"] = r["greedy_identical"] and r["nmse"] <= NMSE_MAX   # refusals: res["pass"]
             res["pass"] &= r["pass"]
@@ -409,7 +453,7 @@ def validate_family(fam: str, models_dir: Path, touchstone: Path, tmp: Path) -> 
 
     f32_ids, _ = run_rows(gguf)
     res["quantized"] = []
-    for t in OTHER_TYPES:
+    for t in FAMILY_TYPES.get(fam, OTHER_TYPES):
         p = models_dir / f"{fam}-test-{t}.gguf"
         if res["refused"]:
             strip_keys(p, work / p.name, res["refused"])
@@ -436,20 +480,33 @@ def validate_family(fam: str, models_dir: Path, touchstone: Path, tmp: Path) -> 
     return res
 
 
+# Per group (the dense families, --moe, --gptoss): its doc section and how it was made.
+GROUPS = {
+    "dense": dict(begin=BEGIN, end=END, title="## Converted test models", flag="",
+                  sums="tests/models/SHA256SUMS", make=""),
+    "moe": dict(begin=MOE_BEGIN, end=MOE_END, title="## Mixture-of-experts test models", flag="--moe ",
+                sums="tests/models/moe/SHA256SUMS", make="--moe "),
+    "gptoss": dict(begin=GPTOSS_BEGIN, end=GPTOSS_END, title="## gpt-oss test models", flag="--gptoss ",
+                   sums="tests/models/gpt-oss/SHA256SUMS", make="--gptoss "),
+}
+
+
 def markdown(results: list[dict], meta: dict) -> str:
-    moe = meta.get("moe", False)
-    out = [MOE_BEGIN if moe else BEGIN, "## Mixture-of-experts test models" if moe else "## Converted test models", "",
+    group = meta.get("group", "moe" if meta.get("moe") else "dense")
+    moe = group != "dense"
+    g_ = GROUPS[group]
+    types = ", ".join(t.upper() for t in FAMILY_TYPES.get(results[0]["family"], OTHER_TYPES) if t != "f16")
+    out = [g_["begin"], g_["title"], "",
            "`tools/make-test-models/make-test-models` makes one small seeded random Hugging Face model",
            "per family and converts it with llama.cpp's own `convert_hf_to_gguf.py` (F32, F16) and",
-           "`llama-quantize` (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), both from the llama.cpp vendored",
+           f"`llama-quantize` ({types}), both from the llama.cpp vendored",
            "in the llama-cpp-python sdist; `ci/validate_families.py` runs the F32 GGUF through the",
            "reference and the ORIGINAL safetensors through transformers (fp32, eager, CPU, 1 thread).",
            "Criteria: greedy ids identical for 16 steps, NMSE over all 16 full logits rows <= 1e-10.",
            "",
            "```bash",
-           ("tools/make-test-models/make-test-models --moe   # -> ~/.cache/touchstone/test-models, sha256 checked against tests/models/moe/SHA256SUMS"
-            if moe else "tools/make-test-models/make-test-models     # -> ~/.cache/touchstone/test-models, sha256 checked against tests/models/SHA256SUMS"),
-           "~/.cache/touchstone/venv-validate/bin/python ci/validate_families.py " + ("--moe " if moe else "") + "--write-doc docs/validation.md",
+           f"tools/make-test-models/make-test-models {g_['make']}  # -> ~/.cache/touchstone/test-models, sha256 checked against {g_['sums']}",
+           "~/.cache/touchstone/venv-validate/bin/python ci/validate_families.py " + g_["flag"] + "--write-doc docs/validation.md",
            "```",
            "",
            f"- date (UTC): {meta['date']}; host: {meta['host']}; {meta['versions']}",
@@ -478,6 +535,12 @@ def markdown(results: list[dict], meta: dict) -> str:
             "`long` prompt; each must exceed 1e-3, so the agreement above is not vacuous):", ""]
     for r in results:
         out.append(f"- {r['family']}: " + "; ".join(f"{m['feature']}: {m['nmse']:.3g}" for m in r.get("sensitivity", [])))
+    info = [(r["family"], m) for r in results for m in r.get("info_variants", [])]
+    if info:
+        out += ["", "Information only (transformers with a variant another implementation computes; NMSE "
+                "against the reference on the `long` prompt, no threshold):", ""]
+        for fam, m in info:
+            out.append(f"- {fam}: {m['feature']}: {m['nmse']:.3g}")
     variants = [(r["family"], v) for r in results for v in r.get("key_variants", [])]
     if variants:
         out += ["", "Variants the converter cannot write (a key added to a copy of the F32 GGUF by gguf-py, "
@@ -489,9 +552,13 @@ def markdown(results: list[dict], meta: dict) -> str:
             "dequantizes to fp32). Each cell: runs; NMSE of its full logits against the reference on a copy "
             "of the same GGUF dequantized to F32 by gguf-py (an independent dequantizer; must be <= 1e-10 "
             "with identical greedy ids); greedy ids equal to the F32 model's (of 8, information only). "
-            "K-quant files hold K blocks only where rows are 256 long ("
-            + ("ffn_down_exps, expert width 256" if moe else "ffn_down, n_ff = 256")
-            + "); llama-quantize gives the 64-long rows its fallback types (Q5_0/Q5_1/Q8_0).", "",
+            + ("K-quant files hold K blocks only where rows are 256 long ("
+               + ("ffn_down_exps, expert width 256" if moe else "ffn_down, n_ff = 256")
+               + "); llama-quantize gives the 64-long rows its fallback types (Q5_0/Q5_1/Q8_0)."
+               if group != "gptoss" else "")
+            + ("gpt-oss: MXFP4 is llama-quantize's MXFP4_MOE (the 3-D expert tensors MXFP4, every other "
+               "matrix Q8_0); the test model's experts are MXFP4-exact, so its expert tensors dequantize to the "
+               "F32 file's values bit for bit." if group == "gptoss" else ""), "",
             "| family | " + " | ".join(q["type"].upper() for q in results[0]["quantized"]) + " |",
             "|---|" + "---|" * len(results[0]["quantized"])]
     for r in results:
@@ -503,7 +570,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         for fam, p in fails:
             out.append(f"- {fam} / {p['name']}: first greedy difference at step {p['first_greedy_diff']}, "
                        f"NMSE {p['nmse']:.3g} (worst step {p['worst_step']}: {p['nmse_worst_step']:.3g}), max abs {p['max_abs']:.3g}")
-    out += [""] + meta.get("notes", []) + ["", MOE_END if moe else END]
+    out += [""] + meta.get("notes", []) + ["", g_["end"]]
     return "\n".join(out) + "\n"
 
 
@@ -534,8 +601,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache/touchstone/test-models")
     ap.add_argument("--touchstone", type=Path, default=ROOT / "build/dev/bin/touchstone")
-    ap.add_argument("--family", action="append", choices=FAMILIES + MOE_FAMILIES)
+    ap.add_argument("--family", action="append", choices=FAMILIES + MOE_FAMILIES + GPTOSS_FAMILIES)
     ap.add_argument("--moe", action="store_true", help="the mixture-of-experts families (tests/models/moe)")
+    ap.add_argument("--gptoss", action="store_true", help="gpt-oss (tests/models/gpt-oss)")
     ap.add_argument("--write-doc", type=Path)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--note", action="append", default=[], help="extra line for the doc section")
@@ -551,7 +619,8 @@ def main() -> int:
     t0 = time.time()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for fam in args.family or (MOE_FAMILIES if args.moe else FAMILIES):
+        group = "gptoss" if args.gptoss else "moe" if args.moe else "dense"
+        for fam in args.family or {"gptoss": GPTOSS_FAMILIES, "moe": MOE_FAMILIES, "dense": FAMILIES}[group]:
             t1 = time.time()
             try:
                 r = validate_family(fam, args.models_dir, args.touchstone, Path(tmp))
@@ -572,26 +641,30 @@ def main() -> int:
                 if not p["pass"]:
                     print(f"    {p['name']}: P={p['P']} first greedy diff {p['first_greedy_diff']} NMSE {p['nmse']:.3g} "
                           f"worst step {p['worst_step']} ({p['nmse_worst_step']:.3g}) max abs {p['max_abs']:.3g}", flush=True)
-    sums = ROOT / ("tests/models/moe/SHA256SUMS" if args.moe else "tests/models/SHA256SUMS")
+    sums = ROOT / GROUPS[group]["sums"]
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), "moe": args.moe,
+            "group": group,
             "host": host_description(),
             "versions": f"python {platform.python_version()}, torch {torch.__version__}, transformers "
                         f"{transformers.__version__}, numpy {np.__version__}",
             "converter": "llama.cpp vendored in llama-cpp-python 0.3.16 (sdist): convert_hf_to_gguf.py with its own "
                          "gguf-py, llama-quantize built from the same sources (CPU, 1 thread)",
             "models": f"sha256 of every GGUF in `{sums.relative_to(ROOT)}`",
-            "tokenizers": ("mixtral: SentencePiece BPE (byte fallback, 512 pieces) trained on goldens/passages/*.txt; "
+            "tokenizers": ("gptoss: byte-level BPE (HF tokenizers, Qwen2 regex, 509 + 3 special tokens), "
+                           "`tokenizer.ggml.pre = qwen2` given explicitly (the converter's GptOssModel reads a GPT-2 "
+                           "style tokenizer.json; not the real o200k_harmony vocabulary)") if args.gptoss else
+                          ("mixtral: SentencePiece BPE (byte fallback, 512 pieces) trained on goldens/passages/*.txt; "
                            "qwen3moe: byte-level BPE (HF tokenizers, Qwen2 regex, 509 + 3 special tokens), "
                            "`tokenizer.ggml.pre = qwen2` given explicitly") if args.moe else
                           "llama, gemma3, phi3: SentencePiece BPE (byte fallback, 512 pieces) trained on "
                           "goldens/passages/*.txt; qwen2, qwen3: byte-level BPE (HF tokenizers, Qwen2 regex, "
                           "509 + 3 special tokens), `tokenizer.ggml.pre = qwen2` given explicitly",
             "time": f"validation {time.time() - t0:.0f} s for {len(results)} families",
-            "notes": (MOE_NOTES if args.moe else NOTES) + args.note}
+            "notes": {"gptoss": GPTOSS_NOTES, "moe": MOE_NOTES, "dense": NOTES}[group] + args.note}
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     if args.write_doc:
-        write_doc(args.write_doc, markdown(results, meta), *((MOE_BEGIN, MOE_END) if args.moe else (BEGIN, END)))
+        write_doc(args.write_doc, markdown(results, meta), GROUPS[group]["begin"], GROUPS[group]["end"])
     ok = all(r["pass"] for r in results)
     print("ALL PASS" if ok else "FAIL")
     return 0 if ok else 1

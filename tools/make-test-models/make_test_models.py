@@ -37,10 +37,11 @@ PASSAGES = sorted((ROOT / "goldens" / "passages").glob("*.txt"))
 
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
 # Mixture-of-experts families: made only when named (--family; make-test-models --moe),
-# kept apart in tests/models/moe/ so that tests/models/manifest.json is unchanged.
-MOE_FAMILIES = ["mixtral", "qwen3moe"]
+# kept apart in tests/models/moe/ (gpt-oss: tests/models/gpt-oss/) so that
+# tests/models/manifest.json is unchanged.
+MOE_FAMILIES = ["mixtral", "qwen3moe", "gptoss"]
 # general.architecture of each family's GGUF (Mixtral is llama + expert_count).
-ARCH = {"mixtral": "llama"}
+ARCH = {"mixtral": "llama", "gptoss": "gpt-oss"}
 QUANTS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
 QUANT_NAME = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K"}
 VOCAB = 512
@@ -117,7 +118,27 @@ SPECS = {
                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
                     rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # gpt-oss: the released config's structure (YaRN as in gpt-oss-20b/120b: factor 32,
+    # beta 32/1, truncate false, original context 4096, theta 150000; alternating sliding /
+    # full layers; attention biases; sinks; clamped SwiGLU 1.702 / 7.0; top-k-then-softmax
+    # router) at a tiny size. Experts are MXFP4-exact (mxfp4_exact), as the released
+    # checkpoints' experts are MXFP4, so the MXFP4 GGUF holds them without loss.
+    "gptoss": dict(
+        cls="GptOssForCausalLM", cfg="GptOssConfig", tokenizer="bpe", seed=1008, init=0.12,
+        expert_scale=4.0, sink_scale=1.5, mxfp4_experts=True,
+        config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    sliding_window=8, num_local_experts=8, num_experts_per_tok=2,
+                    attention_bias=True, swiglu_alpha=1.702, swiglu_limit=7.0,
+                    bos_token_id=None, eos_token_id=0,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0,
+                                         beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                         original_max_position_embeddings=4096))),
 }
+# Per family, the quantized types made by llama-quantize (default QUANTS).
+FAMILY_QUANTS = {"gptoss": ["q8_0", "mxfp4"]}
+QUANT_NAME["mxfp4"] = "MXFP4_MOE"   # experts MXFP4, every other matrix Q8_0 (llama-quant.cpp)
 
 
 def sha256(path: Path) -> str:
@@ -204,6 +225,22 @@ def legacy_config_keys(cfg: dict) -> dict:
     return cfg
 
 
+def mxfp4_exact(w):
+    """w with every block of 32 along dim 1 rounded as ggml's quantize_row_mxfp4_ref does
+    (e = floor(log2(amax)) - 2 + 127, d = 2^(e - 128), nearest of d * kvalues_mxfp4, first
+    on ties), so that MXFP4 holds it exactly. Dim 1 is the GGUF rows' input dim of HF
+    gpt-oss's gate_up_proj [E, hidden, 2I] and down_proj [E, I, hidden]."""
+    import torch
+    kv = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
+    e_, k_, n_ = w.shape
+    b = w.reshape(e_, k_ // 32, 32, n_)
+    amax = b.abs().amax(dim=2, keepdim=True)
+    d = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(amax)) - 3), torch.zeros_like(amax))
+    cand = d.unsqueeze(-1) * kv
+    best = (cand - b.unsqueeze(-1)).abs().argmin(dim=-1, keepdim=True)
+    return torch.gather(cand.expand(*b.shape, 16), -1, best).squeeze(-1).reshape(e_, k_, n_)
+
+
 def make_hf_model(family: str, out: Path, work: Path) -> None:
     import torch
     import transformers
@@ -222,8 +259,14 @@ def make_hf_model(family: str, out: Path, work: Path) -> None:
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("_bias"):   # gpt-oss: *_proj_bias
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".sinks"):
+                p.copy_(spec["sink_scale"] * torch.randn(p.shape, generator=g))
+            if name.endswith("experts.gate_up_proj"):   # gates past swiglu_limit sometimes
+                p.mul_(spec["expert_scale"])
+            if spec.get("mxfp4_experts") and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                p.copy_(mxfp4_exact(p))
         # With std-0.12 weights the logits have std ~1 over 512 tokens (top-1 probability
         # ~0.03, many near-ties); a 3x LM head (the embedding when tied) gives std ~3.
         # Gemma (tied, embeddings x sqrt(n_embd)) gets 2x: 3x makes top-1 probability ~0.9.
@@ -240,7 +283,8 @@ def make_hf_model(family: str, out: Path, work: Path) -> None:
     for key in ("rope_parameters", "layer_types", "sliding_window", "head_dim", "num_key_value_heads",
                 "partial_rotary_factor", "tie_word_embeddings", "query_pre_attn_scalar",
                 "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"):
+                "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "attention_bias",
+                "swiglu_alpha", "swiglu_limit"):
         a, b = getattr(config, key, None), getattr(again, key, None)
         if a != b:
             raise SystemExit(f"{family}: config.json reloads with {key} = {b!r}, built with {a!r}")
@@ -335,12 +379,22 @@ def check_gguf(family: str, path: Path) -> None:
         want["expert_used_count"] = cfg["num_experts_per_tok"]
     if "moe_intermediate_size" in cfg:
         want["expert_feed_forward_length"] = cfg["moe_intermediate_size"]
+    if family == "gptoss":
+        want["expert_feed_forward_length"] = cfg["intermediate_size"]
+        want["attention.sliding_window"] = cfg["sliding_window"]
+        want["rope.scaling.factor"] = rp["factor"]
+        want["rope.scaling.original_context_length"] = rp["original_max_position_embeddings"]
     if family == "phi3":
         want["rope.dimension_count"] = int(cfg["hidden_size"] * cfg["partial_rotary_factor"]) // cfg["num_attention_heads"]
     for k, v in want.items():
         if val(k) != v:
             raise SystemExit(f"{path.name}: {arch}.{k} = {val(k)!r}, HF config says {v!r}")
     names = {t.name for t in r.tensors}
+    if family == "gptoss":
+        for part in ("attn_sinks.weight", "attn_output.bias", "ffn_gate_inp.bias", "ffn_gate_exps.bias",
+                     "ffn_up_exps.bias", "ffn_down_exps.bias", "post_attention_norm.weight"):
+            if f"blk.0.{part}" not in names:
+                raise SystemExit(f"{path.name}: no blk.0.{part}")
     if family in MOE_FAMILIES:
         for part in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
             if f"blk.0.{part}.weight" not in names:
@@ -398,12 +452,13 @@ def main() -> int:
         convert(args.llama_cpp, hf, f32, "f32", pre, work)
         check_gguf(fam, f32)
         convert(args.llama_cpp, hf, out / f"{fam}-test-f16.gguf", "f16", pre, work)
-        for q in QUANTS:
+        quants = FAMILY_QUANTS.get(fam, QUANTS)
+        for q in quants:
             quantize(args.quantize, f32, out / f"{fam}-test-{q}.gguf", q)
         for p in [hf / "model.safetensors", hf / "config.json", hf / "tokenizer.model", hf / "tokenizer.json"]:
             if p.exists():
                 sums[f"hf/{fam}/{p.name}"] = sha256(p)
-        for t in ["f32", "f16"] + QUANTS:
+        for t in ["f32", "f16"] + quants:
             p = out / f"{fam}-test-{t}.gguf"
             sums[p.name] = sha256(p)
             print(f"  {p.name}: {p.stat().st_size} bytes {sums[p.name][:16]}", flush=True)

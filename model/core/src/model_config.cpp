@@ -14,6 +14,7 @@
 #include <set>
 #include <utility>
 
+#include "gptoss_config.h"
 #include "moe_config.h"
 #include "touchstone/model/gguf.h"
 
@@ -29,7 +30,8 @@ int32_t positive_i32(const gguf::File& f, const std::string& key, uint64_t v) {
 
 const std::map<std::string, Family> kFamilies = {
     {"llama", Family::Llama},   {"qwen2", Family::Qwen2}, {"qwen3", Family::Qwen3},
-    {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},   {"qwen3moe", Family::Qwen3Moe}};
+    {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},   {"qwen3moe", Family::Qwen3Moe},
+    {"gpt-oss", Family::GptOss}};
 
 // "{arch}.*" keys the forward pass reads, or that cannot change what it computes
 // (GGUF spec, "LLM" section). Anything else (rope.scaling.attn_factor, expert_count
@@ -53,6 +55,7 @@ std::set<std::string> known_keys(Family fam) {
     k.insert("rope.freq_base_swa");
     k.insert("final_logit_softcapping");
   }
+  if (fam == Family::GptOss) k.merge(gptoss_keys());
   k.merge(moe_keys(fam));
   return k;
 }
@@ -159,7 +162,7 @@ void read_shapes(const gguf::File& f, const std::string& p, ModelConfig& c) {
 
 // Family-specific structure (llama.cpp llm_build_* and the HF modeling_*.py files).
 void read_family(const gguf::File& f, const std::string& p, ModelConfig& c) {
-  const double scale = read_rope_scale(f, p);
+  const double scale = c.family == Family::GptOss ? 1.0 : read_rope_scale(f, p);  // YaRN
   int32_t window = 0;
   if (auto v = f.find_uint(p + "attention.sliding_window")) {
     window = positive_i32(f, p + "attention.sliding_window", *v);
@@ -189,6 +192,9 @@ void read_family(const gguf::File& f, const std::string& p, ModelConfig& c) {
       c.rope_style = RopeStyle::NeoX;
       c.fused_qkv = f.find_tensor("blk.0.attn_qkv.weight") != nullptr;
       c.fused_gate_up = f.find_tensor("blk.0.ffn_gate.weight") == nullptr;
+      break;
+    case Family::GptOss:
+      read_gptoss(f, p, c);
       break;
     case Family::Gemma3: {
       // HF Gemma3TextModel / llama.cpp llm_build_gemma3_iswa.
@@ -236,6 +242,8 @@ const char* family_name(Family fam) {
       return "phi3";
     case Family::Qwen3Moe:
       return "qwen3moe";
+    case Family::GptOss:
+      return "gpt-oss";
   }
   return "?";
 }
@@ -261,6 +269,12 @@ static const std::vector<std::pair<std::string, std::string>>& feature_table() {
       {"attention_scale", "attention scale"},
       {"final_logit_softcap", "final logit soft-capping"},
       {"moe", "mixture-of-experts FFN (softmax top-k router)"},
+      {"yarn_rope", "YaRN RoPE scaling"},
+      {"attn_output_bias", "attention output bias"},
+      {"attention_sinks", "attention sinks"},
+      {"moe_topk_softmax", "MoE router: softmax over the top-k logits"},
+      {"moe_biases", "router and expert biases"},
+      {"swiglu_oai", "clamped SwiGLU (gpt-oss)"},
   };
   return t;
 }
@@ -288,7 +302,13 @@ std::vector<std::string> ModelConfig::feature_names() const {
                       embd_scale != 1.0,
                       attn_scale != 1.0 / std::sqrt(double(head_dim)),
                       final_logit_softcap != 0.0,
-                      is_moe()};
+                      is_moe(),
+                      rope_yarn.factor != 0.0,
+                      attn_out_bias,
+                      attn_sinks,
+                      is_moe() && moe.router == MoeRouter::TopKSoftmax,
+                      is_moe() && moe.biases,
+                      is_moe() && moe.activation == ExpertActivation::SwiGLUOai};
   std::vector<std::string> out;
   for (size_t i = 0; i < feature_table().size(); ++i)
     if (has[i]) out.push_back(feature_table()[i].first);
@@ -331,6 +351,10 @@ std::string ModelConfig::extra_features() const {
 
 bool ModelConfig::is_plain_llama() const { return extra_features().empty(); }
 
+const char* ffn_norm_tensor(const ModelConfig& c) {
+  return c.family == Family::GptOss ? "post_attention_norm.weight" : "ffn_norm.weight";
+}
+
 std::vector<std::string> expected_tensor_names(const ModelConfig& c) {
   std::vector<std::string> n = {"token_embd.weight", "output_norm.weight"};
   if (!c.tied_embeddings) n.emplace_back("output.weight");
@@ -355,13 +379,15 @@ std::vector<std::string> expected_tensor_names(const ModelConfig& c) {
       add("attn_k_norm.weight");
     }
     add("attn_output.weight");
+    if (c.attn_out_bias) add("attn_output.bias");
+    if (c.attn_sinks) add("attn_sinks.weight");
     if (c.post_norms) add("post_attention_norm.weight");
-    add("ffn_norm.weight");
+    n.push_back(fmt::format("blk.{}.{}", l, ffn_norm_tensor(c)));
     if (c.is_moe()) {  // llama.cpp LLM_TENSOR_FFN_GATE_INP, LLM_TENSOR_FFN_*_EXPS
-      add("ffn_gate_inp.weight");
-      add("ffn_gate_exps.weight");
-      add("ffn_up_exps.weight");
-      add("ffn_down_exps.weight");
+      for (const char* part : {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+        add(fmt::format("{}.weight", part).c_str());
+        if (c.moe.biases) add(fmt::format("{}.bias", part).c_str());
+      }
     } else {
       if (!c.fused_gate_up) add("ffn_gate.weight");
       add("ffn_up.weight");
@@ -379,7 +405,7 @@ ModelConfig read_model_config(const gguf::File& f) {
   if (it == kFamilies.end()) {
     throw UnsupportedModel(
         "{}: metadata key 'general.architecture': '{}' is not supported (supported: llama, "
-        "qwen2, qwen3, gemma3, phi3, qwen3moe)",
+        "qwen2, qwen3, gemma3, phi3, qwen3moe, gpt-oss)",
         f.path(), c.architecture);
   }
   c.family = it->second;

@@ -68,6 +68,8 @@ void load_attention(const gguf::File& f, const ModelConfig& c, const std::string
     L.k_norm = load(f, b + "attn_k_norm.weight", hd, 1);
   }
   L.wo = load(f, b + "attn_output.weight", q_dim, d);
+  if (c.attn_out_bias) L.bo = load(f, b + "attn_output.bias", d, 1);
+  if (c.attn_sinks) L.sinks = load(f, b + "attn_sinks.weight", c.n_head, 1);
   if (c.post_norms) L.post_attn_norm = load(f, b + "post_attention_norm.weight", d, 1);
 }
 
@@ -80,11 +82,17 @@ void load_moe(const gguf::File& f, const ModelConfig& c, const std::string& b, L
   L.gate_exps = load_experts(f, b + "ffn_gate_exps.weight", d, ff, n);
   L.up_exps = load_experts(f, b + "ffn_up_exps.weight", d, ff, n);
   L.down_exps = load_experts(f, b + "ffn_down_exps.weight", ff, d, n);
+  if (c.moe.biases) {  // gpt-oss (llm_build_openai_moe_iswa's *_b tensors)
+    L.gate_inp_b = load(f, b + "ffn_gate_inp.bias", n, 1);
+    L.gate_exps_b = load(f, b + "ffn_gate_exps.bias", ff, n);
+    L.up_exps_b = load(f, b + "ffn_up_exps.bias", ff, n);
+    L.down_exps_b = load(f, b + "ffn_down_exps.bias", d, n);
+  }
 }
 
 void load_ffn(const gguf::File& f, const ModelConfig& c, const std::string& b, LayerWeights& L) {
   const int64_t d = c.n_embd;
-  L.ffn_norm = load(f, b + "ffn_norm.weight", d, 1);
+  L.ffn_norm = load(f, b + ffn_norm_tensor(c), d, 1);
   if (c.is_moe()) {
     load_moe(f, c, b, L);
   } else if (c.fused_gate_up) {

@@ -21,6 +21,10 @@ std::set<std::string> moe_keys(Family fam) {
     return {"expert_count", "expert_used_count", "expert_feed_forward_length",
             "expert_weights_norm"};
   }
+  // gpt-oss: GptOssModel writes intermediate_size as expert_feed_forward_length, which
+  // llama.cpp requires (LLM_ARCH_OPENAI_MOE load_hparams).
+  if (fam == Family::GptOss)
+    return {"expert_count", "expert_used_count", "expert_feed_forward_length"};
   return {};
 }
 
@@ -70,6 +74,21 @@ void read_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
     // true. So: the key when present, else true, as llama.cpp.
     if (auto v = f.find_bool(p + "expert_weights_norm")) m.norm_topk = *v;
   }
+  if (c.family == Family::GptOss) read_gptoss_moe(f, p, c);
+}
+
+// gpt-oss (HF GptOssMLP, GptOssTopKRouter, GptOssExperts; llama.cpp build_moe_ffn with
+// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT, norm_w = false, LLM_FFN_SWIGLU_OAI_MOE and
+// the router / expert biases of llm_build_openai_moe_iswa).
+void read_gptoss_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  const auto v = f.find_uint(p + "expert_feed_forward_length");
+  if (!v) throw Error("{}: {}expert_feed_forward_length is required", f.path(), p);
+  m.n_ff_exp = count(f, p + "expert_feed_forward_length", *v, std::numeric_limits<int32_t>::max());
+  m.router = MoeRouter::TopKSoftmax;  // the k weights sum to 1 by construction
+  m.norm_topk = false;
+  m.activation = ExpertActivation::SwiGLUOai;
+  m.biases = true;
 }
 
 }  // namespace touchstone

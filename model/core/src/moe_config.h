@@ -17,4 +17,7 @@ std::set<std::string> moe_keys(Family fam);
 // (Mixtral); qwen3moe: expert_count and expert_used_count are required.
 void read_moe(const gguf::File& f, const std::string& p, ModelConfig& c);
 
+// gpt-oss's router, expert width and activation (called by read_moe).
+void read_gptoss_moe(const gguf::File& f, const std::string& p, ModelConfig& c);
+
 }  // namespace touchstone

@@ -64,4 +64,15 @@ std::vector<ExpertWeight> route_softmax_top_k(std::span<const float> logits, int
   return out;
 }
 
+std::vector<ExpertWeight> route_top_k_softmax(std::span<const float> logits, int32_t k) {
+  const std::vector<double> r(logits.begin(), logits.end());
+  const std::vector<int32_t> chosen = top_k_experts(r, k);
+  std::vector<float> top;
+  for (int32_t e : chosen) top.push_back(logits[size_t(e)]);
+  const std::vector<double> p = softmax(top);
+  std::vector<ExpertWeight> out;
+  for (size_t i = 0; i < chosen.size(); ++i) out.push_back({chosen[i], p[i]});
+  return out;
+}
+
 }  // namespace touchstone::ops

@@ -40,6 +40,7 @@ constexpr std::array<TypeTraits, kMaxType> make_table() {
   set(TensorType::Q5_K, "Q5_K", QK_K, sizeof(block_q5_K), true);
   set(TensorType::Q6_K, "Q6_K", QK_K, sizeof(block_q6_K), true);
   set(TensorType::Q8_K, "Q8_K", QK_K, sizeof(block_q8_K), true);
+  set(TensorType::MXFP4, "MXFP4", QK_MXFP4, sizeof(block_mxfp4), true);
   // Sizes below follow ggml-common.h; these types can be listed and their
   // bytes read, but are not dequantized here.
   set(TensorType::IQ2_XXS, "IQ2_XXS", QK_K, 2 + QK_K / 4, true);
@@ -59,7 +60,6 @@ constexpr std::array<TypeTraits, kMaxType> make_table() {
   set(TensorType::BF16, "BF16", 1, 2, false);
   set(TensorType::TQ1_0, "TQ1_0", QK_K, 2 + 4 * 13, true);
   set(TensorType::TQ2_0, "TQ2_0", QK_K, 2 + 64, true);
-  set(TensorType::MXFP4, "MXFP4", 32, 1 + 16, true);
   set(TensorType::NVFP4, "NVFP4", 64, 4 + 32, true);
   set(TensorType::Q1_0, "Q1_0", 128, 2 + 16, true);
   return t;
@@ -324,6 +324,20 @@ void deq_q8_K(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
+// ggml-quants.c dequantize_row_mxfp4: y[j] = kvalues_mxfp4[low nibble of qs[j]] * d,
+// y[j + 16] = kvalues_mxfp4[high nibble] * d, d = e8m0_to_fp32_half(e) (int8 * fp32, exact).
+void deq_mxfp4(const uint8_t* src, float* y, int64_t k) {
+  for (int64_t i = 0; i < k / QK_MXFP4; ++i) {
+    const auto x = load<block_mxfp4>(src + i * sizeof(block_mxfp4));
+    const float d = e8m0_to_fp32_half(x.e);
+    for (int j = 0; j < QK_MXFP4 / 2; ++j) {
+      y[j] = static_cast<float>(kvalues_mxfp4[x.qs[j] & 0x0F]) * d;
+      y[j + QK_MXFP4 / 2] = static_cast<float>(kvalues_mxfp4[x.qs[j] >> 4]) * d;
+    }
+    y += QK_MXFP4;
+  }
+}
+
 using RowFn = void (*)(const uint8_t*, float*, int64_t);
 
 RowFn row_fn(TensorType t) {
@@ -356,12 +370,21 @@ RowFn row_fn(TensorType t) {
       return deq_q6_K;
     case TensorType::Q8_K:
       return deq_q8_K;
+    case TensorType::MXFP4:
+      return deq_mxfp4;
     default:
       return nullptr;
   }
 }
 
 }  // namespace
+
+float e8m0_to_fp32_half(uint8_t x) {
+  // ggml-impl.h: x < 2 gives the subnormal patterns 0x00200000 << x (2^-128, 2^-127);
+  // otherwise 0.5 * 2^(x - 127) = 2^(x - 128), the normal number of exponent field x - 1.
+  const uint32_t bits = x < 2 ? uint32_t{0x00200000} << x : uint32_t(x - 1) << 23;
+  return std::bit_cast<float>(bits);
+}
 
 const TypeTraits* find_type_traits(TensorType t) {
   const auto i = static_cast<size_t>(t);

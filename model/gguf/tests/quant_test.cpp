@@ -4,6 +4,7 @@
 // ggml-common.h, then checks every dequantized value against the formula
 // computed directly per element (d, m and scales are chosen so that all
 // products are exact in fp32).
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -273,6 +274,51 @@ TEST(Quant, Q8_K) {
   for (int j = 0; j < 256; ++j) b.qs[j] = static_cast<int8_t>(j - 128);
   const auto y = run(TensorType::Q8_K, b, 256);
   for (int j = 0; j < 256; ++j) EXPECT_EQ(y[j], static_cast<float>(j - 128) * 0.0625f) << j;
+}
+
+// MXFP4: ggml-common.h kvalues_mxfp4 and ggml-impl.h ggml_e8m0_to_fp32_half, copied here
+// from llama.cpp (llama-cpp-python 0.3.16) so a change to either table shows.
+TEST(Quant, Mxfp4TablesAreGgmls) {
+  const int8_t ggml_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(kvalues_mxfp4[i], ggml_kvalues_mxfp4[i]) << i;
+  // e2m1 (OCP MX v1.0): sign, 2 exponent bits (bias 1), 1 mantissa bit; doubled.
+  for (int code = 0; code < 16; ++code) {
+    const int e = (code >> 1) & 3, m = code & 1;
+    const double v = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+    EXPECT_EQ(static_cast<double>(kvalues_mxfp4[code]), (code & 8 ? -2.0 : 2.0) * v) << code;
+  }
+  EXPECT_EQ(e8m0_to_fp32_half(0), std::ldexp(1.0f, -128));
+  EXPECT_EQ(e8m0_to_fp32_half(1), std::ldexp(1.0f, -127));
+  EXPECT_EQ(e8m0_to_fp32_half(2), std::ldexp(1.0f, -126));
+  EXPECT_EQ(e8m0_to_fp32_half(127), 0.5f);
+  EXPECT_EQ(e8m0_to_fp32_half(128), 1.0f);
+  EXPECT_EQ(e8m0_to_fp32_half(255), std::ldexp(1.0f, 127));
+  EXPECT_EQ(type_traits(TensorType::MXFP4).type_size, 17u);
+  EXPECT_EQ(type_traits(TensorType::MXFP4).block_size, 32u);
+  EXPECT_TRUE(can_dequantize(TensorType::MXFP4));
+}
+
+TEST(Quant, Mxfp4) {
+  block_mxfp4 b[2]{};
+  b[0].e = 130;  // d = 2^(130 - 128) = 4
+  b[1].e = 1;    // d = 2^-127, subnormal
+  for (int j = 0; j < 16; ++j) {
+    b[0].qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+    b[1].qs[j] = static_cast<uint8_t>(7 | (15 << 4));
+  }
+  std::vector<uint8_t> bytes(sizeof(b));
+  std::memcpy(bytes.data(), b, sizeof(b));
+  std::vector<float> y(64, -1.0f);
+  dequantize_row(TensorType::MXFP4, bytes.data(), y.data(), 64);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 4.0f * kvalues_mxfp4[j]) << j;            // low nibble: element j
+    EXPECT_EQ(y[j + 16], 4.0f * kvalues_mxfp4[15 - j]) << j;  // high nibble: element j + 16
+    EXPECT_EQ(y[32 + j], 12.0f * std::ldexp(1.0f, -127)) << j;
+    EXPECT_EQ(y[48 + j], -12.0f * std::ldexp(1.0f, -127)) << j;
+  }
+  EXPECT_EQ(y[7], 48.0f);
+  EXPECT_EQ(y[16], -48.0f);
+  EXPECT_THROW(dequantize_row(TensorType::MXFP4, bytes.data(), y.data(), 48), Error);
 }
 
 TEST(Quant, MultipleBlocksUnaligned) {

@@ -42,24 +42,35 @@ std::vector<float> ffn_input(const LayerView& v, std::span<const float> taps) {
   return x;
 }
 
-std::vector<float> matvec(const float* W, std::span<const float> x, int64_t n_out) {
+// y = W x (+ b): fp64 dot, the bias added before the one rounding (as the reference).
+std::vector<float> matvec(const float* W, std::span<const float> x, int64_t n_out,
+                          const float* b = nullptr) {
   std::vector<float> y(static_cast<size_t>(n_out));
-  for (int64_t o = 0; o < n_out; ++o)
-    y[size_t(o)] = float(ops::dot(W + o * int64_t(x.size()), x.data(), int64_t(x.size())));
+  for (int64_t o = 0; o < n_out; ++o) {
+    const double acc = ops::dot(W + o * int64_t(x.size()), x.data(), int64_t(x.size()));
+    y[size_t(o)] = float(b ? acc + double{b[o]} : acc);
+  }
   return y;
 }
 
-// Expert e's gated MLP on the normed input h, rounded as the reference rounds.
+// Expert e's gated MLP on the normed input h (gpt-oss: with its biases and clamped
+// SwiGLU), rounded as the reference rounds.
 std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const float> h) {
   const int64_t off = int64_t{e} * v.ff * v.d;
-  std::vector<float> g = matvec(v.L().gate_exps.data() + off, h, v.ff);
-  const std::vector<float> u = matvec(v.L().up_exps.data() + off, h, v.ff);
+  const LayerWeights& L = v.L();
+  const bool bias = v.w.config.moe.biases;
+  std::vector<float> g =
+      matvec(L.gate_exps.data() + off, h, v.ff, bias ? L.gate_exps_b.data() + e * v.ff : nullptr);
+  const std::vector<float> u =
+      matvec(L.up_exps.data() + off, h, v.ff, bias ? L.up_exps_b.data() + e * v.ff : nullptr);
   const bool gelu = v.w.config.ffn_activation == FfnActivation::GeluTanh;
+  const bool oai = v.w.config.moe.activation == ExpertActivation::SwiGLUOai;
   for (size_t i = 0; i < g.size(); ++i) {
-    const double act = gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
-    g[i] = float(act * double{u[i]});
+    const double y = oai ? ops::swiglu_oai(g[i], u[i])
+                         : (gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i])) * double{u[i]};
+    g[i] = float(y);
   }
-  return matvec(v.L().down_exps.data() + off, g, v.d);
+  return matvec(L.down_exps.data() + off, g, v.d, bias ? L.down_exps_b.data() + e * v.d : nullptr);
 }
 
 struct Router {
@@ -72,7 +83,8 @@ Router route(const LayerView& v, std::span<const float> x) {
   Router r;
   r.h.resize(x.size());
   ops::rms_norm(x.data(), v.L().ffn_norm.data(), r.h.data(), v.d, v.w.config.rms_norm_eps);
-  r.z = matvec(v.L().ffn_gate_inp.data(), r.h, v.w.config.moe.n_expert);
+  r.z = matvec(v.L().ffn_gate_inp.data(), r.h, v.w.config.moe.n_expert,
+               v.w.config.moe.biases ? v.L().gate_inp_b.data() : nullptr);
   r.p = ops::softmax(r.z);
   r.order = ops::top_k_experts(r.p, v.w.config.moe.n_expert);
   return r;
@@ -175,7 +187,8 @@ std::optional<RoutingDiagnosis> diagnose_routing(const ModelWeights& w, int step
   dg.step = step;
   dg.layer = layer;
   dg.reference.assign(ref.order.begin(), ref.order.begin() + k);
-  dg.family_renormalises = c.moe.norm_topk;
+  // gpt-oss's softmax over its top k is the renormalised softmax (up to rounding).
+  dg.family_renormalises = c.moe.norm_topk || c.moe.router == MoeRouter::TopKSoftmax;
   if (k < n) {
     dg.runner_up = ref.order[size_t(k)];
     dg.margin = double{ref.z[size_t(ref.order[size_t(k - 1)])]} - ref.z[size_t(dg.runner_up)];

@@ -161,6 +161,20 @@ TEST_P(MoeRouting, SkippedRenormalisationIsAWeightingDivergence) {
   EXPECT_FALSE(dg->best.renormalised);
 }
 
+// gpt-oss (router and expert biases, clamped SwiGLU, softmax over the top k): the
+// reference's own taps read back as its own routing.
+TEST(MoeRoutingGptOss, ReferenceTapsReadBackAsTheReferenceRouting) {
+  const ModelWeights w = touchstone::load_model_weights(touchstone::gguf::File::open(
+      std::string(TOUCHSTONE_MOE_MODELS) + "/../gpt-oss/gptoss-test-f32.gguf"));
+  const std::vector<float> rec = reference_taps(w, {1, 17, 42, 99, 7});
+  for (int l = 0; l < w.config.n_layer; ++l) {
+    const auto dg = touchstone::diagnose_routing(w, 0, l, rec, rec);
+    ASSERT_TRUE(dg.has_value());
+    EXPECT_FALSE(dg->routing_differs() || dg->weighting_differs()) << dg->describe(0.1);
+    EXPECT_LT(dg->reference_mix.nmse, l == 0 ? 1e-10 : 1e-12) << dg->describe(0.1);
+  }
+}
+
 TEST(MoeRoutingDense, DenseModelsHaveNoDiagnosis) {
   ModelWeights w;
   w.config.n_layer = 1;

@@ -2,24 +2,30 @@
 //
 // The model is data (ModelConfig, touchstone/model/model_config.h); this one pass follows
 // it. Formulas follow Hugging Face transformers (modeling_llama.py, modeling_qwen2.py,
-// modeling_qwen3.py, modeling_gemma3.py, modeling_phi3.py):
+// modeling_qwen3.py, modeling_gemma3.py, modeling_phi3.py, modeling_mixtral.py,
+// modeling_qwen3_moe.py, modeling_gpt_oss.py). The FFN is in reference_ffn.cpp.
 //   x   = token_embd[token] * embd_scale                        (Gemma: sqrt(n_embd))
 //   for each layer l (LayerConfig: RoPE base/scale, sliding window):
 //     h     = RMSNorm(x) * attn_norm
-//     q,k,v = Wq h + bq, Wk h + bk, Wv h + bv                   (biases: Qwen2)
+//     q,k,v = Wq h + bq, Wk h + bk, Wv h + bv                   (biases: Qwen2, gpt-oss)
 //     q_h   = RMSNorm(q_h) * q_norm, k_h likewise, per head     (QK-norm: Qwen3, Gemma 3)
-//     RoPE(q_h), RoPE(k_h) at this position (interleaved or NeoX, first n_rot dims)
+//     RoPE(q_h), RoPE(k_h) at this position (interleaved or NeoX, first n_rot dims;
+//       YaRN frequencies and mscale for gpt-oss, touchstone/model/rope_yarn.h)
 //     append k, v to the KV cache
 //     per query head h (GQA: it reads KV head h / (n_head / n_head_kv)):
 //        s_t = q_h . k_t * attn_scale for t in [max(0, pos - W + 1), pos] (W = 0: from 0)
 //        p = softmax(s);  o_h = sum_t p_t v_t
-//     a   = Wo o;  a = RMSNorm(a) * post_attn_norm              (post-norms: Gemma 3)
+//          (sinks, gpt-oss: p_t = exp(s_t - m) / (sum_t exp(s_t - m) + exp(sink_h - m)),
+//           m = max(max_t s_t, sink_h))
+//     a   = Wo o + bo;  a = RMSNorm(a) * post_attn_norm         (bo: gpt-oss; post-norms: Gemma 3)
 //     x  += a
 //     h   = RMSNorm(x) * ffn_norm
 //     f   = Wdown (act(Wgate h) * (Wup h));  act = SiLU (SwiGLU) or tanh-GELU (GeGLU)
 //       mixture of experts (Mixtral, Qwen3-MoE; touchstone/model/moe_router.h):
 //       r = Wrouter h;  (e, w_e) for e in S = route_softmax_top_k(r, k, renormalise)
 //       f = sum_{e in S} w_e * Wdown_e (act(Wgate_e h) * (Wup_e h))
+//       gpt-oss: r = Wrouter h + br;  S, w = route_top_k_softmax(r, k);
+//       f = sum_{e in S} w_e * (Wdown_e swiglu_oai(Wgate_e h + bg_e, Wup_e h + bu_e) + bd_e)
 //     f   = RMSNorm(f) * post_ffn_norm                          (post-norms: Gemma 3)
 //     x  += f
 //   logits = W_lm_head (RMSNorm(x) * output_norm);  cap * tanh(logits / cap) if soft-capped
@@ -43,70 +49,18 @@
 #include <span>
 #include <vector>
 
+#include "reference_ops.h"
 #include "touchstone/common/error.h"
-#include "touchstone/model/moe_router.h"
-#include "touchstone/model/quant.h"
+#include "touchstone/model/rope_yarn.h"
 #include "touchstone/model/scalar_ops.h"
 #include "touchstone/reference/reference_forward.h"
 
 namespace touchstone {
+using reference_ops::add_into;
+using reference_ops::matvec;
+
 namespace {
-
-// The dot product of the thread_order_reduction fault: n split into one slice per
-// thread of the pool, each slice's sum rounded to fp32 and the slices added in
-// thread order, so the result depends on the thread count.
-double dot_per_thread(const float* a, const float* b, int64_t n, int n_threads) {
-  float acc = 0.0f;
-  for (int k = 0; k < n_threads; ++k) {
-    const int64_t i0 = n * k / n_threads, i1 = n * (k + 1) / n_threads;
-    acc += static_cast<float>(ops::dot(a + i0, b + i0, i1 - i0));
-  }
-  return acc;
-}
-
-// y[o] = W[o, :] . x (+ bias[o]) for a row-major W of shape [n_out][n_in]; rows split
-// across the pool. bias may be empty. Faults: fp16_accumulation (y rounded to fp16),
-// thread_order_reduction, session_order_reduction and batch_token_count_split
-// (dot_per_thread with their slice counts).
-void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_out, int64_t n_in,
-            const Faults& f, const std::vector<float>& bias = {}) {
-  pool.run(n_out, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      const double acc =
-          f.thread_order_reduction    ? dot_per_thread(W + o * n_in, x, n_in, pool.size())
-          : f.session_order_reduction ? dot_per_thread(W + o * n_in, x, n_in, f.session_slices)
-          : f.batch_slices > 0        ? dot_per_thread(W + o * n_in, x, n_in, f.batch_slices)
-                                      : ops::dot(W + o * n_in, x, n_in);
-      y[o] = static_cast<float>(bias.empty() ? acc : acc + double{bias[size_t(o)]});
-      if (f.fp16_accumulation) y[o] = gguf::fp16_to_fp32(gguf::fp32_to_fp16(y[o]));
-    }
-  });
-}
-
-// x += y elementwise (fp64 sum, one rounding).
-void add_into(std::vector<float>& x, const std::vector<float>& y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    x[size_t(i)] = static_cast<float>(double{x[size_t(i)]} + double{y[size_t(i)]});
-}
-
-// The router with a mixture-of-experts fault (touchstone/model/faults.h): moe_runner_up
-// takes the (k+1)-th expert in place of the k-th, moe_renorm_skipped leaves the weights
-// as the softmax gave them; otherwise route_softmax_top_k's maths.
-std::vector<ops::ExpertWeight> faulty_route(std::span<const float> logits, const MoeConfig& m,
-                                            const Faults& f) {
-  const std::vector<double> p = ops::softmax(logits);
-  const int32_t k = m.n_expert_used;
-  std::vector<int32_t> top = ops::top_k_experts(p, std::min(k + 1, m.n_expert));
-  if (f.moe_runner_up && k < m.n_expert) top[size_t(k - 1)] = top[size_t(k)];
-  top.resize(size_t(k));
-  double sum = 0;
-  for (int32_t e : top) sum += p[size_t(e)];
-  const bool renormalise = m.norm_topk && !f.moe_renorm_skipped;
-  std::vector<ops::ExpertWeight> out;
-  for (int32_t e : top) out.push_back({e, renormalise ? p[size_t(e)] / sum : p[size_t(e)]});
-  return out;
-}
-
+const float* or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 }  // namespace
 
 ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t max_context,
@@ -304,9 +258,9 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
 
   ops::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), d, eps);
-  matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, faults_, L.bq);
-  matvec(pool_, L.wk.data(), xn_.data(), k_.data(), kv_dim, d, faults_, L.bk);
-  matvec(pool_, L.wv.data(), xn_.data(), v_.data(), kv_dim, d, faults_, L.bv);
+  matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, faults_, or_null(L.bq));
+  matvec(pool_, L.wk.data(), xn_.data(), k_.data(), kv_dim, d, faults_, or_null(L.bk));
+  matvec(pool_, L.wv.data(), xn_.data(), v_.data(), kv_dim, d, faults_, or_null(L.bv));
   if (c.qk_norm) {
     for (int32_t h = 0; h < c.n_head; ++h)
       ops::rms_norm(q_.data() + h * hd, L.q_norm.data(), q_.data() + h * hd, hd, eps);
@@ -318,10 +272,18 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const bool neox = (c.rope_style == RopeStyle::NeoX) != faults_.rope_layout;
   auto rope = neox ? ops::rope_neox : ops::rope_interleaved;
   const int32_t rope_pos = pos - rope_origin_;  // 0 origin unless a fault sets one
-  for (int32_t h = 0; h < c.n_head; ++h)
-    rope(q_.data() + h * hd, c.n_rot, rope_pos, base, lc.rope_scale, ff);
-  for (int32_t h = 0; h < c.n_head_kv; ++h)
-    rope(k_.data() + h * hd, c.n_rot, rope_pos, base, lc.rope_scale, ff);
+  if (c.rope_yarn.factor != 0.0) {              // gpt-oss: YaRN frequencies and mscale
+    const ops::YarnFrequencies fr = ops::yarn_frequencies(c.rope_yarn, c.n_rot, base);
+    for (int32_t h = 0; h < c.n_head; ++h)
+      ops::rope_with_frequencies(q_.data() + h * hd, c.n_rot, rope_pos, fr, neox);
+    for (int32_t h = 0; h < c.n_head_kv; ++h)
+      ops::rope_with_frequencies(k_.data() + h * hd, c.n_rot, rope_pos, fr, neox);
+  } else {
+    for (int32_t h = 0; h < c.n_head; ++h)
+      rope(q_.data() + h * hd, c.n_rot, rope_pos, base, lc.rope_scale, ff);
+    for (int32_t h = 0; h < c.n_head_kv; ++h)
+      rope(k_.data() + h * hd, c.n_rot, rope_pos, base, lc.rope_scale, ff);
+  }
   // kv_write_next fault: the entry goes to pos + 1 (dropped at the cache's end).
   const int32_t at = faults_.kv_write_next ? pos + 1 : pos;
   if (at < max_ctx_) {
@@ -339,7 +301,7 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   if (faults_.causal_mask) n_kv = std::max(n_kv, std::min(chunk_end_, max_ctx_));
   const int32_t t0 = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
   for (int32_t h = 0; h < c.n_head; ++h) attend_head(l, h, t0, n_kv);
-  matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim, faults_);
+  matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim, faults_, or_null(L.bo));
   if (c.post_norms) ops::rms_norm(xn_.data(), L.post_attn_norm.data(), xn_.data(), d, eps);
   add_into(x_, xn_, d);
 }
@@ -363,8 +325,16 @@ void ReferenceTransformer::attend_head(int32_t l, int32_t h, int32_t t0, int32_t
     leak_k = leak_from_->k_layer(l) + row + kv_off;
     leak_v = leak_from_->v_layer(l) + row + kv_off;
   }
-  double max_s = -INFINITY, leak_s = 0.0;
-  if (leak_k) max_s = leak_s = ops::dot(qh, leak_k, hd) * scale;
+  // Attention sink (gpt-oss): a learned logit per head that joins the softmax's
+  // denominator and attends to nothing (HF eager_attention_forward: cat([scores, sinks]),
+  // max subtracted, softmax, the sink column dropped; llama.cpp ggml_soft_max_add_sinks).
+  const std::vector<float>& sinks = w_.layers[size_t(l)].sinks;
+  const double sink = sinks.empty() ? -INFINITY : double{sinks[size_t(h)]};
+  double max_s = sink, leak_s = 0.0;
+  if (leak_k) {
+    leak_s = ops::dot(qh, leak_k, hd) * scale;
+    max_s = std::max(max_s, leak_s);
+  }
   for (int32_t t = t0; t < n_kv; ++t) {
     scores_[size_t(t)] = ops::dot(qh, k_l + int64_t{t} * kv_dim + kv_off, hd) * scale;
     max_s = std::max(max_s, scores_[size_t(t)]);
@@ -376,8 +346,8 @@ void ReferenceTransformer::attend_head(int32_t l, int32_t h, int32_t t0, int32_t
     return faults_.softmax_no_max ? double{std::exp(static_cast<float>(score))}
                                   : std::exp(score - max_s);
   };
-  double sum = 0.0;
-  if (leak_k) sum = leak_s = weight(leak_s);
+  double sum = sinks.empty() ? 0.0 : weight(sink);
+  if (leak_k) sum += leak_s = weight(leak_s);
   for (int32_t t = t0; t < n_kv; ++t) {
     scores_[size_t(t)] = weight(scores_[size_t(t)]);
     sum += scores_[size_t(t)];
@@ -389,65 +359,6 @@ void ReferenceTransformer::attend_head(int32_t l, int32_t h, int32_t t0, int32_t
     }
     att_out_[size_t(h * hd + i)] = static_cast<float>(acc / sum);
   }
-}
-
-// out = Wdown (act(Wgate xn_) * (Wup xn_)), act = SiLU (SwiGLU) or tanh-GELU (GeGLU);
-// matrices row-major, Wgate and Wup [n_ff][n_embd], Wdown [n_embd][n_ff]. Uses gate_, up_.
-void ReferenceTransformer::gated_ffn(const float* w_gate, const float* w_up, const float* w_down,
-                                     int64_t n_ff, float* out) {
-  const int64_t d = w_.config.n_embd;
-  matvec(pool_, w_gate, xn_.data(), gate_.data(), n_ff, d, faults_);
-  matvec(pool_, w_up, xn_.data(), up_.data(), n_ff, d, faults_);
-  const bool gelu = w_.config.ffn_activation == FfnActivation::GeluTanh;
-  for (int64_t i = 0; i < n_ff; ++i) {
-    const double g = gate_[size_t(i)];
-    const double act = gelu ? ops::gelu_tanh(g) : ops::silu(g);
-    gate_[size_t(i)] = static_cast<float>(act * double{up_[size_t(i)]});
-  }
-  matvec(pool_, w_down, gate_.data(), out, d, n_ff, faults_);
-}
-
-// FFN of layer l (gated, or a mixture of gated experts): reads x_, adds the block's
-// output to x_ (and leaves it in xn_ for the taps).
-void ReferenceTransformer::feed_forward(int32_t l) {
-  const ModelConfig& c = w_.config;
-  const LayerWeights& L = w_.layers[size_t(l)];
-  const int64_t d = c.n_embd;
-  const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
-  ops::rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
-  if (c.is_moe()) {
-    moe_feed_forward(l);
-  } else {
-    // The down projection reads gate_ only, so it may overwrite its input xn_.
-    gated_ffn(L.w_gate.data(), L.w_up.data(), L.w_down.data(), c.n_ff, xn_.data());
-  }
-  if (c.post_norms) ops::rms_norm(xn_.data(), L.post_ffn_norm.data(), xn_.data(), d, eps);
-  add_into(x_, xn_, d);
-}
-
-// Mixture-of-experts FFN of layer l on the normed input in xn_; the output replaces it.
-// HF MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock: router_logits = gate(h); softmax;
-// topk; (renormalise); out = sum over the selected experts of weight * expert(h), each
-// expert an MLP down(act(gate(h)) * up(h)). llama.cpp build_moe_ffn computes the same
-// (ggml_mul_mat_id per expert, weights multiplied in, summed over n_expert_used).
-// Here the k outputs are summed in selection order in fp64 and rounded once.
-void ReferenceTransformer::moe_feed_forward(int32_t l) {
-  const ModelConfig& c = w_.config;
-  const LayerWeights& L = w_.layers[size_t(l)];
-  const int64_t d = c.n_embd, ff = c.moe.n_ff_exp;
-  matvec(pool_, L.ffn_gate_inp.data(), xn_.data(), router_.data(), c.moe.n_expert, d, faults_);
-  const std::vector<ops::ExpertWeight> chosen =
-      faults_.moe() ? faulty_route(router_, c.moe, faults_)
-                    : ops::route_softmax_top_k(router_, c.moe.n_expert_used, c.moe.norm_topk);
-  std::fill(moe_sum_.begin(), moe_sum_.end(), 0.0);
-  for (const ops::ExpertWeight& ew : chosen) {
-    const int64_t up_off = int64_t{ew.expert} * ff * d;  // [n_ff_exp][n_embd] per expert
-    gated_ffn(L.gate_exps.data() + up_off, L.up_exps.data() + up_off, L.down_exps.data() + up_off,
-              ff, expert_out_.data());
-    for (int64_t i = 0; i < d; ++i)
-      moe_sum_[size_t(i)] += ew.weight * double{expert_out_[size_t(i)]};
-  }
-  for (int64_t i = 0; i < d; ++i) xn_[size_t(i)] = static_cast<float>(moe_sum_[size_t(i)]);
 }
 
 void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {

@@ -20,6 +20,10 @@
 //   phi3    Phi3ForCausalLM: NeoX RoPE, fused QKV and fused gate|up projections
 //           (split at load), optional sliding window.
 //   qwen3moe Qwen3MoeForCausalLM: Qwen3's attention with a mixture-of-experts FFN.
+//   gpt-oss GptOssForCausalLM: NeoX RoPE with YaRN scaling, Q/K/V/O biases, attention
+//           sinks, sliding window on every other layer (0, 2, ...), and a mixture of
+//           experts with a top-k-then-softmax router, router and expert biases and the
+//           clamped SwiGLU (gptoss_config.cpp has the sources).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +38,7 @@ namespace gguf {
 class File;
 }
 
-enum class Family { Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe };
+enum class Family { Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe, GptOss };
 enum class RopeStyle { Interleaved, NeoX };   // see ops::rope_interleaved / ops::rope_neox
 enum class FfnActivation { SiLU, GeluTanh };  // SwiGLU / GeGLU gate
 
@@ -51,11 +55,35 @@ struct LayerConfig {
 // dense gated FFN of every layer is replaced by n_expert gated FFNs of width n_ff_exp,
 // of which the router picks n_expert_used per token (HF MixtralSparseMoeBlock,
 // Qwen3MoeSparseMoeBlock; llama.cpp llm_graph_context::build_moe_ffn).
+// Router kinds (touchstone/model/moe_router.h): softmax over all n_expert logits, then
+// top-k (Mixtral, Qwen3-MoE); or top-k on the logits, then softmax over those k (gpt-oss).
+enum class MoeRouter { SoftmaxTopK, TopKSoftmax };
+// Expert activation: SwiGLU, or gpt-oss's clamped SwiGLU (ops::swiglu_oai).
+enum class ExpertActivation { SwiGLU, SwiGLUOai };
+
 struct MoeConfig {
   int32_t n_expert = 0;       // {arch}.expert_count; 0: dense FFN
   int32_t n_expert_used = 0;  // {arch}.expert_used_count (the router's top-k)
-  int32_t n_ff_exp = 0;       // {arch}.expert_feed_forward_length (qwen3moe), else n_ff
-  bool norm_topk = true;      // renormalise the k selected weights to sum 1
+  int32_t n_ff_exp = 0;       // {arch}.expert_feed_forward_length (qwen3moe, gpt-oss), else n_ff
+  bool norm_topk = true;      // renormalise the k selected weights to sum 1 (SoftmaxTopK)
+  MoeRouter router = MoeRouter::SoftmaxTopK;
+  ExpertActivation activation = ExpertActivation::SwiGLU;
+  bool biases = false;  // blk.N.ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias (gpt-oss)
+};
+
+// YaRN RoPE scaling (HF modeling_rope_utils._compute_yarn_parameters; ggml rope_yarn):
+// per rotary pair i (of n_rot / 2), with b = RoPE base and d = n_rot,
+//   corr(r) = d * ln(orig_ctx / (2 pi r)) / (2 ln b);  lo = corr(beta_fast), hi = corr(beta_slow)
+//   (truncate: lo = floor(lo), hi = ceil(hi)); lo = max(lo, 0), hi = min(hi, d - 1)
+//   ramp_i = clamp((i - lo) / (hi - lo), 0, 1)        (hi == lo: hi += 0.001)
+//   inv_freq_i = b^(-2i/d) * (ramp_i / factor + (1 - ramp_i))
+// and cos, sin are multiplied by mscale = 0.1 ln(factor) + 1 (touchstone/model/rope_yarn.h).
+struct RopeYarn {
+  double factor = 0.0;   // rope.scaling.factor; 0: no YaRN
+  int32_t orig_ctx = 0;  // rope.scaling.original_context_length
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;  // floor/ceil the correction range (HF default, ggml always)
 };
 
 struct ModelConfig {
@@ -77,7 +105,9 @@ struct ModelConfig {
   RopeStyle rope_style = RopeStyle::Interleaved;
   FfnActivation ffn_activation = FfnActivation::SiLU;
   bool rope_freq_factors = false;  // rope_freqs.weight present (llama3 scaling)
-  bool qkv_bias = false;           // blk.N.attn_{q,k,v}.bias (Qwen2)
+  bool qkv_bias = false;           // blk.N.attn_{q,k,v}.bias (Qwen2, gpt-oss)
+  bool attn_out_bias = false;      // blk.N.attn_output.bias (gpt-oss)
+  bool attn_sinks = false;         // blk.N.attn_sinks.weight: a logit per head (gpt-oss)
   bool qk_norm = false;        // blk.N.attn_{q,k}_norm.weight, RMSNorm per head (Qwen3, Gemma 3)
   bool post_norms = false;     // blk.N.post_attention_norm / post_ffw_norm (Gemma 3)
   bool fused_qkv = false;      // blk.N.attn_qkv.weight (Phi-3)
@@ -85,6 +115,7 @@ struct ModelConfig {
   double embd_scale = 1.0;     // token embedding multiplier (Gemma: sqrt(n_embd))
   double attn_scale = 0.0;     // attention score multiplier (default 1/sqrt(head_dim))
   double final_logit_softcap = 0.0;  // 0: none; else cap * tanh(logit / cap)
+  RopeYarn rope_yarn;                // factor == 0 unless YaRN (gpt-oss)
   MoeConfig moe;                     // n_expert == 0 unless a mixture-of-experts model
   std::vector<LayerConfig> layers;   // n_layer entries
 
@@ -123,6 +154,11 @@ std::string unsupported_features(const ModelConfig& c, std::string_view architec
 // architecture prefix outside the family's known set, the first tensor that is not
 // a weight of the family's forward pass, or an unsupported architecture.
 ModelConfig read_model_config(const gguf::File& file);
+
+// The pre-FFN RMSNorm weight of layer l's block, after "blk.N.": "ffn_norm.weight";
+// gpt-oss: "post_attention_norm.weight" (its converter maps HF post_attention_layernorm,
+// the norm before the MoE block, to llama.cpp's LLM_TENSOR_ATTN_POST_NORM).
+const char* ffn_norm_tensor(const ModelConfig& c);
 
 // Every tensor name the forward pass reads for this config (the loader requires
 // each; read_model_config refuses any other).

@@ -10,6 +10,9 @@
 // applies interleaved RoPE there (ModelConfig::rope_style) and q.k is invariant under
 // the same row permutation of q and k. Other families are stored unpermuted (NeoX).
 //
+// gpt-oss's pre-FFN norm is stored as blk.N.post_attention_norm.weight (ffn_norm_tensor)
+// and loaded into ffn_norm. Its experts may be MXFP4 (dequantized as ggml does).
+//
 // Fused Phi-3 tensors are split at load: attn_qkv rows [q | k | v] into wq, wk, wv;
 // ffn_up rows [gate | up] (HF Phi3MLP: gate, up = gate_up_proj(x).chunk(2)) into
 // w_gate, w_up. Optional vectors are empty when the config does not use them.
@@ -39,6 +42,8 @@ struct LayerWeights {
   std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]  blk.N.attn_{q,k,v}.bias (Qwen2)
   std::vector<float> q_norm, k_norm;  // [head_dim]                  blk.N.attn_{q,k}_norm.weight
   std::vector<float> wo;              // [n_embd][n_head*head_dim]   blk.N.attn_output.weight
+  std::vector<float> bo;              // [n_embd]          blk.N.attn_output.bias (gpt-oss)
+  std::vector<float> sinks;           // [n_head]          blk.N.attn_sinks.weight (gpt-oss)
   std::vector<float> post_attn_norm;  // [n_embd] blk.N.post_attention_norm.weight
   std::vector<float> ffn_norm;        // [n_embd]                    blk.N.ffn_norm.weight
   std::vector<float> w_gate;          // [n_ff][n_embd]              blk.N.ffn_gate.weight
@@ -49,6 +54,9 @@ struct LayerWeights {
   std::vector<float> gate_exps;       // [n_expert][n_ff_exp][n_embd] blk.N.ffn_gate_exps.weight
   std::vector<float> up_exps;         // [n_expert][n_ff_exp][n_embd] blk.N.ffn_up_exps.weight
   std::vector<float> down_exps;       // [n_expert][n_embd][n_ff_exp] blk.N.ffn_down_exps.weight
+  // gpt-oss: blk.N.ffn_gate_inp.bias [n_expert], ffn_{gate,up}_exps.bias [n_expert][n_ff_exp],
+  // ffn_down_exps.bias [n_expert][n_embd] (ggml shapes {n_out, n_expert}).
+  std::vector<float> gate_inp_b, gate_exps_b, up_exps_b, down_exps_b;
 };
 
 struct ModelWeights {

@@ -53,4 +53,12 @@ std::vector<int32_t> top_k_experts(std::span<const double> probs, int32_t k);
 std::vector<ExpertWeight> route_softmax_top_k(std::span<const float> logits, int32_t k,
                                               bool renormalise);
 
+// gpt-oss's router, the other order: S = the k largest logits (equal: lower index first),
+// w_e = exp(r_e - max_S) / sum_{j in S} exp(r_j - max_S) (fp64, in selection order).
+// HF modeling_gpt_oss.py GptOssTopKRouter: router_logits = linear(h, weight, bias);
+// torch.topk(router_logits, top_k); softmax(top_values). llama.cpp build_moe_ffn with
+// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT: probs = logits, ggml_top_k, then
+// ggml_soft_max over the k selected. The logits include the router bias.
+std::vector<ExpertWeight> route_top_k_softmax(std::span<const float> logits, int32_t k);
+
 }  // namespace touchstone::ops

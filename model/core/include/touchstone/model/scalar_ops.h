@@ -10,6 +10,7 @@
 //   - Compiled with -ffp-contract=off -fno-fast-math: no FMA, no reassociation.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -54,6 +55,21 @@ inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
 inline double gelu_tanh(double x) {
   constexpr double kSqrt2OverPi = 0.79788456080286535587989211986876;
   return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+}
+
+// gpt-oss's clamped SwiGLU of one (gate, up) pair (HF modeling_gpt_oss.py
+// GptOssExperts._apply_gate: gate = gate.clamp(max=limit); up = up.clamp(-limit, limit);
+// glu = gate * sigmoid(gate * alpha); (up + 1) * glu, with swiglu_alpha 1.702 and
+// swiglu_limit 7.0, GptOssConfig's defaults and the released models'; llama.cpp
+// ggml_swiglu_oai with the same constants, hard-coded in build_moe_ffn). The GGUF carries
+// neither constant. The gate and up rows are split at conversion from HF's interleaved
+// gate_up_proj (gate = [..., ::2], up = [..., 1::2]), convert_hf_to_gguf.py GptOssModel.
+inline constexpr double kSwigluOaiAlpha = 1.702;
+inline constexpr double kSwigluOaiLimit = 7.0;
+inline double swiglu_oai(double gate, double up) {
+  const double g = std::min(gate, kSwigluOaiLimit);
+  const double u = std::clamp(up, -kSwigluOaiLimit, kSwigluOaiLimit);
+  return (u + 1.0) * (g / (1.0 + std::exp(-g * kSwigluOaiAlpha)));
 }
 
 // Soft-capping (Gemma 2 style final_logit_softcapping): cap * tanh(x / cap).

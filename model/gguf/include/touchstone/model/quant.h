@@ -153,10 +153,30 @@ struct block_q8_K {
 static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t),
               "wrong q8_K block size/padding");
 
+// MXFP4 (OCP Microscaling Formats v1.0; ggml GGML_TYPE_MXFP4, the experts of gpt-oss):
+// 32 fp4 (e2m1) values sharing one e8m0 scale. qs[j] holds element j in its low nibble
+// and element j + 16 in its high nibble (ggml-common.h block_mxfp4).
+inline constexpr int QK_MXFP4 = 32;
+
+struct block_mxfp4 {
+  uint8_t e;                 // E8M0 scale exponent
+  uint8_t qs[QK_MXFP4 / 2];  // e2m1 codes, two per byte
+};
+static_assert(sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2, "wrong mxfp4 block size/padding");
+
+// ggml-common.h kvalues_mxfp4: the 16 e2m1 values doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+// their negatives, times 2); the scale below is halved to match.
+inline constexpr int8_t kvalues_mxfp4[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                             0, -1, -2, -3, -4, -6, -8, -12};
+
+/// ggml-impl.h ggml_e8m0_to_fp32_half: 2^(x - 128) as an fp32 (x < 2: the subnormals
+/// 2^-128 and 2^-127), exact for every x.
+float e8m0_to_fp32_half(uint8_t x);
+
 // ---- dequantization ---------------------------------------------------------
 /// Dequantizes `n` consecutive elements (n % block_size == 0, else Error).
 /// `src` holds n / block_size * type_size bytes; no alignment is required.
-/// Supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K.
+/// Supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K MXFP4.
 void dequantize_row(TensorType type, const void* src, float* dst, int64_t n);
 
 /// Whole tensor to fp32, row-major in ggml order (shape[0] fastest).

@@ -9,12 +9,14 @@
 //   x = r_0 - f_0       (layer 0, whose input stream, the embedding, is not tapped)
 // From x (the golden's taps: the reference's own input; the backend's taps: its own),
 // with the model's weights as the reference loads them:
-//   h = RMSNorm(x) (ffn_norm), router logits z_e = W_gate_inp[e] . h (fp64 dot, fp32),
-//   p = softmax(z), the reference's experts S = its top k of p (moe_router.h),
+//   h = RMSNorm(x) (ffn_norm), router logits z_e = W_gate_inp[e] . h (+ bias: gpt-oss;
+//   fp64 dot, fp32), p = softmax(z), the reference's experts S = its top k of p
+//   (moe_router.h; gpt-oss's top k of z is the same set),
 //   its margin = z of its k-th expert minus z of the runner-up (the (k+1)-th), in nats;
-//   each candidate expert's output E_e = down_e(act(gate_e h) * up_e h) on the
-//   backend's h, and for an expert set T the mixture sum_{e in T} w_e E_e with
-//   w_e = p_e / sum_T p (renormalised) or p_e (not), p from the backend's h.
+//   each candidate expert's output E_e = down_e(act(gate_e h) * up_e h) (gpt-oss: with
+//   the expert biases and its clamped SwiGLU) on the backend's h, and for an expert set
+//   T the mixture sum_{e in T} w_e E_e with w_e = p_e / sum_T p (renormalised: also what
+//   gpt-oss's softmax over its top k gives) or p_e (not), p from the backend's h.
 // Candidates: the reference's set, and every set with one of its experts replaced
 // by one of the k + 4 experts the backend's own router input ranks first; each with
 // and without renormalisation. The candidate nearest (NMSE) the backend's f_l is

@@ -102,8 +102,16 @@ class ReferenceTransformer {
   void attend_head(int32_t l, int32_t h, int32_t t0, int32_t n_kv);
   void feed_forward(int32_t l);
   void moe_feed_forward(int32_t l);
-  void gated_ffn(const float* w_gate, const float* w_up, const float* w_down, int64_t n_ff,
-                 float* out);
+  // One gated FFN's matrices (row-major) and optional biases (null: none).
+  struct ExpertMatrices {
+    const float* gate;
+    const float* up;
+    const float* down;
+    const float* gate_b = nullptr;
+    const float* up_b = nullptr;
+    const float* down_b = nullptr;
+  };
+  void gated_ffn(const ExpertMatrices& m, int64_t n_ff, float* out);
   float* k_layer(int32_t l) const;
   float* v_layer(int32_t l) const;
 
