@@ -10,19 +10,22 @@
 #include "parity_internal.h"
 #include "touchstone/abi/backend_abi.h"
 #include "touchstone/model/gguf.h"
+#include "touchstone/run/model_facts.h"
 #include "touchstone/run/moe_routing.h"
 
 namespace touchstone {
 
 namespace {
 
-// The model's weights (dequantized as the reference loads them), read once per run;
-// null for a dense model.
+// The model's weights (dequantized as the reference loads them), read once per run
+// and only for a mixture-of-experts model (the config from model_facts, read once per
+// process); null for a dense model.
 const ModelWeights* moe_weights(const Inputs& in) {
   if (!in.moe_probe) {
     in.moe_probe = std::make_shared<MoeProbe>();
-    const gguf::File f = gguf::File::open(in.model_path);
-    if (read_model_config(f).is_moe()) in.moe_probe->weights = load_model_weights(f);
+    const std::optional<ModelConfig>& c = model_facts(in.model_path).config;
+    if (c && c->is_moe())
+      in.moe_probe->weights = load_model_weights(gguf::File::open(in.model_path));
   }
   return in.moe_probe->weights ? &*in.moe_probe->weights : nullptr;
 }

@@ -1,8 +1,9 @@
 // model_facts.h - what the harness side reads from a model's GGUF (its chat
 // template, its tokenizer, its architecture), read once per file per process.
 //
-// The harness never computes with a model's weights (the backend does, in its
-// own process), yet a parity run needs three things from the file's metadata;
+// The harness computes with a model's weights only in the routing diagnosis of a
+// mixture-of-experts model (moe_routing.h; the backend computes, in its own process),
+// yet a parity run needs three things from the file's metadata;
 // gguf::File::open reads the whole file into private memory (98 MB for
 // SmolLM2, 253 MB for Gemma 3 270M), so reading it once instead of once per
 // use saves that copy and parse twice per run. The File itself is dropped once
