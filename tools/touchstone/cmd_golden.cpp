@@ -128,7 +128,7 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
   {
     // No config: the reference cannot describe the model; reading it again says why.
     const ModelConfig cfg =
-        facts.config ? *facts.config : read_model_config(gguf::File::open(model_path));
+        facts.config ? *facts.config : read_model_config(gguf::File::open_metadata(model_path));
     ropt.tap_layers = cfg.n_layer;
     ropt.tap_dim = cfg.n_embd;
   }

@@ -42,7 +42,7 @@ void print_info(BackendLibrary& lib, const std::string& model) {
     fmt::print("architectures  not declared (api_version < 3 or NULL): load_model decides\n");
   }
   if (model.empty()) return;
-  const ModelConfig c = read_model_config(gguf::File::open(model));
+  const ModelConfig c = read_model_config(gguf::File::open_metadata(model));
   fmt::print("model          {}: architecture '{}', features: {}\n", model, c.architecture,
              c.feature_names().empty() ? "none beyond plain Llama"
                                        : fmt::format("{}", fmt::join(c.feature_names(), ",")));

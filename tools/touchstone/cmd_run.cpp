@@ -23,7 +23,7 @@ namespace {
 // The model's end-of-turn token: tokenizer.ggml.eot_token_id, else the first of the
 // usual end-of-turn texts the vocabulary has (as llama.cpp's llama_vocab::load).
 std::optional<int32_t> end_of_turn_token(const std::string& model, const Tokenizer& tok) {
-  const gguf::File f = gguf::File::open(model);
+  const gguf::File f = gguf::File::open_metadata(model);
   if (auto id = f.find_uint("tokenizer.ggml.eot_token_id"); id && *id < uint64_t(tok.n_vocab()))
     return int32_t(*id);
   for (const char* t :
@@ -70,7 +70,7 @@ struct RunOpts {
 void generate(const RunOpts& o) {
   Tokenizer tok = load_tokenizer(o.model);
   std::string text = o.prompt;
-  const ChatTemplate chat = chat_template_from_gguf(gguf::File::open(o.model));
+  const ChatTemplate chat = chat_template_from_gguf(gguf::File::open_metadata(o.model));
   if (o.chat) text = render_chat(chat, o.prompt);  // the model's own template
   const std::vector<int32_t> ids = tok.encode(text, true, true);
   if (ids.empty()) throw Error("the prompt encodes to zero tokens");

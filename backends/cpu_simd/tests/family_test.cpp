@@ -37,8 +37,7 @@ std::vector<Case> cases() { return touchstone::testing::family_variants(); }
 
 // Reference logits of every position (one forward call per token).
 std::vector<float> reference_logits(const std::string& path, const std::vector<int32_t>& tokens) {
-  const gg::File file = gg::File::open(path);
-  const touchstone::ModelWeights w = touchstone::load_model_weights(file);
+  const touchstone::StoredWeights w = touchstone::load_stored_weights(path);
   touchstone::ReferenceTransformer ref(w, 64, 1);
   const size_t V = size_t(w.config.n_vocab);
   std::vector<float> out(tokens.size() * V);

@@ -68,7 +68,7 @@ std::vector<Model> file_cases() {
 }
 
 std::vector<float> reference_logits(const std::string& path) {
-  const touchstone::ModelWeights w = touchstone::load_model_weights(gg::File::open(path));
+  const touchstone::StoredWeights w = touchstone::load_stored_weights(path);
   touchstone::ReferenceTransformer ref(w, 64, 1);
   const size_t V = size_t(w.config.n_vocab);
   std::vector<float> out(kTokens.size() * V);

@@ -302,8 +302,7 @@ sg::GraphModel* StaticGraphModel::model_ = nullptr;
 constexpr int32_t kCap = 1024;
 
 TEST_F(StaticGraphModel, DecodeMatchesReference) {
-  const touchstone::gguf::File f = touchstone::gguf::File::open(model_path());
-  const touchstone::ModelWeights w = touchstone::load_llama_weights(f);
+  const touchstone::StoredWeights w = touchstone::load_stored_weights(model_path());
   touchstone::ReferenceTransformer ref(w, 64, 2);
   sg::GraphSession s(*model_, sg::WeightMode::FullPrecision, kCap, 1);
   const int32_t V = model_->dims.n_vocab;

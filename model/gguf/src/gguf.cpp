@@ -105,9 +105,16 @@ std::string Value::type_string() const {
 // ---------------------------------------------------------------------------
 // FileParser: a cursor over the file's bytes that fills a File.
 // ---------------------------------------------------------------------------
+// Thrown by a metadata-only parse whose buffer ends before the header does.
+struct NeedMoreBytes {};
+
 class FileParser {
  public:
-  explicit FileParser(File& f) : f_(f), base_(f.base_), size_(f.size_) {}
+  // avail: how many of the file's bytes are in the buffer (the whole file, or the first
+  // ones for File::open_metadata: a read past them throws NeedMoreBytes).
+  explicit FileParser(File& f, uint64_t avail)
+      : f_(f), base_(f.base_), size_(f.size_), avail_(avail) {}
+  explicit FileParser(File& f) : FileParser(f, f.size_) {}
 
   void parse() {
     parse_header();
@@ -135,6 +142,7 @@ class FileParser {
     if (n > remaining())
       fail_at(pos_, "{}: needs {} bytes but only {} remain (file size {})", field, n, remaining(),
               size_);
+    if (pos_ + n > avail_) throw NeedMoreBytes{};
   }
 
   template <typename T>
@@ -151,6 +159,7 @@ class FileParser {
     const auto len = read<uint64_t>(field);
     if (len > remaining())
       fail_at(at, "{}: string length {} exceeds remaining {} bytes", field, len, remaining());
+    if (pos_ + len > avail_) throw NeedMoreBytes{};
     std::string s(reinterpret_cast<const char*>(base_ + pos_), static_cast<size_t>(len));
     pos_ += len;
     return s;
@@ -383,6 +392,7 @@ class FileParser {
   File& f_;
   const uint8_t* base_;
   uint64_t size_;
+  uint64_t avail_;
   uint64_t pos_ = 0;
   uint64_t n_kv_ = 0;
   uint64_t n_tensors_ = 0;
@@ -394,9 +404,10 @@ class FileParser {
 // ---------------------------------------------------------------------------
 // File: buffer lifetime
 // ---------------------------------------------------------------------------
-File File::open(const std::string& path) {
-  File f;
-  f.path_ = path;
+namespace {
+
+// The fd of `path`, a regular file, and its size. Throws Error naming the file.
+int open_regular(const std::string& path, uint64_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error("{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
@@ -409,7 +420,38 @@ File File::open(const std::string& path) {
     ::close(fd);
     throw Error("{}: not a regular file", path);
   }
-  f.size_ = static_cast<uint64_t>(st.st_size);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+// Reads the first len bytes of fd into dst. Throws Error (fd left open) on a read error
+// or when the file ends before them.
+void read_prefix(int fd, const std::string& path, uint8_t* dst, size_t len, uint64_t size) {
+  size_t done = 0;
+  while (done < len) {
+    const size_t chunk = std::min<size_t>(len - done, size_t{1} << 30);
+    const ssize_t n = ::pread(fd, dst + done, chunk, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error("{}: offset {}: read error: {}", path, done, std::strerror(errno));
+    if (n == 0) {
+      throw Error("{}: offset {}: file shrank while being read (it was {} bytes when opened)", path,
+                  done, size);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+}  // namespace
+
+File File::open(const std::string& path) {
+  File f;
+  f.path_ = path;
+  const FdCloser fd{open_regular(path, &f.size_)};
   // The file is READ into private memory, not mmap()ed. With a file mapping, a
   // file truncated by someone else while it is open (a download being
   // replaced, `cp` over the model, a full disk) turns every later access to
@@ -427,35 +469,44 @@ File File::open(const std::string& path) {
     const auto len = static_cast<size_t>(f.size_);
     void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
       throw Error("{}: cannot allocate {} bytes to read the file: {}", path, f.size_,
-                  std::strerror(e));
+                  std::strerror(errno));
     }
     f.base_ = static_cast<const uint8_t*>(p);  // owned from here: ~File unmaps on throw
-    auto* dst = static_cast<uint8_t*>(p);
-    size_t done = 0;
-    while (done < len) {
-      const size_t chunk = std::min<size_t>(len - done, size_t{1} << 30);
-      const ssize_t n = ::pread(fd, dst + done, chunk, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        const int e = errno;
-        ::close(fd);
-        throw Error("{}: offset {}: read error: {}", path, done, std::strerror(e));
-      }
-      if (n == 0) {
-        ::close(fd);
-        throw Error("{}: offset {}: file shrank while being read (it was {} bytes when opened)",
-                    path, done, f.size_);
-      }
-      done += static_cast<size_t>(n);
-    }
+    read_prefix(fd.fd, path, static_cast<uint8_t*>(p), len, f.size_);
     ::mprotect(p, len, PROT_READ);  // best effort: a stray write then faults
   }
-  ::close(fd);
   FileParser(f).parse();  // on throw, ~File frees the buffer
   return f;
+}
+
+File File::open_metadata(const std::string& path) {
+  uint64_t size = 0;
+  const FdCloser fd{open_regular(path, &size)};
+  // The header is read in growing prefixes (1 MiB, then x4) until it parses: a model's
+  // metadata is mostly its vocabulary (SmolLM2: 2.2 MB, a 128k vocabulary: ~8 MB).
+  for (uint64_t want = std::min<uint64_t>(size, uint64_t{1} << 20);;
+       want = std::min(size, want * 4)) {
+    std::vector<uint8_t> buf(static_cast<size_t>(want));
+    read_prefix(fd.fd, path, buf.data(), buf.size(), size);
+    File f;
+    f.path_ = path;
+    f.size_ = size;
+    f.base_ = buf.data();
+    struct Detach {  // the buffer is buf's, never ~File's to unmap
+      File& f;
+      ~Detach() { f.base_ = nullptr; }
+    } detach{f};
+    try {
+      FileParser(f, want).parse();
+    } catch (const NeedMoreBytes&) {
+      if (want == size) throw Error("{}: internal error: the header parse wanted more bytes", path);
+      continue;
+    }
+    f.base_ = nullptr;
+    f.metadata_only_ = true;
+    return f;
+  }
 }
 
 File::File(File&& o) noexcept { *this = std::move(o); }
@@ -474,6 +525,7 @@ File& File::operator=(File&& o) noexcept {
     metadata_index_ = std::move(o.metadata_index_);
     tensors_ = std::move(o.tensors_);
     tensor_index_ = std::move(o.tensor_index_);
+    metadata_only_ = o.metadata_only_;
   }
   return *this;
 }
@@ -500,6 +552,9 @@ const TensorInfo& File::tensor(std::string_view name) const {
 }
 
 std::span<const uint8_t> File::tensor_data(const TensorInfo& t) const {
+  if (metadata_only_)
+    throw Error("{}: tensor '{}': the file was opened for its metadata only (open_metadata)", path_,
+                t.name);
   if (find_type_traits(t.type) == nullptr)
     throw Error(
         "{}: offset {}: tensor '{}': unknown tensor type {}, its data size cannot be computed",

@@ -77,6 +77,11 @@ Block load(const uint8_t* p) {
 float h2f(ggml_half h) { return fp16_to_fp32(h); }
 
 // ---- per-type row kernels: k = number of elements, k % block_size == 0 ----
+// The reference reads every weight row through these (it keeps weights as stored), so
+// the block types' kernels are also compiled for AVX2 and picked at load (as ops::dot
+// is): the same scalar source, each value from the same IEEE operations in the same
+// order (no FMA contraction: -ffp-contract=off), so the bits do not depend on the clone.
+#define TOUCHSTONE_DEQ_CLONES __attribute__((target_clones("avx2", "default")))
 
 void deq_f32(const uint8_t* x, float* y, int64_t k) {
   std::memcpy(y, x, static_cast<size_t>(k) * 4);
@@ -90,7 +95,7 @@ void deq_bf16(const uint8_t* x, float* y, int64_t k) {
   for (int64_t i = 0; i < k; ++i) y[i] = bf16_to_fp32(load<uint16_t>(x + 2 * i));
 }
 
-void deq_q4_0(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q4_0(const uint8_t* src, float* y, int64_t k) {
   constexpr int qk = QK4_0;
   for (int64_t i = 0; i < k / qk; ++i) {
     const auto x = load<block_q4_0>(src + i * sizeof(block_q4_0));
@@ -104,7 +109,7 @@ void deq_q4_0(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q4_1(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q4_1(const uint8_t* src, float* y, int64_t k) {
   constexpr int qk = QK4_1;
   for (int64_t i = 0; i < k / qk; ++i) {
     const auto x = load<block_q4_1>(src + i * sizeof(block_q4_1));
@@ -119,7 +124,7 @@ void deq_q4_1(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q5_0(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q5_0(const uint8_t* src, float* y, int64_t k) {
   constexpr int qk = QK5_0;
   for (int64_t i = 0; i < k / qk; ++i) {
     const auto x = load<block_q5_0>(src + i * sizeof(block_q5_0));
@@ -137,7 +142,7 @@ void deq_q5_0(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q5_1(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q5_1(const uint8_t* src, float* y, int64_t k) {
   constexpr int qk = QK5_1;
   for (int64_t i = 0; i < k / qk; ++i) {
     const auto x = load<block_q5_1>(src + i * sizeof(block_q5_1));
@@ -156,7 +161,7 @@ void deq_q5_1(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q8_0(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q8_0(const uint8_t* src, float* y, int64_t k) {
   constexpr int qk = QK8_0;
   for (int64_t i = 0; i < k / qk; ++i) {
     const auto x = load<block_q8_0>(src + i * sizeof(block_q8_0));
@@ -165,7 +170,7 @@ void deq_q8_0(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q2_K(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q2_K(const uint8_t* src, float* y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; ++i) {
     const auto x = load<block_q2_K>(src + i * sizeof(block_q2_K));
     const float d = h2f(x.d);
@@ -190,7 +195,7 @@ void deq_q2_K(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q3_K(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q3_K(const uint8_t* src, float* y, int64_t k) {
   constexpr uint32_t kmask1 = 0x03030303;
   constexpr uint32_t kmask2 = 0x0f0f0f0f;
   for (int64_t i = 0; i < k / QK_K; ++i) {
@@ -238,7 +243,7 @@ void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   }
 }
 
-void deq_q4_K(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q4_K(const uint8_t* src, float* y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; ++i) {
     const auto x = load<block_q4_K>(src + i * sizeof(block_q4_K));
     const uint8_t* q = x.qs;
@@ -261,7 +266,7 @@ void deq_q4_K(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q5_K(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q5_K(const uint8_t* src, float* y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; ++i) {
     const auto x = load<block_q5_K>(src + i * sizeof(block_q5_K));
     const uint8_t* ql = x.qs;
@@ -290,7 +295,7 @@ void deq_q5_K(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q6_K(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q6_K(const uint8_t* src, float* y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; ++i) {
     const auto x = load<block_q6_K>(src + i * sizeof(block_q6_K));
     const float d = h2f(x.d);
@@ -317,7 +322,7 @@ void deq_q6_K(const uint8_t* src, float* y, int64_t k) {
   }
 }
 
-void deq_q8_K(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_q8_K(const uint8_t* src, float* y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; ++i) {
     const auto x = load<block_q8_K>(src + i * sizeof(block_q8_K));
     for (int j = 0; j < QK_K; ++j) *y++ = x.d * static_cast<float>(x.qs[j]);
@@ -326,7 +331,7 @@ void deq_q8_K(const uint8_t* src, float* y, int64_t k) {
 
 // ggml-quants.c dequantize_row_mxfp4: y[j] = kvalues_mxfp4[low nibble of qs[j]] * d,
 // y[j + 16] = kvalues_mxfp4[high nibble] * d, d = e8m0_to_fp32_half(e) (int8 * fp32, exact).
-void deq_mxfp4(const uint8_t* src, float* y, int64_t k) {
+TOUCHSTONE_DEQ_CLONES void deq_mxfp4(const uint8_t* src, float* y, int64_t k) {
   for (int64_t i = 0; i < k / QK_MXFP4; ++i) {
     const auto x = load<block_mxfp4>(src + i * sizeof(block_mxfp4));
     const float d = e8m0_to_fp32_half(x.e);

@@ -31,18 +31,29 @@ std::vector<uint8_t> small_valid_file() {
   return g.build();
 }
 
-/// Opens `bytes` and returns the Error message (fails the test if none).
+/// The Error message of opener(path), or "" when it opens.
+template <class Opener>
+std::string error_of(Opener opener, const std::string& path) {
+  try {
+    (void)opener(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+/// Opens `bytes` and returns the Error message (fails the test if none). File::open_metadata
+/// must refuse it with the same message (it parses the same header from a prefix).
 std::string open_error(const std::vector<uint8_t>& bytes) {
   TempFile tf(bytes, "bad");
-  try {
-    File f = File::open(tf.path());
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(tf.path()), std::string::npos) << "message lacks the path: " << m;
-    return m;
+  const std::string m = error_of(File::open, tf.path());
+  if (m.empty()) {
+    ADD_FAILURE() << "no error for a malformed file";
+    return {};
   }
-  ADD_FAILURE() << "no error for a malformed file";
-  return {};
+  EXPECT_NE(m.find(tf.path()), std::string::npos) << "message lacks the path: " << m;
+  EXPECT_EQ(error_of(File::open_metadata, tf.path()), m);
+  return m;
 }
 
 #define EXPECT_HAS(msg, text) EXPECT_NE((msg).find(text), std::string::npos) << "message: " << (msg)
@@ -66,14 +77,11 @@ TEST(GgufMalformed, EveryTruncationThrows) {
     TempFile tf(
         std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(len)),
         "trunc");
-    try {
-      File f = File::open(tf.path());
-      ADD_FAILURE() << "prefix of " << len << " bytes opened without error";
-    } catch (const Error& e) {
-      const std::string m = e.what();
-      EXPECT_HAS(m, tf.path());
-      EXPECT_HAS(m, "offset ");
-    }
+    const std::string m = error_of(File::open, tf.path());
+    if (m.empty()) ADD_FAILURE() << "prefix of " << len << " bytes opened without error";
+    EXPECT_HAS(m, tf.path());
+    EXPECT_HAS(m, "offset ");
+    EXPECT_EQ(error_of(File::open_metadata, tf.path()), m) << "prefix of " << len << " bytes";
   }
 }
 
@@ -87,6 +95,8 @@ TEST(GgufMalformed, CorruptedBytesNeverCrash) {
       bytes[i] = v;
       // A fresh file each time (rewriting a just-unmapped file is slow on some filesystems).
       TempFile tf(bytes, "fuzz");
+      const std::string m = error_of(File::open, tf.path());
+      EXPECT_EQ(error_of(File::open_metadata, tf.path()), m) << "byte " << i << " = " << int(v);
       try {
         const File f = File::open(tf.path());
         for (const TensorInfo& t : f.tensors()) {
@@ -100,6 +110,26 @@ TEST(GgufMalformed, CorruptedBytesNeverCrash) {
   }
   EXPECT_GT(opened, 0);
   EXPECT_GT(rejected, 0);
+}
+
+TEST(GgufMetadataOnly, SameMetadataAndTensorsNoData) {
+  // A 3 MB string makes the header outgrow the first prefixes (1 MiB, then 4 MiB).
+  GgufBuilder g;
+  g.key("big", ValueType::STRING).str(std::string(3 << 20, 'x'));
+  g.key("n", ValueType::UINT32).put<uint32_t>(7);
+  g.tensor("w", {2, 2}, TensorType::F32, std::vector<uint8_t>(16, 0));
+  TempFile tf(g.build());
+  const File all = File::open(tf.path());
+  const File meta = File::open_metadata(tf.path());
+  EXPECT_EQ(meta.file_size(), all.file_size());
+  EXPECT_EQ(meta.data_offset(), all.data_offset());
+  EXPECT_EQ(meta.get_string("big"), all.get_string("big"));
+  EXPECT_EQ(meta.get_uint("n"), 7u);
+  ASSERT_EQ(meta.tensors().size(), 1u);
+  EXPECT_EQ(meta.tensor("w").offset, all.tensor("w").offset);
+  EXPECT_EQ(meta.tensor("w").shape, all.tensor("w").shape);
+  EXPECT_EQ(all.tensor_data(all.tensor("w")).size(), 16u);
+  EXPECT_THROW((void)meta.tensor_data(meta.tensor("w")), Error);
 }
 
 TEST(GgufMalformed, MissingEmptyAndDirectory) {

@@ -199,7 +199,7 @@ TEST_F(Contract, RewindThenReplayReproducesLogits) {
 // wrong size or after set_taps(0) is an error, not a crash.
 TEST_F(Contract, LayerTapsRecordTheLastPositionAndLeaveLogitsAlone) {
   if (!lib_->has_taps()) GTEST_SKIP() << "no layer taps (ABI v4 set_taps/read_taps)";
-  const ModelConfig c = read_model_config(gguf::File::open(target().model));
+  const ModelConfig c = read_model_config(gguf::File::open_metadata(target().model));
   const size_t n = size_t(c.n_layer) * TS_TAP_POINTS * size_t(c.n_embd);
   BackendSession plain(*model_, options());
   const std::vector<float> want = plain.prefill(kTokens);

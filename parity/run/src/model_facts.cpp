@@ -13,7 +13,7 @@ const ModelFacts& model_facts(const std::string& gguf_path) {
   static std::map<std::string, ModelFacts> cache;  // entries never move or go
   const std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(gguf_path); it != cache.end()) return it->second;
-  const gguf::File file = gguf::File::open(gguf_path);
+  const gguf::File file = gguf::File::open_metadata(gguf_path);
   ModelFacts facts{chat_template_from_gguf(file), tokenizer_data_from_gguf(file), std::nullopt};
   try {
     facts.config = read_model_config(file);

@@ -20,10 +20,10 @@ constexpr int kExtraCandidates = 4;     // experts beyond k the backend's router
 constexpr double kExplainFactor = 0.1;  // a candidate explains it at 1/10 the reference's NMSE
 
 struct LayerView {
-  const ModelWeights& w;
+  const StoredWeights& w;
   int layer;
   int64_t d, ff;
-  const LayerWeights& L() const { return w.layers[size_t(layer)]; }
+  const StoredLayerWeights& L() const { return w.layers[size_t(layer)]; }
 };
 
 // The FFN's input stream of one step's taps (see the header).
@@ -43,11 +43,12 @@ std::vector<float> ffn_input(const LayerView& v, std::span<const float> taps) {
 }
 
 // y = W x (+ b): fp64 dot, the bias added before the one rounding (as the reference).
-std::vector<float> matvec(const float* W, std::span<const float> x, int64_t n_out,
+// W as stored, each row dequantized as the reference dequantizes it.
+std::vector<float> matvec(const WeightMatrix& W, std::span<const float> x,
                           const float* b = nullptr) {
-  std::vector<float> y(static_cast<size_t>(n_out));
-  for (int64_t o = 0; o < n_out; ++o) {
-    const double acc = ops::dot(W + o * int64_t(x.size()), x.data(), int64_t(x.size()));
+  std::vector<float> y(static_cast<size_t>(W.rows())), row(x.size());
+  for (int64_t o = 0; o < W.rows(); ++o) {
+    const double acc = ops::dot(W.row(o, row.data()), x.data(), int64_t(x.size()));
     y[size_t(o)] = float(b ? acc + double{b[o]} : acc);
   }
   return y;
@@ -56,13 +57,12 @@ std::vector<float> matvec(const float* W, std::span<const float> x, int64_t n_ou
 // Expert e's gated MLP on the normed input h (gpt-oss: with its biases and clamped
 // SwiGLU), rounded as the reference rounds.
 std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const float> h) {
-  const int64_t off = int64_t{e} * v.ff * v.d;
-  const LayerWeights& L = v.L();
+  const StoredLayerWeights& L = v.L();
   const bool bias = v.w.config.moe.biases;
-  std::vector<float> g =
-      matvec(L.gate_exps.data() + off, h, v.ff, bias ? L.gate_exps_b.data() + e * v.ff : nullptr);
+  std::vector<float> g = matvec(L.gate_exps.slice(e * v.ff, v.ff), h,
+                                bias ? L.gate_exps_b.data() + e * v.ff : nullptr);
   const std::vector<float> u =
-      matvec(L.up_exps.data() + off, h, v.ff, bias ? L.up_exps_b.data() + e * v.ff : nullptr);
+      matvec(L.up_exps.slice(e * v.ff, v.ff), h, bias ? L.up_exps_b.data() + e * v.ff : nullptr);
   const bool gelu = v.w.config.ffn_activation == FfnActivation::GeluTanh;
   const bool oai = v.w.config.moe.activation == ExpertActivation::SwiGLUOai;
   for (size_t i = 0; i < g.size(); ++i) {
@@ -70,7 +70,8 @@ std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const 
                          : (gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i])) * double{u[i]};
     g[i] = float(y);
   }
-  return matvec(L.down_exps.data() + off, g, v.d, bias ? L.down_exps_b.data() + e * v.d : nullptr);
+  return matvec(L.down_exps.slice(e * v.d, v.d), g,
+                bias ? L.down_exps_b.data() + e * v.d : nullptr);
 }
 
 struct Router {
@@ -83,8 +84,7 @@ Router route(const LayerView& v, std::span<const float> x) {
   Router r;
   r.h.resize(x.size());
   ops::rms_norm(x.data(), v.L().ffn_norm.data(), r.h.data(), v.d, v.w.config.rms_norm_eps);
-  r.z = matvec(v.L().ffn_gate_inp.data(), r.h, v.w.config.moe.n_expert,
-               v.w.config.moe.biases ? v.L().gate_inp_b.data() : nullptr);
+  r.z = matvec(v.L().ffn_gate_inp, r.h, v.w.config.moe.biases ? v.L().gate_inp_b.data() : nullptr);
   r.p = ops::softmax(r.z);
   r.order = ops::top_k_experts(r.p, v.w.config.moe.n_expert);
   return r;
@@ -166,7 +166,7 @@ std::string RoutingDiagnosis::describe(double near_tie_margin) const {
       where, ref, reference_mix.nmse);
 }
 
-std::optional<RoutingDiagnosis> diagnose_routing(const ModelWeights& w, int step, int layer,
+std::optional<RoutingDiagnosis> diagnose_routing(const StoredWeights& w, int step, int layer,
                                                  std::span<const float> ref_taps,
                                                  std::span<const float> test_taps) {
   const ModelConfig& c = w.config;

@@ -35,7 +35,7 @@ struct Plan {
 // A mixture-of-experts model's weights for the routing diagnosis (parity_routing.cpp),
 // read on the first FFN divergence; weights empty for a dense model.
 struct MoeProbe {
-  std::optional<ModelWeights> weights;
+  std::optional<StoredWeights> weights;
 };
 
 // Everything a run reads before it touches the backend.

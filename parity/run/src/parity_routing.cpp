@@ -17,15 +17,14 @@ namespace touchstone {
 
 namespace {
 
-// The model's weights (dequantized as the reference loads them), read once per run
+// The model's weights (as stored, as the reference loads them), read once per run
 // and only for a mixture-of-experts model (the config from model_facts, read once per
 // process); null for a dense model.
-const ModelWeights* moe_weights(const Inputs& in) {
+const StoredWeights* moe_weights(const Inputs& in) {
   if (!in.moe_probe) {
     in.moe_probe = std::make_shared<MoeProbe>();
     const std::optional<ModelConfig>& c = model_facts(in.model_path).config;
-    if (c && c->is_moe())
-      in.moe_probe->weights = load_model_weights(gguf::File::open(in.model_path));
+    if (c && c->is_moe()) in.moe_probe->weights = load_stored_weights(in.model_path);
   }
   return in.moe_probe->weights ? &*in.moe_probe->weights : nullptr;
 }
@@ -41,7 +40,7 @@ struct RoutingScan {
 
 // Every compared tap step x mixture-of-experts layer, in order; layer divergence ld
 // (an FFN output) gets its pair's description.
-RoutingScan scan(const ModelWeights& w, const GoldenCase& g, const CaseResult& r, double tie,
+RoutingScan scan(const StoredWeights& w, const GoldenCase& g, const CaseResult& r, double tie,
                  LayerDivergence* ld) {
   RoutingScan sc;
   const size_t rec = g.tap_record_size();
@@ -76,7 +75,7 @@ void explain_routing(const Inputs& in, const GoldenCase& g, CaseResult& r) {
       g.taps.size() < r.backend_taps.size()) {
     return;
   }
-  const ModelWeights* w = moe_weights(in);
+  const StoredWeights* w = moe_weights(in);
   if (!w) return;
   LayerDivergence* ld =
       r.first_layer_divergence && r.first_layer_divergence->point == TS_TAP_FFN_OUT

@@ -26,7 +26,8 @@ ModelWeights load(const std::string& name) {
 
 // The reference's tap record after running `tokens` (its last token's taps).
 std::vector<float> reference_taps(const ModelWeights& w, const std::vector<int32_t>& tokens) {
-  touchstone::ReferenceTransformer ref(w, 64, 1);
+  const touchstone::StoredWeights stored = touchstone::stored_view(w);
+  touchstone::ReferenceTransformer ref(stored, 64, 1);
   ref.set_taps(true);
   std::vector<float> logits(size_t(w.config.n_vocab));
   ref.prefill(tokens, false, logits);
@@ -102,7 +103,7 @@ TEST_P(MoeRouting, ReferenceTapsReadBackAsTheReferenceRouting) {
   const ModelWeights w = load(GetParam());
   const std::vector<float> rec = reference_taps(w, {1, 17, 42, 99, 7});
   for (int l = 0; l < w.config.n_layer; ++l) {
-    const auto dg = touchstone::diagnose_routing(w, 0, l, rec, rec);
+    const auto dg = touchstone::diagnose_routing(touchstone::stored_view(w), 0, l, rec, rec);
     ASSERT_TRUE(dg.has_value());
     EXPECT_FALSE(dg->routing_differs()) << dg->describe(0.1);
     EXPECT_FALSE(dg->weighting_differs()) << dg->describe(0.1);
@@ -118,13 +119,13 @@ TEST_P(MoeRouting, AnotherExpertSetIsNamedWithTheMargin) {
   const ModelWeights w = load(GetParam());
   const std::vector<float> rec = reference_taps(w, {3, 5, 8, 13});
   const size_t d = size_t(w.config.n_embd);
-  const auto ref = touchstone::diagnose_routing(w, 2, 1, rec, rec);
+  const auto ref = touchstone::diagnose_routing(touchstone::stored_view(w), 2, 1, rec, rec);
   ASSERT_TRUE(ref && ref->runner_up >= 0);
   const std::vector<float> x = ffn_input(rec, 1, d);
   std::vector<int32_t> swapped = ref->reference;
   swapped.back() = ref->runner_up;  // the k-th expert replaced by the runner-up
   const std::vector<float> test = with_ffn(rec, 1, x, mixture(w, 1, x, swapped, true));
-  const auto dg = touchstone::diagnose_routing(w, 2, 1, rec, test);
+  const auto dg = touchstone::diagnose_routing(touchstone::stored_view(w), 2, 1, rec, test);
   ASSERT_TRUE(dg.has_value());
   EXPECT_TRUE(dg->routing_differs()) << dg->describe(0.1);
   std::vector<int32_t> got = dg->best.experts, want = swapped;
@@ -138,7 +139,7 @@ TEST_P(MoeRouting, AnotherExpertSetIsNamedWithTheMargin) {
   // Its first expert replaced instead: not the near-tie swap, whatever the margin.
   std::vector<int32_t> first = ref->reference;
   first.front() = ref->runner_up;
-  const auto far = touchstone::diagnose_routing(w, 2, 1, rec,
+  const auto far = touchstone::diagnose_routing(touchstone::stored_view(w), 2, 1, rec,
                                                 with_ffn(rec, 1, x, mixture(w, 1, x, first, true)));
   ASSERT_TRUE(far.has_value());
   EXPECT_TRUE(far->routing_differs()) << far->describe(1e9);
@@ -150,11 +151,12 @@ TEST_P(MoeRouting, SkippedRenormalisationIsAWeightingDivergence) {
   ASSERT_TRUE(w.config.moe.norm_topk);
   const std::vector<float> rec = reference_taps(w, {11, 12});
   const size_t d = size_t(w.config.n_embd);
-  const auto ref = touchstone::diagnose_routing(w, 0, 1, rec, rec);
+  const auto ref = touchstone::diagnose_routing(touchstone::stored_view(w), 0, 1, rec, rec);
   ASSERT_TRUE(ref.has_value());
   const std::vector<float> x = ffn_input(rec, 1, d);
-  const auto dg = touchstone::diagnose_routing(
-      w, 0, 1, rec, with_ffn(rec, 1, x, mixture(w, 1, x, ref->reference, false)));
+  const auto dg =
+      touchstone::diagnose_routing(touchstone::stored_view(w), 0, 1, rec,
+                                   with_ffn(rec, 1, x, mixture(w, 1, x, ref->reference, false)));
   ASSERT_TRUE(dg.has_value());
   EXPECT_FALSE(dg->routing_differs()) << dg->describe(0.1);
   EXPECT_TRUE(dg->weighting_differs()) << dg->describe(0.1);
@@ -168,7 +170,7 @@ TEST(MoeRoutingGptOss, ReferenceTapsReadBackAsTheReferenceRouting) {
       std::string(TOUCHSTONE_MOE_MODELS) + "/../gpt-oss/gptoss-test-f32.gguf"));
   const std::vector<float> rec = reference_taps(w, {1, 17, 42, 99, 7});
   for (int l = 0; l < w.config.n_layer; ++l) {
-    const auto dg = touchstone::diagnose_routing(w, 0, l, rec, rec);
+    const auto dg = touchstone::diagnose_routing(touchstone::stored_view(w), 0, l, rec, rec);
     ASSERT_TRUE(dg.has_value());
     EXPECT_FALSE(dg->routing_differs() || dg->weighting_differs()) << dg->describe(0.1);
     EXPECT_LT(dg->reference_mix.nmse, l == 0 ? 1e-10 : 1e-12) << dg->describe(0.1);
@@ -180,7 +182,8 @@ TEST(MoeRoutingDense, DenseModelsHaveNoDiagnosis) {
   w.config.n_layer = 1;
   w.config.n_embd = 4;
   const std::vector<float> rec(12, 0.0f);
-  EXPECT_FALSE(touchstone::diagnose_routing(w, 0, 0, rec, rec).has_value());
+  EXPECT_FALSE(
+      touchstone::diagnose_routing(touchstone::stored_view(w), 0, 0, rec, rec).has_value());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeRouting,

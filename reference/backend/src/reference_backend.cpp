@@ -16,6 +16,7 @@
 #include "touchstone/model/llama_weights.h"
 #include "touchstone/model/session_fault.h"
 #include "touchstone/reference/reference_forward.h"
+#include "weight_residency.h"
 
 namespace {
 
@@ -29,7 +30,7 @@ struct Reference {
   static constexpr const char* model_features = "*";
 
   struct Model {
-    touchstone::ModelWeights weights;
+    touchstone::StoredWeights weights;
     std::unique_ptr<touchstone::reference_backend::GrammarVocabulary> grammar_vocab;
     int32_t n_vocab() const { return weights.config.n_vocab; }
   };
@@ -119,18 +120,23 @@ struct Reference {
     // (full-precision) path (batch_invariant_paths 0 = every path).
     c.flags = TS_CAP_ALL_POSITION_LOGITS | TS_CAP_BITWISE_DETERMINISM | TS_CAP_BATCH_INVARIANT;
     c.batch_invariant_paths = 0;
-    // Everything the dequantizer understands; all are converted to fp32 at load.
+    // Everything the dequantizer understands (weight_residency.h: converted to fp32 at load
+    // or one row where it is used).
     for (int t : {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 30})
       c.weight_types |= TS_WEIGHT_TYPE_BIT(t);
     c.max_context = 0;
   }
 
+  // Matrices as stored in the file, or expanded to fp32 when that is small enough
+  // (weight_residency.h): the same logits either way.
   static std::unique_ptr<Model> load_model(const std::string& path) {
     return touchstone::abi::load_or_status([&] {
-      const touchstone::gguf::File file = touchstone::gguf::File::open(path);
+      namespace rb = touchstone::reference_backend;
+      touchstone::StoredWeights w = touchstone::load_stored_weights(path);
+      if (rb::residency_for(touchstone::fp32_matrix_bytes(w)) == rb::Residency::kFp32)
+        touchstone::expand_to_fp32(w);
       return std::make_unique<Model>(
-          Model{touchstone::load_model_weights(file),
-                std::make_unique<touchstone::reference_backend::GrammarVocabulary>(path)});
+          Model{std::move(w), std::make_unique<rb::GrammarVocabulary>(path)});
     });
   }
 

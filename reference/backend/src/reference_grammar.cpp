@@ -34,7 +34,7 @@ struct GrammarTables {
 std::shared_ptr<const GrammarTables> GrammarVocabulary::get() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!tables_) {
-    const gguf::File file = gguf::File::open(path_);
+    const gguf::File file = gguf::File::open_metadata(path_);
     tables_ = std::make_shared<const GrammarTables>(Tokenizer(tokenizer_data_from_gguf(file)));
   }
   return tables_;

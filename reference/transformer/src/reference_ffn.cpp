@@ -39,13 +39,12 @@ std::vector<ops::ExpertWeight> faulty_route(std::span<const float> logits, const
 }  // namespace
 
 // out = Wdown act(Wgate xn_ + bg, Wup xn_ + bu) + bd; act(g, u) = SiLU(g) u (SwiGLU),
-// GELU_tanh(g) u (GeGLU) or ops::swiglu_oai(g, u) (gpt-oss); matrices row-major, Wgate and
+// GELU_tanh(g) u (GeGLU) or ops::swiglu_oai(g, u) (gpt-oss); matrices as stored, Wgate and
 // Wup [n_ff][n_embd], Wdown [n_embd][n_ff]; biases null unless gpt-oss. Uses gate_, up_.
 void ReferenceTransformer::gated_ffn(const ExpertMatrices& m, int64_t n_ff, float* out) {
   const ModelConfig& c = w_.config;
-  const int64_t d = c.n_embd;
-  matvec(pool_, m.gate, xn_.data(), gate_.data(), n_ff, d, faults_, m.gate_b);
-  matvec(pool_, m.up, xn_.data(), up_.data(), n_ff, d, faults_, m.up_b);
+  matvec(pool_, m.gate, xn_.data(), gate_.data(), faults_, m.gate_b);
+  matvec(pool_, m.up, xn_.data(), up_.data(), faults_, m.up_b);
   const bool gelu = c.ffn_activation == FfnActivation::GeluTanh;
   const bool oai = c.is_moe() && c.moe.activation == ExpertActivation::SwiGLUOai;
   for (int64_t i = 0; i < n_ff; ++i) {
@@ -53,14 +52,14 @@ void ReferenceTransformer::gated_ffn(const ExpertMatrices& m, int64_t n_ff, floa
     const double y = oai ? ops::swiglu_oai(g, u) : (gelu ? ops::gelu_tanh(g) : ops::silu(g)) * u;
     gate_[size_t(i)] = static_cast<float>(y);
   }
-  matvec(pool_, m.down, gate_.data(), out, d, n_ff, faults_, m.down_b);
+  matvec(pool_, m.down, gate_.data(), out, faults_, m.down_b);
 }
 
 // FFN of layer l (gated, or a mixture of gated experts): reads x_, adds the block's
 // output to x_ (and leaves it in xn_ for the taps).
 void ReferenceTransformer::feed_forward(int32_t l) {
   const ModelConfig& c = w_.config;
-  const LayerWeights& L = w_.layers[size_t(l)];
+  const StoredLayerWeights& L = w_.layers[size_t(l)];
   const int64_t d = c.n_embd;
   const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
   ops::rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), d, eps);
@@ -68,7 +67,7 @@ void ReferenceTransformer::feed_forward(int32_t l) {
     moe_feed_forward(l);
   } else {
     // The down projection reads gate_ only, so it may overwrite its input xn_.
-    gated_ffn({L.w_gate.data(), L.w_up.data(), L.w_down.data()}, c.n_ff, xn_.data());
+    gated_ffn({L.w_gate, L.w_up, L.w_down}, c.n_ff, xn_.data());
   }
   if (c.post_norms) ops::rms_norm(xn_.data(), L.post_ffn_norm.data(), xn_.data(), d, eps);
   add_into(x_, xn_, d);
@@ -84,10 +83,10 @@ void ReferenceTransformer::feed_forward(int32_t l) {
 // n_expert_used). Here the k outputs are summed in selection order in fp64, rounded once.
 void ReferenceTransformer::moe_feed_forward(int32_t l) {
   const ModelConfig& c = w_.config;
-  const LayerWeights& L = w_.layers[size_t(l)];
+  const StoredLayerWeights& L = w_.layers[size_t(l)];
   const int64_t d = c.n_embd, ff = c.moe.n_ff_exp;
   const bool bias = c.moe.biases;
-  matvec(pool_, L.ffn_gate_inp.data(), xn_.data(), router_.data(), c.moe.n_expert, d, faults_,
+  matvec(pool_, L.ffn_gate_inp, xn_.data(), router_.data(), faults_,
          bias ? L.gate_inp_b.data() : nullptr);
   const std::vector<ops::ExpertWeight> chosen =
       faults_.moe() ? faulty_route(router_, c.moe, faults_)
@@ -96,10 +95,10 @@ void ReferenceTransformer::moe_feed_forward(int32_t l) {
           : ops::route_softmax_top_k(router_, c.moe.n_expert_used, c.moe.norm_topk);
   std::fill(moe_sum_.begin(), moe_sum_.end(), 0.0);
   for (const ops::ExpertWeight& ew : chosen) {
-    const int64_t e = ew.expert, up_off = e * ff * d;  // [n_ff_exp][n_embd] per expert
-    const ExpertMatrices m{L.gate_exps.data() + up_off,
-                           L.up_exps.data() + up_off,
-                           L.down_exps.data() + up_off,
+    const int64_t e = ew.expert;  // rows [e * n_out, (e + 1) * n_out) of each 3-D tensor
+    const ExpertMatrices m{L.gate_exps.slice(e * ff, ff),
+                           L.up_exps.slice(e * ff, ff),
+                           L.down_exps.slice(e * d, d),
                            bias ? L.gate_exps_b.data() + e * ff : nullptr,
                            bias ? L.up_exps_b.data() + e * ff : nullptr,
                            bias ? L.down_exps_b.data() + e * d : nullptr};

@@ -31,7 +31,9 @@
 //   logits = W_lm_head (RMSNorm(x) * output_norm);  cap * tanh(logits / cap) if soft-capped
 //
 // Numerics (the "documented accumulation order", see touchstone/model/scalar_ops.h):
-//   - Weights and stored activations are fp32 (weights dequantized once at load).
+//   - Weights are read as stored in the GGUF file, a matrix row dequantized to fp32 (the
+//     reference dequantizer, ggml's formulas) just before its dot product; activations
+//     are stored in fp32.
 //   - Every reduction (dot products, RMSNorm mean square, attention scores,
 //     softmax sums, attention weighted sums) accumulates in fp64; dot products in
 //     the four-partial-sum order of ops::dot, other sums in increasing index.
@@ -63,7 +65,7 @@ namespace {
 const float* or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 }  // namespace
 
-ReferenceTransformer::ReferenceTransformer(const ModelWeights& weights, int32_t max_context,
+ReferenceTransformer::ReferenceTransformer(const StoredWeights& weights, int32_t max_context,
                                            int n_threads, Faults faults)
     : w_(weights), faults_(faults), n_threads_(n_threads), pool_(n_threads) {
   const ModelConfig& c = w_.config;
@@ -252,15 +254,15 @@ std::span<const float> ReferenceTransformer::v_row(int32_t l, int32_t p) const {
 void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   const ModelConfig& c = w_.config;
   const LayerConfig& lc = c.layers[size_t(l)];
-  const LayerWeights& L = w_.layers[size_t(l)];
+  const StoredLayerWeights& L = w_.layers[size_t(l)];
   const int64_t d = c.n_embd, hd = c.head_dim;
-  const int64_t q_dim = int64_t{c.n_head} * hd, kv_dim = int64_t{c.n_head_kv} * hd;
+  const int64_t kv_dim = int64_t{c.n_head_kv} * hd;
   const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
 
   ops::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), d, eps);
-  matvec(pool_, L.wq.data(), xn_.data(), q_.data(), q_dim, d, faults_, or_null(L.bq));
-  matvec(pool_, L.wk.data(), xn_.data(), k_.data(), kv_dim, d, faults_, or_null(L.bk));
-  matvec(pool_, L.wv.data(), xn_.data(), v_.data(), kv_dim, d, faults_, or_null(L.bv));
+  matvec(pool_, L.wq, xn_.data(), q_.data(), faults_, or_null(L.bq));
+  matvec(pool_, L.wk, xn_.data(), k_.data(), faults_, or_null(L.bk));
+  matvec(pool_, L.wv, xn_.data(), v_.data(), faults_, or_null(L.bv));
   if (c.qk_norm) {
     for (int32_t h = 0; h < c.n_head; ++h)
       ops::rms_norm(q_.data() + h * hd, L.q_norm.data(), q_.data() + h * hd, hd, eps);
@@ -301,7 +303,7 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
   if (faults_.causal_mask) n_kv = std::max(n_kv, std::min(chunk_end_, max_ctx_));
   const int32_t t0 = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
   for (int32_t h = 0; h < c.n_head; ++h) attend_head(l, h, t0, n_kv);
-  matvec(pool_, L.wo.data(), att_out_.data(), xn_.data(), d, q_dim, faults_, or_null(L.bo));
+  matvec(pool_, L.wo, att_out_.data(), xn_.data(), faults_, or_null(L.bo));
   if (c.post_norms) ops::rms_norm(xn_.data(), L.post_attn_norm.data(), xn_.data(), d, eps);
   add_into(x_, xn_, d);
 }
@@ -371,7 +373,7 @@ void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {
     throw Error("logits buffer holds {} floats, n_vocab is {}", logits.size(), c.n_vocab);
   }
   const int64_t d = c.n_embd;
-  const float* e = w_.token_embd.data() + int64_t{token} * d;
+  const float* e = w_.token_embd.row(token, xn_.data());  // xn_ is free until the first norm
   for (int64_t i = 0; i < d; ++i) x_[size_t(i)] = static_cast<float>(double{e[i]} * c.embd_scale);
 
   std::vector<float> taps;
@@ -397,7 +399,7 @@ void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {
 
   ops::rms_norm(x_.data(), w_.output_norm.data(), xn_.data(), d,
                 c.rms_norm_eps * faults_.rms_eps_scale);
-  matvec(pool_, w_.lm_head().data(), xn_.data(), logits.data(), c.n_vocab, d, faults_);
+  matvec(pool_, w_.lm_head(), xn_.data(), logits.data(), faults_);
   if (c.final_logit_softcap != 0.0) {
     for (float& v : logits) v = static_cast<float>(ops::softcap(v, c.final_logit_softcap));
   }

@@ -1,6 +1,8 @@
 // reference_ops.cpp - matvec and add_into of the reference; see reference_ops.h.
 #include "reference_ops.h"
 
+#include <vector>
+
 #include "touchstone/model/quant.h"
 #include "touchstone/model/scalar_ops.h"
 
@@ -21,15 +23,19 @@ double dot_per_thread(const float* a, const float* b, int64_t n, int n_threads) 
 
 }  // namespace
 
-void matvec(RowPool& pool, const float* W, const float* x, float* y, int64_t n_out, int64_t n_in,
-            const Faults& f, const float* bias) {
-  pool.run(n_out, [&](int64_t begin, int64_t end) {
+void matvec(RowPool& pool, const WeightMatrix& W, const float* x, float* y, const Faults& f,
+            const float* bias) {
+  const int64_t n_in = W.cols();
+  pool.run(W.rows(), [&](int64_t begin, int64_t end) {
+    // One dequantized row at a time (a row of an 8B model's LM head is 16 KiB).
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < size_t(n_in)) scratch.resize(size_t(n_in));
     for (int64_t o = begin; o < end; ++o) {
-      const double acc =
-          f.thread_order_reduction    ? dot_per_thread(W + o * n_in, x, n_in, pool.size())
-          : f.session_order_reduction ? dot_per_thread(W + o * n_in, x, n_in, f.session_slices)
-          : f.batch_slices > 0        ? dot_per_thread(W + o * n_in, x, n_in, f.batch_slices)
-                                      : ops::dot(W + o * n_in, x, n_in);
+      const float* w = W.row(o, scratch.data());
+      const double acc = f.thread_order_reduction    ? dot_per_thread(w, x, n_in, pool.size())
+                         : f.session_order_reduction ? dot_per_thread(w, x, n_in, f.session_slices)
+                         : f.batch_slices > 0        ? dot_per_thread(w, x, n_in, f.batch_slices)
+                                                     : ops::dot(w, x, n_in);
       y[o] = static_cast<float>(bias ? acc + double{bias[o]} : acc);
       if (f.fp16_accumulation) y[o] = gguf::fp16_to_fp32(gguf::fp32_to_fp16(y[o]));
     }

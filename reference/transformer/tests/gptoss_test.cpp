@@ -168,7 +168,8 @@ TEST(GptOssConfig, BadFilesAreRefusedNamingTheKeyOrTensor) {
 
 std::vector<std::vector<float>> run(const ModelWeights& w, int threads,
                                     std::vector<float>* taps = nullptr) {
-  ReferenceTransformer ref(w, 64, threads);
+  const StoredWeights stored = stored_view(w);
+  ReferenceTransformer ref(stored, 64, threads);
   ref.set_taps(taps != nullptr);
   std::vector<std::vector<float>> out;
   for (int32_t t : {1, 7, 3, 30, 12, 5, 9, 2}) {

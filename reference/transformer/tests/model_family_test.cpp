@@ -46,8 +46,7 @@ std::string refusal(const TinyOptions& o) {
 std::vector<std::vector<float>> run(const std::vector<uint8_t>& model,
                                     const std::vector<int32_t>& tokens, int threads) {
   gg::testing::TempFile f(model, "run");
-  const gg::File file = gg::File::open(f.path());
-  const ModelWeights w = load_model_weights(file);
+  const StoredWeights w = load_stored_weights(f.path());
   ReferenceTransformer ref(w, 64, threads);
   std::vector<std::vector<float>> out;
   for (int32_t t : tokens) {

@@ -177,7 +177,8 @@ TEST(MoeConfig, BackendsWithoutMoeAreToldTheMissingFeature) {
 
 std::vector<std::vector<float>> run(const ModelWeights& w, const std::vector<int32_t>& tokens,
                                     int threads) {
-  ReferenceTransformer ref(w, 64, threads);
+  const StoredWeights stored = stored_view(w);
+  ReferenceTransformer ref(stored, 64, threads);
   std::vector<std::vector<float>> out;
   for (int32_t t : tokens) {
     out.emplace_back(size_t(w.config.n_vocab));

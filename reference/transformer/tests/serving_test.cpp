@@ -23,16 +23,15 @@ using Tokens = std::vector<int32_t>;
 
 const char* const kFamilies[] = {"llama", "qwen2", "qwen3", "gemma3", "phi3"};
 
-ModelWeights load(const std::string& arch) {
+StoredWeights load(const std::string& arch) {
   testing::TinyOptions o;
   o.arch = arch;
   if (arch == "gemma3") o.sliding_window = 4;
   gg::testing::TempFile f(testing::tiny_model(o), "serving");
-  const gg::File file = gg::File::open(f.path());
-  return load_model_weights(file);
+  return load_stored_weights(f.path());
 }
 
-std::unique_ptr<ReferenceTransformer> open(const ModelWeights& w, const std::string& fault = "") {
+std::unique_ptr<ReferenceTransformer> open(const StoredWeights& w, const std::string& fault = "") {
   return std::make_unique<ReferenceTransformer>(w, 64, 2, parse_fault(fault));
 }
 
@@ -61,7 +60,7 @@ const Tokens kPrompt = {1, 7, 3, 30, 12, 5, 9, 2, 17, 4};
 
 TEST(Serving, ForkIsAFreshSessionBitwise) {
   for (const char* arch : kFamilies) {
-    const ModelWeights w = load(arch);
+    const StoredWeights w = load(arch);
     auto src = open(w);
     prefill(*src, kPrompt, false);
     for (int32_t n : {0, 1, 6, int32_t(kPrompt.size())}) {
@@ -98,7 +97,7 @@ const std::vector<Tokens> kHistories = {{1, 2, 3, 4, 5}, {9, 9}, {30, 1, 7, 3, 2
 const std::vector<Tokens> kSteps = {{14}, {3, 17, 5, 21}, {0}};
 const bool kAll[] = {false, true, false};
 
-BatchRun start(const ModelWeights& w, const std::string& fault) {
+BatchRun start(const StoredWeights& w, const std::string& fault) {
   BatchRun run;
   for (const Tokens& h : kHistories) {
     run.sessions.push_back(open(w, fault));
@@ -108,7 +107,7 @@ BatchRun start(const ModelWeights& w, const std::string& fault) {
 }
 
 // One step_batch call over every session, in the given order of entries.
-BatchRun batched(const ModelWeights& w, const std::string& fault,
+BatchRun batched(const StoredWeights& w, const std::string& fault,
                  const std::vector<size_t>& order = {0, 1, 2}) {
   BatchRun run = start(w, fault);
   for (size_t i = 0; i < kSteps.size(); ++i)
@@ -120,7 +119,7 @@ BatchRun batched(const ModelWeights& w, const std::string& fault,
   return run;
 }
 
-BatchRun one_by_one(const ModelWeights& w, const std::string& fault) {
+BatchRun one_by_one(const StoredWeights& w, const std::string& fault) {
   BatchRun run = start(w, fault);
   for (size_t i = 0; i < kSteps.size(); ++i)
     run.logits.push_back(prefill(*run.sessions[i], kSteps[i], kAll[i]));
@@ -128,7 +127,7 @@ BatchRun one_by_one(const ModelWeights& w, const std::string& fault) {
 }
 
 // Which entries of a faulted step_batch differ from the clean per-session prefill.
-std::vector<bool> differs(const ModelWeights& w, const std::string& fault) {
+std::vector<bool> differs(const StoredWeights& w, const std::string& fault) {
   const BatchRun faulty = batched(w, fault), clean = one_by_one(w, "");
   std::vector<bool> out;
   for (size_t i = 0; i < kSteps.size(); ++i) {
@@ -142,7 +141,7 @@ std::vector<bool> differs(const ModelWeights& w, const std::string& fault) {
 
 TEST(Serving, StepBatchIsEachSessionsOwnPrefillBitwise) {
   for (const char* arch : kFamilies) {
-    const ModelWeights w = load(arch);
+    const StoredWeights w = load(arch);
     EXPECT_EQ(differs(w, ""), std::vector<bool>({false, false, false})) << arch;
     // The same entries in another order, and a batch of one entry.
     BatchRun one = start(w, ""), clean = one_by_one(w, "");
@@ -157,7 +156,7 @@ TEST(Serving, StepBatchIsEachSessionsOwnPrefillBitwise) {
 }
 
 TEST(Serving, StepBatchRefusesBadEntriesBeforeRunningAny) {
-  const ModelWeights w = load("llama");
+  const StoredWeights w = load("llama");
   auto s = open(w);
   Logits a(size_t(w.config.n_vocab)), b(a.size());
   const Tokens t = {3};
@@ -174,7 +173,7 @@ TEST(Serving, StepBatchRefusesBadEntriesBeforeRunningAny) {
 }
 
 TEST(Serving, BatchFaultsLeavePrefillAlone) {
-  const ModelWeights w = load("qwen3");
+  const StoredWeights w = load("qwen3");
   for (const char* fault :
        {"batch_token_count_split", "batch_kv_leak", "batch_position_offset", "fork_short_copy"}) {
     const BatchRun faulty = one_by_one(w, fault), clean = one_by_one(w, "");
@@ -185,7 +184,7 @@ TEST(Serving, BatchFaultsLeavePrefillAlone) {
 
 TEST(Serving, BatchTokenCountSplitChangesEveryEntryOnlyInStepBatch) {
   for (const char* arch : kFamilies) {
-    const ModelWeights w = load(arch);
+    const StoredWeights w = load(arch);
     EXPECT_EQ(differs(w, "batch_token_count_split"), std::vector<bool>({true, true, true})) << arch;
     // A rounding-sized change (fp32 partial sums), not a different model.
     const BatchRun faulty = batched(w, "batch_token_count_split"), clean = one_by_one(w, "");
@@ -209,7 +208,7 @@ TEST(Serving, BatchPositionOffsetChangesEveryEntryButTheFirst) {
 }
 
 TEST(Serving, ForkShortCopyLeavesTheLastPrefixRowZero) {
-  const ModelWeights w = load("llama");
+  const StoredWeights w = load("llama");
   auto src = open(w, "fork_short_copy");
   prefill(*src, kPrompt, false);
   auto forked = src->fork(6);
@@ -229,7 +228,7 @@ TEST(Serving, ForkShortCopyLeavesTheLastPrefixRowZero) {
 
 TEST(Serving, VerifyRowShiftShiftsContinuingAllPositionPrefills) {
   for (const char* arch : kFamilies) {
-    const ModelWeights w = load(arch);
+    const StoredWeights w = load(arch);
     const auto v = size_t(w.config.n_vocab);
     auto faulty = open(w, "verify_row_shift"), clean = open(w);
     // From position 0: unchanged.

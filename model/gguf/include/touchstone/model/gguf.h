@@ -121,6 +121,12 @@ class File {
  public:
   /// Opens and validates `path`. Throws touchstone::Error on any problem.
   static File open(const std::string& path);
+  /// The same checks and the same metadata and tensor infos, from the file's header only
+  /// (read in prefixes until it parses; the tensor data is never read into memory, but
+  /// every tensor's range is still checked against the file's size): for readers of the
+  /// metadata (config, tokenizer, chat template) of a model too big to copy twice.
+  /// tensor_data() then throws touchstone::Error.
+  static File open_metadata(const std::string& path);
 
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
@@ -179,6 +185,7 @@ class File {
   std::string path_;
   const uint8_t* base_ = nullptr;  // the file's bytes (anonymous mapping), nullptr when empty
   uint64_t size_ = 0;
+  bool metadata_only_ = false;  // open_metadata(): no bytes kept, tensor_data() refuses
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

@@ -63,7 +63,7 @@ struct RoutingDiagnosis {
 // (nullopt for a dense model, a dense layer or a router it does not model). ref_taps,
 // test_taps: one step's whole tap record, [n_layer][TS_TAP_POINTS][n_embd]. Throws
 // touchstone::Error when a record's size does not match the model.
-std::optional<RoutingDiagnosis> diagnose_routing(const ModelWeights& w, int step, int layer,
+std::optional<RoutingDiagnosis> diagnose_routing(const StoredWeights& w, int step, int layer,
                                                  std::span<const float> ref_taps,
                                                  std::span<const float> test_taps);
 

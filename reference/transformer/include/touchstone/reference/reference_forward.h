@@ -24,7 +24,9 @@ class ReferenceTransformer {
   // max_context: KV cache capacity in tokens (<= 0: the model's context_length).
   // n_threads: rows of each matrix-vector product are split across threads;
   // the result is bitwise identical for any thread count.
-  ReferenceTransformer(const ModelWeights& weights, int32_t max_context, int n_threads,
+  // `weights` (matrices as stored in their GGUF file, each row dequantized where it is
+  // used) must outlive the transformer.
+  ReferenceTransformer(const StoredWeights& weights, int32_t max_context, int n_threads,
                        Faults faults = {});
 
   // Runs `token` at position position(), appends its K/V to the cache and writes
@@ -102,11 +104,11 @@ class ReferenceTransformer {
   void attend_head(int32_t l, int32_t h, int32_t t0, int32_t n_kv);
   void feed_forward(int32_t l);
   void moe_feed_forward(int32_t l);
-  // One gated FFN's matrices (row-major) and optional biases (null: none).
+  // One gated FFN's matrices (as stored) and optional biases (null: none).
   struct ExpertMatrices {
-    const float* gate;
-    const float* up;
-    const float* down;
+    WeightMatrix gate;
+    WeightMatrix up;
+    WeightMatrix down;
     const float* gate_b = nullptr;
     const float* up_b = nullptr;
     const float* down_b = nullptr;
@@ -115,7 +117,7 @@ class ReferenceTransformer {
   float* k_layer(int32_t l) const;
   float* v_layer(int32_t l) const;
 
-  const ModelWeights& w_;
+  const StoredWeights& w_;
   Faults faults_;
   int32_t max_ctx_ = 0;
   int32_t pos_ = 0;
