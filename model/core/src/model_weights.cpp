@@ -246,10 +246,12 @@ StoredWeights stored_view(const ModelWeights& w) {
     S.w_up = f32_view(L.w_up, d);
     S.w_down = f32_view(L.w_down, c.n_ff);
     S.post_ffn_norm = L.post_ffn_norm;
-    S.ffn_gate_inp = f32_view(L.ffn_gate_inp, d);
-    S.gate_exps = f32_view(L.gate_exps, d);
-    S.up_exps = f32_view(L.up_exps, d);
-    S.down_exps = f32_view(L.down_exps, c.moe.n_ff_exp);
+    if (c.is_moe()) {  // (a config made dense in memory may keep the expert vectors)
+      S.ffn_gate_inp = f32_view(L.ffn_gate_inp, d);
+      S.gate_exps = f32_view(L.gate_exps, d);
+      S.up_exps = f32_view(L.up_exps, d);
+      S.down_exps = f32_view(L.down_exps, c.moe.n_ff_exp);
+    }
     S.gate_inp_b = L.gate_inp_b, S.gate_exps_b = L.gate_exps_b;
     S.up_exps_b = L.up_exps_b, S.down_exps_b = L.down_exps_b;
   }
