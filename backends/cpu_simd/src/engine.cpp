@@ -597,7 +597,8 @@ void SimdSession::linear_per_thread(const Linear& W, size_t r0, size_t r1, const
 }
 
 // y_j[t][:] = W_j x[t] for every job j, all row chunks of all jobs in one pool run.
-void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok) {
+void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok,
+                          bool per_token) {
   const size_t n_in = jobs[0].w->n_in;
   if (int8_) {
     // int8 activations, one row per token (shared by all jobs of this call).
@@ -617,10 +618,10 @@ void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ld
     if (faults_.thread_order_reduction || faults_.session_order_reduction || split_slices_ > 0) {
       linear_per_thread(W, r0, r1, x, ldx, n_tok, job.y, job.ldy, thread);
     } else if (W.f) {
-      if (n_tok == 1 || quant_) {
-        // The quantized path's F32 matrices (tiny models) take the matvec for
-        // every token count: a token's bits never depend on the other tokens
-        // of the pass (batch invariance, docs/backends/cpu_simd.md).
+      if (n_tok == 1 || quant_ || per_token) {
+        // The quantized path's F32 matrices (tiny models) and the experts take the
+        // matvec for every token count: a token's bits never depend on the other
+        // tokens of the pass (batch invariance, docs/backends/cpu_simd.md).
         for (size_t t = 0; t < n_tok; ++t)
           matvec_f32(W.f + r0 * W.n_in, W.n_in, x + t * ldx, job.y + t * job.ldy + r0, r1 - r0,
                      W.n_in);

@@ -246,7 +246,11 @@ class SimdSession {
   void moe_expert(const LayerView& L, int32_t e, const int32_t* slots, size_t n);
   void taps_last_token(int32_t layer, int point, const float* rows);
   void logits_head();
-  void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok);
+  // per_token: fp32 matrices through the matvec for every token count, as on the
+  // quantized path (the experts on full precision: an expert's token count depends on
+  // what the pass's other tokens chose, its rows' bits must not).
+  void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok,
+               bool per_token = false);
   // Attention of the pass's tokens (all query heads) into att_: grouped
   // (attend_multi_f32) or per (token, head) (attend_f32), the same bits.
   void attention(int32_t layer);

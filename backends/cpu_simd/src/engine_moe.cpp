@@ -18,11 +18,12 @@
 //       clamped SwiGLU touchstone::ops::swiglu_oai itself (fp64, rounded once).
 // The pass's tokens are grouped by expert: each chosen expert's matrices run once
 // over the gathered rows of the tokens that chose it (linears: the dense FFN's
-// kernels on the expert's row range of the 3-D tensor). On the quantized path every
-// output of those kernels is the same operation sequence for any token count and
-// row range, and everything else here is per token, so a token's result does not
-// depend on which other tokens or sessions share its pass (batch invariance,
-// docs/backends/cpu_simd.md).
+// kernels on the expert's row range of the 3-D tensor; on full precision the
+// matvec per token, not sgemm, whose bits depend on the token count). Every output
+// of those kernels is then the same operation sequence for any token count and row
+// range, and everything else here is per token, so a token's expert outputs do not
+// depend on which other tokens or sessions share its pass (batch invariance on the
+// quantized path, content isolation on both: docs/backends/cpu_simd.md).
 #include <algorithm>
 #include <cstring>
 #include <span>
@@ -96,7 +97,7 @@ void SimdSession::moe_expert(const LayerView& L, int32_t e, const int32_t* slots
   }
   const size_t x = size_t(e);
   const Job gu[2] = {{&L.gate_exps[x], gate_.data(), fe}, {&L.up_exps[x], up_.data(), fe}};
-  linears(gu, 2, moe_x_.data(), d, n);
+  linears(gu, 2, moe_x_.data(), d, n, true);
   if (c_.moe.activation == touchstone::ExpertActivation::SwiGLUOai)
     swiglu_oai_activation(n, fe, L.gate_exps_b ? L.gate_exps_b + x * fe : nullptr,
                           L.up_exps_b ? L.up_exps_b + x * fe : nullptr);
@@ -104,7 +105,7 @@ void SimdSession::moe_expert(const LayerView& L, int32_t e, const int32_t* slots
     gated_activation(n, fe);
   // tmp_ is free until moe_ffn's sum: the expert's rows, then copied to their slots.
   const Job dn[1] = {{&L.down_exps[x], tmp_.data(), d}};
-  linears(dn, 1, gate_.data(), fe, n);
+  linears(dn, 1, gate_.data(), fe, n, true);
   if (L.down_exps_b) {
     for (size_t r = 0; r < n; ++r) ops::add_bias(tmp_.data() + r * d, L.down_exps_b + x * d, d);
   }
