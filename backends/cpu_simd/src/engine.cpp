@@ -427,18 +427,7 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
   reserve_scores(max_ctx_);
   tok_seg_.resize(B);
   blocks_.reserve(2 * B);
-  // One cos/sin table per distinct (RoPE base, linear scale) of the layers.
-  for (const touchstone::LayerConfig& lc : c_.layers) {
-    const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
-    auto it = std::find(rope_params_.begin(), rope_params_.end(), key);
-    layer_rope_.push_back(int(it - rope_params_.begin()));
-    if (it == rope_params_.end()) rope_params_.push_back(key);
-  }
-  rope_cs_.resize(rope_params_.size() * B * size_t(c_.n_rot));
-  if (c_.rope_yarn.factor != 0.0) {
-    for (const auto& [base, scale] : rope_params_)
-      rope_yarn_.push_back(touchstone::ops::yarn_frequencies(c_.rope_yarn, c_.n_rot, base));
-  }
+  rope_tables();
   if (faults_.session_order_reduction) {
     // The fault: the split depends on how many sessions this process opened
     // (a stand-in for a scheduling-dependent reduction order).
@@ -457,6 +446,22 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
   for (size_t i = 0; i < B; ++i) {
     act_[i] = ActRow{act_qs_.data() + i * max_in, act_d_.data() + i * max_in / 32,
                      act_s_.data() + i * max_in / 32};
+  }
+}
+
+// One cos/sin table per distinct (RoPE base, linear scale) of the layers; with YaRN
+// (gpt-oss) each table's frequencies and mscale (ops::yarn_frequencies).
+void SimdSession::rope_tables() {
+  for (const touchstone::LayerConfig& lc : c_.layers) {
+    const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
+    auto it = std::find(rope_params_.begin(), rope_params_.end(), key);
+    layer_rope_.push_back(int(it - rope_params_.begin()));
+    if (it == rope_params_.end()) rope_params_.push_back(key);
+  }
+  rope_cs_.resize(rope_params_.size() * size_t(kMaxBatch) * size_t(c_.n_rot));
+  if (c_.rope_yarn.factor != 0.0) {
+    for (const auto& [base, scale] : rope_params_)
+      rope_yarn_.push_back(touchstone::ops::yarn_frequencies(c_.rope_yarn, c_.n_rot, base));
   }
 }
 

@@ -233,6 +233,7 @@ class SimdSession {
   // One forward pass over the segments' tokens (at most kMaxBatch), on this
   // session's pool and scratch; advances every segment's session (engine_pass.cpp).
   void forward_pass(const Seg* segs, int n_segs);
+  void rope_tables();  // layer_rope_, rope_params_, rope_yarn_ (the constructor)
   void embed_and_rope();
   void attention_block(int32_t layer);
   void ffn_block(int32_t layer);
