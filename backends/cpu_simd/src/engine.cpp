@@ -164,8 +164,12 @@ std::vector<Linear> experts_of(const Linear& all, size_t n_expert) {
 // LLM_ARCH_LLAMA / LLM_ARCH_QWEN3MOE): ffn_gate_inp {n_embd, n_expert},
 // ffn_{gate,up}_exps {n_embd, n_ff_exp, n_expert}, ffn_down_exps {n_ff_exp, n_embd,
 // n_expert}; expert e is rows [e * n_out, (e + 1) * n_out) of its tensor.
+// gpt-oss (LLM_ARCH_OPENAI_MOE) adds ffn_gate_inp.bias {n_expert} and
+// ffn_{gate,up}_exps.bias {n_ff_exp, n_expert}, ffn_down_exps.bias {n_embd, n_expert}
+// (vec: fp32 copies).
+template <class Vec>
 void moe_views(const gg::File& f, const touchstone::ModelConfig& c, const std::string& b,
-               LayerView& L, std::string* why) {
+               LayerView& L, std::string* why, Vec&& vec) {
   const size_t d = size_t(c.n_embd), ne = size_t(c.moe.n_expert), fe = size_t(c.moe.n_ff_exp);
   L.router = make_quant(f, b + "ffn_gate_inp.weight", d, ne, why);
   auto exps = [&](const char* name, size_t n_in, size_t n_out) {
@@ -174,6 +178,12 @@ void moe_views(const gg::File& f, const touchstone::ModelConfig& c, const std::s
   L.gate_exps = exps("ffn_gate_exps.weight", d, fe);
   L.up_exps = exps("ffn_up_exps.weight", d, fe);
   L.down_exps = exps("ffn_down_exps.weight", fe, d);
+  if (c.moe.biases) {
+    L.router_b = vec(b + "ffn_gate_inp.bias", ne);
+    L.gate_exps_b = vec(b + "ffn_gate_exps.bias", ne * fe);
+    L.up_exps_b = vec(b + "ffn_up_exps.bias", ne * fe);
+    L.down_exps_b = vec(b + "ffn_down_exps.bias", ne * d);
+  }
 }
 
 }  // namespace
@@ -200,12 +210,12 @@ SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
   auto mat = [&](const std::string& name, size_t n_in, size_t n_out) {
     return make_quant(file_, name, n_in, n_out, &q_unsupported_);
   };
-  norms_.reserve(size_t(cfg_.n_layer) * 9 + 1);
+  norms_.reserve(size_t(cfg_.n_layer) * 15 + 1);
   for (int32_t l = 0; l < cfg_.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LayerView L;
     L.attn_norm = vec(b + "attn_norm.weight", d);
-    L.ffn_norm = vec(b + "ffn_norm.weight", d);
+    L.ffn_norm = vec(b + touchstone::ffn_norm_tensor(cfg_), d);
     if (cfg_.fused_qkv) {
       const Linear qkv = mat(b + "attn_qkv.weight", d, qd + 2 * kvd);
       L.wq = rows_of(qkv, 0, qd);
@@ -226,8 +236,10 @@ SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
       L.k_norm = vec(b + "attn_k_norm.weight", hd);
     }
     L.wo = mat(b + "attn_output.weight", qd, d);
+    if (cfg_.attn_out_bias) L.bo = vec(b + "attn_output.bias", d);
+    if (cfg_.attn_sinks) L.sinks = vec(b + "attn_sinks.weight", size_t(cfg_.n_head));
     if (cfg_.is_moe()) {
-      moe_views(file_, cfg_, b, L, &q_unsupported_);
+      moe_views(file_, cfg_, b, L, &q_unsupported_, vec);
     } else if (cfg_.fused_gate_up) {
       const Linear gu = mat(b + "ffn_up.weight", d, 2 * ff);
       L.gate = rows_of(gu, 0, ff);
@@ -317,6 +329,8 @@ const WeightSet& SimdModel::full_precision() {
       L.bq = opt(l.bq);
       L.bk = opt(l.bk);
       L.bv = opt(l.bv);
+      L.bo = opt(l.bo);
+      L.sinks = opt(l.sinks);
       L.q_norm = opt(l.q_norm);
       L.k_norm = opt(l.k_norm);
       L.post_attn_norm = opt(l.post_attn_norm);
@@ -331,6 +345,10 @@ const WeightSet& SimdModel::full_precision() {
         L.gate_exps = experts_of(make_fp(l.gate_exps, d, ne * fe), ne);
         L.up_exps = experts_of(make_fp(l.up_exps, d, ne * fe), ne);
         L.down_exps = experts_of(make_fp(l.down_exps, fe, ne * d), ne);
+        L.router_b = opt(l.gate_inp_b);
+        L.gate_exps_b = opt(l.gate_exps_b);
+        L.up_exps_b = opt(l.up_exps_b);
+        L.down_exps_b = opt(l.down_exps_b);
       } else {
         L.gate = make_fp(l.w_gate, d, ff);
         L.up = make_fp(l.w_up, d, ff);
@@ -409,14 +427,7 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
   reserve_scores(max_ctx_);
   tok_seg_.resize(B);
   blocks_.reserve(2 * B);
-  // One cos/sin table per distinct (RoPE base, linear scale) of the layers.
-  for (const touchstone::LayerConfig& lc : c_.layers) {
-    const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
-    auto it = std::find(rope_params_.begin(), rope_params_.end(), key);
-    layer_rope_.push_back(int(it - rope_params_.begin()));
-    if (it == rope_params_.end()) rope_params_.push_back(key);
-  }
-  rope_cs_.resize(rope_params_.size() * B * size_t(c_.n_rot));
+  rope_tables();
   if (faults_.session_order_reduction) {
     // The fault: the split depends on how many sessions this process opened
     // (a stand-in for a scheduling-dependent reduction order).
@@ -435,6 +446,22 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
   for (size_t i = 0; i < B; ++i) {
     act_[i] = ActRow{act_qs_.data() + i * max_in, act_d_.data() + i * max_in / 32,
                      act_s_.data() + i * max_in / 32};
+  }
+}
+
+// One cos/sin table per distinct (RoPE base, linear scale) of the layers; with YaRN
+// (gpt-oss) each table's frequencies and mscale (ops::yarn_frequencies).
+void SimdSession::rope_tables() {
+  for (const touchstone::LayerConfig& lc : c_.layers) {
+    const std::pair<double, double> key{lc.rope_base * faults_.rope_base_scale, lc.rope_scale};
+    auto it = std::find(rope_params_.begin(), rope_params_.end(), key);
+    layer_rope_.push_back(int(it - rope_params_.begin()));
+    if (it == rope_params_.end()) rope_params_.push_back(key);
+  }
+  rope_cs_.resize(rope_params_.size() * size_t(kMaxBatch) * size_t(c_.n_rot));
+  if (c_.rope_yarn.factor != 0.0) {
+    for (const auto& [base, scale] : rope_params_)
+      rope_yarn_.push_back(touchstone::ops::yarn_frequencies(c_.rope_yarn, c_.n_rot, base));
   }
 }
 
@@ -575,7 +602,8 @@ void SimdSession::linear_per_thread(const Linear& W, size_t r0, size_t r1, const
 }
 
 // y_j[t][:] = W_j x[t] for every job j, all row chunks of all jobs in one pool run.
-void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok) {
+void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok,
+                          bool per_token) {
   const size_t n_in = jobs[0].w->n_in;
   if (int8_) {
     // int8 activations, one row per token (shared by all jobs of this call).
@@ -595,10 +623,10 @@ void SimdSession::linears(const Job* jobs, int n_jobs, const float* x, size_t ld
     if (faults_.thread_order_reduction || faults_.session_order_reduction || split_slices_ > 0) {
       linear_per_thread(W, r0, r1, x, ldx, n_tok, job.y, job.ldy, thread);
     } else if (W.f) {
-      if (n_tok == 1 || quant_) {
-        // The quantized path's F32 matrices (tiny models) take the matvec for
-        // every token count: a token's bits never depend on the other tokens
-        // of the pass (batch invariance, docs/backends/cpu_simd.md).
+      if (n_tok == 1 || quant_ || per_token) {
+        // The quantized path's F32 matrices (tiny models) and the experts take the
+        // matvec for every token count: a token's bits never depend on the other
+        // tokens of the pass (batch invariance, docs/backends/cpu_simd.md).
         for (size_t t = 0; t < n_tok; ++t)
           matvec_f32(W.f + r0 * W.n_in, W.n_in, x + t * ldx, job.y + t * job.ldy + r0, r1 - r0,
                      W.n_in);

@@ -17,6 +17,7 @@
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/model_config.h"
 #include "touchstone/model/model_weights.h"
+#include "touchstone/model/rope_yarn.h"
 
 namespace touchstone::cpu_simd {
 
@@ -39,7 +40,8 @@ struct Linear {
 };
 
 // One layer's weights. Optional vectors are nullptr when the config does not use
-// them (bq/bk/bv: qkv_bias; q_norm/k_norm: qk_norm; post_*: post_norms). Fused
+// them (bq/bk/bv: qkv_bias; bo: attn_out_bias; sinks: attn_sinks; q_norm/k_norm:
+// qk_norm; post_*: post_norms; the router's and experts' biases: moe.biases). Fused
 // Phi-3 matrices are row ranges of the fused tensor (same blocks, no copy).
 // Mixture-of-experts layers (ModelConfig::moe) have no gate / up / down but a
 // router [n_expert][n_embd] and per expert e the row range e of the 3-D GGUF
@@ -47,11 +49,16 @@ struct Linear {
 struct LayerView {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
-  const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
+  const float* sinks = nullptr;  // [n_head] attention sink logits (gpt-oss)
   const float *q_norm = nullptr, *k_norm = nullptr;
   const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
   Linear wq, wk, wv, wo, gate, up, down;
-  Linear router;                                      // ffn_gate_inp (MoE only)
+  Linear router;  // ffn_gate_inp (MoE only)
+  // gpt-oss: router bias [n_expert]; expert e's gate / up biases at e * n_ff_exp,
+  // its down bias at e * n_embd.
+  const float *router_b = nullptr, *gate_exps_b = nullptr, *up_exps_b = nullptr,
+              *down_exps_b = nullptr;
   std::vector<Linear> gate_exps, up_exps, down_exps;  // [n_expert] (MoE only)
   // Every matrix of the layer (experts included), for the passes over all of them.
   std::vector<Linear*> matrices();
@@ -67,11 +74,12 @@ struct WeightSet {
 // (ModelConfig::feature_names(), docs/model-families.md) this engine computes,
 // comma-separated as the ABI v3 table declares them. SimdModel() refuses anything
 // else with touchstone::UnsupportedModel naming it.
-inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe";
+inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,gpt-oss";
 inline constexpr const char* kModelFeatures =
     "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
-    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe";
+    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe,yarn_rope,attn_output_bias,"
+    "attention_sinks,moe_topk_softmax,moe_biases,swiglu_oai";
 
 class SimdModel {
  public:
@@ -225,18 +233,25 @@ class SimdSession {
   // One forward pass over the segments' tokens (at most kMaxBatch), on this
   // session's pool and scratch; advances every segment's session (engine_pass.cpp).
   void forward_pass(const Seg* segs, int n_segs);
+  void rope_tables();  // layer_rope_, rope_params_, rope_yarn_ (the constructor)
   void embed_and_rope();
   void attention_block(int32_t layer);
   void ffn_block(int32_t layer);
-  // act(gate_) * up_ in place for n_tok rows of width ff (gate_ / up_ rows ff apart).
+  // act(gate_) * up_ in place for n_tok rows of width ff (gate_ / up_ rows ff apart);
+  // gpt-oss's experts: swiglu_oai(gate_ + bg, up_ + bu) (bg, bu: [ff], engine_moe.cpp).
   void gated_activation(size_t n_tok, size_t ff);
+  void swiglu_oai_activation(size_t n_tok, size_t ff, const float* bg, const float* bu);
   // Mixture-of-experts FFN (engine_moe.cpp): xn_'s n_tok_ normed rows -> tmp_.
   void moe_ffn(int32_t layer);
   void moe_route(const LayerView& L);
   void moe_expert(const LayerView& L, int32_t e, const int32_t* slots, size_t n);
   void taps_last_token(int32_t layer, int point, const float* rows);
   void logits_head();
-  void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok);
+  // per_token: fp32 matrices through the matvec for every token count, as on the
+  // quantized path (the experts on full precision: an expert's token count depends on
+  // what the pass's other tokens chose, its rows' bits must not).
+  void linears(const Job* jobs, int n_jobs, const float* x, size_t ldx, size_t n_tok,
+               bool per_token = false);
   // Attention of the pass's tokens (all query heads) into att_: grouped
   // (attend_multi_f32) or per (token, head) (attend_f32), the same bits.
   void attention(int32_t layer);
@@ -323,6 +338,9 @@ class SimdSession {
   std::vector<int> layer_rope_;                         // [layer] -> table index
   std::vector<std::pair<double, double>> rope_params_;  // [table] (base, scale)
   std::vector<double> rope_cs_;  // [table][token][n_rot/2][cos, sin] of the current chunk
+  // YaRN (gpt-oss): each table's frequencies and mscale (touchstone/model/rope_yarn.h),
+  // cos and sin multiplied by mscale as ops::rope_with_frequencies; empty otherwise.
+  std::vector<touchstone::ops::YarnFrequencies> rope_yarn_;
 };
 
 }  // namespace touchstone::cpu_simd

@@ -58,6 +58,7 @@ void SimdSession::attention_grouped(int32_t layer) {
                qd = size_t(c_.n_head) * hd, n_kvh = size_t(c_.n_head_kv);
   const size_t group = size_t(c_.n_head / c_.n_head_kv);
   const int32_t window = c_.layers[size_t(layer)].sliding_window;
+  const float* sinks = w_->layers[size_t(layer)].sinks;  // gpt-oss: [n_head], else null
   const float scale =
       static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
   pool_.run(blocks_.size() * n_kvh, [&](size_t task, int thread) {
@@ -66,12 +67,14 @@ void SimdSession::attention_grouped(int32_t layer) {
     const size_t kvh = task % n_kvh;
     const float* q[kMaxAttnQueries];
     float* out[kMaxAttnQueries];
+    float sink[kMaxAttnQueries];
     size_t t0[kMaxAttnQueries], t1[kMaxAttnQueries], G = 0;
     for (int32_t i = b.i0; i < b.i1; ++i) {
       const int32_t p = g.pos + (i - g.first);  // attends [t0, p] (sliding window: the last W)
       for (size_t h = kvh * group; h < (kvh + 1) * group; ++h, ++G) {
         q[G] = q_.data() + size_t(i) * qd + h * hd;
         out[G] = att_.data() + size_t(i) * qd + h * hd;
+        if (sinks) sink[G] = sinks[h];
         t0[G] = size_t(window > 0 ? std::max(0, p - window + 1) : 0);
         t1[G] = size_t(p) + 1;
       }
@@ -79,7 +82,7 @@ void SimdSession::attention_grouped(int32_t layer) {
     // query g's scores at s + g * (pos + n): >= its row count
     float* s = multi_scores_.get() + size_t(thread) * attn_queries() * size_t(scores_ctx_);
     attend_multi_f32(G, q, g.s->k_rows(layer) + kvh * hd, g.s->v_rows(layer) + kvh * hd, kvd, hd,
-                     t0, t1, scale, s, size_t(g.pos + g.n), out);
+                     t0, t1, scale, s, size_t(g.pos + g.n), out, sinks ? sink : nullptr);
   });
 }
 
@@ -87,17 +90,19 @@ namespace {
 
 // Softmax attention of one head over rows [0, m) of K / V (stride ld) plus
 // `extra` further rows given by pointer (the batch_kv_leak fault), fp32,
-// max-subtracted; without the max when no_max (softmax_no_max fault).
+// max-subtracted; without the max when no_max (softmax_no_max fault). The sink
+// logit (gpt-oss; -inf: none) joins the maximum and the sum.
 void attend_rows(const float* q, const float* K, const float* V, size_t ld, size_t hd, size_t m,
                  const float* const* xk, const float* const* xv, size_t extra, float scale,
-                 bool no_max, float* s, float* out) {
+                 bool no_max, float sink, float* s, float* out) {
   const size_t n = m + extra;
-  float mx = -std::numeric_limits<float>::infinity();
+  float mx = sink;
   for (size_t t = 0; t < n; ++t) {
     s[t] = dot_f32(q, t < m ? K + t * ld : xk[t - m], hd) * scale;
     mx = std::max(mx, s[t]);
   }
-  float sum = 0.0f;
+  const bool has_sink = sink != -std::numeric_limits<float>::infinity();
+  float sum = has_sink ? std::exp(no_max ? sink : sink - mx) : 0.0f;
   for (size_t t = 0; t < n; ++t) sum += (s[t] = std::exp(no_max ? s[t] : s[t] - mx));
   std::fill(out, out + hd, 0.0f);
   for (size_t t = 0; t < n; ++t) axpy_f32(s[t] / sum, t < m ? V + t * ld : xv[t - m], out, hd);
@@ -110,10 +115,12 @@ void SimdSession::attention_per_head(int32_t layer) {
                qd = size_t(c_.n_head) * hd;
   const int32_t group = c_.n_head / c_.n_head_kv;
   const int32_t window = c_.layers[size_t(layer)].sliding_window;
+  const float* sinks = w_->layers[size_t(layer)].sinks;  // gpt-oss: [n_head], else null
   const float scale =
       static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
   pool_.run(size_t(n_tok_) * size_t(c_.n_head), [&](size_t task, int thread) {
     const size_t i = task / size_t(c_.n_head), h = task % size_t(c_.n_head);
+    const float sink = sinks ? sinks[h] : -std::numeric_limits<float>::infinity();
     const Seg& g = segs_[tok_seg_[i]];
     const int32_t p = g.pos + (int32_t(i) - g.first);
     // Faults: kv_off_by_one drops the newest entry; rewind_noop also reads the
@@ -144,16 +151,17 @@ void SimdSession::attention_per_head(int32_t layer) {
       const size_t at = size_t(p) * kvd + size_t(kv_head) * hd;
       const float* xk = g.page_from->k_rows(layer) + at;
       const float* xv = g.page_from->v_rows(layer) + at;
-      attend_rows(qh, K, V, kvd, hd, m - 1, &xk, &xv, 1, scale, faults_.softmax_no_max, s, out);
+      attend_rows(qh, K, V, kvd, hd, m - 1, &xk, &xv, 1, scale, faults_.softmax_no_max, sink, s,
+                  out);
     } else if (g.leak) {  // the fault: entry i-1's newest KV entry joins this query's rows
       const size_t at = size_t(g.leak_pos) * kvd + size_t(kv_head) * hd;
       const float* xk = g.leak->k_rows(layer) + at;
       const float* xv = g.leak->v_rows(layer) + at;
-      attend_rows(qh, K, V, kvd, hd, m, &xk, &xv, 1, scale, faults_.softmax_no_max, s, out);
+      attend_rows(qh, K, V, kvd, hd, m, &xk, &xv, 1, scale, faults_.softmax_no_max, sink, s, out);
     } else if (faults_.softmax_no_max) {  // the fault: fp32 exp(s) without the max subtraction
-      attend_rows(qh, K, V, kvd, hd, m, nullptr, nullptr, 0, scale, true, s, out);
+      attend_rows(qh, K, V, kvd, hd, m, nullptr, nullptr, 0, scale, true, sink, s, out);
     } else {
-      attend_f32(qh, K, V, kvd, hd, m, scale, s, out);
+      attend_f32(qh, K, V, kvd, hd, m, scale, s, out, sink);
     }
   });
 }

@@ -1,5 +1,5 @@
 // engine_ops.h - small scalar helpers shared by the engine's translation units
-// (engine.cpp, engine_pass.cpp, engine_attention.cpp, engine_batch.cpp).
+// (engine.cpp, engine_pass.cpp, engine_attention.cpp, engine_batch.cpp, engine_moe.cpp).
 #pragma once
 
 #include <cmath>
@@ -18,9 +18,10 @@ inline void rms_norm(const float* x, const float* w, float* out, size_t n, doubl
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(double{x[i]} * inv * double{w[i]});
 }
 
-// x += b (Qwen2 Q/K/V biases). fp32 sum of the rounded matmul output and the
-// bias; the reference adds the bias to the fp64 dot product before its one
-// rounding, so the two differ by at most one extra rounding.
+// x += b (Q/K/V biases of Qwen2 and gpt-oss; gpt-oss's output, router and expert
+// biases). fp32 sum of the rounded matmul output and the bias; the reference adds
+// the bias to the fp64 dot product before its one rounding, so the two differ by at
+// most one extra rounding.
 inline void add_bias(float* x, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] += b[i];
 }

@@ -3,15 +3,17 @@
 // ModelConfig in one pass, like the reference
 // (reference/transformer/src/reference_forward.cpp): RMSNorm, optional Q/K/V biases,
 // optional per-head QK-norm, interleaved or NeoX RoPE on the first n_rot
-// dimensions (per-layer base / linear scale, rope_freqs divisors), GQA with an
-// optional sliding window and the model's attention scale, optional
-// post-attention / post-FFN norms, SwiGLU or GeGLU (or a mixture of SwiGLU
-// experts: engine_moe.cpp), embedding scale, optional final logit soft-capping.
+// dimensions (per-layer base / linear scale, rope_freqs divisors, or YaRN
+// frequencies and mscale), GQA with an optional sliding window, attention sinks
+// and the model's attention scale, an optional output-projection bias, optional
+// post-attention / post-FFN norms, SwiGLU or GeGLU (or a mixture of experts:
+// engine_moe.cpp), embedding scale, optional final logit soft-capping.
 // Every matrix runs once over all tokens of the pass (linears); per token: norms,
 // RoPE at its own position, K/V written into its own session's cache; attention
 // per token against its own session's cache.
 // Numerics: engine.cpp's header and docs/backends/cpu_simd.md.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "engine.h"
@@ -94,6 +96,15 @@ void SimdSession::embed_and_rope() {
     const Seg& g = segs_[tok_seg_[i]];
     const int32_t pos = g.rope_pos + (int32_t(i) - g.first);
     double* cs_sn = rope_cs_.data() + (k * B + i) * 2 * half;
+    if (!rope_yarn_.empty()) {  // YaRN: ops::rope_with_frequencies' angles and mscale
+      const touchstone::ops::YarnFrequencies& fr = rope_yarn_[k];
+      for (size_t j = 0; j < half; ++j) {
+        const double theta = double(pos) * fr.inv_freq[j];
+        cs_sn[2 * j] = std::cos(theta) * fr.mscale;
+        cs_sn[2 * j + 1] = std::sin(theta) * fr.mscale;
+      }
+      return;
+    }
     for (size_t j = 0; j < half; ++j) {
       const double fj = freq_factors ? double{freq_factors[j]} : 1.0;
       const double theta = touchstone::ops::rope_theta(pos, int64_t(j), c_.n_rot, base, scale, fj);
@@ -157,6 +168,9 @@ void SimdSession::attention_block(int32_t l) {
   attention(l);
   const Job o[1] = {{&L.wo, tmp_.data(), d}};
   linears(o, 1, att_.data(), qd, N);
+  if (L.bo) {  // gpt-oss: the output projection's bias
+    for (size_t i = 0; i < N; ++i) ops::add_bias(tmp_.data() + i * d, L.bo, d);
+  }
   if (L.post_attn_norm) {
     for (size_t i = 0; i < N; ++i)
       rms_norm(tmp_.data() + i * d, L.post_attn_norm, tmp_.data() + i * d, d, eps);

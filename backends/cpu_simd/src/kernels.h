@@ -17,6 +17,7 @@
 // per lane in block order; same independence property.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -48,15 +49,17 @@ void gated_act_f64(bool gelu, float* g, const float* u, size_t n);
 // Causal softmax attention of one query head q[hd] over n_kv >= 1 cached
 // positions: K row t at K + t*ld, V row t at V + t*ld (the KV cache layout,
 // ld = n_head_kv * head_dim), scores[n_kv] is scratch. In fp32:
-//   s_t = dot_f32(q, K_t) * scale;  m = max_t s_t;
+//   s_t = dot_f32(q, K_t) * scale;  m = max(sink, max_t s_t);
 //   p_t = exp(s_t - m)  (Highway's vector Exp, hwy/contrib/math: max error 1 ulp);
 //   any NaN score: out is all NaN (as with std::exp, which propagates it);
-//   sum = lane-wise sum over t (N lanes, t in order per lane) then SumOfLanes;
+//   sum = lane-wise sum over t (N lanes, t in order per lane) then SumOfLanes,
+//         then + std::exp(sink - m) (an attention sink, gpt-oss: a logit that joins
+//         the softmax and attends to nothing; sink = -inf, the default: no term);
 //   out[j] = (p_0 V_0j + p_1 V_1j + ...) * (1 / sum)  (one FMA per t, in t order).
 // The result depends on the Highway target (N), never on threads or on n_kv's
 // split into calls.
 void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_t hd, size_t n_kv,
-                float scale, float* scores, float* out);
+                float scale, float* scores, float* out, float sink = -HUGE_VALF);
 // G queries over the same K / V rows (the query heads of one GQA group, for
 // one or several tokens): query g (q[g], out[g]) attends rows [t0[g], t1[g])
 // (t0 < t1) of K and V, with scores scratch at scores + g * ld_scores
@@ -66,9 +69,10 @@ void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_
 // AVX-512, a remainder of 3 or 2 as one tile; else 2) whose common rows are
 // loaded once for the tile, so the tile's independent dot-product and FMA
 // chains overlap; rows a query does not share are visited alone, in order.
+// sinks: query g's sink logit at sinks[g] (attend_f32's sink), or nullptr for none.
 void attend_multi_f32(size_t G, const float* const* q, const float* K, const float* V, size_t ld,
                       size_t hd, const size_t* t0, const size_t* t1, float scale, float* scores,
-                      size_t ld_scores, float* const* out);
+                      size_t ld_scores, float* const* out, const float* sinks = nullptr);
 
 // Highway targets compiled into this library and supported by this CPU
 // (bit, name), best first; force_hwy_target(0) restores the default (the

@@ -23,9 +23,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // ---- attention (see kernels.h: attend_f32 / attend_multi_f32) ----
 // p_t = exp(s_t - mx) in place over s[0, n), N lanes at a time; the tail through
 // a padded copy whose pad lanes hold -200 (hn::Exp gives 0 below -104) and are
-// not stored back. Returns 1 / (lane-wise sum, then SumOfLanes).
+// not stored back. Returns 1 / (lane-wise sum, then SumOfLanes, then + sink_p).
 template <class D>
-HWY_INLINE float ExpInPlace(D df, float* HWY_RESTRICT s, size_t n, float mx) {
+HWY_INLINE float ExpInPlace(D df, float* HWY_RESTRICT s, size_t n, float mx, float sink_p) {
   const size_t N = hn::Lanes(df);
   const auto vmx = hn::Set(df, mx);
   auto vsum = hn::Zero(df);
@@ -43,7 +43,14 @@ HWY_INLINE float ExpInPlace(D df, float* HWY_RESTRICT s, size_t n, float mx) {
     for (size_t i = 0; t + i < n; ++i) s[t + i] = tail[i];
     vsum = hn::Add(vsum, p);  // exp(-200) = 0 in fp32
   }
-  return 1.0f / hn::GetLane(hn::SumOfLanes(df, vsum));
+  return 1.0f / (hn::GetLane(hn::SumOfLanes(df, vsum)) + sink_p);
+}
+
+// An attention sink's term of the softmax's denominator, exp(sink - mx) (gpt-oss; HF
+// eager_attention_forward: the sink column joins the max and the sum, then is dropped);
+// exactly 0 without a sink (sink = -inf), which leaves the sum's bits unchanged.
+HWY_INLINE float SinkTerm(float sink, float mx) {
+  return sink == -HUGE_VALF ? 0.0f : std::exp(sink - mx);
 }
 
 // Columns [j, hd) past the last full vector: per element the FMA-free scalar
@@ -59,11 +66,11 @@ HWY_INLINE void PvTail(const float* HWY_RESTRICT p, const float* HWY_RESTRICT V,
 
 HWY_ATTR void AttendF32(const float* HWY_RESTRICT q, const float* HWY_RESTRICT K,
                         const float* HWY_RESTRICT V, size_t ld, size_t hd, size_t n_kv, float scale,
-                        float* HWY_RESTRICT s, float* HWY_RESTRICT out) {
+                        float* HWY_RESTRICT s, float* HWY_RESTRICT out, float sink) {
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
-  // scores and their maximum
-  float mx = -HUGE_VALF;
+  // scores and their maximum (the sink's logit included)
+  float mx = sink;
   bool nan = false;
   for (size_t t = 0; t < n_kv; ++t) {
     s[t] = DotLanes(q, K + t * ld, hd) * scale;
@@ -74,7 +81,7 @@ HWY_ATTR void AttendF32(const float* HWY_RESTRICT q, const float* HWY_RESTRICT K
     for (size_t j = 0; j < hd; ++j) out[j] = NAN;
     return;
   }
-  const float inv = ExpInPlace(df, s, n_kv, mx);
+  const float inv = ExpInPlace(df, s, n_kv, mx, SinkTerm(sink, mx));
   // out = (sum_t p_t V_t) * inv: per element the FMA chain in t order, four
   // accumulators of N lanes in registers per pass over the positions.
   const auto vinv = hn::Set(df, inv);
@@ -144,7 +151,8 @@ HWY_INLINE void DotTile(D df, const float* const* q, const float* HWY_RESTRICT k
 }
 
 // Scores of the tile (query g's at s + g * lds, indexed t - t0[g]), each
-// query's maximum in t order and whether it has a NaN score.
+// query's maximum in t order from its sink's logit (mx[g] on entry) and whether it
+// has a NaN score.
 template <size_t QT, class D>
 HWY_INLINE void ScoresTile(D df, const float* const* q, const float* HWY_RESTRICT K, size_t ld,
                            size_t hd, const TileRange& R, float scale, float* HWY_RESTRICT s,
@@ -156,7 +164,6 @@ HWY_INLINE void ScoresTile(D df, const float* const* q, const float* HWY_RESTRIC
     mx[g] = x > mx[g] ? x : mx[g];
   };
   for (size_t g = 0; g < QT; ++g) {
-    mx[g] = -HUGE_VALF;
     nan[g] = false;
     for (size_t t = R.t0[g]; t < R.pre_end(g); ++t) one(g, t, DotLanes(q[g], K + t * ld, hd));
   }
@@ -215,7 +222,7 @@ template <size_t QT>
 HWY_ATTR void AttendTile(const float* const* q, const float* HWY_RESTRICT K,
                          const float* HWY_RESTRICT V, size_t ld, size_t hd, const size_t* t0,
                          const size_t* t1, float scale, float* HWY_RESTRICT s, size_t lds,
-                         float* const* out) {
+                         float* const* out, const float* sinks) {
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
   TileRange R{t0, t1, t0[0], t1[0]};
@@ -224,11 +231,13 @@ HWY_ATTR void AttendTile(const float* const* q, const float* HWY_RESTRICT K,
     R.hi = t1[g] < R.hi ? t1[g] : R.hi;
   }
   if (R.hi < R.lo) R.hi = R.lo;
-  float mx[QT], inv[QT];
+  float mx[QT], sink[QT], inv[QT];
   bool nan[QT];
+  for (size_t g = 0; g < QT; ++g) mx[g] = sink[g] = sinks ? sinks[g] : -HUGE_VALF;
   ScoresTile<QT>(df, q, K, ld, hd, R, scale, s, lds, mx, nan);
   for (size_t g = 0; g < QT; ++g)
-    inv[g] = nan[g] ? 0.0f : ExpInPlace(df, s + g * lds, t1[g] - t0[g], mx[g]);
+    inv[g] =
+        nan[g] ? 0.0f : ExpInPlace(df, s + g * lds, t1[g] - t0[g], mx[g], SinkTerm(sink[g], mx[g]));
   size_t j = 0;
   for (; j + 4 * N <= hd; j += 4 * N) PvTile<QT, 4>(df, V, ld, j, R, s, lds, inv, out);
   for (; j + N <= hd; j += N) PvTile<QT, 1>(df, V, ld, j, R, s, lds, inv, out);
@@ -244,18 +253,21 @@ HWY_ATTR void AttendTile(const float* const* q, const float* HWY_RESTRICT K,
 HWY_ATTR void AttendMultiF32(size_t G, const float* const* q, const float* HWY_RESTRICT K,
                              const float* HWY_RESTRICT V, size_t ld, size_t hd, const size_t* t0,
                              const size_t* t1, float scale, float* HWY_RESTRICT s, size_t lds,
-                             float* const* out) {
+                             float* const* out, const float* sinks) {
   size_t g = 0;
+  // the sinks of queries [g, ...) (none: nullptr)
+  const auto sk = [&](size_t at) { return sinks ? sinks + at : nullptr; };
   for (; g + kAttnTile <= G; g += kAttnTile)
-    AttendTile<kAttnTile>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
+    AttendTile<kAttnTile>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g,
+                          sk(g));
   // the rest (fewer than kAttnTile queries) in one tile
   const size_t r = G - g;
   if (kAttnTile > 3 && r == 3)
-    AttendTile<3>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
+    AttendTile<3>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g, sk(g));
   else if (kAttnTile > 2 && r == 2)
-    AttendTile<2>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
+    AttendTile<2>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g, sk(g));
   else if (r == 1)
-    AttendTile<1>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g);
+    AttendTile<1>(q + g, K, V, ld, hd, t0 + g, t1 + g, scale, s + g * lds, lds, out + g, sk(g));
 }
 
 }  // namespace HWY_NAMESPACE
@@ -268,13 +280,14 @@ HWY_EXPORT(AttendF32);
 HWY_EXPORT(AttendMultiF32);
 
 void attend_f32(const float* q, const float* K, const float* V, size_t ld, size_t hd, size_t n_kv,
-                float scale, float* scores, float* out) {
-  HWY_DYNAMIC_DISPATCH(AttendF32)(q, K, V, ld, hd, n_kv, scale, scores, out);
+                float scale, float* scores, float* out, float sink) {
+  HWY_DYNAMIC_DISPATCH(AttendF32)(q, K, V, ld, hd, n_kv, scale, scores, out, sink);
 }
 void attend_multi_f32(size_t G, const float* const* q, const float* K, const float* V, size_t ld,
                       size_t hd, const size_t* t0, const size_t* t1, float scale, float* scores,
-                      size_t ld_scores, float* const* out) {
-  HWY_DYNAMIC_DISPATCH(AttendMultiF32)(G, q, K, V, ld, hd, t0, t1, scale, scores, ld_scores, out);
+                      size_t ld_scores, float* const* out, const float* sinks) {
+  HWY_DYNAMIC_DISPATCH(AttendMultiF32)
+  (G, q, K, V, ld, hd, t0, t1, scale, scores, ld_scores, out, sinks);
 }
 }  // namespace touchstone::cpu_simd
 #endif

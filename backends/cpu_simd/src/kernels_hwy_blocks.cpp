@@ -29,7 +29,8 @@ namespace touchstone::cpu_simd {
 // The ggml types (touchstone::gguf::TensorType) of the blocks these kernels read.
 inline constexpr int kQ4_0 = int(gguf::TensorType::Q4_0), kQ4_1 = int(gguf::TensorType::Q4_1),
                      kQ5_0 = int(gguf::TensorType::Q5_0), kQ8_0 = int(gguf::TensorType::Q8_0),
-                     kQ4_K = int(gguf::TensorType::Q4_K), kQ6_K = int(gguf::TensorType::Q6_K);
+                     kQ4_K = int(gguf::TensorType::Q4_K), kQ6_K = int(gguf::TensorType::Q6_K),
+                     kMXFP4 = int(gguf::TensorType::MXFP4);
 // 32-element GGUF blocks (Q4_0, Q4_1, Q5_0, Q8_0): bytes per block and offset of
 // the quants (after the fp16 d, m / qh fields).
 constexpr size_t Block32Bytes(int type) {
@@ -477,6 +478,46 @@ HWY_ATTR HWY_INLINE void Dequant32(int type, const uint8_t* src, float* y, size_
   }
 }
 
+// MXFP4 (ggml block_mxfp4): {e, qs[16]} = 17 bytes per 32 elements, element j the
+// low nibble of qs[j] (j < 16) or the high nibble of qs[j - 16], an index into
+// kvalues_mxfp4 (the e2m1 values doubled); the weight float(kvalues[k]) * d with
+// d = e8m0_to_fp32_half(e), as ggml's dequantize_row_mxfp4 (quant.cpp deq_mxfp4).
+// With 16 lanes the 16 possible values of a block are formed first and looked up
+// per nibble (as DequantQ4Table); otherwise the int8 values are looked up bytewise
+// and converted N at a time. The same operations on the same inputs either way.
+HWY_ATTR HWY_INLINE void DequantMxfp4(const uint8_t* src, float* y, size_t nb) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const hn::Rebind<int8_t, decltype(df)> di8;
+  const size_t N = hn::Lanes(df);
+  constexpr size_t bb = sizeof(touchstone::gguf::block_mxfp4);
+  const auto kv = hn::PromoteTo(di, hn::LoadU(di8, touchstone::gguf::kvalues_mxfp4));
+  for (size_t i = 0; i < nb; ++i, src += bb, y += 32) {
+    if ((i * bb) % 64 < bb) __builtin_prefetch(src + kPrefetch);
+    const auto d = hn::Set(df, touchstone::gguf::e8m0_to_fp32_half(src[0]));
+    const uint8_t* qs = src + 1;
+    if (N == 16) {
+      const auto table = hn::Mul(hn::ConvertTo(df, kv), d);
+      const auto raw = hn::PromoteTo(du, hn::LoadU(du8, qs));
+      const auto lo = hn::BitCast(di, hn::And(raw, hn::Set(du, 0x0f)));
+      const auto hi = hn::BitCast(di, hn::ShiftRight<4>(raw));
+      hn::StoreU(hn::TableLookupLanes(table, hn::IndicesFromVec(df, lo)), df, y);
+      hn::StoreU(hn::TableLookupLanes(table, hn::IndicesFromVec(df, hi)), df, y + 16);
+      continue;
+    }
+    int8_t v[32];
+    for (size_t j = 0; j < 16; ++j) {
+      v[j] = touchstone::gguf::kvalues_mxfp4[qs[j] & 0x0f];
+      v[j + 16] = touchstone::gguf::kvalues_mxfp4[qs[j] >> 4];
+    }
+    for (size_t l = 0; l < 32; l += N)
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, v + l))), d), df,
+                 y + l);
+  }
+}
+
 // Q4_K: {d, dmin, scales[12], qs[128]} = 144 bytes per 256 elements.
 HWY_ATTR HWY_INLINE void DequantQ4K(const uint8_t* src, float* y, size_t nb) {
   const hn::ScalableTag<float> df;
@@ -548,6 +589,7 @@ HWY_ATTR HWY_INLINE void DequantQ6K(const uint8_t* src, float* y, size_t nb) {
 // and the 32-element types as dequantize_row_q4_0/_q4_1/_q5_0/_q8_0 do:
 //   Q4_0: float(q - 8) * d    Q4_1: float(q) * d + m    Q5_0: float(q - 16) * d
 //   Q8_0: float(q) * d
+// and MXFP4 as dequantize_row_mxfp4: float(kvalues_mxfp4[k]) * d (DequantMxfp4).
 // Other types: the reference routine. Returns false for no vector form.
 HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb) {
   const hn::ScalableTag<float> df;
@@ -564,6 +606,10 @@ HWY_ATTR bool DequantBlocksVec(int type, const uint8_t* src, float* y, size_t nb
   }
   if (type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0) {
     Dequant32(type, src, y, nb);
+    return true;
+  }
+  if (type == kMXFP4) {
+    DequantMxfp4(src, y, nb);
     return true;
   }
   if (type == kQ4_K) {

@@ -1,5 +1,5 @@
 // kquant_test.cpp - the quantized path on GGUF types without a dedicated kernel
-// (Q4_K, Q6_K, Q5_0, F16, ...): the generic block kernel against fp64 dot
+// (Q4_K, Q6_K, Q5_0, F16, MXFP4, ...): the generic block kernel against fp64 dot
 // products of the reference dequantization, and a tiny generated llama model
 // whose matrices are K-quants, run on both weight paths.
 #include <gtest/gtest.h>
@@ -99,7 +99,8 @@ TEST_P(GenericBlocks, MatchDequantizedReferenceAndAreTilingIndependent) {
 
 INSTANTIATE_TEST_SUITE_P(Types, GenericBlocks,
                          ::testing::Values(TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K,
-                                           TensorType::Q2_K, TensorType::Q5_0, TensorType::F16),
+                                           TensorType::Q2_K, TensorType::Q5_0, TensorType::F16,
+                                           TensorType::MXFP4),
                          [](const auto& pi) { return std::string(gg::type_name(pi.param)); });
 
 // A 2-layer llama (n_embd 256, GQA 4/2 heads, n_ff 512, vocab 300) whose

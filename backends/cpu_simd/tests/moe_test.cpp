@@ -1,9 +1,11 @@
 // moe_test.cpp - cpu_simd computes the mixture-of-experts families (Mixtral-style:
-// llama + expert_count; Qwen3-MoE) like the reference (moe_feed_forward):
+// llama + expert_count; Qwen3-MoE; gpt-oss) like the reference (moe_feed_forward):
 //  * tiny random models (model/core/tests/tiny_family.h, F32 matrices: the
 //    quantized path's matvec, full precision's sgemm) and the converted test models
 //    of tests/models/moe (GGUF blocks: Q4_0, Q8_0, Q4_K with Q5_0 experts, Q6_K, F16)
-//    against ReferenceTransformer, prefill and decode, 1 == 3 threads bitwise;
+//    and tests/models/gpt-oss (F32, F16, Q8_0, MXFP4 experts: 12 tokens cross its
+//    8-token sliding window) against ReferenceTransformer, prefill and decode,
+//    1 == 3 threads bitwise;
 //  * what the reference refuses (sigmoid routers, shared experts) is refused;
 //  * step_batch == each session alone, bitwise, on the quantized path (batch
 //    invariance: tokens grouped by expert see the same operations as alone), with
@@ -16,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_simd_backend.h"
@@ -59,9 +62,14 @@ std::vector<std::pair<std::string, TinyOptions>> tiny_cases() {
 // The converted test models kept as GGUF blocks (skipped when the directory is absent).
 std::vector<Model> file_cases() {
   std::vector<Model> out;
-  for (const char* m : {"mixtral-test-q4_0", "mixtral-test-q4_k", "qwen3moe-test-q8_0",
-                        "qwen3moe-test-q6_k", "qwen3moe-test-f16"}) {
-    const std::string p = std::string(TOUCHSTONE_MOE_MODEL_DIR) + "/" + m + ".gguf";
+  const std::string moe = TOUCHSTONE_MOE_MODEL_DIR, gptoss = TOUCHSTONE_GPTOSS_MODEL_DIR;
+  for (const auto& [dir, m] :
+       {std::pair{moe, "mixtral-test-q4_0"}, std::pair{moe, "mixtral-test-q4_k"},
+        std::pair{moe, "qwen3moe-test-q8_0"}, std::pair{moe, "qwen3moe-test-q6_k"},
+        std::pair{moe, "qwen3moe-test-f16"}, std::pair{gptoss, "gptoss-test-f32"},
+        std::pair{gptoss, "gptoss-test-f16"}, std::pair{gptoss, "gptoss-test-q8_0"},
+        std::pair{gptoss, "gptoss-test-mxfp4"}}) {
+    const std::string p = dir + "/" + m + ".gguf";
     if (std::filesystem::exists(p)) out.push_back({m, p});
   }
   return out;

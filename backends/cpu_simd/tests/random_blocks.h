@@ -40,9 +40,9 @@ inline std::vector<uint8_t> random_blocks(int t, size_t n_rows, size_t nb, uint3
 }
 
 // Blocks of any GGUF type the generic kernel takes (F16, Q5_0, Q2_K, Q4_K,
-// Q5_K, Q6_K) for n_elems elements: random bytes, with the fp16 scale fields
-// small positive numbers (~0.004 .. 0.008); every bit pattern of the quant
-// fields is valid.
+// Q5_K, Q6_K, MXFP4) for n_elems elements: random bytes, with the fp16 scale
+// fields small positive numbers (~0.004 .. 0.008) and MXFP4's E8M0 scale byte
+// 2^-10 .. 2^-2; every bit pattern of the quant fields is valid.
 inline std::vector<uint8_t> random_blocks(touchstone::gguf::TensorType t, size_t n_elems,
                                           uint32_t seed) {
   namespace gg = touchstone::gguf;
@@ -85,6 +85,9 @@ inline std::vector<uint8_t> random_blocks(touchstone::gguf::TensorType t, size_t
         break;
       case TensorType::Q5_0:  // {d, qh[4], qs[16]}
         half(blk);
+        break;
+      case TensorType::MXFP4:  // {e, qs[16]}: scales 2^-10 .. 2^-2 (e8m0_to_fp32_half)
+        blk[0] = uint8_t(118 + rng() % 9);
         break;
       default:
         throw std::invalid_argument(
