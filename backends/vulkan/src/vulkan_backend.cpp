@@ -71,24 +71,29 @@ bool implements_fault(const std::string& name) {
 // refuses them (the other block types' dequantization carries no fault).
 bool quant_fault_applies(const touchstone::vk::DeviceWeights& w, const touchstone::Faults& f) {
   using touchstone::gguf::TensorType;
-  auto hit = [&](const touchstone::vk::DeviceMatrix& m) {
-    return m.type == TensorType::Q4_1 || (f.nibble_order && m.type == TensorType::Q4_0);
+  auto hit = [&](TensorType t) {
+    return t == TensorType::Q4_1 || (f.nibble_order && t == TensorType::Q4_0);
   };
-  if (hit(w.token_embd) || (w.output.n_out && hit(w.output))) return true;
+  auto hit_matrix = [&](const touchstone::vk::DeviceMatrix& m) { return m.n_out && hit(m.type); };
+  if (hit_matrix(w.token_embd) || hit_matrix(w.output)) return true;
   for (const touchstone::vk::DeviceLayer& L : w.layers) {
-    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
-      if (hit(*m)) return true;
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down, &L.router})
+      if (hit_matrix(*m)) return true;
+    for (const auto* e : {&L.gate_exps, &L.up_exps, &L.down_exps})  // mixture of experts
+      if (!e->experts.empty() && hit(e->type)) return true;
   }
   return false;
 }
 
-// ABI v3: the families and features the graph computes (vk_graph.cpp;
-// docs/model-families.md has the canonical names).
-constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3";
+// ABI v3: the families and features the graph computes (vk_graph.cpp; the
+// mixture of experts `moe`, Mixtral-style and Qwen3-MoE: vk_moe.cpp;
+// docs/model-families.md has the canonical names). gpt-oss (its architecture and
+// its router, bias, sink and YaRN features) is not computed, so refused by name.
+constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe";
 constexpr const char* kModelFeatures =
     "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
-    "geglu,embedding_scale,attention_scale,final_logit_softcap";
+    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe";
 
 // Refuses (UnsupportedModel, naming them) an architecture or features not in
 // the lists above; read_model_config has already refused what no backend of
