@@ -29,10 +29,10 @@ const gguf::TensorInfo& expert_tensor(const gguf::File& f, const std::string& na
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-// Places every expert's row parts (rows_per_part rows each, dev_row bytes per row)
-// into slabs of at most `cap` bytes, in expert order; returns the slabs' sizes.
-std::vector<uint64_t> plan_slabs(DeviceExperts& m, size_t n_expert, size_t per_part,
-                                 uint64_t dev_row, uint64_t cap, uint64_t align) {
+}  // namespace
+
+std::vector<uint64_t> plan_expert_slabs(DeviceExperts& m, size_t n_expert, size_t per_part,
+                                        uint64_t dev_row, uint64_t cap, uint64_t align) {
   std::vector<uint64_t> sizes{0};
   m.experts.assign(n_expert, {});
   for (size_t e = 0; e < n_expert; ++e) {
@@ -54,8 +54,6 @@ std::vector<uint64_t> plan_slabs(DeviceExperts& m, size_t n_expert, size_t per_p
   return sizes;
 }
 
-}  // namespace
-
 DeviceExperts upload_experts(Context& ctx, const gguf::File& f, const std::string& name,
                              int64_t n_in, int64_t n_out, int64_t n_expert, bool quantized,
                              uint64_t& total) {
@@ -69,7 +67,7 @@ DeviceExperts upload_experts(Context& ctx, const gguf::File& f, const std::strin
   const uint8_t* data = f.tensor_data(t).data();
   const size_t dev_row = device_row_bytes(t, m.type, data, size_t(n_in));
   const std::vector<uint64_t> sizes =
-      plan_slabs(m, size_t(n_expert), rows_per_part(ctx, dev_row), dev_row,
+      plan_expert_slabs(m, size_t(n_expert), rows_per_part(ctx, dev_row), dev_row,
                  ctx.info().max_storage_buffer_range,
                  std::max<uint64_t>(4, ctx.info().min_storage_buffer_offset_alignment));
   for (uint64_t bytes : sizes) {

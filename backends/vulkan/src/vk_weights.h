@@ -83,6 +83,13 @@ struct DeviceWeights {
   const DeviceMatrix& lm_head() const { return output.n_out ? output : token_embd; }
 };
 
+// Places n_expert experts of m.n_out rows (dev_row device bytes each) into
+// m.experts: parts of at most per_part rows, packed in expert order into slabs of
+// at most `cap` bytes (a part larger than cap gets a slab of its own), each part's
+// offset a multiple of `align`. Returns the slabs' sizes in bytes.
+std::vector<uint64_t> plan_expert_slabs(DeviceExperts& m, size_t n_expert, size_t per_part,
+                                        uint64_t dev_row, uint64_t cap, uint64_t align);
+
 // The 3-D expert tensor `name`, ggml shape {n_in, n_out, n_expert}, in slabs
 // (vk_experts.cpp). Throws as upload_weights.
 DeviceExperts upload_experts(Context& ctx, const gguf::File& file, const std::string& name,
