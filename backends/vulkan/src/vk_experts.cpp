@@ -68,8 +68,8 @@ DeviceExperts upload_experts(Context& ctx, const gguf::File& f, const std::strin
   const size_t dev_row = device_row_bytes(t, m.type, data, size_t(n_in));
   const std::vector<uint64_t> sizes =
       plan_expert_slabs(m, size_t(n_expert), rows_per_part(ctx, dev_row), dev_row,
-                 ctx.info().max_storage_buffer_range,
-                 std::max<uint64_t>(4, ctx.info().min_storage_buffer_offset_alignment));
+                        ctx.info().max_storage_buffer_range,
+                        std::max<uint64_t>(4, ctx.info().min_storage_buffer_offset_alignment));
   for (uint64_t bytes : sizes) {
     m.slabs.emplace_back(ctx, size_t(bytes), Buffer::Kind::Device);
     total += bytes;

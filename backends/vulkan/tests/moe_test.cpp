@@ -111,9 +111,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("mixtral-test-q4_0", "qwen3moe-test-q4_k"),
                        ::testing::Values(TS_WEIGHTS_FULL_PRECISION, TS_WEIGHTS_QUANTIZED)),
     [](const auto& param_info) {
-      std::string name = std::get<0>(param_info.param) + "_" +
-                         (std::get<1>(param_info.param) == TS_WEIGHTS_QUANTIZED ? "quantized"
-                                                                          : "full_precision");
+      std::string name =
+          std::get<0>(param_info.param) + "_" +
+          (std::get<1>(param_info.param) == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision");
       for (char& c : name)
         if (c == '-') c = '_';
       return name;
@@ -152,8 +152,7 @@ TEST(MoeRefusal, GptOssIsRefusedByName) {
   } catch (const BackendError& e) {
     if (e.status() == TS_ERR_DEVICE) GTEST_SKIP() << "no Vulkan device: " << e.what();
     EXPECT_EQ(e.status(), TS_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(e.what()).find("architecture 'gpt-oss'"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("architecture 'gpt-oss'"), std::string::npos) << e.what();
   }
 }
 
