@@ -5,9 +5,10 @@
 // times their routing weights, summed). eo holds the expert outputs grouped by
 // expert; slot t k + j (token t's j-th choice, the router's order) is grouped row
 // pos[t k + j] with weight w[t k + j] (fp32 bits), both in `route` (src/vk_moe.cpp).
-// The terms are added in the router's order j = 0, 1, ..., k - 1 from 0, each
-// w * eo + acc one fused multiply-add (one rounding per term) in fp32 (the
-// reference sums the same terms in the same order in fp64, rounded once).
+// The terms are added in the router's order j = 0, 1, ..., k - 1 from 0 in fp32,
+// the product and the sum each rounded (`precise`: never contracted into an fma,
+// which llvmpipe does not fuse anyway), so every device computes the same bits
+// (the reference sums the same terms in the same order in fp64, rounded once).
 // One invocation per element, token t = workgroup y.
 #include "common.glsl"
 
@@ -26,7 +27,7 @@ void main() {
   precise float acc = 0.0;
   for (uint j = 0u; j < pc.k; ++j) {
     const uint s = t * pc.k + j;
-    acc = fma(uintBitsToFloat(route[pc.w_off + s]), eo[route[pc.pos_off + s] * pc.n + c], acc);
+    acc = acc + uintBitsToFloat(route[pc.w_off + s]) * eo[route[pc.pos_off + s] * pc.n + c];
   }
   o[t * pc.n + c] = acc;
 }

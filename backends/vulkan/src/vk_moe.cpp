@@ -9,8 +9,9 @@
 //       llama.cpp llm_graph_context::build_moe_ffn)
 //   o_j = Wdown_e_j (SiLU(Wgate_e_j h) * (Wup_e_j h))    the dense FFN's shaders on
 //       expert e_j's rows of the 3-D tensors (vk_weights.h: DeviceExperts)
-//   f = ((0 + w_0 o_0) + w_1 o_1) + ...                  moe_sum.comp: fp32 fma per term in
-//       the router's order (the reference: the same order in fp64, rounded once)
+//   f = ((0 + w_0 o_0) + w_1 o_1) + ...                  moe_sum.comp: fp32 in the router's
+//       order, each product and sum rounded (the reference: the same order in fp64,
+//       rounded once)
 // The router logits (rows x n_expert floats) come back to the host mid-pass: the
 // commands recorded so far are submitted (flush) and the pass continues in a new
 // command buffer. The rows' slots (row i's j-th choice) are grouped by expert in
