@@ -22,6 +22,7 @@
 // count or tile, docs/backends/vulkan.md#serving) and the routing and the weighted
 // sum are per row, so a row's result does not depend on the other rows of the pass
 // (batch invariance holds as for dense models).
+#include <algorithm>
 #include <bit>
 #include <span>
 #include <vector>
@@ -34,6 +35,26 @@ namespace touchstone::vk {
 namespace {
 
 uint32_t groups(uint32_t n) { return (n + kWorkgroup - 1) / kWorkgroup; }
+
+// The router under a mixture-of-experts fault (touchstone/model/faults.h), injected
+// as the reference does (reference_ffn.cpp, faulty_route): p = softmax of every
+// expert's logit, the top k of p (equal: lower index); moe_runner_up takes the
+// (k+1)-th in place of the k-th; the weights p_e / sum_S p when the family
+// renormalises, or p_e as the softmax gave them with moe_renorm_skipped.
+std::vector<ops::ExpertWeight> route_with_fault(std::span<const float> logits, int32_t k,
+                                                bool norm_topk, const Faults& f) {
+  const std::vector<double> p = ops::softmax(logits);
+  const int32_t ne = int32_t(logits.size());
+  std::vector<int32_t> top = ops::top_k_experts(p, std::min(k + 1, ne));
+  if (f.moe_runner_up && k < ne) top[size_t(k - 1)] = top[size_t(k)];
+  top.resize(size_t(k));
+  double sum = 0.0;
+  for (int32_t e : top) sum += p[size_t(e)];
+  const bool renormalise = norm_topk && !f.moe_renorm_skipped;
+  std::vector<ops::ExpertWeight> out;
+  for (int32_t e : top) out.push_back({e, renormalise ? p[size_t(e)] / sum : p[size_t(e)]});
+  return out;
+}
 
 }  // namespace
 
@@ -54,8 +75,10 @@ std::vector<uint32_t> Forward::route_rows(const Activations& a, uint32_t n) cons
   uint32_t* route = static_cast<uint32_t*>(a.route.mapped());
   std::vector<uint32_t> expert(size_t(n) * k), first(ne + 1, 0);
   for (size_t i = 0; i < n; ++i) {
-    const std::vector<ops::ExpertWeight> chosen = ops::route_softmax_top_k(
-        std::span<const float>(logits + i * ne, ne), int32_t(k), c.moe.norm_topk);
+    const std::span<const float> r(logits + i * ne, ne);
+    const std::vector<ops::ExpertWeight> chosen =
+        faults_.moe() ? route_with_fault(r, int32_t(k), c.moe.norm_topk, faults_)
+                      : ops::route_softmax_top_k(r, int32_t(k), c.moe.norm_topk);
     for (size_t j = 0; j < k; ++j) {
       expert[i * k + j] = uint32_t(chosen[j].expert);
       route[2 * S + i * k + j] = std::bit_cast<uint32_t>(static_cast<float>(chosen[j].weight));

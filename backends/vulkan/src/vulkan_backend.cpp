@@ -33,7 +33,8 @@ using touchstone::abi::StatusError;
 // it is implemented here, never silently ignored. Of the serving faults,
 // batch_token_count_split (a split-K set per call: a pipeline per batch size)
 // and batch_kv_leak (a second sequence's KV cache bound into attention) are
-// refused.
+// refused; so are the grammar faults (session_fault: no grammar enforced here).
+// The mixture-of-experts faults are no-ops on a dense model.
 bool implements_fault(const std::string& name) {
   static const char* const kImplemented[] = {"rope_base_off_1pct",
                                              "rope_layout",
@@ -59,7 +60,9 @@ bool implements_fault(const std::string& name) {
                                              "verify_row_shift",
                                              "fork_shared_kv",
                                              "batch_all_positions_shift",
-                                             "batch_page_boundary_leak"};
+                                             "batch_page_boundary_leak",
+                                             "moe_runner_up",
+                                             "moe_renorm_skipped"};
   for (const char* n : kImplemented)
     if (name == n) return true;
   return false;
@@ -197,7 +200,8 @@ struct Vulkan {
   }
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
-    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault);
+    // The mixture-of-experts routing faults are injected by the host router (vk_moe.cpp).
+    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault, false, true);
     if (!faults.name.empty() && !implements_fault(faults.name)) {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "vulkan does not implement fault '" + faults.name + "'");
