@@ -34,9 +34,9 @@ Buffer device_copy(Context& ctx, const void* data, size_t bytes, uint64_t& total
   return b;
 }
 
-// Rows [row0, row0 + n_rows) of a matrix (or expert) of tensor t as a device
-// matrix: in the tensor's own layout when the shaders read it (and the path keeps
-// blocks), else dequantized to fp32; in parts of at most maxStorageBufferRange bytes.
+// Rows [row0, row0 + n_rows) of tensor t as a device matrix: in the tensor's own
+// layout when the shaders read it (and the path keeps blocks), else dequantized to
+// fp32 (vk_weight_rows.h); in parts of at most maxStorageBufferRange bytes.
 DeviceMatrix rows_to_device(Context& ctx, const gguf::File& f, const gguf::TensorInfo& t,
                             size_t n_in, size_t row0, size_t n_rows, bool quantized,
                             uint64_t& total) {
