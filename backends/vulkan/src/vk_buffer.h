@@ -47,4 +47,18 @@ class Buffer {
   uint64_t serial_ = 0;
 };
 
+// What one binding of a dispatch sees: a whole buffer, or the byte range
+// [offset, offset + size) of one (an expert's matrix inside the slab that holds
+// its mixture-of-experts tensor, vk_weights.h). offset must be a multiple of the
+// device's minStorageBufferOffsetAlignment.
+struct BufferRange {
+  // The whole buffer (implicit: dispatches take {&a, &b} lists).
+  BufferRange(const Buffer* b) : buf(b) {}
+  BufferRange(const Buffer& b) : buf(&b) {}
+  BufferRange(const Buffer* b, VkDeviceSize off, VkDeviceSize n) : buf(b), offset(off), size(n) {}
+  const Buffer* buf = nullptr;
+  VkDeviceSize offset = 0;
+  VkDeviceSize size = VK_WHOLE_SIZE;
+};
+
 }  // namespace touchstone::vk

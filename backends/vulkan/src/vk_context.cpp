@@ -240,6 +240,7 @@ void Context::read_device() {
   info_.subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                            (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
   info_.max_storage_buffer_range = p2.properties.limits.maxStorageBufferRange;
+  info_.min_storage_buffer_offset_alignment = p2.properties.limits.minStorageBufferOffsetAlignment;
   info_.max_group_count_x = p2.properties.limits.maxComputeWorkGroupCount[0];
   const char* sg_env = std::getenv("TOUCHSTONE_VULKAN_SUBGROUP");
   use_subgroup_ = info_.subgroup_arithmetic && !(sg_env && std::strcmp(sg_env, "0") == 0);

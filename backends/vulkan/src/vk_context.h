@@ -37,6 +37,7 @@ struct DeviceInfo {
   bool int64 = false;                // shaderInt64 (enabled when present)
   uint32_t subgroup_size = 0;
   uint64_t max_storage_buffer_range = 0;
+  uint64_t min_storage_buffer_offset_alignment = 256;  // of a binding's byte offset
   uint32_t max_group_count_x = 0;
 };
 

@@ -62,8 +62,16 @@ Activations::Activations(Context& ctx, const ModelConfig& c, uint32_t n_rows,
   k = Buffer(ctx, f32(T * kv_dim), K::Device);
   v = Buffer(ctx, f32(T * kv_dim), K::Device);
   att = Buffer(ctx, f32(T * q_dim), K::Device);
-  gate = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
-  up = Buffer(ctx, f32(T * size_t(c.n_ff)), K::Device);
+  const size_t k_used = c.is_moe() ? size_t(c.moe.n_expert_used) : 0, S = T * k_used;  // slots
+  const size_t n_ff = std::max(size_t(c.n_ff), k_used * size_t(c.moe.n_ff_exp));       // per row
+  gate = Buffer(ctx, f32(T * n_ff), K::Device);
+  up = Buffer(ctx, f32(T * n_ff), K::Device);
+  if (S > 0) {
+    moe_x = Buffer(ctx, f32(S * d), K::Device);
+    moe_out = Buffer(ctx, f32(S * d), K::Device);
+    router = Buffer(ctx, f32(T * size_t(c.moe.n_expert)), K::Host);
+    route = Buffer(ctx, 3 * S * sizeof(uint32_t), K::Host);
+  }
   blk = Buffer(ctx, f32(T * d), K::Device);
   scores = Buffer(ctx, f32(T * size_t(c.n_head) * score_stride), K::Device);
   tokens = Buffer(ctx, T * sizeof(int32_t), K::Host);
@@ -243,11 +251,13 @@ void Forward::run_pass(const int32_t* tokens, const Pass& p) {
   // Block outputs of a skipped layer (last_layer_skipped fault) stay zero.
   for (const Segment& s : p.segs)
     if (s.tap) std::memset(s.f->taps_buf_.mapped(), 0, s.f->taps_buf_.size());
-  ctx_.run([&](VkCommandBuffer cb) {
-    if (prof_) prof_->begin(cb);
-    Recorder r(cb, p.sets, prof_.get());
-    record(r, p);
-  });
+  // Not ctx_.run: a mixture-of-experts layer submits mid-pass (flush) and the
+  // recorder continues in a new command buffer.
+  const VkCommandBuffer cb = ctx_.begin();
+  if (prof_) prof_->begin(cb);
+  Recorder r(cb, p.sets, prof_.get());
+  record(r, p);
+  ctx_.submit_and_wait(r.handle());
   if (prof_) prof_->collect();
   for (const Segment& s : p.segs) {
     Forward& f = *s.f;

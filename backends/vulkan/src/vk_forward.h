@@ -34,6 +34,13 @@ struct Activations {
   uint32_t rows = 0, score_stride = 0;
   Buffer x, xn, q, k, v, att, gate, up, blk, scores;  // device
   Buffer tokens, logits;                              // host-visible
+  // Mixture-of-experts models only (vk_moe.cpp), S = rows * n_expert_used slots:
+  // moe_x the grouped input rows and moe_out the expert outputs ([S][n_embd],
+  // device; gate and up then hold [S][n_ff_exp]); router the router logits
+  // ([rows][n_expert], host-visible); route (host-visible, uint32) the token of
+  // each grouped row [0, S), the grouped row of each slot [S, 2 S) and each slot's
+  // weight as fp32 bits [2 S, 3 S).
+  Buffer moe_x, moe_out, router, route;
 };
 
 // The shared buffers of batched passes over one model and weight path
@@ -160,6 +167,19 @@ class Forward {
   // l swapped for its page_from's (restore: swapped back after the attention).
   void record_page_leak(Recorder& r, const Pass& p, size_t l, bool restore) const;
   void record_ffn(Recorder& r, const Pass& p, size_t l);
+  // Layer l's mixture of experts on the normed rows in xn, output into blk
+  // (vk_moe.cpp): the router logits come back to the host (flush) and are routed
+  // there (route_rows), then the selected experts' FFNs and their weighted sum.
+  void record_moe(Recorder& r, const Pass& p, size_t l);
+  // The pass's n rows routed from a.router into a.route (ops::route_softmax_top_k);
+  // returns, per expert e, its grouped rows [first[e], first[e + 1]).
+  std::vector<uint32_t> route_rows(const Activations& a, uint32_t n) const;
+  // Submits what r recorded and waits for it; r continues in a new command buffer.
+  void flush(Recorder& r);
+  // x += post_norm(blk) (post_norm: an empty Buffer for none), the block output
+  // tapped as record_block_out does.
+  void record_residual_add(Recorder& r, const Pass& p, const Buffer& post_norm, size_t l,
+                           uint32_t point);
   // x += post_norm(W in) (post_norm: an empty Buffer for none); with p.tap, each
   // tapping segment's last row of the block output goes to tap point `point` of layer l.
   void record_block_out(Recorder& r, const Pass& p, const DeviceMatrix& W, const Buffer& in,

@@ -5,7 +5,9 @@
 //     RoPE (interleaved or NeoX, first n_rot dims, this layer's table) + KV store ->
 //     attention (GQA, this layer's sliding window, attn_scale) -> Wo
 //     (-> post-attention RMSNorm) -> x +=;
-//     RMSNorm -> gate/up -> SwiGLU or GeGLU -> down (-> post-FFN RMSNorm) -> x +=
+//     RMSNorm -> gate/up -> SwiGLU or GeGLU -> down (-> post-FFN RMSNorm) -> x +=,
+//     or a mixture of experts (vk_moe.cpp: router, the selected experts' gated
+//     FFNs, their weighted sum) -> x +=
 //   final RMSNorm -> LM head (-> soft-capping) (-> argmax).
 // Everything but RoPE + KV store and attention runs over all rows of the pass
 // at once; those two run per segment (sequence) against its own KV cache,
@@ -16,23 +18,12 @@
 #include <cmath>
 
 #include "vk_forward.h"
+#include "vk_matmul.h"
 
 namespace touchstone::vk {
 namespace {
 
 uint32_t groups(uint32_t n) { return (n + kWorkgroup - 1) / kWorkgroup; }
-
-// Y (+)= W X over W's parts: part rows [row0, row0 + n_rows) write Y's columns
-// from row0 (p.n_out: ignored, each part's rows).
-void matmul(Recorder& r, const Kernels& k, const DeviceMatrix& W, const Buffer& x, const Buffer& y,
-            MatmulPush p) {
-  const uint32_t y_off = p.y_off;
-  for (const MatrixPart& part : W.parts) {
-    p.n_out = part.n_rows;
-    p.y_off = y_off + part.row0;
-    record_matmul(r, k, W.type, part.buf, x, y, p);
-  }
-}
 
 }  // namespace
 
@@ -54,16 +45,23 @@ void Forward::record_block_out(Recorder& r, const Pass& p, const DeviceMatrix& W
   const ModelConfig& c = w_.config;
   const uint32_t d = uint32_t(c.n_embd), n_in = W.n_in, n = p.n;
   Activations& a = p.act;
-  const bool norm = post_norm.size() != 0;
-  if (!norm && !p.tap) {  // straight into the residual stream
-    matmul(r, k_, W, in, a.x, MatmulPush{n_in, d, n, 0, n_in, 0, d, 1});
+  if (post_norm.size() == 0 && !p.tap) {  // straight into the residual stream
+    record_matmul(r, k_, W, in, a.x, MatmulPush{n_in, d, n, 0, n_in, 0, d, 1});
     r.barrier();
     return;
   }
   // Kept apart, then added: the same fp32 sum x + (W in) as the accumulate above.
-  matmul(r, k_, W, in, a.blk, MatmulPush{n_in, d, n, 0, n_in, 0, d, 0});
+  record_matmul(r, k_, W, in, a.blk, MatmulPush{n_in, d, n, 0, n_in, 0, d, 0});
   r.barrier();
-  if (norm) {
+  record_residual_add(r, p, post_norm, l, point);
+}
+
+void Forward::record_residual_add(Recorder& r, const Pass& p, const Buffer& post_norm, size_t l,
+                                  uint32_t point) {
+  const ModelConfig& c = w_.config;
+  const uint32_t d = uint32_t(c.n_embd), n = p.n;
+  Activations& a = p.act;
+  if (post_norm.size() != 0) {
     const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);
     r.dispatch(k_.rms_norm(), {&a.blk, &post_norm, &a.blk}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
     r.barrier();
@@ -83,9 +81,9 @@ void Forward::record_attention(Recorder& r, const Pass& p, size_t l) {
   const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);  // rms_eps_10x fault
   r.dispatch(k_.rms_norm(), {&a.x, &L.attn_norm, &a.xn}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
   r.barrier();
-  matmul(r, k_, L.wq, a.xn, a.q, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
-  matmul(r, k_, L.wk, a.xn, a.k, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
-  matmul(r, k_, L.wv, a.xn, a.v, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+  record_matmul(r, k_, L.wq, a.xn, a.q, MatmulPush{d, q_dim, n, 0, d, 0, q_dim, 0});
+  record_matmul(r, k_, L.wk, a.xn, a.k, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
+  record_matmul(r, k_, L.wv, a.xn, a.v, MatmulPush{d, kv_dim, n, 0, d, 0, kv_dim, 0});
   r.barrier();
   if (c.qkv_bias) {
     r.dispatch(k_.bias_add(), {&a.q, &L.bq}, BiasAddPush{q_dim, n}, groups(q_dim * n));
@@ -144,8 +142,14 @@ void Forward::record_ffn(Recorder& r, const Pass& p, size_t l) {
   const float eps = float(c.rms_norm_eps * faults_.rms_eps_scale);
   r.dispatch(k_.rms_norm(), {&a.x, &L.ffn_norm, &a.xn}, RmsNormPush{d, n, 0, d, 0, d, eps}, n);
   r.barrier();
-  matmul(r, k_, L.gate, a.xn, a.gate, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-  matmul(r, k_, L.up, a.xn, a.up, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  if (c.is_moe()) {
+    record_moe(r, p, l);  // the block output into blk
+    record_residual_add(r, p, L.post_ffn_norm, l, TS_TAP_FFN_OUT);
+    if (p.tap) record_taps(r, p, a.x, l, TS_TAP_RESIDUAL);
+    return;
+  }
+  record_matmul(r, k_, L.gate, a.xn, a.gate, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  record_matmul(r, k_, L.up, a.xn, a.up, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
   r.barrier();
   const uint32_t gelu = c.ffn_activation == FfnActivation::GeluTanh ? 1u : 0u;
   r.dispatch(k_.glu(), {&a.gate, &a.up}, GluPush{n * n_ff, gelu}, groups(n * n_ff));
@@ -169,7 +173,7 @@ void Forward::record_logits(Recorder& r, const Pass& p) {
   }
   r.barrier();
   const DeviceMatrix& head = w_.lm_head();
-  matmul(r, k_, head, a.xn, a.logits, MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
+  record_matmul(r, k_, head, a.xn, a.logits, MatmulPush{d, vocab, rows, 0, d, 0, vocab, 0});
   if (c.final_logit_softcap != 0.0) {
     r.barrier();
     r.dispatch(k_.softcap(), {&a.logits}, SoftcapPush{vocab, 0, float(c.final_logit_softcap)},

@@ -81,6 +81,8 @@ Kernels::Kernels(Context& ctx, const ShaderFaults& faults) : ctx_(ctx), faults_(
   add("add", 2, sizeof(AddPush));
   add("softcap", 1, sizeof(SoftcapPush));
   add("copy", 2, sizeof(CopyPush));
+  add("moe_gather", 3, sizeof(MoeGatherPush));
+  add("moe_sum", 3, sizeof(MoeSumPush));
   ctx.check_validation();
 }
 
@@ -175,14 +177,18 @@ DescriptorCache::~DescriptorCache() {
   for (VkDescriptorPool p : pools_) vkDestroyDescriptorPool(ctx_.device(), p, nullptr);
 }
 
-VkDescriptorSet DescriptorCache::get(const Kernel& k, const std::vector<const Buffer*>& buffers) {
+VkDescriptorSet DescriptorCache::get(const Kernel& k, const std::vector<BufferRange>& buffers) {
   if (buffers.size() != k.n_bindings) {
     throw StatusError(TS_ERR_INTERNAL, k.name + ": " + std::to_string(buffers.size()) +
                                            " buffers for " + std::to_string(k.n_bindings) +
                                            " bindings");
   }
   std::vector<uint64_t> ids;
-  for (const Buffer* b : buffers) ids.push_back(b->serial());
+  for (const BufferRange& b : buffers) {
+    ids.push_back(b.buf->serial());
+    ids.push_back(b.offset);
+    ids.push_back(b.size);
+  }
   auto key = std::make_pair(&k, ids);
   if (auto it = sets_.find(key); it != sets_.end()) return it->second;
 
@@ -209,7 +215,7 @@ VkDescriptorSet DescriptorCache::get(const Kernel& k, const std::vector<const Bu
   std::vector<VkDescriptorBufferInfo> infos(buffers.size());
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
   for (size_t i = 0; i < buffers.size(); ++i) {
-    infos[i] = VkDescriptorBufferInfo{buffers[i]->handle(), 0, VK_WHOLE_SIZE};
+    infos[i] = VkDescriptorBufferInfo{buffers[i].buf->handle(), buffers[i].offset, buffers[i].size};
     writes[i] = vk_struct<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
     writes[i].dstSet = set;
     writes[i].dstBinding = uint32_t(i);
@@ -222,7 +228,7 @@ VkDescriptorSet DescriptorCache::get(const Kernel& k, const std::vector<const Bu
   return set;
 }
 
-void Recorder::dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers,
+void Recorder::dispatch_raw(const Kernel& k, const std::vector<BufferRange>& buffers,
                             const void* push, size_t push_size, uint32_t gx, uint32_t gy,
                             uint32_t gz) {
   if (push_size != k.push_size)
@@ -252,7 +258,7 @@ void Recorder::host_barrier() {
                        &mb, 0, nullptr, 0, nullptr);
 }
 
-void record_matmul(Recorder& r, const Kernels& k, TensorType wtype, const Buffer& w,
+void record_matmul(Recorder& r, const Kernels& k, TensorType wtype, const BufferRange& w,
                    const Buffer& x, const Buffer& y, const MatmulPush& p) {
   // matmul_rows.comp reads X as vec4 in blocks of 32 elements; other shapes use matmul.comp.
   const bool rows =
@@ -262,7 +268,7 @@ void record_matmul(Recorder& r, const Kernels& k, TensorType wtype, const Buffer
   const uint32_t gx = groups < kMatmulRowsPerX ? groups : kMatmulRowsPerX;
   const uint32_t gz = (groups + kMatmulRowsPerX - 1) / kMatmulRowsPerX;
   const uint32_t gy = (p.n_tok + kMatmulTile - 1) / kMatmulTile;
-  r.dispatch(k.matmul(wtype, p.n_tok, rows), {&w, &x, &y}, p, gx, gy, gz);
+  r.dispatch(k.matmul(wtype, p.n_tok, rows), {w, &x, &y}, p, gx, gy, gz);
 }
 
 }  // namespace touchstone::vk

@@ -74,6 +74,8 @@ class Kernels {
   const Kernel& add() const { return get("add", false); }
   const Kernel& softcap() const { return get("softcap", false); }
   const Kernel& copy() const { return get("copy", false); }
+  const Kernel& moe_gather() const { return get("moe_gather", false); }
+  const Kernel& moe_sum() const { return get("moe_sum", false); }
   Context& context() const { return ctx_; }
   // matmul strategy: matmul_rows.comp (CPU devices) instead of one workgroup per row.
   bool matmul_row_per_invocation() const { return rows_; }
@@ -94,14 +96,14 @@ class DescriptorCache {
   ~DescriptorCache();
   DescriptorCache(const DescriptorCache&) = delete;
   DescriptorCache& operator=(const DescriptorCache&) = delete;
-  VkDescriptorSet get(const Kernel& k, const std::vector<const Buffer*>& buffers);
+  VkDescriptorSet get(const Kernel& k, const std::vector<BufferRange>& buffers);
 
  private:
   Context& ctx_;
   std::vector<VkDescriptorPool> pools_;
   uint32_t left_in_pool_ = 0;
   std::map<std::pair<const Kernel*, std::vector<uint64_t>>, VkDescriptorSet>
-      sets_;  // by Buffer::serial()
+      sets_;  // by (Buffer::serial(), offset, size) of each binding
 };
 
 // Records dispatches into one command buffer.
@@ -111,7 +113,7 @@ class Recorder {
   Recorder(VkCommandBuffer cb, DescriptorCache& sets, Profiler* prof = nullptr)
       : cb_(cb), sets_(sets), prof_(prof) {}
   template <typename Push>
-  void dispatch(const Kernel& k, const std::vector<const Buffer*>& buffers, const Push& push,
+  void dispatch(const Kernel& k, const std::vector<BufferRange>& buffers, const Push& push,
                 uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
     dispatch_raw(k, buffers, &push, sizeof(Push), gx, gy, gz);
   }
@@ -120,12 +122,15 @@ class Recorder {
   // Shader writes before -> host reads after the fence.
   void host_barrier();
   VkCommandBuffer handle() const { return cb_; }
+  // Records into cb from now on (the commands so far were submitted: a
+  // mixture-of-experts layer reads its router logits on the host mid-pass).
+  void restart(VkCommandBuffer cb) { cb_ = cb; }
   // A recorder into the same command buffer whose descriptor sets come from
   // `sets` (a batched pass binds each sequence's KV cache through its own cache).
   Recorder with(DescriptorCache& sets) const { return Recorder(cb_, sets, prof_); }
 
  private:
-  void dispatch_raw(const Kernel& k, const std::vector<const Buffer*>& buffers, const void* push,
+  void dispatch_raw(const Kernel& k, const std::vector<BufferRange>& buffers, const void* push,
                     size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
   VkCommandBuffer cb_;
   DescriptorCache& sets_;
@@ -176,6 +181,13 @@ struct SoftcapPush {
 struct CopyPush {
   uint32_t n, src_off, dst_off;  // floats
 };
+struct MoeGatherPush {
+  uint32_t n, n_rows, row_off;  // row length, grouped rows, their tokens' offset in route
+};
+struct MoeSumPush {
+  uint32_t n, n_tok, k;     // row length, rows, experts per token
+  uint32_t pos_off, w_off;  // offsets in route of the slots' grouped rows and weights
+};
 struct ArgmaxPush {
   uint32_t n, off;  // argmax of x[off .. off + n); one workgroup
 };
@@ -191,7 +203,7 @@ inline constexpr uint32_t kMatmulRowsPerX = 32768;  // matmul.comp: o = group.x 
 // Records Y (+)= W X with the right kernel and grid: matmul_rows.comp when the
 // context uses that strategy and n_in % 32 == 0, x_off % 4 == 0, x_stride % 4
 // == 0; otherwise matmul.comp.
-void record_matmul(Recorder& r, const Kernels& k, gguf::TensorType wtype, const Buffer& w,
+void record_matmul(Recorder& r, const Kernels& k, gguf::TensorType wtype, const BufferRange& w,
                    const Buffer& x, const Buffer& y, const MatmulPush& p);
 
 }  // namespace touchstone::vk

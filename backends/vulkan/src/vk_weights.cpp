@@ -5,8 +5,8 @@
 #include <string>
 
 #include "touchstone/model/quant.h"
-#include "vk_blocks.h"
 #include "vk_kernels.h"
+#include "vk_weight_rows.h"
 
 namespace touchstone::vk {
 namespace {
@@ -34,47 +34,19 @@ Buffer device_copy(Context& ctx, const void* data, size_t bytes, uint64_t& total
   return b;
 }
 
-// Rows [row0, row0 + n_rows) of tensor t (n_in elements per row, row_bytes
-// bytes in the file) in the device format of `type`: its own layout (vk_blocks.h)
-// or, for F32 targets of another type, dequantized.
-std::vector<uint8_t> device_rows(const gguf::TensorInfo& t, TensorType type, const uint8_t* first,
-                                 size_t row_bytes, size_t n_in, size_t n_rows) {
-  if (type == t.type && type == TensorType::F32)
-    return std::vector<uint8_t>(first, first + n_rows * row_bytes);
-  if (type == t.type) return to_device_blocks(type, first, n_in, n_rows);
-  std::vector<uint8_t> out(n_rows * n_in * sizeof(float));
-  float* v = reinterpret_cast<float*>(out.data());
-  for (size_t r = 0; r < n_rows; ++r)
-    gguf::dequantize_row(t.type, first + r * row_bytes, v + r * n_in, int64_t(n_in));
-  return out;
-}
-
-// Rows [row0, row0 + n_rows) of tensor t as a device matrix: in the tensor's
-// own layout when the shaders read it (and the path keeps blocks), else
-// dequantized to fp32; in parts of at most maxStorageBufferRange bytes.
+// Rows [row0, row0 + n_rows) of tensor t as a device matrix: in the tensor's own
+// layout when the shaders read it (and the path keeps blocks), else dequantized to
+// fp32 (vk_weight_rows.h); in parts of at most maxStorageBufferRange bytes.
 DeviceMatrix rows_to_device(Context& ctx, const gguf::File& f, const gguf::TensorInfo& t,
                             size_t n_in, size_t row0, size_t n_rows, bool quantized,
                             uint64_t& total) {
   DeviceMatrix m;
   m.n_in = uint32_t(n_in);
   m.n_out = uint32_t(n_rows);
-  const gguf::TypeTraits& tt = gguf::type_traits(t.type);
-  const size_t row_bytes = n_in / tt.block_size * tt.type_size;
+  m.type = device_type(t, n_in, quantized);
+  const size_t row_bytes = file_row_bytes(t, n_in);
   const uint8_t* first = f.tensor_data(t).data() + row0 * row_bytes;
-  const bool aligned = n_in % (t.type == TensorType::F32 ? 4 : size_t(tt.block_size)) == 0;
-  m.type = (quantized || t.type == TensorType::F32) && shader_reads(t.type) && aligned
-               ? t.type
-               : TensorType::F32;
-  if (m.type == TensorType::F32 && n_in % 4 != 0)  // the shaders read fp32 rows as quads
-    throw StatusError(TS_ERR_UNSUPPORTED, t.name + ": row length not a multiple of 4");
-  if (m.type != t.type && !gguf::can_dequantize(t.type)) {
-    throw StatusError(
-        TS_ERR_UNSUPPORTED,
-        t.name + ": type " + std::string(gguf::type_name(t.type)) + " cannot be dequantized");
-  }
-  // Device bytes per row (every layout is linear in rows), hence rows per part.
-  const size_t dev_row = device_rows(t, m.type, first, row_bytes, n_in, 1).size();
-  const size_t per_part = std::max<size_t>(1, ctx.info().max_storage_buffer_range / dev_row);
+  const size_t per_part = rows_per_part(ctx, device_row_bytes(t, m.type, first, n_in));
   for (size_t r = 0; r < n_rows; r += per_part) {
     const size_t n = std::min(per_part, n_rows - r);
     const std::vector<uint8_t> dev =
@@ -151,7 +123,13 @@ void upload_ffn(Context& ctx, const gguf::File& f, const ModelConfig& c, const s
                 bool quantized, DeviceLayer& L, uint64_t& total) {
   const int64_t d = c.n_embd, ff = c.n_ff;
   L.ffn_norm = upload_vector(ctx, f, p + "ffn_norm.weight", d, total);
-  if (c.fused_gate_up) {
+  if (c.is_moe()) {  // router and experts (llama.cpp LLM_TENSOR_FFN_GATE_INP, FFN_*_EXPS)
+    const int64_t ne = c.moe.n_expert, fe = c.moe.n_ff_exp;
+    L.router = upload_matrix(ctx, f, p + "ffn_gate_inp.weight", d, ne, quantized, total);
+    L.gate_exps = upload_experts(ctx, f, p + "ffn_gate_exps.weight", d, fe, ne, quantized, total);
+    L.up_exps = upload_experts(ctx, f, p + "ffn_up_exps.weight", d, fe, ne, quantized, total);
+    L.down_exps = upload_experts(ctx, f, p + "ffn_down_exps.weight", fe, d, ne, quantized, total);
+  } else if (c.fused_gate_up) {
     auto gu = upload_split(ctx, f, p + "ffn_up.weight", d, {ff, ff}, quantized, total);
     L.gate = std::move(gu[0]);
     L.up = std::move(gu[1]);
@@ -159,7 +137,7 @@ void upload_ffn(Context& ctx, const gguf::File& f, const ModelConfig& c, const s
     L.gate = upload_matrix(ctx, f, p + "ffn_gate.weight", d, ff, quantized, total);
     L.up = upload_matrix(ctx, f, p + "ffn_up.weight", d, ff, quantized, total);
   }
-  L.down = upload_matrix(ctx, f, p + "ffn_down.weight", ff, d, quantized, total);
+  if (!c.is_moe()) L.down = upload_matrix(ctx, f, p + "ffn_down.weight", ff, d, quantized, total);
   if (c.post_norms) L.post_ffn_norm = upload_vector(ctx, f, p + "post_ffw_norm.weight", d, total);
 }
 

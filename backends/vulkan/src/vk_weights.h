@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "touchstone/model/gguf.h"
@@ -36,14 +37,38 @@ struct DeviceMatrix {
   std::vector<MatrixPart> parts;
 };
 
+// Rows [row0, row0 + n_rows) of one expert, in the byte range [offset, offset +
+// bytes) of slab `slab`, laid out as a DeviceMatrix part of n_rows rows.
+struct ExpertPart {
+  uint32_t slab = 0, row0 = 0, n_rows = 0;
+  uint64_t offset = 0, bytes = 0;
+};
+
+// The experts of one mixture-of-experts tensor, GGUF 3-D {n_in, n_out, n_expert}:
+// expert e is rows [e n_out, (e + 1) n_out) of an n_expert n_out-row matrix. Each
+// expert's rows are in the layout a DeviceMatrix of n_out rows has (fp32, split or
+// padded blocks, vk_blocks.h), in parts of at most maxStorageBufferRange bytes,
+// packed in expert order into slabs of at most that size, each part's start
+// aligned to minStorageBufferOffsetAlignment. A matmul of expert e binds its
+// parts' ranges of the slabs (range()): the experts are not copied per call.
+struct DeviceExperts {
+  gguf::TensorType type = gguf::TensorType::F32;  // layout of every part
+  uint32_t n_in = 0, n_out = 0;                   // row length, rows per expert
+  std::vector<Buffer> slabs;
+  std::vector<std::vector<ExpertPart>> experts;  // [n_expert][row parts]
+  BufferRange range(const ExpertPart& p) const { return {&slabs[p.slab], p.offset, p.bytes}; }
+};
+
 // One layer. The optional vectors (fp32) are empty Buffers (size() == 0) when
 // the config does not use them.
 struct DeviceLayer {
-  Buffer attn_norm, ffn_norm;            // [n_embd]
-  Buffer bq, bk, bv;                     // [q_dim], [kv_dim], [kv_dim]   (qkv_bias)
-  Buffer q_norm, k_norm;                 // [head_dim]                    (qk_norm)
-  Buffer post_attn_norm, post_ffn_norm;  // [n_embd]                      (post_norms)
-  DeviceMatrix wq, wk, wv, wo, gate, up, down;
+  Buffer attn_norm, ffn_norm;                   // [n_embd]
+  Buffer bq, bk, bv;                            // [q_dim], [kv_dim], [kv_dim]   (qkv_bias)
+  Buffer q_norm, k_norm;                        // [head_dim]                    (qk_norm)
+  Buffer post_attn_norm, post_ffn_norm;         // [n_embd]                      (post_norms)
+  DeviceMatrix wq, wk, wv, wo, gate, up, down;  // gate, up, down: dense FFN only
+  DeviceMatrix router;                          // [n_expert][n_embd]            (moe)
+  DeviceExperts gate_exps, up_exps, down_exps;  // [n_ff_exp][n_embd], [n_embd][n_ff_exp]
 };
 
 struct DeviceWeights {
@@ -57,6 +82,19 @@ struct DeviceWeights {
   uint64_t device_bytes = 0;
   const DeviceMatrix& lm_head() const { return output.n_out ? output : token_embd; }
 };
+
+// Places n_expert experts of m.n_out rows (dev_row device bytes each) into
+// m.experts: parts of at most per_part rows, packed in expert order into slabs of
+// at most `cap` bytes (a part larger than cap gets a slab of its own), each part's
+// offset a multiple of `align`. Returns the slabs' sizes in bytes.
+std::vector<uint64_t> plan_expert_slabs(DeviceExperts& m, size_t n_expert, size_t per_part,
+                                        uint64_t dev_row, uint64_t cap, uint64_t align);
+
+// The 3-D expert tensor `name`, ggml shape {n_in, n_out, n_expert}, in slabs
+// (vk_experts.cpp). Throws as upload_weights.
+DeviceExperts upload_experts(Context& ctx, const gguf::File& file, const std::string& name,
+                             int64_t n_in, int64_t n_out, int64_t n_expert, bool quantized,
+                             uint64_t& total);
 
 // Throws StatusError (TS_ERR_IO: a tensor missing or of the wrong shape;
 // TS_ERR_UNSUPPORTED: a type that cannot be dequantized).

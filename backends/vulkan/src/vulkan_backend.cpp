@@ -33,7 +33,8 @@ using touchstone::abi::StatusError;
 // it is implemented here, never silently ignored. Of the serving faults,
 // batch_token_count_split (a split-K set per call: a pipeline per batch size)
 // and batch_kv_leak (a second sequence's KV cache bound into attention) are
-// refused.
+// refused; so are the grammar faults (session_fault: no grammar enforced here).
+// The mixture-of-experts faults are no-ops on a dense model.
 bool implements_fault(const std::string& name) {
   static const char* const kImplemented[] = {"rope_base_off_1pct",
                                              "rope_layout",
@@ -59,7 +60,9 @@ bool implements_fault(const std::string& name) {
                                              "verify_row_shift",
                                              "fork_shared_kv",
                                              "batch_all_positions_shift",
-                                             "batch_page_boundary_leak"};
+                                             "batch_page_boundary_leak",
+                                             "moe_runner_up",
+                                             "moe_renorm_skipped"};
   for (const char* n : kImplemented)
     if (name == n) return true;
   return false;
@@ -71,24 +74,29 @@ bool implements_fault(const std::string& name) {
 // refuses them (the other block types' dequantization carries no fault).
 bool quant_fault_applies(const touchstone::vk::DeviceWeights& w, const touchstone::Faults& f) {
   using touchstone::gguf::TensorType;
-  auto hit = [&](const touchstone::vk::DeviceMatrix& m) {
-    return m.type == TensorType::Q4_1 || (f.nibble_order && m.type == TensorType::Q4_0);
+  auto hit = [&](TensorType t) {
+    return t == TensorType::Q4_1 || (f.nibble_order && t == TensorType::Q4_0);
   };
-  if (hit(w.token_embd) || (w.output.n_out && hit(w.output))) return true;
+  auto hit_matrix = [&](const touchstone::vk::DeviceMatrix& m) { return m.n_out && hit(m.type); };
+  if (hit_matrix(w.token_embd) || hit_matrix(w.output)) return true;
   for (const touchstone::vk::DeviceLayer& L : w.layers) {
-    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
-      if (hit(*m)) return true;
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down, &L.router})
+      if (hit_matrix(*m)) return true;
+    for (const auto* e : {&L.gate_exps, &L.up_exps, &L.down_exps})  // mixture of experts
+      if (!e->experts.empty() && hit(e->type)) return true;
   }
   return false;
 }
 
-// ABI v3: the families and features the graph computes (vk_graph.cpp;
-// docs/model-families.md has the canonical names).
-constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3";
+// ABI v3: the families and features the graph computes (vk_graph.cpp; the
+// mixture of experts `moe`, Mixtral-style and Qwen3-MoE: vk_moe.cpp;
+// docs/model-families.md has the canonical names). gpt-oss (its architecture and
+// its router, bias, sink and YaRN features) is not computed, so refused by name.
+constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe";
 constexpr const char* kModelFeatures =
     "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
-    "geglu,embedding_scale,attention_scale,final_logit_softcap";
+    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe";
 
 // Refuses (UnsupportedModel, naming them) an architecture or features not in
 // the lists above; read_model_config has already refused what no backend of
@@ -192,7 +200,8 @@ struct Vulkan {
   }
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
-    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault);
+    // The mixture-of-experts routing faults are injected by the host router (vk_moe.cpp).
+    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault, false, true);
     if (!faults.name.empty() && !implements_fault(faults.name)) {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "vulkan does not implement fault '" + faults.name + "'");

@@ -4,6 +4,7 @@
 // (fp32 accumulation on the device vs fp64 on the CPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -429,6 +430,71 @@ TEST_P(KernelTest, ElementwiseKernelsMatchCpu) {
   expect_close(read(X), wx, "add");
   expect_close(read(L), wl, "softcap");
   expect_close(read(D), wd, "copy");
+}
+
+// A mixture-of-experts expert: a matmul bound to a byte range of a slab holding
+// two matrices (the second at an aligned offset, as src/vk_experts.cpp packs them)
+// gives the bits of the same matrix in a buffer of its own, for every type.
+TEST_P(KernelTest, MatmulOnASlabRangeEqualsItsOwnBuffer) {
+  const uint32_t n_in = 256, n_out = 40, n_tok = 3;
+  const uint64_t align = std::max<uint64_t>(4, ctx_->info().min_storage_buffer_offset_alignment);
+  for (TensorType type : kShaderTypes) {
+    const auto w0 = random_weights(type, n_in, n_out), w1 = random_weights(type, n_in, n_out);
+    auto dev = [&](const std::vector<uint8_t>& w) {
+      return type == TensorType::F32 ? w : to_device_blocks(type, w.data(), n_in, n_out);
+    };
+    const std::vector<uint8_t> d0 = dev(w0), d1 = dev(w1);
+    const uint64_t off = (d0.size() + align - 1) / align * align;
+    std::vector<uint8_t> slab(off + d1.size(), 0);
+    std::memcpy(slab.data(), d0.data(), d0.size());
+    std::memcpy(slab.data() + off, d1.data(), d1.size());
+    const auto x = randn(n_tok * n_in);
+    Buffer S = host(slab), Own = host(d1), X = host(x);
+    Buffer Y0 = host(nullptr, n_tok * n_out * 4), Y1 = host(nullptr, n_tok * n_out * 4);
+    const MatmulPush p{n_in, n_out, n_tok, 0, n_in, 0, n_out, 0};
+    run([&](Recorder& r) {
+      record_matmul(r, *kernels_, type, BufferRange(&S, off, d1.size()), X, Y0, p);
+      record_matmul(r, *kernels_, type, Own, X, Y1, p);
+    });
+    EXPECT_EQ(read(Y0), read(Y1)) << shader_type_suffix(type);
+  }
+}
+
+// moe_gather.comp copies rows into the grouped order; moe_sum.comp sums each
+// token's k expert rows times their weights in slot order, in fp32, every product
+// and sum rounded (no contraction).
+TEST_P(KernelTest, MoeGatherAndSumMatchCpu) {
+  const uint32_t n = 64, n_tok = 5, k = 3, S = 8 * k;  // route sections of S (8 rows)
+  const auto src = randn(n_tok * n), eo = randn(n_tok * k * n), w = randn(n_tok * k, 0.3f);
+  std::vector<uint32_t> route(3 * S, 0);
+  for (uint32_t g = 0; g < n_tok * k; ++g) route[g] = (g * 7 + 3) % n_tok;  // token of row g
+  for (uint32_t s = 0; s < n_tok * k; ++s) {
+    route[S + s] = (s * 5 + 1) % (n_tok * k);  // a permutation: the slot's grouped row
+    std::memcpy(&route[2 * S + s], &w[s], 4);
+  }
+  Buffer Src = host(src), E = host(eo), R = host(route);
+  Buffer G = host(nullptr, n_tok * k * n * 4), O = host(nullptr, n_tok * n * 4);
+  run([&](Recorder& r) {
+    r.dispatch(kernels_->moe_gather(), {&Src, &R, &G}, MoeGatherPush{n, n_tok * k, 0},
+               (n + kWorkgroup - 1) / kWorkgroup, n_tok * k);
+    r.dispatch(kernels_->moe_sum(), {&E, &R, &O}, MoeSumPush{n, n_tok, k, S, 2 * S},
+               (n + kWorkgroup - 1) / kWorkgroup, n_tok);
+  });
+  const std::vector<float> g = read(G), o = read(O);
+  for (uint32_t row = 0; row < n_tok * k; ++row) {
+    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(g[row * n + i], src[route[row] * n + i]) << row;
+  }
+  for (uint32_t t = 0; t < n_tok; ++t) {
+    for (uint32_t c = 0; c < n; ++c) {
+      float acc = 0.0f;
+      for (uint32_t j = 0; j < k; ++j) {
+        // volatile: the product rounded on its own, as the shader's precise one
+        const volatile float prod = w[t * k + j] * eo[route[S + t * k + j] * n + c];
+        acc = acc + prod;
+      }
+      ASSERT_EQ(o[t * n + c], acc) << "token " << t << ", element " << c;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, KernelTest, ::testing::Values(0, 1, 2),
