@@ -195,7 +195,7 @@ std::vector<Linear*> LayerView::matrices() {
   return v;
 }
 
-SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
+SimdModel::SimdModel(const std::string& path) : path_(path), file_(gg::File::open(path)) {
   cfg_ = touchstone::read_model_config(file_);
   check_supported(cfg_, path);
   const size_t d = size_t(cfg_.n_embd), hd = size_t(cfg_.head_dim), ff = size_t(cfg_.n_ff);
@@ -270,8 +270,25 @@ SimdModel::SimdModel(const std::string& path) : file_(gg::File::open(path)) {
   }
   if (q_unsupported_.empty()) {
     const char* e = std::getenv("TOUCHSTONE_CPU_SIMD_ARENA");
-    if (!e || std::string(e) != "0") relocate_quantized();
+    if (!e || std::string(e) != "0") {
+      relocate_quantized();
+      release_file();
+    }
   }
+}
+
+// Once every matrix is in the arena (none read in place: an F32 matrix would be), the
+// file's copy is dead weight but for the embedding rows: copy those, free the rest
+// (resident memory about the file's size, not twice it).
+void SimdModel::release_file() {
+  if (!arena_) return;
+  for (LayerView& L : q_.layers)
+    for (const Linear* w : L.matrices())
+      if (w->f != nullptr) return;
+  if (q_.lm_head.f != nullptr) return;
+  const std::span<const uint8_t> e = file_.tensor_data(*embd_);
+  embd_bytes_.assign(e.begin(), e.end());
+  file_.release_data();
 }
 
 void SimdModel::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
@@ -301,9 +318,9 @@ void SimdModel::relocate_quantized() {
   for (Linear* w : all) {
     const size_t n = w->row_bytes * w->n_out;
     std::memcpy(base + off, w->q, n);
-    // The source stays as it is: gguf::File holds the model in private memory
-    // (read, not mmap()ed, so truncating the file cannot SIGBUS us), and
-    // MADV_DONTNEED on it would zero bytes that embed() reads again (tied head).
+    // The source stays as it is here (gguf::File holds the model in private memory,
+    // read, not mmap()ed, so truncating the file cannot SIGBUS us); release_file()
+    // frees the whole copy afterwards when nothing reads it in place.
     w->q = base + off;
     off += (n + 63) & ~size_t{63};
   }
@@ -314,11 +331,31 @@ const WeightSet& SimdModel::quantized() const {
   return q_;
 }
 
+// The model file read again (release_file freed the first copy), refused when it is not
+// the file this model was loaded from (its size or any tensor's place or type changed).
+gg::File SimdModel::reopened() const {
+  gg::File f = gg::File::open(path_);
+  bool same = f.file_size() == file_.file_size() && f.data_offset() == file_.data_offset() &&
+              f.tensors().size() == file_.tensors().size();
+  for (size_t i = 0; same && i < f.tensors().size(); ++i) {
+    const gg::TensorInfo &a = f.tensors()[i], &b = file_.tensors()[i];
+    same = a.name == b.name && a.type == b.type && a.offset == b.offset && a.shape == b.shape;
+  }
+  if (!same) {
+    throw StatusError(TS_ERR_IO, path_ +
+                                     ": changed since the model was loaded (its full-precision "
+                                     "weights are read from the file on first use)");
+  }
+  return f;
+}
+
 const WeightSet& SimdModel::full_precision() {
   std::call_once(fp_once_, [&] {
     // The reference's loader: every tensor dequantized to fp32, fused Phi-3
     // matrices split, optional vectors empty when unused.
-    fp_ = std::make_unique<touchstone::ModelWeights>(touchstone::load_model_weights(file_));
+    fp_ = std::make_unique<touchstone::ModelWeights>(
+        file_.metadata_only() ? touchstone::load_model_weights(reopened())
+                              : touchstone::load_model_weights(file_));
     const size_t d = size_t(cfg_.n_embd), hd = size_t(cfg_.head_dim), ff = size_t(cfg_.n_ff);
     const size_t qd = size_t(cfg_.n_head) * hd, kvd = size_t(cfg_.n_head_kv) * hd;
     auto opt = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
@@ -370,8 +407,8 @@ void SimdModel::embed(int32_t token, bool fp32, float* out) const {
   }
   const auto& tr = gg::type_traits(embd_->type);
   const size_t row_bytes = d / tr.block_size * tr.type_size;
-  gg::dequantize_row(embd_->type, file_.tensor_data(*embd_).data() + size_t(token) * row_bytes, out,
-                     int64_t(d));
+  const uint8_t* rows = embd_bytes_.empty() ? file_.tensor_data(*embd_).data() : embd_bytes_.data();
+  gg::dequantize_row(embd_->type, rows + size_t(token) * row_bytes, out, int64_t(d));
 }
 
 uint64_t SimdModel::quantized_bytes_per_token() const {

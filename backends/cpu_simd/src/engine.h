@@ -114,7 +114,11 @@ class SimdModel {
   }
 
  private:
+  std::string path_;
+  // The file's bytes are released once the quantized matrices and the embedding are
+  // copied out (release_file); the full-precision path then reads the file again.
   touchstone::gguf::File file_;
+  std::vector<uint8_t> embd_bytes_;  // token_embd.weight's blocks once the file is released
   touchstone::ModelConfig cfg_;
   std::vector<std::vector<float>> norms_;  // fp32 norms/biases (quantized path)
   std::vector<float> rope_freqs_;
@@ -126,6 +130,8 @@ class SimdModel {
   };
   std::unique_ptr<uint8_t, ArenaFree> arena_;
   void relocate_quantized();
+  void release_file();
+  touchstone::gguf::File reopened() const;
   std::string q_unsupported_;  // non-empty: why the quantized path is unavailable
   const touchstone::gguf::TensorInfo* embd_ = nullptr;
   // Decode-step governors (solo_governor.h), one per thread count, shared by

@@ -532,6 +532,12 @@ File& File::operator=(File&& o) noexcept {
 
 File::~File() { release(); }
 
+void File::release_data() noexcept {
+  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), static_cast<size_t>(size_));
+  base_ = nullptr;
+  metadata_only_ = true;
+}
+
 void File::release() noexcept {
   if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), static_cast<size_t>(size_));
   base_ = nullptr;

@@ -170,6 +170,12 @@ class File {
   /// The raw bytes of a tensor. Throws for unknown types or out-of-range data.
   std::span<const uint8_t> tensor_data(const TensorInfo& t) const;
 
+  /// Frees the file's bytes, keeping its metadata and tensor infos (as open_metadata()
+  /// would have): for a reader that has copied what it needs. tensor_data() then throws.
+  void release_data() noexcept;
+  /// True after open_metadata() or release_data().
+  bool metadata_only() const { return metadata_only_; }
+
   uint64_t data_offset() const { return data_offset_; }
   uint64_t alignment() const { return alignment_; }
 
