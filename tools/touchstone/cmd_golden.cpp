@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "golden_parts.h"
 #include "own_model.h"
 #include "touchstone/common/error.h"
 #include "touchstone/golden/file_io.h"
@@ -214,7 +215,8 @@ void add_golden(CLI::App& app, int& exit_code) {
                 suite;
     bool check = false, trust_goldens = false, allow_dirty = false;
     int threads = 0;
-    std::vector<std::string> skip_tags, only;
+    std::vector<std::string> skip_tags, only, merge;
+    std::string part;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -247,6 +249,18 @@ void add_golden(CLI::App& app, int& exit_code) {
   cmd->add_option("--only", o->only,
                   "Record (or --check) only these cases and passages (repeatable); recording "
                   "keeps the model's other items as committed");
+  cmd->add_option("--part", o->part,
+                  "With --only and --model: write the items recorded now to this file (one part "
+                  "of a model's goldens recorded by case, e.g. on several hosts; not pinned)")
+      ->needs(cmd->get_option("--only"))
+      ->needs(cmd->get_option("--model"))
+      ->excludes(cmd->get_option("--check"));
+  cmd->add_option("--merge", o->merge,
+                  "Assemble a model's golden from --part files (every item in exactly one, one "
+                  "reference revision) and write and pin it as a recording would")
+      ->excludes(cmd->get_option("--check"))
+      ->excludes(cmd->get_option("--only"))
+      ->excludes(cmd->get_option("--cases"));
   cmd->add_flag("--allow-dirty", o->allow_dirty,
                 "Record from a checkout with uncommitted changes (the golden says '-dirty')");
   cmd->callback([o, &exit_code] {
@@ -258,6 +272,13 @@ void add_golden(CLI::App& app, int& exit_code) {
       o->out.clear();
     }
     const Manifest m = load_manifest(o->manifest);
+    if (!o->merge.empty()) {  // no recording: the parts carry their revision
+      prepare_output(m, o->out);
+      const ManifestModel* mm = nullptr;
+      const GoldenFile g = merge_golden_parts(m, o->merge, &mm);
+      write_and_pin(m, *mm, g, o->out);
+      return;
+    }
     const std::string revision = source_revision(o->manifest);
     if (!o->check) {
       if (!own) require_clean_revision(revision, m, o->allow_dirty);
@@ -273,6 +294,12 @@ void add_golden(CLI::App& app, int& exit_code) {
                  mm.name, lib->name(), lib->device_name());
       std::vector<std::string> left_out;
       GoldenFile g = record_model(lib, m, mm, revision, o->threads, sel, &left_out);
+      if (!o->part.empty()) {
+        write_golden_file(o->part, g);
+        fmt::print("wrote part {} ({} cases, {} scoring passages; merge with golden --merge)\n",
+                   o->part, g.cases.size(), g.scoring.size());
+        continue;
+      }
       if (!o->check && !o->only.empty()) g = merge_with_committed(m, mm, std::move(g));
       if (o->check)
         all_same = check_model(m, mm, std::move(g), o->trust_goldens, left_out) && all_same;

@@ -18,7 +18,6 @@
 #include "engine.h"
 #include "graph.h"
 #include "touchstone/model/gguf.h"
-#include "touchstone/model/llama_weights.h"
 #include "touchstone/reference/reference_forward.h"
 
 namespace sg = touchstone::static_graph;

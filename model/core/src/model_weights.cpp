@@ -9,7 +9,6 @@
 
 #include "touchstone/common/error.h"
 #include "touchstone/model/gguf.h"
-#include "touchstone/model/llama_weights.h"
 #include "touchstone/model/quant.h"
 
 namespace touchstone {
@@ -260,10 +259,6 @@ StoredWeights stored_view(const ModelWeights& w) {
 
 StoredWeights load_stored_weights(const std::string& path) {
   return load_stored_weights(std::make_shared<const gguf::File>(gguf::File::open(path)));
-}
-
-ModelWeights load_llama_weights(const gguf::File& f) {
-  return load_weights<std::vector<float>>(f, read_llama_config(f));
 }
 
 }  // namespace touchstone

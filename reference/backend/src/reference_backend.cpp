@@ -13,7 +13,6 @@
 #include "reference_grammar.h"
 #include "touchstone/abi/backend_impl.h"
 #include "touchstone/model/gguf.h"
-#include "touchstone/model/llama_weights.h"
 #include "touchstone/model/session_fault.h"
 #include "touchstone/reference/reference_forward.h"
 #include "weight_residency.h"
