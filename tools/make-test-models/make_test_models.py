@@ -100,10 +100,14 @@ SPECS = {
                                          partial_rotary_factor=0.5))),
     # Mixtral-style: 8 experts, top-2, renormalised (HF MixtralSparseMoeBlock). Expert
     # width 256 so that ffn_down_exps rows get K-quants, as the dense families' ffn_down.
+    # Context 4096 (both MoE families): the serving plans' sessions fit the declared
+    # context (ServingPlan::context_needed: quick 265 positions, full 2,355), so the
+    # serving checks run within it on every backend (llama.cpp caps a session there).
+    # No parameter depends on it (default RoPE): the weights are those of context 256.
     "mixtral": dict(
         cls="MixtralForCausalLM", cfg="MixtralConfig", tokenizer="spm", seed=1006, init=0.12,
         config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                     rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
                     num_local_experts=8, num_experts_per_tok=2, bos_token_id=1, eos_token_id=2,
                     rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
@@ -113,7 +117,7 @@ SPECS = {
         cls="Qwen3MoeForCausalLM", cfg="Qwen3MoeConfig", tokenizer="bpe", seed=1007, init=0.12,
         config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                    max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
                     use_sliding_window=False, bos_token_id=None, eos_token_id=0,
                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
@@ -263,7 +267,8 @@ def make_hf_model(family: str, out: Path, work: Path) -> None:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith(".sinks"):
                 p.copy_(spec["sink_scale"] * torch.randn(p.shape, generator=g))
-            if name.endswith("experts.gate_up_proj"):   # gates past swiglu_limit sometimes
+            if "expert_scale" in spec and name.endswith("experts.gate_up_proj"):
+                # gpt-oss: gates past swiglu_limit sometimes
                 p.mul_(spec["expert_scale"])
             if spec.get("mxfp4_experts") and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 p.copy_(mxfp4_exact(p))
@@ -367,7 +372,8 @@ def check_gguf(family: str, path: Path) -> None:
     rp = cfg["rope_parameters"]
     theta = rp["full_attention"]["rope_theta"] if "full_attention" in rp else rp["rope_theta"]
     want = {"rope.freq_base": theta, "block_count": cfg["num_hidden_layers"],
-            "attention.head_count_kv": cfg["num_key_value_heads"]}
+            "attention.head_count_kv": cfg["num_key_value_heads"],
+            "context_length": cfg["max_position_embeddings"]}
     if "head_dim" in cfg:
         want["attention.key_length"] = cfg["head_dim"]
     if family in ("gemma3", "phi3"):
