@@ -142,7 +142,7 @@ struct CpuSimd {
     so.int8_activations = int8_activations();
     so.n_threads = o.n_threads;
     so.max_context = o.max_context;
-    so.faults = touchstone::abi::session_fault(o.fault);
+    so.faults = touchstone::abi::session_fault(o.fault, {.sinks = true});
     // OpenBLAS runs single-threaded inside our own pool's tasks.
     openblas_set_num_threads(1);
     auto s = std::make_unique<Session>();

@@ -58,7 +58,8 @@ void SimdSession::attention_grouped(int32_t layer) {
                qd = size_t(c_.n_head) * hd, n_kvh = size_t(c_.n_head_kv);
   const size_t group = size_t(c_.n_head / c_.n_head_kv);
   const int32_t window = c_.layers[size_t(layer)].sliding_window;
-  const float* sinks = w_->layers[size_t(layer)].sinks;  // gpt-oss: [n_head], else null
+  // gpt-oss: [n_head], else null; none with the attention_sinks_ignored fault
+  const float* sinks = faults_.attention_sinks_ignored ? nullptr : w_->layers[size_t(layer)].sinks;
   const float scale =
       static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
   pool_.run(blocks_.size() * n_kvh, [&](size_t task, int thread) {
@@ -115,7 +116,8 @@ void SimdSession::attention_per_head(int32_t layer) {
                qd = size_t(c_.n_head) * hd;
   const int32_t group = c_.n_head / c_.n_head_kv;
   const int32_t window = c_.layers[size_t(layer)].sliding_window;
-  const float* sinks = w_->layers[size_t(layer)].sinks;  // gpt-oss: [n_head], else null
+  // gpt-oss: [n_head], else null; none with the attention_sinks_ignored fault
+  const float* sinks = faults_.attention_sinks_ignored ? nullptr : w_->layers[size_t(layer)].sinks;
   const float scale =
       static_cast<float>(faults_.attention_scale ? 1.0 / double(hd) : c_.attn_scale);
   pool_.run(size_t(n_tok_) * size_t(c_.n_head), [&](size_t task, int thread) {

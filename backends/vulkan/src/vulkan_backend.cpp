@@ -201,7 +201,7 @@ struct Vulkan {
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
     // The mixture-of-experts routing faults are injected by the host router (vk_moe.cpp).
-    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault, false, true);
+    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault, {.moe = true});
     if (!faults.name.empty() && !implements_fault(faults.name)) {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "vulkan does not implement fault '" + faults.name + "'");

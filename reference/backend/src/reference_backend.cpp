@@ -144,7 +144,8 @@ struct Reference {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "the reference backend computes only with fp32 weights (full_precision)");
     }
-    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault, true, true);
+    const touchstone::Faults faults =
+        touchstone::abi::session_fault(o.fault, {.grammar = true, .moe = true, .sinks = true});
     // These serving faults stand for bugs of a fast engine's paged KV cache and
     // flattened batch; the scalar reference does not model them.
     if (faults.fork_shared_kv || faults.batch_all_positions_shift ||

@@ -330,8 +330,10 @@ void ReferenceTransformer::attend_head(int32_t l, int32_t h, int32_t t0, int32_t
   // Attention sink (gpt-oss): a learned logit per head that joins the softmax's
   // denominator and attends to nothing (HF eager_attention_forward: cat([scores, sinks]),
   // max subtracted, softmax, the sink column dropped; llama.cpp ggml_soft_max_add_sinks).
+  // attention_sinks_ignored fault: the sink left out, as a backend without sinks.
   const std::vector<float>& sinks = w_.layers[size_t(l)].sinks;
-  const double sink = sinks.empty() ? -INFINITY : double{sinks[size_t(h)]};
+  const bool has_sink = !sinks.empty() && !faults_.attention_sinks_ignored;
+  const double sink = has_sink ? double{sinks[size_t(h)]} : -INFINITY;
   double max_s = sink, leak_s = 0.0;
   if (leak_k) {
     leak_s = ops::dot(qh, leak_k, hd) * scale;
@@ -348,7 +350,7 @@ void ReferenceTransformer::attend_head(int32_t l, int32_t h, int32_t t0, int32_t
     return faults_.softmax_no_max ? double{std::exp(static_cast<float>(score))}
                                   : std::exp(score - max_s);
   };
-  double sum = sinks.empty() ? 0.0 : weight(sink);
+  double sum = has_sink ? weight(sink) : 0.0;
   if (leak_k) sum += leak_s = weight(leak_s);
   for (int32_t t = t0; t < n_kv; ++t) {
     scores_[size_t(t)] = weight(scores_[size_t(t)]);

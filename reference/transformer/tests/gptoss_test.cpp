@@ -1,7 +1,8 @@
 // gpt-oss (GGUF architecture "gpt-oss", HF GptOssForCausalLM): the router order
 // (top-k on the logits, then softmax over the k), the clamped SwiGLU, attention sinks,
 // YaRN frequencies, the config read from GGUF keys, the refusals of bad files, and the
-// reference's forward pass on a tiny model (tiny_gptoss.h).
+// reference's forward pass on a tiny model (tiny_gptoss.h), with the fault
+// attention_sinks_ignored.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "tiny_gptoss.h"
+#include "touchstone/model/faults.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/moe_router.h"
 #include "touchstone/model/rope_yarn.h"
@@ -167,9 +169,9 @@ TEST(GptOssConfig, BadFilesAreRefusedNamingTheKeyOrTensor) {
 }
 
 std::vector<std::vector<float>> run(const ModelWeights& w, int threads,
-                                    std::vector<float>* taps = nullptr) {
+                                    std::vector<float>* taps = nullptr, Faults faults = {}) {
   const StoredWeights stored = stored_view(w);
-  ReferenceTransformer ref(stored, 64, threads);
+  ReferenceTransformer ref(stored, 64, threads, faults);
   ref.set_taps(taps != nullptr);
   std::vector<std::vector<float>> out;
   for (int32_t t : {1, 7, 3, 30, 12, 5, 9, 2}) {
@@ -202,6 +204,17 @@ TEST(GptOssReference, RunsAndIsDeterministicAcrossThreads) {
     for (LayerWeights& L : m.layers) std::fill(L.gate_inp_b.begin(), L.gate_inp_b.end(), 0.0f);
   }));
   EXPECT_TRUE(differs([](ModelWeights& m) { m.config.moe.activation = ExpertActivation::SwiGLU; }));
+}
+
+// The attention_sinks_ignored fault computes the model whose sink logits are -inf (no
+// term in the softmax), bit for bit, and differs from the model with its sinks.
+TEST(GptOssReference, AttentionSinksIgnoredIsTheModelWithoutSinks) {
+  ModelWeights without = load(GptOssOptions{});
+  for (LayerWeights& L : without.layers) std::fill(L.sinks.begin(), L.sinks.end(), -INFINITY);
+  const ModelWeights w = load(GptOssOptions{});
+  const auto faulty = run(w, 1, nullptr, parse_fault("attention_sinks_ignored"));
+  EXPECT_EQ(faulty, run(without, 1));
+  EXPECT_NE(faulty, run(w, 1));
 }
 
 // A sink logit far above every score takes all the attention: each head's output is 0,

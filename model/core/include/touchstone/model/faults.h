@@ -96,6 +96,10 @@ struct Faults {
   bool moe_renorm_skipped = false;  // "moe_renorm_skipped": the top-k weights left as the
                                     // softmax gave them where the family renormalises
                                     // them (an expert weighting divergence)
+  // Attention-sink fault (gpt-oss; a no-op on a model without sinks):
+  bool attention_sinks_ignored = false;  // "attention_sinks_ignored": the per-head sink logit
+                                         // left out of the attention softmax (as a backend
+                                         // that implements no sinks)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
@@ -106,6 +110,8 @@ struct Faults {
   }
   // The mixture-of-experts faults (a backend that does not implement them refuses them).
   bool moe() const { return moe_runner_up || moe_renorm_skipped; }
+  // The attention-sink faults (a backend that does not implement them refuses them).
+  bool sinks() const { return attention_sinks_ignored; }
   // The serving faults (a backend without step_batch / fork_session refuses them).
   bool serving() const {
     return batch_token_count_split || batch_kv_leak || fork_short_copy || batch_position_offset ||

@@ -8,30 +8,41 @@
 
 namespace touchstone::abi {
 
+// The fault groups beyond the common ones that a backend implements.
+struct FaultSupport {
+  bool grammar = false;  // structured output: enforces grammars itself (ABI v7)
+  bool moe = false;      // the mixture-of-experts router faults (Faults::moe)
+  bool sinks = false;    // the attention-sink faults (Faults::sinks)
+};
+
 // The catalog entry named by `name` (NULL or "" = no fault). An unknown name
 // is TS_ERR_UNSUPPORTED naming it and the catalog (parse_fault's message); so
-// is a structured-output fault unless the backend enforces grammars itself
-// (`enforces_grammar`, ABI v7), and a mixture-of-experts fault unless it implements
-// those (`moe_faults`: the reference). Whether the backend implements any other
-// fault is the backend's own check.
-inline touchstone::Faults session_fault(const char* name, bool enforces_grammar = false,
-                                        bool moe_faults = false) {
+// is a fault of a group the backend does not implement (`support`): a
+// structured-output fault unless it enforces grammars itself, a mixture-of-experts
+// fault or an attention-sink fault unless it implements those. Whether the backend
+// implements any other fault is the backend's own check.
+inline touchstone::Faults session_fault(const char* name, FaultSupport support = {}) {
   touchstone::Faults f;
   try {
     f = touchstone::parse_fault(name ? name : "");
   } catch (const touchstone::Error& e) {
     throw StatusError(TS_ERR_UNSUPPORTED, e.what());
   }
-  if (f.grammar() && !enforces_grammar) {
+  if (f.grammar() && !support.grammar) {
     throw StatusError(TS_ERR_UNSUPPORTED,
                       "fault '" + f.name +
                           "' sits in a grammar the backend enforces itself (ABI v7 "
                           "TS_CAP_STRUCTURED_OUTPUT); this backend enforces none");
   }
-  if (f.moe() && !moe_faults) {
+  if (f.moe() && !support.moe) {
     throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + f.name +
                                               "' is a mixture-of-experts routing fault, which "
-                                              "only the reference implements");
+                                              "this backend does not implement");
+  }
+  if (f.sinks() && !support.sinks) {
+    throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + f.name +
+                                              "' is an attention-sink fault, which this "
+                                              "backend does not implement");
   }
   return f;
 }
