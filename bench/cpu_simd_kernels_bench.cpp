@@ -13,6 +13,9 @@
 //   q4_k/..., q6_k/...  K-quant rows of 1024 inputs (Gemma 3's attn_output / ffn_down
 //                       types) through gemm_blocks_f32; int8/q4_k/... through gemm_q_r16
 //   q5_0/...            the same for Q5_0 (Gemma 3's attn_q/k, ffn_gate/up)
+//   */batch/8           8 tokens (a batched decode step of 8 sequences: ABI v6
+//                       step_batch): q4_1 / q4_0 / q8_0 over 16384 x 576 rows (6-10 MB,
+//                       beyond L2), the K-quants and Q5_0 over 4096 x 1024
 // Counters: GMAC/s (multiply-adds per second), GB/s (weight bytes per second).
 // Activations are fp32 (the default quantized path: gemm_q_f32); int8/... the same
 // shapes with int8 activations (TOUCHSTONE_CPU_SIMD_ACTIVATIONS=int8): gemm_q_r16 on
@@ -225,6 +228,13 @@ BENCHMARK_CAPTURE(run_k, q50l2, 6, 512, 1, false)->Name("q5_0/decode/l2");
 BENCHMARK_CAPTURE(run_k, q50l2i8, 6, 512, 1, true)->Name("int8/q5_0/decode/l2");
 BENCHMARK_CAPTURE(run_k, q50pf, 6, 1024, 64, false)->Name("q5_0/prefill/64");
 BENCHMARK_CAPTURE(run_k, q50pfi8, 6, 1024, 64, true)->Name("int8/q5_0/prefill/64");
+BENCHMARK_CAPTURE(run, q41b8, QType::Q4_1, 16384, 16384, 8)->Name("q4_1/batch/8");
+BENCHMARK_CAPTURE(run, q40b8, QType::Q4_0, 16384, 16384, 8)->Name("q4_0/batch/8");
+BENCHMARK_CAPTURE(run, q80b8, QType::Q8_0, 16384, 16384, 8)->Name("q8_0/batch/8");
+BENCHMARK_CAPTURE(run_int8, q41b8, QType::Q4_1, 16384, 16384, 8)->Name("int8/q4_1/batch/8");
+BENCHMARK_CAPTURE(run_k, q4kb8, 12, 4096, 8, false)->Name("q4_k/batch/8");
+BENCHMARK_CAPTURE(run_k, q6kb8, 14, 4096, 8, false)->Name("q6_k/batch/8");
+BENCHMARK_CAPTURE(run_k, q50b8, 6, 4096, 8, false)->Name("q5_0/batch/8");
 
 int main(int argc, char** argv) {
   const touchstone::cpu_simd::IsaSelection& sel = touchstone::cpu_simd::select_isa_from_env();
