@@ -10,7 +10,7 @@ llama.cpp sources and llama-quantize, then calls this script). Direct use:
                         [--check-sums FILE] [--write-sums FILE]
 
 Output, per family F (llama, qwen2, qwen3, gemma3, phi3; with --family, also the
-mixture-of-experts families mixtral and qwen3moe, tests/models/moe):
+mixture-of-experts families mixtral, qwen3moe and qwen2moe, tests/models/moe):
     DIR/hf/F/                  config.json, model.safetensors, tokenizer files (the
                                ORIGINAL model that ci/validate_families.py loads in HF)
     DIR/F-test-f32.gguf        convert_hf_to_gguf.py --outtype f32
@@ -39,7 +39,7 @@ FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
 # Mixture-of-experts families: made only when named (--family; make-test-models --moe),
 # kept apart in tests/models/moe/ (gpt-oss: tests/models/gpt-oss/) so that
 # tests/models/manifest.json is unchanged.
-MOE_FAMILIES = ["mixtral", "qwen3moe", "gptoss"]
+MOE_FAMILIES = ["mixtral", "qwen3moe", "qwen2moe", "gptoss"]
 # general.architecture of each family's GGUF (Mixtral is llama + expert_count).
 ARCH = {"mixtral": "llama", "gptoss": "gpt-oss"}
 QUANTS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
@@ -121,6 +121,20 @@ SPECS = {
                     use_sliding_window=False, bos_token_id=None, eos_token_id=0,
                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2 attention (Q/K/V biases, no
+    # QK-norm), 8 routed experts of width 256, top-2 NOT renormalised (norm_topk_prob false,
+    # as the released models and as llama.cpp computes it), and a shared expert of width
+    # 256 gated by sigmoid(shared_expert_gate(h)); every layer sparse.
+    "qwen2moe": dict(
+        cls="Qwen2MoeForCausalLM", cfg="Qwen2MoeConfig", tokenizer="bpe", seed=1009, init=0.12,
+        config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                    rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
+                    bos_token_id=None, eos_token_id=0, qkv_bias=True,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                    shared_expert_intermediate_size=256, norm_topk_prob=False,
+                    decoder_sparse_step=1, mlp_only_layers=[],
                     rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
     # gpt-oss: the released config's structure (YaRN as in gpt-oss-20b/120b: factor 32,
     # beta 32/1, truncate false, original context 4096, theta 150000; alternating sliding /
@@ -289,7 +303,7 @@ def make_hf_model(family: str, out: Path, work: Path) -> None:
                 "partial_rotary_factor", "tie_word_embeddings", "query_pre_attn_scalar",
                 "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "attention_bias",
-                "swiglu_alpha", "swiglu_limit"):
+                "swiglu_alpha", "swiglu_limit", "shared_expert_intermediate_size", "qkv_bias"):
         a, b = getattr(config, key, None), getattr(again, key, None)
         if a != b:
             raise SystemExit(f"{family}: config.json reloads with {key} = {b!r}, built with {a!r}")
@@ -385,6 +399,8 @@ def check_gguf(family: str, path: Path) -> None:
         want["expert_used_count"] = cfg["num_experts_per_tok"]
     if "moe_intermediate_size" in cfg:
         want["expert_feed_forward_length"] = cfg["moe_intermediate_size"]
+    if "shared_expert_intermediate_size" in cfg:
+        want["expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
     if family == "gptoss":
         want["expert_feed_forward_length"] = cfg["intermediate_size"]
         want["attention.sliding_window"] = cfg["sliding_window"]
@@ -405,6 +421,13 @@ def check_gguf(family: str, path: Path) -> None:
         for part in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
             if f"blk.0.{part}.weight" not in names:
                 raise SystemExit(f"{path.name}: no blk.0.{part}.weight")
+    if family == "qwen2moe":
+        for part in ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                     "attn_q"):
+            if f"blk.0.{part}.weight" not in names:
+                raise SystemExit(f"{path.name}: no blk.0.{part}.weight")
+        if "blk.0.attn_q.bias" not in names:
+            raise SystemExit(f"{path.name}: no blk.0.attn_q.bias (qkv_bias)")
     if family == "llama":
         if "rope_freqs.weight" not in names:
             raise SystemExit(f"{path.name}: no rope_freqs.weight for llama3 RoPE scaling")

@@ -184,12 +184,20 @@ void moe_views(const gg::File& f, const touchstone::ModelConfig& c, const std::s
     L.up_exps_b = vec(b + "ffn_up_exps.bias", ne * fe);
     L.down_exps_b = vec(b + "ffn_down_exps.bias", ne * d);
   }
+  if (c.moe.n_ff_shexp > 0) {  // qwen2moe
+    const size_t fs = size_t(c.moe.n_ff_shexp);
+    L.shexp_gate = vec(b + "ffn_gate_inp_shexp.weight", d);
+    L.gate_shexp = make_quant(f, b + "ffn_gate_shexp.weight", d, fs, why);
+    L.up_shexp = make_quant(f, b + "ffn_up_shexp.weight", d, fs, why);
+    L.down_shexp = make_quant(f, b + "ffn_down_shexp.weight", fs, d, why);
+  }
 }
 
 }  // namespace
 
 std::vector<Linear*> LayerView::matrices() {
-  std::vector<Linear*> v = {&wq, &wk, &wv, &wo, &gate, &up, &down, &router};
+  std::vector<Linear*> v = {&wq,   &wk,     &wv,         &wo,       &gate,      &up,
+                            &down, &router, &gate_shexp, &up_shexp, &down_shexp};
   for (std::vector<Linear>* x : {&gate_exps, &up_exps, &down_exps})
     for (Linear& w : *x) v.push_back(&w);
   return v;
@@ -386,6 +394,13 @@ const WeightSet& SimdModel::full_precision() {
         L.gate_exps_b = opt(l.gate_exps_b);
         L.up_exps_b = opt(l.up_exps_b);
         L.down_exps_b = opt(l.down_exps_b);
+        if (cfg_.moe.n_ff_shexp > 0) {
+          const size_t fs = size_t(cfg_.moe.n_ff_shexp);
+          L.shexp_gate = opt(l.gate_inp_shexp);
+          L.gate_shexp = make_fp(l.gate_shexp, d, fs);
+          L.up_shexp = make_fp(l.up_shexp, d, fs);
+          L.down_shexp = make_fp(l.down_shexp, fs, d);
+        }
       } else {
         L.gate = make_fp(l.w_gate, d, ff);
         L.up = make_fp(l.w_up, d, ff);
@@ -447,7 +462,7 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
   v_.resize(B * kvd);
   att_.resize(B * qd);
   tmp_.resize(B * d);
-  const size_t ff_max = std::max(ff, size_t(c_.moe.n_ff_exp));
+  const size_t ff_max = std::max({ff, size_t(c_.moe.n_ff_exp), size_t(c_.moe.n_ff_shexp)});
   gate_.resize(B * ff_max);
   up_.resize(B * ff_max);
   if (c_.is_moe()) {
@@ -455,6 +470,10 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
     moe_logits_.resize(B * ne);
     moe_x_.resize(B * d);
     moe_out_.resize(B * k * d);
+    if (c_.moe.n_ff_shexp > 0) {
+      moe_shared_.resize(B * d);
+      moe_shared_gate_.resize(B);
+    }
     moe_expert_.resize(B * k);
     moe_weight_.resize(B * k);
     moe_slots_.resize(B * k);

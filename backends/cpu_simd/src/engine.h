@@ -60,6 +60,10 @@ struct LayerView {
   const float *router_b = nullptr, *gate_exps_b = nullptr, *up_exps_b = nullptr,
               *down_exps_b = nullptr;
   std::vector<Linear> gate_exps, up_exps, down_exps;  // [n_expert] (MoE only)
+  // Shared expert (qwen2moe: moe.n_ff_shexp > 0): its gate vector [n_embd]
+  // (ffn_gate_inp_shexp) and its gated FFN (ffn_{gate,up,down}_shexp); else null / empty.
+  const float* shexp_gate = nullptr;
+  Linear gate_shexp, up_shexp, down_shexp;
   // Every matrix of the layer (experts included), for the passes over all of them.
   std::vector<Linear*> matrices();
 };
@@ -74,12 +78,13 @@ struct WeightSet {
 // (ModelConfig::feature_names(), docs/model-families.md) this engine computes,
 // comma-separated as the ABI v3 table declares them. SimdModel() refuses anything
 // else with touchstone::UnsupportedModel naming it.
-inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,gpt-oss";
+inline constexpr const char* kArchitectures =
+    "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,gpt-oss,qwen2moe";
 inline constexpr const char* kModelFeatures =
     "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
     "geglu,embedding_scale,attention_scale,final_logit_softcap,moe,yarn_rope,attn_output_bias,"
-    "attention_sinks,moe_topk_softmax,moe_biases,swiglu_oai";
+    "attention_sinks,moe_topk_softmax,moe_biases,swiglu_oai,moe_shared_expert";
 
 class SimdModel {
  public:
@@ -251,6 +256,7 @@ class SimdSession {
   void moe_ffn(int32_t layer);
   void moe_route(const LayerView& L);
   void moe_expert(const LayerView& L, int32_t e, const int32_t* slots, size_t n);
+  void moe_shared_expert(const LayerView& L);
   void taps_last_token(int32_t layer, int point, const float* rows);
   void logits_head();
   // per_token: fp32 matrices through the matvec for every token count, as on the
@@ -328,7 +334,9 @@ class SimdSession {
   // MoE scratch: router logits [kMaxBatch][n_expert]; each token's k chosen experts
   // and weights in the router's order; the slots (token * k + j) of each expert;
   // the gathered inputs and each slot's expert output [kMaxBatch * k][n_embd].
-  std::vector<float> moe_logits_, moe_x_, moe_out_;
+  std::vector<float> moe_logits_, moe_x_, moe_out_,
+      moe_shared_;                       // moe_shared_: [kMaxBatch][n_embd]
+  std::vector<double> moe_shared_gate_;  // sigmoid(w_shexp . h) per token
   std::vector<int32_t> moe_expert_, moe_slots_, moe_count_, moe_fill_;
   std::vector<double> moe_weight_;
   std::unique_ptr<float[]> multi_scores_;  // attn_queries() x max_ctx_ per thread

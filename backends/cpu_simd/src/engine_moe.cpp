@@ -12,6 +12,10 @@
 //       each expert's gated FFN as the dense one (fp32 matmuls, act in fp64 rounded
 //       once), the k terms summed in fp64 in the router's order j = 0, 1, ..., k-1
 //       from 0.0, rounded once to fp32 (the reference's order and roundings).
+//     qwen2moe: + sigmoid(w_shexp . h) * Wdown_s (act(Wgate_s h) * (Wup_s h)), the shared
+//       expert (HF Qwen2MoeSparseMoeBlock; llama.cpp src/models/qwen2moe.cpp) over every
+//       token of the pass as a dense FFN, its gate logit an fp64 dot rounded to fp32,
+//       the sigmoid in fp64, the term added to the fp64 sum after the k routed experts.
 //     gpt-oss: f = sum_j w_j * (Wdown_e_j swiglu_oai(Wgate_e_j h + bg, Wup_e_j h + bu) + bd)
 //       (HF GptOssExperts; llama.cpp build_moe_ffn with ggml_add_id and
 //       ggml_swiglu_oai): each bias added in fp32 to the rounded matmul output, the
@@ -25,6 +29,7 @@
 // depend on which other tokens or sessions share its pass (batch invariance on the
 // quantized path, content isolation on both: docs/backends/cpu_simd.md).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -44,16 +49,37 @@ void SimdSession::moe_ffn(int32_t l) {
     const int32_t first = moe_count_[size_t(e)], n = moe_count_[size_t(e) + 1] - first;
     if (n > 0) moe_expert(L, e, moe_slots_.data() + first, size_t(n));
   }
-  // f = sum_j w_j * out_j in fp64, in the router's order, rounded once.
+  const bool shared = L.shexp_gate != nullptr;
+  if (shared) moe_shared_expert(L);
+  // f = sum_j w_j * out_j (+ the shared expert's term) in fp64, in the router's order,
+  // rounded once.
   pool_.run(N, [&](size_t i, int) {
     const double* w = moe_weight_.data() + i * k;
     const float* out = moe_out_.data() + i * k * d;
+    const float* sh = shared ? moe_shared_.data() + i * d : nullptr;
     for (size_t c = 0; c < d; ++c) {
       double acc = 0.0;
       for (size_t j = 0; j < k; ++j) acc += w[j] * double{out[j * d + c]};
+      if (sh) acc += moe_shared_gate_[i] * double{sh[c]};
       tmp_[i * d + c] = static_cast<float>(acc);
     }
   });
+}
+
+// The shared expert (qwen2moe) on every token of the pass: its gated FFN into
+// moe_shared_, its gate sigmoid(fp32(w_shexp . h)) into moe_shared_gate_.
+void SimdSession::moe_shared_expert(const LayerView& L) {
+  const size_t d = size_t(c_.n_embd), N = size_t(n_tok_), fs = size_t(c_.moe.n_ff_shexp);
+  const Job gu[2] = {{&L.gate_shexp, gate_.data(), fs}, {&L.up_shexp, up_.data(), fs}};
+  linears(gu, 2, xn_.data(), d, N);
+  gated_activation(N, fs);
+  const Job dn[1] = {{&L.down_shexp, moe_shared_.data(), d}};
+  linears(dn, 1, gate_.data(), fs, N);
+  for (size_t i = 0; i < N; ++i) {
+    const float g =
+        static_cast<float>(touchstone::ops::dot(L.shexp_gate, xn_.data() + i * d, int64_t(d)));
+    moe_shared_gate_[i] = 1.0 / (1.0 + std::exp(-double{g}));
+  }
 }
 
 // Router logits of every token (one linears call), each token's k experts and

@@ -155,7 +155,8 @@ struct LlamaCpp {
   static constexpr const char* version = TOUCHSTONE_LLAMACPP_VERSION;
   // ABI v3: the Touchstone families llama.cpp loads; it computes every feature
   // of them (docs/model-families.md).
-  static constexpr const char* architectures = "llama,qwen2,qwen3,qwen3moe,gpt-oss,gemma3,phi3";
+  static constexpr const char* architectures =
+      "llama,qwen2,qwen3,qwen3moe,gpt-oss,gemma3,phi3,qwen2moe";
   static constexpr const char* model_features = "*";
 
   struct Model {

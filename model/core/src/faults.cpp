@@ -54,6 +54,8 @@ constexpr FaultEntry kFaults[] = {
     {"grammar_mask_shared_in_batch", [](Faults& f) { f.grammar_batch_mask = true; }},
     {"moe_runner_up", [](Faults& f) { f.moe_runner_up = true; }},
     {"moe_renorm_skipped", [](Faults& f) { f.moe_renorm_skipped = true; }},
+    {"moe_softmax_order", [](Faults& f) { f.moe_softmax_order = true; }},
+    {"moe_shared_expert_dropped", [](Faults& f) { f.moe_shared_expert_dropped = true; }},
     {"attention_sinks_ignored", [](Faults& f) { f.attention_sinks_ignored = true; }},
 };
 

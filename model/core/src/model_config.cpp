@@ -29,9 +29,9 @@ int32_t positive_i32(const gguf::File& f, const std::string& key, uint64_t v) {
 }
 
 const std::map<std::string, Family> kFamilies = {
-    {"llama", Family::Llama},   {"qwen2", Family::Qwen2}, {"qwen3", Family::Qwen3},
-    {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},   {"qwen3moe", Family::Qwen3Moe},
-    {"gpt-oss", Family::GptOss}};
+    {"llama", Family::Llama},    {"qwen2", Family::Qwen2},      {"qwen3", Family::Qwen3},
+    {"gemma3", Family::Gemma3},  {"phi3", Family::Phi3},        {"qwen3moe", Family::Qwen3Moe},
+    {"gpt-oss", Family::GptOss}, {"qwen2moe", Family::Qwen2Moe}};
 
 // "{arch}.*" keys the forward pass reads, or that cannot change what it computes
 // (GGUF spec, "LLM" section). Anything else (rope.scaling.attn_factor, expert_count
@@ -183,6 +183,12 @@ void read_family(const gguf::File& f, const std::string& p, ModelConfig& c) {
       c.rope_style = RopeStyle::NeoX;
       c.qkv_bias = true;
       break;
+    case Family::Qwen2Moe:  // llama.cpp src/models/qwen2moe.cpp: Qwen2's attention, whose
+      // Q/K/V biases are optional there (create_tensor_qkv); HF Qwen2MoeAttention has them
+      // when config.qkv_bias (true for every released Qwen2-MoE)
+      c.rope_style = RopeStyle::NeoX;
+      c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+      break;
     case Family::Qwen3:
     case Family::Qwen3Moe:  // llama.cpp src/models/qwen3moe.cpp: Qwen3's attention
       c.rope_style = RopeStyle::NeoX;
@@ -244,6 +250,8 @@ const char* family_name(Family fam) {
       return "qwen3moe";
     case Family::GptOss:
       return "gpt-oss";
+    case Family::Qwen2Moe:
+      return "qwen2moe";
   }
   return "?";
 }
@@ -275,6 +283,7 @@ static const std::vector<std::pair<std::string, std::string>>& feature_table() {
       {"moe_topk_softmax", "MoE router: softmax over the top-k logits"},
       {"moe_biases", "router and expert biases"},
       {"swiglu_oai", "clamped SwiGLU (gpt-oss)"},
+      {"moe_shared_expert", "MoE shared expert (sigmoid-gated)"},
   };
   return t;
 }
@@ -308,7 +317,8 @@ std::vector<std::string> ModelConfig::feature_names() const {
                       attn_sinks,
                       is_moe() && moe.router == MoeRouter::TopKSoftmax,
                       is_moe() && moe.biases,
-                      is_moe() && moe.activation == ExpertActivation::SwiGLUOai};
+                      is_moe() && moe.activation == ExpertActivation::SwiGLUOai,
+                      is_moe() && moe.n_ff_shexp > 0};
   std::vector<std::string> out;
   for (size_t i = 0; i < feature_table().size(); ++i)
     if (has[i]) out.push_back(feature_table()[i].first);
@@ -388,6 +398,11 @@ std::vector<std::string> expected_tensor_names(const ModelConfig& c) {
         add(fmt::format("{}.weight", part).c_str());
         if (c.moe.biases) add(fmt::format("{}.bias", part).c_str());
       }
+      if (c.moe.n_ff_shexp > 0) {  // llama.cpp LLM_TENSOR_FFN_*_SHEXP
+        for (const char* part :
+             {"ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"})
+          add(fmt::format("{}.weight", part).c_str());
+      }
     } else {
       if (!c.fused_gate_up) add("ffn_gate.weight");
       add("ffn_up.weight");
@@ -405,7 +420,7 @@ ModelConfig read_model_config(const gguf::File& f) {
   if (it == kFamilies.end()) {
     throw UnsupportedModel(
         "{}: metadata key 'general.architecture': '{}' is not supported (supported: llama, "
-        "qwen2, qwen3, gemma3, phi3, qwen3moe, gpt-oss)",
+        "qwen2, qwen3, gemma3, phi3, qwen3moe, gpt-oss, qwen2moe)",
         f.path(), c.architecture);
   }
   c.family = it->second;

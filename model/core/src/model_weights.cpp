@@ -62,6 +62,21 @@ std::vector<float> load(const gguf::File& f, const std::string& name, int64_t ne
   return gguf::dequantize(f, checked(f, name, ne0, ne1));
 }
 
+// A vector of ne0 values stored as ggml shape {ne0} or {ne0, 1} (a one-row matrix, as
+// convert_hf_to_gguf.py writes HF's Linear(n_embd, 1) weight: qwen2moe's
+// ffn_gate_inp_shexp; llama.cpp creates it as {n_embd} and accepts either).
+std::vector<float> load_row(const gguf::File& f, const std::string& name, int64_t ne0) {
+  const gguf::TensorInfo& t = f.tensor(name);
+  const bool ok = !t.shape.empty() && t.shape.size() <= 2 &&
+                  static_cast<int64_t>(t.shape[0]) == ne0 &&
+                  (t.shape.size() == 1 || t.shape[1] == 1);
+  if (!ok) {
+    throw Error("{}: tensor '{}': shape [{}] does not match the expected [{}] or [{}, 1]", f.path(),
+                name, fmt::join(t.shape, ", "), ne0, ne0);
+  }
+  return gguf::dequantize(f, t);
+}
+
 template <class M>
 M load_matrix(const gguf::File& f, const std::string& name, int64_t ne0, int64_t ne1) {
   M m;
@@ -135,6 +150,13 @@ void load_moe(const gguf::File& f, const ModelConfig& c, const std::string& b,
     L.up_exps_b = load(f, b + "ffn_up_exps.bias", ff, n);
     L.down_exps_b = load(f, b + "ffn_down_exps.bias", d, n);
   }
+  if (c.moe.n_ff_shexp > 0) {  // qwen2moe (llama_model_qwen2moe::load_arch_tensors)
+    const int64_t fs = c.moe.n_ff_shexp;
+    L.gate_inp_shexp = load_row(f, b + "ffn_gate_inp_shexp.weight", d);
+    L.gate_shexp = load_matrix<M>(f, b + "ffn_gate_shexp.weight", d, fs);
+    L.up_shexp = load_matrix<M>(f, b + "ffn_up_shexp.weight", d, fs);
+    L.down_shexp = load_matrix<M>(f, b + "ffn_down_shexp.weight", fs, d);
+  }
 }
 
 template <class M>
@@ -202,8 +224,9 @@ void for_each_matrix(W& w, Fn&& fn) {
   fn(w.token_embd);
   fn(w.output);
   for (auto& L : w.layers) {
-    for (auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.ffn_gate_inp,
-                    &L.gate_exps, &L.up_exps, &L.down_exps})
+    for (auto* m :
+         {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.ffn_gate_inp, &L.gate_exps,
+          &L.up_exps, &L.down_exps, &L.gate_shexp, &L.up_shexp, &L.down_shexp})
       fn(*m);
   }
 }
@@ -253,6 +276,12 @@ StoredWeights stored_view(const ModelWeights& w) {
     }
     S.gate_inp_b = L.gate_inp_b, S.gate_exps_b = L.gate_exps_b;
     S.up_exps_b = L.up_exps_b, S.down_exps_b = L.down_exps_b;
+    if (c.is_moe() && c.moe.n_ff_shexp > 0) {
+      S.gate_inp_shexp = L.gate_inp_shexp;
+      S.gate_shexp = f32_view(L.gate_shexp, d);
+      S.up_shexp = f32_view(L.up_shexp, d);
+      S.down_shexp = f32_view(L.down_shexp, c.moe.n_ff_shexp);
+    }
   }
   return s;
 }

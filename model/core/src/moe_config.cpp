@@ -25,6 +25,13 @@ std::set<std::string> moe_keys(Family fam) {
   // llama.cpp requires (LLM_ARCH_OPENAI_MOE load_hparams).
   if (fam == Family::GptOss)
     return {"expert_count", "expert_used_count", "expert_feed_forward_length"};
+  // Qwen2-MoE: Qwen2MoeModel writes moe_intermediate_size and
+  // shared_expert_intermediate_size (llama_model_qwen2moe::load_arch_hparams reads both,
+  // optional). No expert_weights_norm: llama.cpp never renormalises there.
+  if (fam == Family::Qwen2Moe) {
+    return {"expert_count", "expert_used_count", "expert_feed_forward_length",
+            "expert_shared_feed_forward_length"};
+  }
   return {};
 }
 
@@ -75,6 +82,27 @@ void read_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
     if (auto v = f.find_bool(p + "expert_weights_norm")) m.norm_topk = *v;
   }
   if (c.family == Family::GptOss) read_gptoss_moe(f, p, c);
+  if (c.family == Family::Qwen2Moe) read_qwen2moe_moe(f, p, c);
+}
+
+// Qwen2-MoE (HF Qwen2MoeSparseMoeBlock; llama.cpp src/models/qwen2moe.cpp): n_ff_exp =
+// expert_feed_forward_length, else n_ff / n_expert_used; the shared expert's width =
+// expert_shared_feed_forward_length, else n_ff; build_moe_ffn(..., norm_w = false, ...,
+// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX): softmax, top-k, not renormalised (HF
+// norm_topk_prob, default false; llama.cpp has no key for it and never renormalises).
+void read_qwen2moe_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  constexpr uint64_t kMax = std::numeric_limits<int32_t>::max();
+  if (auto v = f.find_uint(p + "expert_feed_forward_length")) {
+    m.n_ff_exp = count(f, p + "expert_feed_forward_length", *v, kMax);
+  } else {
+    m.n_ff_exp = c.n_ff / m.n_expert_used;
+    if (m.n_ff_exp < 1) throw Error("{}: {}expert_feed_forward_length is required", f.path(), p);
+  }
+  m.n_ff_shexp = c.n_ff;
+  if (auto v = f.find_uint(p + "expert_shared_feed_forward_length"))
+    m.n_ff_shexp = count(f, p + "expert_shared_feed_forward_length", *v, kMax);
+  m.norm_topk = false;
 }
 
 // gpt-oss (HF GptOssMLP, GptOssTopKRouter, GptOssExperts; llama.cpp build_moe_ffn with

@@ -20,4 +20,7 @@ void read_moe(const gguf::File& f, const std::string& p, ModelConfig& c);
 // gpt-oss's router, expert width and activation (called by read_moe).
 void read_gptoss_moe(const gguf::File& f, const std::string& p, ModelConfig& c);
 
+// Qwen2-MoE's expert widths (routed and shared) and router (called by read_moe).
+void read_qwen2moe_moe(const gguf::File& f, const std::string& p, ModelConfig& c);
+
 }  // namespace touchstone

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "touchstone/abi/backend_abi.h"
@@ -74,6 +75,22 @@ std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const 
                 bias ? L.down_exps_b.data() + e * v.d : nullptr);
 }
 
+// The shared expert's term sigmoid(fp32(w_shexp . h)) * S(h) (qwen2moe; the reference's
+// roundings), empty for a family without one.
+std::vector<double> shared_term(const LayerView& v, std::span<const float> h) {
+  const StoredLayerWeights& L = v.L();
+  if (v.w.config.moe.n_ff_shexp <= 0) return {};
+  const float z = float(ops::dot(L.gate_inp_shexp.data(), h.data(), v.d));
+  const double sigma = 1.0 / (1.0 + std::exp(-double{z}));
+  std::vector<float> g = matvec(L.gate_shexp, h);
+  const std::vector<float> u = matvec(L.up_shexp, h);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = float(ops::silu(g[i]) * double{u[i]});
+  const std::vector<float> s = matvec(L.down_shexp, g);
+  std::vector<double> t(s.size());
+  for (size_t i = 0; i < s.size(); ++i) t[i] = sigma * double{s[i]};
+  return t;
+}
+
 struct Router {
   std::vector<float> h, z;     // normed input, router logits
   std::vector<double> p;       // softmax(z)
@@ -90,9 +107,11 @@ Router route(const LayerView& v, std::span<const float> x) {
   return r;
 }
 
-// sum_{e in set} w_e E_e in fp64, rounded once (the reference's order: the set's).
+// sum_{e in set} w_e E_e (+ the shared term) in fp64, rounded once (the reference's
+// order: the set's, then the shared expert).
 RoutingCandidate mix(const std::map<int32_t, std::vector<float>>& E, const Router& r,
-                     std::vector<int32_t> set, bool renormalise, std::span<const float> f_test) {
+                     std::vector<int32_t> set, bool renormalise, std::span<const double> shared,
+                     std::span<const float> f_test) {
   double sum_p = 0;
   for (int32_t e : set) sum_p += r.p[size_t(e)];
   std::vector<double> acc(f_test.size(), 0.0);
@@ -101,8 +120,9 @@ RoutingCandidate mix(const std::map<int32_t, std::vector<float>>& E, const Route
     const std::vector<float>& out = E.at(e);
     for (size_t i = 0; i < acc.size(); ++i) acc[i] += w * double{out[i]};
   }
+  for (size_t i = 0; i < shared.size(); ++i) acc[i] += shared[i];
   std::vector<float> y(acc.begin(), acc.end());
-  return {std::move(set), renormalise, metrics::nmse(f_test, y)};
+  return {std::move(set), renormalise, !shared.empty(), metrics::nmse(f_test, y)};
 }
 
 std::string list(const std::vector<int32_t>& v) {
@@ -125,6 +145,11 @@ bool RoutingDiagnosis::routing_differs() const {
 
 bool RoutingDiagnosis::weighting_differs() const {
   return same_set(best.experts, reference) && best.renormalised != family_renormalises &&
+         best.shared == family_has_shared && best.nmse <= kExplainFactor * reference_mix.nmse;
+}
+
+bool RoutingDiagnosis::shared_differs() const {
+  return same_set(best.experts, reference) && best.shared != family_has_shared &&
          best.nmse <= kExplainFactor * reference_mix.nmse;
 }
 
@@ -151,6 +176,12 @@ std::string RoutingDiagnosis::describe(double near_tie_margin) const {
             : fmt::format(": not a near tie (the rule: the runner-up swapped in, margin < {} "
                           "nats)",
                           near_tie_margin));
+  }
+  if (shared_differs()) {
+    return fmt::format(
+        "shared expert missing at {}: the backend's FFN output is the routed experts {} "
+        "without the shared expert's term (NMSE {:.3e}), the family adds it (NMSE {:.3e})",
+        where, list(best.experts), best.nmse, reference_mix.nmse);
   }
   if (weighting_differs()) {
     return fmt::format(
@@ -189,6 +220,8 @@ std::optional<RoutingDiagnosis> diagnose_routing(const StoredWeights& w, int ste
   dg.reference.assign(ref.order.begin(), ref.order.begin() + k);
   // gpt-oss's softmax over its top k is the renormalised softmax (up to rounding).
   dg.family_renormalises = c.moe.norm_topk || c.moe.router == MoeRouter::TopKSoftmax;
+  dg.family_has_shared = c.moe.n_ff_shexp > 0;
+  const std::vector<double> shared = shared_term(v, test.h);
   if (k < n) {
     dg.runner_up = ref.order[size_t(k)];
     dg.margin = double{ref.z[size_t(ref.order[size_t(k - 1)])]} - ref.z[size_t(dg.runner_up)];
@@ -198,12 +231,17 @@ std::optional<RoutingDiagnosis> diagnose_routing(const StoredWeights& w, int ste
   std::map<int32_t, std::vector<float>> E;
   for (int32_t e : dg.reference) E.emplace(e, expert_output(v, e, test.h));
   for (int32_t e : pool) E.try_emplace(e, expert_output(v, e, test.h));
-  dg.reference_mix = mix(E, test, dg.reference, dg.family_renormalises, f_test);
+  dg.reference_mix = mix(E, test, dg.reference, dg.family_renormalises, shared, f_test);
   dg.best = dg.reference_mix;
   auto consider = [&](const std::vector<int32_t>& set) {
     for (bool renorm : {dg.family_renormalises, !dg.family_renormalises}) {
-      RoutingCandidate cand = mix(E, test, set, renorm, f_test);
-      if (cand.nmse < dg.best.nmse) dg.best = std::move(cand);
+      for (bool with_shared : {true, false}) {
+        if (!with_shared && shared.empty()) continue;
+        RoutingCandidate cand =
+            mix(E, test, set, renorm,
+                with_shared ? std::span<const double>(shared) : std::span<const double>(), f_test);
+        if (cand.nmse < dg.best.nmse) dg.best = std::move(cand);
+      }
     }
   };
   consider(dg.reference);

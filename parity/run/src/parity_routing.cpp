@@ -53,7 +53,7 @@ RoutingScan scan(const StoredWeights& w, const GoldenCase& g, const CaseResult& 
       if (!dg) continue;
       ++sc.pairs;
       if (ld && ld->step == step && ld->layer == l) ld->explanation = dg->describe(tie);
-      if (!dg->routing_differs() && !dg->weighting_differs()) {
+      if (!dg->routing_differs() && !dg->weighting_differs() && !dg->shared_differs()) {
         ++sc.agreed;
       } else if (dg->near_tie(tie)) {
         ++sc.ties;
@@ -90,8 +90,10 @@ void explain_routing(const Inputs& in, const GoldenCase& g, CaseResult& r) {
   if (sc.first_wrong) {
     const RoutingDiagnosis& dg = *sc.first_wrong;
     r.failures.push_back(dg.describe(tie));
-    r.violations.push_back(
-        {dg.routing_differs() ? "routing" : "expert_weighting", double(dg.step), double(dg.layer)});
+    r.violations.push_back({dg.routing_differs()  ? "routing"
+                            : dg.shared_differs() ? "shared_expert"
+                                                  : "expert_weighting",
+                            double(dg.step), double(dg.layer)});
     r.passed = false;
   } else if (ld && !ld->explanation.empty() && !r.failures.empty()) {
     r.failures.push_back(ld->explanation);

@@ -25,7 +25,8 @@ struct Reference {
   static constexpr const char* name = "reference";
   static constexpr const char* version = "0.1.0";
   // ABI v3: every family and feature the reference reads (docs/model-families.md).
-  static constexpr const char* architectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,gpt-oss";
+  static constexpr const char* architectures =
+      "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,gpt-oss,qwen2moe";
   static constexpr const char* model_features = "*";
 
   struct Model {

@@ -2,6 +2,7 @@
 // mixture of experts (Mixtral, Qwen3-MoE, gpt-oss). Numerics as documented in
 // reference_forward.cpp.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "reference_ops.h"
@@ -20,6 +21,11 @@ namespace {
 // index); moe_runner_up takes the (k+1)-th in place of the k-th; the weights p_e / sum_S p
 // (what either family's router gives, up to rounding), or p_e as the softmax gave them
 // with moe_renorm_skipped (for gpt-oss: the softmax taken before the top-k, not after).
+// moe_softmax_order takes the softmax on the other side of the top-k: a family that
+// takes it before and does not renormalise (qwen2moe) gets the softmax over its top k,
+// p_e / sum_S p; gpt-oss (after) gets p_e; a family that renormalises gets its own
+// weights back (the two orders are the same maths there). moe_shared_expert_dropped
+// does not touch the router (moe_feed_forward).
 std::vector<ops::ExpertWeight> faulty_route(std::span<const float> logits, const MoeConfig& m,
                                             const Faults& f) {
   const std::vector<double> p = ops::softmax(logits);
@@ -29,8 +35,10 @@ std::vector<ops::ExpertWeight> faulty_route(std::span<const float> logits, const
   top.resize(size_t(k));
   double sum = 0;
   for (int32_t e : top) sum += p[size_t(e)];
-  const bool renormalise =
-      (m.router == MoeRouter::TopKSoftmax || m.norm_topk) && !f.moe_renorm_skipped;
+  const bool family_renormalises = m.router == MoeRouter::TopKSoftmax || m.norm_topk;
+  const bool renormalise = f.moe_softmax_order && !m.norm_topk
+                               ? m.router == MoeRouter::SoftmaxTopK
+                               : family_renormalises && !f.moe_renorm_skipped;
   std::vector<ops::ExpertWeight> out;
   for (int32_t e : top) out.push_back({e, renormalise ? p[size_t(e)] / sum : p[size_t(e)]});
   return out;
@@ -81,6 +89,12 @@ void ReferenceTransformer::feed_forward(int32_t l) {
 // bu)) + bd). llama.cpp build_moe_ffn computes the same (ggml_mul_mat_id per expert, the
 // biases added per expert with ggml_add_id, weights multiplied in, summed over
 // n_expert_used). Here the k outputs are summed in selection order in fp64, rounded once.
+// HF Qwen2MoeSparseMoeBlock adds a shared expert: out += sigmoid(shared_expert_gate(h)) *
+// shared_expert(h), shared_expert an MLP of width shared_expert_intermediate_size
+// (llama.cpp src/models/qwen2moe.cpp: ffn_*_shexp, gated by ffn_gate_inp_shexp). Here its
+// gate logit is an fp64 dot rounded to fp32 (as every matvec output), the sigmoid fp64,
+// and sigmoid * output is added to the fp64 sum after the routed experts, before the
+// one rounding.
 void ReferenceTransformer::moe_feed_forward(int32_t l) {
   const ModelConfig& c = w_.config;
   const StoredLayerWeights& L = w_.layers[size_t(l)];
@@ -89,7 +103,7 @@ void ReferenceTransformer::moe_feed_forward(int32_t l) {
   matvec(pool_, L.ffn_gate_inp, xn_.data(), router_.data(), faults_,
          bias ? L.gate_inp_b.data() : nullptr);
   const std::vector<ops::ExpertWeight> chosen =
-      faults_.moe() ? faulty_route(router_, c.moe, faults_)
+      faults_.moe_router() ? faulty_route(router_, c.moe, faults_)
       : c.moe.router == MoeRouter::TopKSoftmax
           ? ops::route_top_k_softmax(router_, c.moe.n_expert_used)
           : ops::route_softmax_top_k(router_, c.moe.n_expert_used, c.moe.norm_topk);
@@ -105,6 +119,12 @@ void ReferenceTransformer::moe_feed_forward(int32_t l) {
     gated_ffn(m, ff, expert_out_.data());
     for (int64_t i = 0; i < d; ++i)
       moe_sum_[size_t(i)] += ew.weight * double{expert_out_[size_t(i)]};
+  }
+  if (c.moe.n_ff_shexp > 0 && !faults_.moe_shared_expert_dropped) {
+    const float g = static_cast<float>(ops::dot(L.gate_inp_shexp.data(), xn_.data(), d));
+    const double sigma = 1.0 / (1.0 + std::exp(-double{g}));
+    gated_ffn({L.gate_shexp, L.up_shexp, L.down_shexp}, c.moe.n_ff_shexp, expert_out_.data());
+    for (int64_t i = 0; i < d; ++i) moe_sum_[size_t(i)] += sigma * double{expert_out_[size_t(i)]};
   }
   for (int64_t i = 0; i < d; ++i) xn_[size_t(i)] = static_cast<float>(moe_sum_[size_t(i)]);
 }

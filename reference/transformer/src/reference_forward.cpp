@@ -87,7 +87,7 @@ ReferenceTransformer::ReferenceTransformer(const StoredWeights& weights, int32_t
   k_.resize(kv_dim);
   v_.resize(kv_dim);
   att_out_.resize(q_.size());
-  const int32_t n_ff = std::max(c.n_ff, c.moe.n_ff_exp);
+  const int32_t n_ff = std::max({c.n_ff, c.moe.n_ff_exp, c.moe.n_ff_shexp});
   gate_.resize(size_t(n_ff));
   up_.resize(size_t(n_ff));
   scores_.resize(size_t(max_ctx_));

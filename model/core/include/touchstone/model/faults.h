@@ -96,6 +96,14 @@ struct Faults {
   bool moe_renorm_skipped = false;  // "moe_renorm_skipped": the top-k weights left as the
                                     // softmax gave them where the family renormalises
                                     // them (an expert weighting divergence)
+  bool moe_softmax_order = false;   // "moe_softmax_order": the router's softmax on the other
+                                    // side of the top-k (after it where the family takes it
+                                    // before, and the reverse): the selected weights sum to
+                                    // 1 where they should not, or not where they should (an
+                                    // expert weighting divergence; the same maths where the
+                                    // family renormalises, so a no-op there)
+  bool moe_shared_expert_dropped = false;  // "moe_shared_expert_dropped": the shared expert's
+                                           // gated output left out of the FFN (qwen2moe)
   // Attention-sink fault (gpt-oss; a no-op on a model without sinks):
   bool attention_sinks_ignored = false;  // "attention_sinks_ignored": the per-head sink logit
                                          // left out of the attention softmax (as a backend
@@ -109,7 +117,11 @@ struct Faults {
            grammar_batch_mask;
   }
   // The mixture-of-experts faults (a backend that does not implement them refuses them).
-  bool moe() const { return moe_runner_up || moe_renorm_skipped; }
+  // Those of them that change the router's choice or weights.
+  bool moe_router() const { return moe_runner_up || moe_renorm_skipped || moe_softmax_order; }
+  bool moe() const {
+    return moe_runner_up || moe_renorm_skipped || moe_softmax_order || moe_shared_expert_dropped;
+  }
   // The attention-sink faults (a backend that does not implement them refuses them).
   bool sinks() const { return attention_sinks_ignored; }
   // The serving faults (a backend without step_batch / fork_session refuses them).

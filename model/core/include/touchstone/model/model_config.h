@@ -20,6 +20,9 @@
 //   phi3    Phi3ForCausalLM: NeoX RoPE, fused QKV and fused gate|up projections
 //           (split at load), optional sliding window.
 //   qwen3moe Qwen3MoeForCausalLM: Qwen3's attention with a mixture-of-experts FFN.
+//   qwen2moe Qwen2MoeForCausalLM (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (NeoX
+//           RoPE, Q/K/V biases) with a mixture of experts whose top-k weights are not
+//           renormalised, plus a shared expert gated by sigmoid(w . h).
 //   gpt-oss GptOssForCausalLM: NeoX RoPE with YaRN scaling, Q/K/V/O biases, attention
 //           sinks, sliding window on every other layer (0, 2, ...), and a mixture of
 //           experts with a top-k-then-softmax router, router and expert biases and the
@@ -38,7 +41,7 @@ namespace gguf {
 class File;
 }
 
-enum class Family { Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe, GptOss };
+enum class Family { Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe, GptOss, Qwen2Moe };
 enum class RopeStyle { Interleaved, NeoX };   // see ops::rope_interleaved / ops::rope_neox
 enum class FfnActivation { SiLU, GeluTanh };  // SwiGLU / GeGLU gate
 
@@ -69,6 +72,11 @@ struct MoeConfig {
   MoeRouter router = MoeRouter::SoftmaxTopK;
   ExpertActivation activation = ExpertActivation::SwiGLU;
   bool biases = false;  // blk.N.ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias (gpt-oss)
+  // Shared expert (qwen2moe; HF Qwen2MoeSparseMoeBlock.shared_expert, llama.cpp
+  // src/models/qwen2moe.cpp): a gated SwiGLU FFN of width n_ff_shexp that every token
+  // runs, its output scaled by sigmoid(w_shexp . h) and added after the routed experts.
+  // 0: none. {arch}.expert_shared_feed_forward_length, else n_ff (llama.cpp).
+  int32_t n_ff_shexp = 0;
 };
 
 // YaRN RoPE scaling (HF modeling_rope_utils._compute_yarn_parameters; ggml rope_yarn):

@@ -68,6 +68,11 @@ struct BasicLayerWeights {
   // gpt-oss: blk.N.ffn_gate_inp.bias [n_expert], ffn_{gate,up}_exps.bias [n_expert][n_ff_exp],
   // ffn_down_exps.bias [n_expert][n_embd] (ggml shapes {n_out, n_expert}).
   std::vector<float> gate_inp_b, gate_exps_b, up_exps_b, down_exps_b;
+  // Shared expert (qwen2moe: MoeConfig::n_ff_shexp > 0):
+  std::vector<float> gate_inp_shexp;  // [n_embd]                blk.N.ffn_gate_inp_shexp.weight
+  Matrix gate_shexp;                  // [n_ff_shexp][n_embd]    blk.N.ffn_gate_shexp.weight
+  Matrix up_shexp;                    // [n_ff_shexp][n_embd]    blk.N.ffn_up_shexp.weight
+  Matrix down_shexp;                  // [n_embd][n_ff_shexp]    blk.N.ffn_down_shexp.weight
 };
 
 template <class Matrix>

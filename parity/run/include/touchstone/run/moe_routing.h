@@ -17,11 +17,14 @@
 //   the expert biases and its clamped SwiGLU) on the backend's h, and for an expert set
 //   T the mixture sum_{e in T} w_e E_e with w_e = p_e / sum_T p (renormalised: also what
 //   gpt-oss's softmax over its top k gives) or p_e (not), p from the backend's h.
+// A family with a shared expert (qwen2moe) adds sigmoid(w_shexp . h) * S(h) to every
+// mixture, S its gated FFN on the backend's h.
 // Candidates: the reference's set, and every set with one of its experts replaced
 // by one of the k + 4 experts the backend's own router input ranks first; each with
-// and without renormalisation. The candidate nearest (NMSE) the backend's f_l is
-// the backend's routing, when it is at least 10x nearer than the reference's own
-// mixture on the same input (else the divergence is in the experts' arithmetic).
+// and without renormalisation (and, with a shared expert, each also without it). The candidate
+// nearest (NMSE) the backend's f_l is the backend's routing, when it is at least 10x nearer than
+// the reference's own mixture on the same input (else the divergence is in the experts'
+// arithmetic).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +40,8 @@ namespace touchstone {
 struct RoutingCandidate {
   std::vector<int32_t> experts;  // in the reference's router order, swaps in place
   bool renormalised = true;
-  double nmse = 0.0;  // mixture on the backend's FFN input vs the backend's FFN output
+  bool shared = false;  // the shared expert's term included (families that have one)
+  double nmse = 0.0;    // mixture on the backend's FFN input vs the backend's FFN output
 };
 
 struct RoutingDiagnosis {
@@ -46,6 +50,7 @@ struct RoutingDiagnosis {
   int32_t runner_up = -1;          // the reference's (k+1)-th expert; -1 when k = n_expert
   double margin = 0.0;             // router logit of its k-th expert minus the runner-up's
   bool family_renormalises = true;
+  bool family_has_shared = false;  // a shared expert (qwen2moe)
   RoutingCandidate reference_mix;  // the reference's set and weighting, on the backend's input
   RoutingCandidate best;           // the nearest candidate
   // The backend used another expert set (best explains it, 10x nearer than reference_mix).
@@ -53,6 +58,8 @@ struct RoutingDiagnosis {
   // The backend's weighting differs (the reference's set, renormalised where the family
   // does not renormalise, or the reverse).
   bool weighting_differs() const;
+  // The backend left the shared expert out (the reference's set and weighting without it).
+  bool shared_differs() const;
   // routing_differs() through the reference's k-th expert replaced by its runner-up,
   // with a margin below near_tie_margin (nats): accepted, as a greedy near-tie is.
   bool near_tie(double near_tie_margin) const;
