@@ -17,7 +17,8 @@ eager attention, CPU, deterministic algorithms, 1 thread:
   prompt ids, and the logits along the reference's greedy path.
 
 With --moe, the same for the mixture-of-experts families (mixtral: GGUF arch llama with
-llama.expert_count, HF MixtralForCausalLM; qwen3moe: Qwen3MoeForCausalLM), made by
+llama.expert_count, HF MixtralForCausalLM; qwen3moe: Qwen3MoeForCausalLM; qwen2moe:
+Qwen2MoeForCausalLM), made by
 `tools/make-test-models/make-test-models --moe`; their section of the doc has its own
 markers, so the dense families' section is left as it is. With --gptoss, gpt-oss
 (GGUF arch gpt-oss, HF GptOssForCausalLM; tests/models/gpt-oss, made by
@@ -52,7 +53,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
-MOE_FAMILIES = ["mixtral", "qwen3moe"]   # tests/models/moe; --moe
+MOE_FAMILIES = ["mixtral", "qwen3moe", "qwen2moe"]   # tests/models/moe; --moe
 GPTOSS_FAMILIES = ["gptoss"]             # tests/models/gpt-oss; --gptoss
 OTHER_TYPES = ["f16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
 FAMILY_TYPES = {"gptoss": ["f16", "q8_0", "mxfp4"]}   # else OTHER_TYPES
@@ -190,6 +191,11 @@ MUTATIONS = {
     "qwen3moe": [("norm_topk_prob false (top-2 weights not renormalised)", _cfg(norm_topk_prob=False)),
                  ("top-1 instead of top-2", _cfg(num_experts_per_tok=1)),
                  ("QK-norm weights 1", _params(r"\.(q|k)_norm\.weight$", 1.0))],
+    # Qwen2-MoE: the shared expert (its down projection zero) and the router's
+    # weighting (renormalised) switched off or on.
+    "qwen2moe": [("shared expert off (its down_proj zero)", _params(r"shared_expert\.down_proj\.weight$", 0.0)),
+                 ("norm_topk_prob true (top-2 weights renormalised)", _cfg(norm_topk_prob=True)),
+                 ("top-1 instead of top-2", _cfg(num_experts_per_tok=1))],
     # gpt-oss: each feature of the family switched off in transformers.
     "gptoss": [("no attention sinks (sinks -inf)", _params(r"\.sinks$", float("-inf"))),
                ("every layer full attention", lambda cfg, model: setattr(cfg, "layer_types", ["full_attention"] * cfg.num_hidden_layers)),
@@ -654,7 +660,7 @@ def main() -> int:
                            "`tokenizer.ggml.pre = qwen2` given explicitly (the converter's GptOssModel reads a GPT-2 "
                            "style tokenizer.json; not the real o200k_harmony vocabulary)") if args.gptoss else
                           ("mixtral: SentencePiece BPE (byte fallback, 512 pieces) trained on goldens/passages/*.txt; "
-                           "qwen3moe: byte-level BPE (HF tokenizers, Qwen2 regex, 509 + 3 special tokens), "
+                           "qwen3moe, qwen2moe: byte-level BPE (HF tokenizers, Qwen2 regex, 509 + 3 special tokens), "
                            "`tokenizer.ggml.pre = qwen2` given explicitly") if args.moe else
                           "llama, gemma3, phi3: SentencePiece BPE (byte fallback, 512 pieces) trained on "
                           "goldens/passages/*.txt; qwen2, qwen3: byte-level BPE (HF tokenizers, Qwen2 regex, "
