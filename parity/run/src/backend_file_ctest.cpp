@@ -96,17 +96,24 @@ void read_ctest_members(const json& j, const std::string& path, BackendFile& b) 
     b.faults.push_back(fault_entry(e, path, ptr));
   });
   each(j, path, "testmodels", [&](const json& e, const std::string& ptr) {
-    const Obj o{
-        e,
-        path,
-        ptr,
-        {"weights", "labels", "environment", "exclude", "timeout", "manifest", "args", "why"}};
+    const Obj o{e,
+                path,
+                ptr,
+                {"weights", "labels", "environment", "exclude", "timeout", "manifest", "args",
+                 "known_divergences", "why"}};
     o.check();
+    const auto beside = [&](std::string rel) {  // a path relative to the backend file
+      if (rel.empty()) return rel;
+      return std::filesystem::absolute(std::filesystem::path(path).parent_path() / rel)
+          .lexically_normal()
+          .string();
+    };
     std::string manifest = o.str("manifest");
     if (!manifest.empty())
       manifest = (std::filesystem::path(path).parent_path() / manifest).lexically_normal().string();
     b.testmodels.push_back({o.strs("weights"), o.strs("labels"), o.strs("environment"),
-                            o.strs("exclude"), o.integer("timeout", 0), manifest, o.strs("args")});
+                            o.strs("exclude"), o.integer("timeout", 0), manifest, o.strs("args"),
+                            beside(o.str("known_divergences"))});
     for (const std::string& w : b.testmodels.back().weights) check_weights(path, ptr, w);
   });
   each(j, path, "adjust", [&](const json& e, const std::string& ptr) {

@@ -175,12 +175,15 @@ void add_testmodels(const Gen& g) {
       for (const std::string& w : e.weights) {
         if (has(e.exclude, m.name + ":" + w)) continue;
         const std::string t = fmt::format("testmodel.{}.{}.{}", g.b.name, w, m.name);
+        std::vector<std::string> args = e.args;
+        if (!e.known_divergences.empty())
+          args.insert(args.end(), {"--known-divergences", e.known_divergences});
         g.out.push_back(
             skippable(t,
                       cat({g.ctx.cli, "parity", "--manifest", tm->path, "--model", m.name,
                            "--backend", g.backend_arg, "--weights", w, "--no-consistency",
                            "--threads", "1", "--junit", junit(g, t)},
-                          e.args),
+                          args),
                       cat({"parity", "testmodel", g.b.name, w}, e.labels), e.environment,
                       e.timeout > 0 ? e.timeout : 300, 0));
       }

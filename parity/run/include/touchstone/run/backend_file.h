@@ -73,6 +73,7 @@ struct BackendTestModelEntry {
   int timeout = 0;                // seconds, 0 = 300
   std::string manifest;           // absolute path; "" = the generator's test-model manifest
   std::vector<std::string> args;  // more `touchstone parity` flags (e.g. --no-serving)
+  std::string known_divergences;  // absolute path ("" = none): --known-divergences
 };
 
 // A change to generated CTests by name (fnmatch patterns in `tests`, less
