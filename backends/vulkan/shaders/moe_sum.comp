@@ -9,16 +9,22 @@
 // the product and the sum each rounded (`precise`: never contracted into an fma,
 // which llvmpipe does not fuse anyway), so every device computes the same bits
 // (the reference sums the same terms in the same order in fp64, rounded once).
+// With a shared expert (qwen2moe, pc.has_shared = 1; HF Qwen2MoeSparseMoeBlock): then
+// + sigma[t] * sh[t][c], sigma[t] = sigmoid of the row's shared-expert gate logit
+// (computed on the host in fp64, fp32 bits in `route` at sig_off + t), the product
+// and the sum rounded as above (the reference adds the same term last in fp64).
 // One invocation per element, token t = workgroup y.
 #include "common.glsl"
 
 layout(std430, binding = 0) readonly buffer E { float eo[]; };
 layout(std430, binding = 1) readonly buffer R { uint route[]; };
 layout(std430, binding = 2) writeonly buffer O { float o[]; };
+layout(std430, binding = 3) readonly buffer S { float sh[]; };  // [n_tok][n] (shared expert)
 
 layout(push_constant) uniform PC {
   uint n, n_tok, k;     // row length, rows, experts per token
   uint pos_off, w_off;  // pos and w in route
+  uint has_shared, sig_off;  // shared expert on; its sigmas in route
 } pc;
 
 void main() {
@@ -29,5 +35,6 @@ void main() {
     const uint s = t * pc.k + j;
     acc = acc + uintBitsToFloat(route[pc.w_off + s]) * eo[route[pc.pos_off + s] * pc.n + c];
   }
+  if (pc.has_shared != 0u) acc = acc + uintBitsToFloat(route[pc.sig_off + t]) * sh[t * pc.n + c];
   o[t * pc.n + c] = acc;
 }

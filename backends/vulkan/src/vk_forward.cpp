@@ -63,14 +63,19 @@ Activations::Activations(Context& ctx, const ModelConfig& c, uint32_t n_rows,
   v = Buffer(ctx, f32(T * kv_dim), K::Device);
   att = Buffer(ctx, f32(T * q_dim), K::Device);
   const size_t k_used = c.is_moe() ? size_t(c.moe.n_expert_used) : 0, S = T * k_used;  // slots
-  const size_t n_ff = std::max(size_t(c.n_ff), k_used * size_t(c.moe.n_ff_exp));       // per row
+  const size_t n_ff = std::max(
+      {size_t(c.n_ff), k_used * size_t(c.moe.n_ff_exp), size_t(c.moe.n_ff_shexp)});  // per row
   gate = Buffer(ctx, f32(T * n_ff), K::Device);
   up = Buffer(ctx, f32(T * n_ff), K::Device);
   if (S > 0) {
     moe_x = Buffer(ctx, f32(S * d), K::Device);
     moe_out = Buffer(ctx, f32(S * d), K::Device);
     router = Buffer(ctx, f32(T * size_t(c.moe.n_expert)), K::Host);
-    route = Buffer(ctx, 3 * S * sizeof(uint32_t), K::Host);
+    route = Buffer(ctx, (3 * S + T) * sizeof(uint32_t), K::Host);
+    if (c.moe.n_ff_shexp > 0) {
+      moe_shared = Buffer(ctx, f32(T * d), K::Device);
+      shexp_logit = Buffer(ctx, f32(T), K::Host);
+    }
   }
   blk = Buffer(ctx, f32(T * d), K::Device);
   scores = Buffer(ctx, f32(T * size_t(c.n_head) * score_stride), K::Device);

@@ -40,7 +40,10 @@ struct Activations {
   // ([rows][n_expert], host-visible); route (host-visible, uint32) the token of
   // each grouped row [0, S), the grouped row of each slot [S, 2 S) and each slot's
   // weight as fp32 bits [2 S, 3 S).
-  Buffer moe_x, moe_out, router, route;
+  // With a shared expert (qwen2moe): moe_shared its output ([rows][n_embd], device),
+  // shexp_logit its gate logits ([rows], host-visible); route then also holds each
+  // row's sigmoid of that logit (fp32 bits) after its 3 sections.
+  Buffer moe_x, moe_out, router, route, moe_shared, shexp_logit;
 };
 
 // The shared buffers of batched passes over one model and weight path
@@ -171,6 +174,10 @@ class Forward {
   // (vk_moe.cpp): the router logits come back to the host (flush) and are routed
   // there (route_rows), then the selected experts' FFNs and their weighted sum.
   void record_moe(Recorder& r, const Pass& p, size_t l);
+  // The shared expert of a qwen2moe layer (vk_moe.cpp): its sigmas on the host, its
+  // FFN on the device into a.moe_shared.
+  void shared_sigmas(const Activations& a, uint32_t n) const;
+  void record_shared_expert(Recorder& r, const Pass& p, size_t l);
   // The pass's n rows routed from a.router into a.route (ops::route_softmax_top_k);
   // returns, per expert e, its grouped rows [first[e], first[e + 1]).
   std::vector<uint32_t> route_rows(const Activations& a, uint32_t n) const;

@@ -82,7 +82,7 @@ Kernels::Kernels(Context& ctx, const ShaderFaults& faults) : ctx_(ctx), faults_(
   add("softcap", 1, sizeof(SoftcapPush));
   add("copy", 2, sizeof(CopyPush));
   add("moe_gather", 3, sizeof(MoeGatherPush));
-  add("moe_sum", 3, sizeof(MoeSumPush));
+  add("moe_sum", 4, sizeof(MoeSumPush));
   ctx.check_validation();
 }
 

@@ -21,9 +21,12 @@
 // output is summed in an order fixed by its own row of W (the same for any token
 // count or tile, docs/backends/vulkan.md#serving) and the routing and the weighted
 // sum are per row, so a row's result does not depend on the other rows of the pass
-// (batch invariance holds as for dense models).
+// (batch invariance holds as for dense models). A shared expert (qwen2moe) runs as a
+// dense FFN over every row into moe_shared; its gate logit comes back with the router's
+// and moe_sum.comp adds sigmoid(logit) times its output after the routed experts.
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <span>
 #include <vector>
 
@@ -103,8 +106,12 @@ void Forward::record_moe(Recorder& r, const Pass& p, size_t l) {
   const uint32_t k = uint32_t(c.moe.n_expert_used), fe = uint32_t(c.moe.n_ff_exp);
   const uint32_t S = a.rows * k, slots = n * k;
   record_matmul(r, k_, L.router, a.xn, a.router, MatmulPush{d, ne, n, 0, d, 0, ne, 0});
-  flush(r);  // the router logits to the host
+  const bool shared = c.moe.n_ff_shexp > 0;
+  if (shared)
+    record_matmul(r, k_, L.shexp_gate_inp, a.xn, a.shexp_logit, MatmulPush{d, 1, n, 0, d, 0, 1, 0});
+  flush(r);  // the router (and shared-expert gate) logits to the host
   const std::vector<uint32_t> first = route_rows(a, n);
+  if (shared) shared_sigmas(a, n);
   r.dispatch(k_.moe_gather(), {&a.xn, &a.route, &a.moe_x}, MoeGatherPush{d, slots, 0}, groups(d),
              slots);
   r.barrier();
@@ -126,8 +133,38 @@ void Forward::record_moe(Recorder& r, const Pass& p, size_t l) {
                   MatmulPush{fe, d, m, g0 * fe, fe, g0 * d, d, 0});
   }
   r.barrier();
-  r.dispatch(k_.moe_sum(), {&a.moe_out, &a.route, &a.blk}, MoeSumPush{d, n, k, S, 2 * S}, groups(d),
-             n);
+  if (shared) record_shared_expert(r, p, l);
+  r.dispatch(k_.moe_sum(), {&a.moe_out, &a.route, &a.blk, shared ? &a.moe_shared : &a.moe_out},
+             MoeSumPush{d, n, k, S, 2 * S, shared ? 1u : 0u, 3 * S}, groups(d), n);
+  r.barrier();
+}
+
+// sigma_t = 1 / (1 + exp(-z_t)) of each row's shared-expert gate logit z_t (fp32, as
+// the matmul shaders round it), in fp64, stored as fp32 bits after route's 3 sections.
+void Forward::shared_sigmas(const Activations& a, uint32_t n) const {
+  const size_t S = size_t(a.rows) * size_t(w_.config.moe.n_expert_used);
+  const float* z = static_cast<const float*>(a.shexp_logit.mapped());
+  uint32_t* route = static_cast<uint32_t*>(a.route.mapped());
+  for (uint32_t t = 0; t < n; ++t) {
+    const double sigma = 1.0 / (1.0 + std::exp(-double{z[t]}));
+    route[3 * S + t] = std::bit_cast<uint32_t>(static_cast<float>(sigma));
+  }
+}
+
+// The shared expert (qwen2moe) over the pass's n normed rows, as the dense FFN: gate /
+// up matmuls, SwiGLU, down matmul into moe_shared (the routed experts are done with
+// gate and up by then).
+void Forward::record_shared_expert(Recorder& r, const Pass& p, size_t l) {
+  const ModelConfig& c = w_.config;
+  const DeviceLayer& L = w_.layers[l];
+  Activations& a = p.act;
+  const uint32_t d = uint32_t(c.n_embd), fs = uint32_t(c.moe.n_ff_shexp), n = p.n;
+  record_matmul(r, k_, L.gate_shexp, a.xn, a.gate, MatmulPush{d, fs, n, 0, d, 0, fs, 0});
+  record_matmul(r, k_, L.up_shexp, a.xn, a.up, MatmulPush{d, fs, n, 0, d, 0, fs, 0});
+  r.barrier();
+  r.dispatch(k_.glu(), {&a.gate, &a.up}, GluPush{n * fs, 0}, groups(n * fs));  // SwiGLU
+  r.barrier();
+  record_matmul(r, k_, L.down_shexp, a.gate, a.moe_shared, MatmulPush{fs, d, n, 0, fs, 0, d, 0});
   r.barrier();
 }
 

@@ -129,6 +129,14 @@ void upload_ffn(Context& ctx, const gguf::File& f, const ModelConfig& c, const s
     L.gate_exps = upload_experts(ctx, f, p + "ffn_gate_exps.weight", d, fe, ne, quantized, total);
     L.up_exps = upload_experts(ctx, f, p + "ffn_up_exps.weight", d, fe, ne, quantized, total);
     L.down_exps = upload_experts(ctx, f, p + "ffn_down_exps.weight", fe, d, ne, quantized, total);
+    if (c.moe.n_ff_shexp > 0) {  // qwen2moe (llama.cpp LLM_TENSOR_FFN_*_SHEXP)
+      const int64_t fs = c.moe.n_ff_shexp;
+      L.shexp_gate_inp =
+          upload_matrix(ctx, f, p + "ffn_gate_inp_shexp.weight", d, 1, quantized, total);
+      L.gate_shexp = upload_matrix(ctx, f, p + "ffn_gate_shexp.weight", d, fs, quantized, total);
+      L.up_shexp = upload_matrix(ctx, f, p + "ffn_up_shexp.weight", d, fs, quantized, total);
+      L.down_shexp = upload_matrix(ctx, f, p + "ffn_down_shexp.weight", fs, d, quantized, total);
+    }
   } else if (c.fused_gate_up) {
     auto gu = upload_split(ctx, f, p + "ffn_up.weight", d, {ff, ff}, quantized, total);
     L.gate = std::move(gu[0]);

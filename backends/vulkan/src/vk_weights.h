@@ -69,6 +69,9 @@ struct DeviceLayer {
   DeviceMatrix wq, wk, wv, wo, gate, up, down;  // gate, up, down: dense FFN only
   DeviceMatrix router;                          // [n_expert][n_embd]            (moe)
   DeviceExperts gate_exps, up_exps, down_exps;  // [n_ff_exp][n_embd], [n_embd][n_ff_exp]
+  // Shared expert (qwen2moe: moe.n_ff_shexp > 0): its gate as a 1 x n_embd matrix
+  // (ffn_gate_inp_shexp) and its gated FFN (ffn_{gate,up,down}_shexp).
+  DeviceMatrix shexp_gate_inp, gate_shexp, up_shexp, down_shexp;
 };
 
 struct DeviceWeights {

@@ -462,25 +462,31 @@ TEST_P(KernelTest, MatmulOnASlabRangeEqualsItsOwnBuffer) {
 
 // moe_gather.comp copies rows into the grouped order; moe_sum.comp sums each
 // token's k expert rows times their weights in slot order, in fp32, every product
-// and sum rounded (no contraction).
+// and sum rounded (no contraction), then, with a shared expert (qwen2moe), adds
+// sigma[t] * sh[t][c] the same way.
 TEST_P(KernelTest, MoeGatherAndSumMatchCpu) {
   const uint32_t n = 64, n_tok = 5, k = 3, S = 8 * k;  // route sections of S (8 rows)
   const auto src = randn(n_tok * n), eo = randn(n_tok * k * n), w = randn(n_tok * k, 0.3f);
-  std::vector<uint32_t> route(3 * S, 0);
+  const auto sh = randn(n_tok * n), sig = randn(n_tok, 0.5f);
+  std::vector<uint32_t> route(3 * S + 8, 0);
   for (uint32_t g = 0; g < n_tok * k; ++g) route[g] = (g * 7 + 3) % n_tok;  // token of row g
   for (uint32_t s = 0; s < n_tok * k; ++s) {
     route[S + s] = (s * 5 + 1) % (n_tok * k);  // a permutation: the slot's grouped row
     std::memcpy(&route[2 * S + s], &w[s], 4);
   }
-  Buffer Src = host(src), E = host(eo), R = host(route);
+  for (uint32_t t = 0; t < n_tok; ++t) std::memcpy(&route[3 * S + t], &sig[t], 4);
+  Buffer Src = host(src), E = host(eo), R = host(route), Sh = host(sh);
   Buffer G = host(nullptr, n_tok * k * n * 4), O = host(nullptr, n_tok * n * 4);
+  Buffer O2 = host(nullptr, n_tok * n * 4);
   run([&](Recorder& r) {
     r.dispatch(kernels_->moe_gather(), {&Src, &R, &G}, MoeGatherPush{n, n_tok * k, 0},
                (n + kWorkgroup - 1) / kWorkgroup, n_tok * k);
-    r.dispatch(kernels_->moe_sum(), {&E, &R, &O}, MoeSumPush{n, n_tok, k, S, 2 * S},
+    r.dispatch(kernels_->moe_sum(), {&E, &R, &O, &E}, MoeSumPush{n, n_tok, k, S, 2 * S},
+               (n + kWorkgroup - 1) / kWorkgroup, n_tok);
+    r.dispatch(kernels_->moe_sum(), {&E, &R, &O2, &Sh}, MoeSumPush{n, n_tok, k, S, 2 * S, 1, 3 * S},
                (n + kWorkgroup - 1) / kWorkgroup, n_tok);
   });
-  const std::vector<float> g = read(G), o = read(O);
+  const std::vector<float> g = read(G), o = read(O), o2 = read(O2);
   for (uint32_t row = 0; row < n_tok * k; ++row) {
     for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(g[row * n + i], src[route[row] * n + i]) << row;
   }
@@ -493,6 +499,8 @@ TEST_P(KernelTest, MoeGatherAndSumMatchCpu) {
         acc = acc + prod;
       }
       ASSERT_EQ(o[t * n + c], acc) << "token " << t << ", element " << c;
+      const volatile float shared = sig[t] * sh[t * n + c];
+      ASSERT_EQ(o2[t * n + c], acc + shared) << "shared, token " << t << ", element " << c;
     }
   }
 }
