@@ -285,15 +285,20 @@ SimdModel::SimdModel(const std::string& path) : path_(path), file_(gg::File::ope
   }
 }
 
+// Whether release_file() will free the file's copy: every matrix is quantized (an F32
+// one is read in place from it).
+bool SimdModel::file_releasable() {
+  for (LayerView& L : q_.layers)
+    for (const Linear* w : L.matrices())
+      if (w->f != nullptr) return false;
+  return q_.lm_head.f == nullptr;
+}
+
 // Once every matrix is in the arena (none read in place: an F32 matrix would be), the
 // file's copy is dead weight but for the embedding rows: copy those, free the rest
 // (resident memory about the file's size, not twice it).
 void SimdModel::release_file() {
-  if (!arena_) return;
-  for (LayerView& L : q_.layers)
-    for (const Linear* w : L.matrices())
-      if (w->f != nullptr) return;
-  if (q_.lm_head.f != nullptr) return;
+  if (!arena_ || !file_releasable()) return;
   const std::span<const uint8_t> e = file_.tensor_data(*embd_);
   embd_bytes_.assign(e.begin(), e.end());
   file_.release_data();
@@ -322,16 +327,43 @@ void SimdModel::relocate_quantized() {
   if (!base) return;  // keep serving from the mapping
   arena_.reset(base);
   madvise(base, total, MADV_HUGEPAGE);
+  // gguf::File holds the model in private memory (read, not mmap()ed, so truncating the
+  // file cannot SIGBUS us). When release_file() will free that copy, each matrix's
+  // source pages are given back as soon as it is copied (gguf::File::discard_pages), so
+  // the load holds about one copy of the weights, not two; not a source that another
+  // matrix still reads (overlapping ranges) nor the token embedding (its rows are
+  // copied out by release_file()).
+  const std::vector<bool> discard = discardable_sources(all);
   size_t off = 0;
-  for (Linear* w : all) {
+  for (size_t i = 0; i < all.size(); ++i) {
+    Linear* w = all[i];
     const size_t n = w->row_bytes * w->n_out;
     std::memcpy(base + off, w->q, n);
-    // The source stays as it is here (gguf::File holds the model in private memory,
-    // read, not mmap()ed, so truncating the file cannot SIGBUS us); release_file()
-    // frees the whole copy afterwards when nothing reads it in place.
+    if (discard[i]) file_.discard_pages({w->q, n});
     w->q = base + off;
     off += (n + 63) & ~size_t{63};
   }
+}
+
+// discard[i]: matrix i's source bytes may be given back once copied (see
+// relocate_quantized): the file will be released, no other matrix's source overlaps
+// them, and they do not overlap the token embedding's bytes.
+std::vector<bool> SimdModel::discardable_sources(const std::vector<Linear*>& all) {
+  std::vector<bool> ok(all.size(), file_releasable());
+  if (!ok.empty() && !ok[0]) return ok;
+  const std::span<const uint8_t> e = file_.tensor_data(*embd_);
+  std::vector<size_t> order(all.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto lo = [&](size_t i) { return reinterpret_cast<uintptr_t>(all[i]->q); };
+  auto hi = [&](size_t i) { return lo(i) + all[i]->row_bytes * all[i]->n_out; };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lo(a) < lo(b); });
+  const uintptr_t e_lo = reinterpret_cast<uintptr_t>(e.data()), e_hi = e_lo + e.size();
+  for (size_t j = 0; j < order.size(); ++j) {
+    const size_t i = order[j];
+    if (lo(i) < e_hi && e_lo < hi(i)) ok[i] = false;
+    if (j + 1 < order.size() && lo(order[j + 1]) < hi(i)) ok[i] = ok[order[j + 1]] = false;
+  }
+  return ok;
 }
 
 const WeightSet& SimdModel::quantized() const {

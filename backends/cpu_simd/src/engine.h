@@ -136,6 +136,8 @@ class SimdModel {
   std::unique_ptr<uint8_t, ArenaFree> arena_;
   void relocate_quantized();
   void release_file();
+  bool file_releasable();
+  std::vector<bool> discardable_sources(const std::vector<Linear*>& all);
   touchstone::gguf::File reopened() const;
   std::string q_unsupported_;  // non-empty: why the quantized path is unavailable
   const touchstone::gguf::TensorInfo* embd_ = nullptr;

@@ -187,8 +187,8 @@ TEST(Families, SlidingWindowForgetsOldTokens) {
 }
 
 // The ABI v3 table declares exactly the engine's lists, and every declared feature
-// is a canonical ModelConfig feature name: all 23 of model_config.cpp's table (the
-// gpt-oss ones included).
+// is a canonical ModelConfig feature name: all 24 of model_config.cpp's table (the
+// gpt-oss ones and qwen2moe's shared expert included).
 TEST(Families, DeclaredFeaturesAreCanonicalNames) {
   const ts_backend* api = touchstone::cpu_simd::backend_table();
   EXPECT_STREQ(api->architectures, touchstone::cpu_simd::kArchitectures);
@@ -199,7 +199,7 @@ TEST(Families, DeclaredFeaturesAreCanonicalNames) {
     const std::string name = list.substr(p, q - p);
     EXPECT_NE(touchstone::feature_description(name), name) << name << " is not a feature name";
   }
-  EXPECT_EQ(n, 23u);
+  EXPECT_EQ(n, 24u);
 }
 
 // Gemma 3 270M Q4_K_M (skipped when absent): 521 tokens cross the 512-token

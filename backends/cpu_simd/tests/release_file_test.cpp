@@ -1,8 +1,12 @@
 // SimdModel frees the file's bytes once the quantized matrices are in its arena
 // (release_file): the embedding still reads the same rows, the full-precision path
 // reads the file again and equals the dequantized tensors, and a file that changed
-// since the load is refused rather than read.
+// since the load is refused rather than read. gguf::File::discard_pages, which the
+// relocation uses to hold one copy of the weights during the load, drops exactly the
+// whole pages inside the range it is given.
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -55,6 +59,36 @@ TEST(ReleaseFile, AChangedFileIsRefusedByTheFullPrecisionPath) {
     EXPECT_NE(std::string(e.what()).find(copy), std::string::npos) << e.what();
   }
   std::remove(copy.c_str());
+}
+
+TEST(ReleaseFile, DiscardPagesDropsOnlyTheWholePagesInside) {
+  gg::File f = gg::File::open(kModel);
+  const gg::TensorInfo* big = nullptr;
+  for (const gg::TensorInfo& t : f.tensors())
+    if (!big || f.tensor_data(t).size() > f.tensor_data(*big).size()) big = &t;
+  ASSERT_NE(big, nullptr);
+  const std::span<const uint8_t> d = f.tensor_data(*big);
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  ASSERT_GT(d.size(), 3 * page) << big->name;
+  const std::vector<uint8_t> before(d.begin(), d.end());
+  // A range that starts and ends mid-page: its whole pages read as zeros afterwards,
+  // the partial pages at both ends keep their bytes.
+  const size_t b = page / 2, e = d.size() - page / 2;
+  f.discard_pages(d.subspan(b, e - b));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(d.data());
+  const size_t first = size_t((base + b + page - 1) / page * page - base);
+  const size_t last = size_t((base + e) / page * page - base);
+  ASSERT_LT(first, last);
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i >= first && i < last)
+      ASSERT_EQ(d[i], 0) << i;
+    else
+      ASSERT_EQ(d[i], before[i]) << i;
+  }
+  // A range outside the file's bytes is ignored.
+  const std::vector<uint8_t> other(4 * page, 1);
+  f.discard_pages(other);
+  EXPECT_EQ(other[2 * page], 1);
 }
 
 }  // namespace

@@ -538,6 +538,16 @@ void File::release_data() noexcept {
   metadata_only_ = true;
 }
 
+void File::discard_pages(std::span<const uint8_t> bytes) noexcept {
+  if (base_ == nullptr || bytes.empty()) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(base_), hi = lo + size_;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(bytes.data()), e = b + bytes.size();
+  if (b < lo || e > hi) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (b + page - 1) / page * page, last = e / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void File::release() noexcept {
   if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), static_cast<size_t>(size_));
   base_ = nullptr;

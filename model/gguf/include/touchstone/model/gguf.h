@@ -173,6 +173,12 @@ class File {
   /// Frees the file's bytes, keeping its metadata and tensor infos (as open_metadata()
   /// would have): for a reader that has copied what it needs. tensor_data() then throws.
   void release_data() noexcept;
+  /// Gives back to the kernel the whole pages of the file's bytes inside `bytes` (a range
+  /// of this file's data, e.g. a tensor_data() span a reader has copied), so that a
+  /// reader copying the model elsewhere holds about one copy at any time, not two.
+  /// Those bytes then read as zeros until release_data(): the caller must not read them
+  /// again. Ignored for a range outside the file's bytes.
+  void discard_pages(std::span<const uint8_t> bytes) noexcept;
   /// True after open_metadata() or release_data().
   bool metadata_only() const { return metadata_only_; }
 
