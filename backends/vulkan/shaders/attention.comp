@@ -15,6 +15,7 @@ layout(std430, binding = 1) readonly buffer KC { float kc[]; };
 layout(std430, binding = 2) readonly buffer VC { float vc[]; };
 layout(std430, binding = 3) buffer S { float sc[]; };
 layout(std430, binding = 4) writeonly buffer O { float o[]; };
+layout(std430, binding = 5) readonly buffer SK { float sink[]; };  // [n_head] (pc.sinks)
 
 layout(push_constant) uniform PC {
   uint n_tok, pos0, n_head, n_head_kv, hd;
@@ -24,6 +25,7 @@ layout(push_constant) uniform PC {
   uint kv_len;         // cache entries filled, this chunk included (pos0 + n_tok)
   uint window;       // sliding window W: attend positions (pos - W, pos]; 0 = none
   uint row0;         // first row of this sequence in Q, O and the scratch (batched passes)
+  uint sinks;        // 1: sink[h] joins the softmax (gpt-oss): max and denominator
 } pc;
 
 void main() {
@@ -48,9 +50,12 @@ void main() {
     sc[sb + j] = s;
     m = max(m, s);
   }
+  // gpt-oss (HF eager_attention_forward with sinks): the head's sink logit is one more
+  // column of the softmax, in its max and its denominator, with no value row.
+  if (pc.sinks != 0u) m = max(m, sink[h]);
   m = wg_max(m);
   if (FAULT_SOFTMAX_NO_MAX) m = 0.0;  // exp(s) overflows to inf above ~88.7
-  float sum = 0.0;
+  float sum = (pc.sinks != 0u && tid == 0u) ? exp(sink[h] - m) : 0.0;
   for (uint j = j0 + tid; j < n_kv; j += WG) {
     const float e = exp(sc[sb + j] - m);
     sc[sb + j] = e;

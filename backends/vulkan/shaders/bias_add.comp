@@ -7,11 +7,12 @@ layout(std430, binding = 0) buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
 
 layout(push_constant) uniform PC {
-  uint n, n_tok;  // row length (== bias length), rows
+  uint n, n_tok;       // row length (== bias length), rows
+  uint y_off, b_off;   // first element of y and of b (gpt-oss: an expert's rows and bias)
 } pc;
 
 void main() {
   const uint i = gl_GlobalInvocationID.x;
   if (i >= pc.n * pc.n_tok) return;
-  y[i] += b[i % pc.n];
+  y[pc.y_off + i] += b[pc.b_off + i % pc.n];
 }

@@ -3,6 +3,8 @@
 // recorded in vk_graph.cpp.
 #include "vk_forward.h"
 
+#include "touchstone/model/rope_yarn.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -143,6 +145,19 @@ void Forward::build_rope_tables() {
     if (it != keys.end()) continue;
     keys.push_back(key);
     std::vector<float> table(ctx_n * half * 2);
+    if (c.rope_yarn.factor != 0.0) {  // gpt-oss: YaRN frequencies, cos and sin times mscale
+      const ops::YarnFrequencies fr = ops::yarn_frequencies(c.rope_yarn, c.n_rot, key.first);
+      for (size_t p = 0; p < ctx_n; ++p) {
+        for (size_t i = 0; i < half; ++i) {
+          const double theta = double(p) * fr.inv_freq[i];
+          table[(p * half + i) * 2] = static_cast<float>(std::cos(theta) * fr.mscale);
+          table[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(theta) * fr.mscale);
+        }
+      }
+      rope_tables_.emplace_back(ctx_, f32(table.size()), Buffer::Kind::Device);
+      rope_tables_.back().upload(table.data(), f32(table.size()));
+      continue;
+    }
     for (size_t p = 0; p < ctx_n; ++p) {
       for (size_t i = 0; i < half; ++i) {
         const double ff = w_.rope_freqs.empty() ? 1.0 : double{w_.rope_freqs[i]};

@@ -178,9 +178,14 @@ class Forward {
   // FFN on the device into a.moe_shared.
   void shared_sigmas(const Activations& a, uint32_t n) const;
   void record_shared_expert(Recorder& r, const Pass& p, size_t l);
-  // The pass's n rows routed from a.router into a.route (ops::route_softmax_top_k);
-  // returns, per expert e, its grouped rows [first[e], first[e + 1]).
-  std::vector<uint32_t> route_rows(const Activations& a, uint32_t n) const;
+  // The pass's n rows routed from a.router (+ router_b: gpt-oss) into a.route
+  // (ops::route_softmax_top_k, gpt-oss ops::route_top_k_softmax); returns, per expert
+  // e, its grouped rows [first[e], first[e + 1]).
+  std::vector<uint32_t> route_rows(const Activations& a, uint32_t n,
+                                   const std::vector<float>& router_b) const;
+  // gpt-oss: each expert's bias rows added to its grouped rows (vk_moe.cpp).
+  void record_expert_biases(Recorder& r, Activations& a, const std::vector<uint32_t>& first,
+                            const Buffer& b0, const Buffer& b1, uint32_t n);
   // Submits what r recorded and waits for it; r continues in a new command buffer.
   void flush(Recorder& r);
   // x += post_norm(blk) (post_norm: an empty Buffer for none), the block output
@@ -189,8 +194,11 @@ class Forward {
                            uint32_t point);
   // x += post_norm(W in) (post_norm: an empty Buffer for none); with p.tap, each
   // tapping segment's last row of the block output goes to tap point `point` of layer l.
+  // bias: added to W in before the residual add (gpt-oss's attention output bias); an
+  // empty Buffer for none.
   void record_block_out(Recorder& r, const Pass& p, const DeviceMatrix& W, const Buffer& in,
-                        const Buffer& post_norm, size_t l, uint32_t point);
+                        const Buffer& post_norm, size_t l, uint32_t point,
+                        const Buffer& bias = Buffer());
   // Row `row` of src into segment s's taps, point `point` of layer l.
   void record_tap(Recorder& r, const Segment& s, const Buffer& src, uint32_t row, size_t l,
                   uint32_t point);

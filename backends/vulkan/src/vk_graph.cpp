@@ -41,10 +41,19 @@ void Forward::record_taps(Recorder& r, const Pass& p, const Buffer& src, size_t 
 }
 
 void Forward::record_block_out(Recorder& r, const Pass& p, const DeviceMatrix& W, const Buffer& in,
-                               const Buffer& post_norm, size_t l, uint32_t point) {
+                               const Buffer& post_norm, size_t l, uint32_t point,
+                               const Buffer& bias) {
   const ModelConfig& c = w_.config;
   const uint32_t d = uint32_t(c.n_embd), n_in = W.n_in, n = p.n;
   Activations& a = p.act;
+  if (bias.size() != 0) {  // gpt-oss's attention output bias, added before the residual
+    record_matmul(r, k_, W, in, a.blk, MatmulPush{n_in, d, n, 0, n_in, 0, d, 0});
+    r.barrier();
+    r.dispatch(k_.bias_add(), {&a.blk, &bias}, BiasAddPush{d, n}, groups(d * n));
+    r.barrier();
+    record_residual_add(r, p, post_norm, l, point);
+    return;
+  }
   if (post_norm.size() == 0 && !p.tap) {  // straight into the residual stream
     record_matmul(r, k_, W, in, a.x, MatmulPush{n_in, d, n, 0, n_in, 0, d, 1});
     r.barrier();
@@ -123,14 +132,17 @@ void Forward::record_attention(Recorder& r, const Pass& p, size_t l) {
                            static_cast<float>(scale),
                            s.kv_len,
                            uint32_t(c.layers[l].sliding_window),
-                           s.row0};
+                           s.row0,
+                           L.sinks.size() != 0 ? 1u : 0u};
+    const Buffer& sinks = L.sinks.size() != 0 ? L.sinks : a.q;  // bound, unread without sinks
     r.with(s.f->sets_)
-        .dispatch(k_.attention(hd), {&a.q, &s.f->kv_->k[l], &s.f->kv_->v[l], &a.scores, &a.att}, ap,
+        .dispatch(k_.attention(hd),
+                  {&a.q, &s.f->kv_->k[l], &s.f->kv_->v[l], &a.scores, &a.att, &sinks}, ap,
                   uint32_t(c.n_head), s.n);
   }
   r.barrier();
   if (faults_.batch_page_boundary_leak) record_page_leak(r, p, l, true);
-  record_block_out(r, p, L.wo, a.att, L.post_attn_norm, l, TS_TAP_ATTN_OUT);
+  record_block_out(r, p, L.wo, a.att, L.post_attn_norm, l, TS_TAP_ATTN_OUT, L.bo);
 }
 
 // Layer l's gated FFN over the pass: x += block output.

@@ -69,10 +69,10 @@ Kernels::Kernels(Context& ctx, const ShaderFaults& faults) : ctx_(ctx), faults_(
     add(std::string("get_rows_") + t, 3, sizeof(GetRowsPush));
   }
   add("rms_norm" + sg, 3, sizeof(RmsNormPush));
-  add("attention" + sg, 5, sizeof(AttentionPush));
+  add("attention" + sg, 6, sizeof(AttentionPush));
   if (rows_ && ctx.info().subgroup_arithmetic) {
     for (uint32_t hd : kAttentionRowsHeadDims)
-      add("attention_rows_" + std::to_string(hd), 5, sizeof(AttentionPush));
+      add("attention_rows_" + std::to_string(hd), 6, sizeof(AttentionPush));
   }
   add("rope_store", 6, sizeof(RopeStorePush));
   add("glu", 2, sizeof(GluPush));

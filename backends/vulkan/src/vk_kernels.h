@@ -162,14 +162,17 @@ struct AttentionPush {
   float scale;
   // KV entries filled, this chunk included: token t attends kv_len - (n_tok - 1 - t).
   uint32_t kv_len;
-  uint32_t window;    // sliding window W (positions pos - W + 1 .. pos), 0 = full causal
-  uint32_t row0 = 0;  // first row of the sequence in Q, O and the scratch (batched passes)
+  uint32_t window;     // sliding window W (positions pos - W + 1 .. pos), 0 = full causal
+  uint32_t row0 = 0;   // first row of the sequence in Q, O and the scratch (batched passes)
+  uint32_t sinks = 0;  // 1: a per-head sink logit joins the softmax (gpt-oss; binding 5)
 };
 struct GluPush {
-  uint32_t n, gelu;  // elements; 1: GeGLU (tanh GELU), 0: SwiGLU
+  uint32_t n, act;  // elements; 0: SwiGLU, 1: GeGLU (tanh GELU), 2: gpt-oss's clamped SwiGLU
+  float alpha = 0.0f, limit = 0.0f;  // act 2: swiglu_alpha, swiglu_limit
 };
 struct BiasAddPush {
-  uint32_t n, n_tok;  // row length, rows
+  uint32_t n, n_tok;              // row length, rows
+  uint32_t y_off = 0, b_off = 0;  // first element of y and of b (an expert's rows and bias)
 };
 struct AddPush {
   uint32_t n;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "touchstone/model/moe_router.h"
+#include "touchstone/model/scalar_ops.h"
 #include "vk_forward.h"
 #include "vk_matmul.h"
 
@@ -70,18 +71,26 @@ void Forward::flush(Recorder& r) {
   r.restart(cb);
 }
 
-std::vector<uint32_t> Forward::route_rows(const Activations& a, uint32_t n) const {
+std::vector<uint32_t> Forward::route_rows(const Activations& a, uint32_t n,
+                                          const std::vector<float>& router_b) const {
   const ModelConfig& c = w_.config;
   const size_t ne = size_t(c.moe.n_expert), k = size_t(c.moe.n_expert_used);
   const size_t S = size_t(a.rows) * k;  // route's section length
   const float* logits = static_cast<const float*>(a.router.mapped());
   uint32_t* route = static_cast<uint32_t*>(a.route.mapped());
   std::vector<uint32_t> expert(size_t(n) * k), first(ne + 1, 0);
+  const bool topk_softmax = c.moe.router == MoeRouter::TopKSoftmax;
+  std::vector<float> biased(ne);
   for (size_t i = 0; i < n; ++i) {
-    const std::span<const float> r(logits + i * ne, ne);
+    std::span<const float> r(logits + i * ne, ne);
+    if (!router_b.empty()) {  // gpt-oss: the router bias, added in fp32 to the rounded logits
+      for (size_t e = 0; e < ne; ++e) biased[e] = r[e] + router_b[e];
+      r = biased;
+    }
     const std::vector<ops::ExpertWeight> chosen =
-        faults_.moe() ? route_with_fault(r, int32_t(k), c.moe.norm_topk, faults_)
-                      : ops::route_softmax_top_k(r, int32_t(k), c.moe.norm_topk);
+        faults_.moe()  ? route_with_fault(r, int32_t(k), c.moe.norm_topk || topk_softmax, faults_)
+        : topk_softmax ? ops::route_top_k_softmax(r, int32_t(k))
+                       : ops::route_softmax_top_k(r, int32_t(k), c.moe.norm_topk);
     for (size_t j = 0; j < k; ++j) {
       expert[i * k + j] = uint32_t(chosen[j].expert);
       route[2 * S + i * k + j] = std::bit_cast<uint32_t>(static_cast<float>(chosen[j].weight));
@@ -110,7 +119,7 @@ void Forward::record_moe(Recorder& r, const Pass& p, size_t l) {
   if (shared)
     record_matmul(r, k_, L.shexp_gate_inp, a.xn, a.shexp_logit, MatmulPush{d, 1, n, 0, d, 0, 1, 0});
   flush(r);  // the router (and shared-expert gate) logits to the host
-  const std::vector<uint32_t> first = route_rows(a, n);
+  const std::vector<uint32_t> first = route_rows(a, n, L.router_b);
   if (shared) shared_sigmas(a, n);
   r.dispatch(k_.moe_gather(), {&a.xn, &a.route, &a.moe_x}, MoeGatherPush{d, slots, 0}, groups(d),
              slots);
@@ -124,7 +133,12 @@ void Forward::record_moe(Recorder& r, const Pass& p, size_t l) {
                   MatmulPush{d, fe, m, g0 * d, d, g0 * fe, fe, 0});
   }
   r.barrier();
-  r.dispatch(k_.glu(), {&a.gate, &a.up}, GluPush{slots * fe, 0}, groups(slots * fe));  // SwiGLU
+  if (c.moe.biases) record_expert_biases(r, a, first, L.gate_exps_b, L.up_exps_b, fe);
+  const bool oai = c.moe.activation == ExpertActivation::SwiGLUOai;
+  r.dispatch(
+      k_.glu(), {&a.gate, &a.up},
+      GluPush{slots * fe, oai ? 2u : 0u, float(ops::kSwigluOaiAlpha), float(ops::kSwigluOaiLimit)},
+      groups(slots * fe));  // SwiGLU, or gpt-oss's clamped one
   r.barrier();
   for (uint32_t e = 0; e < ne; ++e) {
     const uint32_t g0 = first[e], m = first[e + 1] - g0;
@@ -133,9 +147,29 @@ void Forward::record_moe(Recorder& r, const Pass& p, size_t l) {
                   MatmulPush{fe, d, m, g0 * fe, fe, g0 * d, d, 0});
   }
   r.barrier();
+  if (c.moe.biases) record_expert_biases(r, a, first, L.down_exps_b, Buffer(), d);
   if (shared) record_shared_expert(r, p, l);
   r.dispatch(k_.moe_sum(), {&a.moe_out, &a.route, &a.blk, shared ? &a.moe_shared : &a.moe_out},
              MoeSumPush{d, n, k, S, 2 * S, shared ? 1u : 0u, 3 * S}, groups(d), n);
+  r.barrier();
+}
+
+// gpt-oss: expert e's bias rows added to its grouped rows [first[e], first[e + 1]) of
+// a.gate (b0) and a.up (b1; empty: a.moe_out, the down projection's), n values a row.
+void Forward::record_expert_biases(Recorder& r, Activations& a, const std::vector<uint32_t>& first,
+                                   const Buffer& b0, const Buffer& b1, uint32_t n) {
+  const uint32_t ne = uint32_t(first.size() - 1);
+  for (uint32_t e = 0; e < ne; ++e) {
+    const uint32_t g0 = first[e], m = first[e + 1] - g0;
+    if (m == 0) continue;
+    const BiasAddPush bp{n, m, g0 * n, e * n};
+    if (b1.size() == 0) {
+      r.dispatch(k_.bias_add(), {&a.moe_out, &b0}, bp, groups(n * m));
+    } else {
+      r.dispatch(k_.bias_add(), {&a.gate, &b0}, bp, groups(n * m));
+      r.dispatch(k_.bias_add(), {&a.up, &b1}, bp, groups(n * m));
+    }
+  }
   r.barrier();
 }
 

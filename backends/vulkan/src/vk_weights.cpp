@@ -89,6 +89,15 @@ Buffer upload_vector(Context& ctx, const gguf::File& f, const std::string& name,
   return device_copy(ctx, v.data(), v.size() * sizeof(float), total);
 }
 
+// A 2-D table of n_out rows of n_in values (ggml shape {n_in, n_out}) as fp32: gpt-oss's
+// per-expert biases.
+Buffer upload_table(Context& ctx, const gguf::File& f, const std::string& name, int64_t n_in,
+                    int64_t n_out, uint64_t& total) {
+  const std::vector<float> v =
+      gguf::dequantize(f, tensor(f, name, uint64_t(n_in), uint64_t(n_out)));
+  return device_copy(ctx, v.data(), v.size() * sizeof(float), total);
+}
+
 void upload_attention(Context& ctx, const gguf::File& f, const ModelConfig& c, const std::string& p,
                       bool quantized, DeviceLayer& L, uint64_t& total) {
   const int64_t d = c.n_embd, hd = c.head_dim, q_dim = int64_t{c.n_head} * hd,
@@ -115,6 +124,8 @@ void upload_attention(Context& ctx, const gguf::File& f, const ModelConfig& c, c
     L.k_norm = upload_vector(ctx, f, p + "attn_k_norm.weight", hd, total);
   }
   L.wo = upload_matrix(ctx, f, p + "attn_output.weight", q_dim, d, quantized, total);
+  if (c.attn_out_bias) L.bo = upload_vector(ctx, f, p + "attn_output.bias", d, total);
+  if (c.attn_sinks) L.sinks = upload_vector(ctx, f, p + "attn_sinks.weight", c.n_head, total);
   if (c.post_norms)
     L.post_attn_norm = upload_vector(ctx, f, p + "post_attention_norm.weight", d, total);
 }
@@ -122,13 +133,19 @@ void upload_attention(Context& ctx, const gguf::File& f, const ModelConfig& c, c
 void upload_ffn(Context& ctx, const gguf::File& f, const ModelConfig& c, const std::string& p,
                 bool quantized, DeviceLayer& L, uint64_t& total) {
   const int64_t d = c.n_embd, ff = c.n_ff;
-  L.ffn_norm = upload_vector(ctx, f, p + "ffn_norm.weight", d, total);
+  L.ffn_norm = upload_vector(ctx, f, p + ffn_norm_tensor(c), d, total);
   if (c.is_moe()) {  // router and experts (llama.cpp LLM_TENSOR_FFN_GATE_INP, FFN_*_EXPS)
     const int64_t ne = c.moe.n_expert, fe = c.moe.n_ff_exp;
     L.router = upload_matrix(ctx, f, p + "ffn_gate_inp.weight", d, ne, quantized, total);
     L.gate_exps = upload_experts(ctx, f, p + "ffn_gate_exps.weight", d, fe, ne, quantized, total);
     L.up_exps = upload_experts(ctx, f, p + "ffn_up_exps.weight", d, fe, ne, quantized, total);
     L.down_exps = upload_experts(ctx, f, p + "ffn_down_exps.weight", fe, d, ne, quantized, total);
+    if (c.moe.biases) {  // gpt-oss (llm_build_openai_moe_iswa's *_b tensors)
+      L.router_b = read_vector(f, p + "ffn_gate_inp.bias", ne);
+      L.gate_exps_b = upload_table(ctx, f, p + "ffn_gate_exps.bias", fe, ne, total);
+      L.up_exps_b = upload_table(ctx, f, p + "ffn_up_exps.bias", fe, ne, total);
+      L.down_exps_b = upload_table(ctx, f, p + "ffn_down_exps.bias", d, ne, total);
+    }
     if (c.moe.n_ff_shexp > 0) {  // qwen2moe (llama.cpp LLM_TENSOR_FFN_*_SHEXP)
       const int64_t fs = c.moe.n_ff_shexp;
       L.shexp_gate_inp =

@@ -68,6 +68,12 @@ struct DeviceLayer {
   Buffer post_attn_norm, post_ffn_norm;         // [n_embd]                      (post_norms)
   DeviceMatrix wq, wk, wv, wo, gate, up, down;  // gate, up, down: dense FFN only
   DeviceMatrix router;                          // [n_expert][n_embd]            (moe)
+  // gpt-oss: attention output bias [n_embd], sink logits [n_head]; the router's bias
+  // [n_expert] on the host (the routing runs there); the experts' biases
+  // [n_expert][n_ff_exp] (gate, up) and [n_expert][n_embd] (down).
+  Buffer bo, sinks;
+  std::vector<float> router_b;
+  Buffer gate_exps_b, up_exps_b, down_exps_b;
   DeviceExperts gate_exps, up_exps, down_exps;  // [n_ff_exp][n_embd], [n_embd][n_ff_exp]
   // Shared expert (qwen2moe: moe.n_ff_shexp > 0): its gate as a 1 x n_embd matrix
   // (ffn_gate_inp_shexp) and its gated FFN (ffn_{gate,up,down}_shexp).

@@ -93,11 +93,12 @@ bool quant_fault_applies(const touchstone::vk::DeviceWeights& w, const touchston
 // expert: vk_moe.cpp;
 // docs/model-families.md has the canonical names). gpt-oss (its architecture and
 // its router, bias, sink and YaRN features) is not computed, so refused by name.
-constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,qwen2moe";
+constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,qwen2moe,gpt-oss";
 constexpr const char* kModelFeatures =
     "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
-    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe,moe_shared_expert";
+    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe,moe_shared_expert,yarn_rope,"
+    "attn_output_bias,attention_sinks,moe_topk_softmax,moe_biases,swiglu_oai";
 
 // Refuses (UnsupportedModel, naming them) an architecture or features not in
 // the lists above; read_model_config has already refused what no backend of

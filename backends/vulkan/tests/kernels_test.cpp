@@ -229,19 +229,26 @@ TEST_P(KernelTest, RmsNormMatchesCpu) {
   expect_close(read(O), want, "rms_norm");
 }
 
-// SwiGLU and GeGLU (tanh GELU, touchstone/model/scalar_ops.h), gates up to |x| ~ 15.
+// SwiGLU, GeGLU (tanh GELU) and gpt-oss's clamped SwiGLU (touchstone/model/scalar_ops.h),
+// gates up to |x| ~ 15 (past the clamp's limit 7 both ways; up values scaled past it too).
 TEST_P(KernelTest, GluMatchesCpu) {
   const uint32_t n = 1000;
-  for (uint32_t gelu : {0u, 1u}) {
-    const auto g = randn(n, 5.0f), u = randn(n);
+  for (uint32_t act : {0u, 1u, 2u}) {
+    const auto g = randn(n, 5.0f), u = randn(n, act == 2u ? 5.0f : 1.0f);
     Buffer G = host(g), U = host(u);
     run([&](Recorder& r) {
-      r.dispatch(kernels_->glu(), {&G, &U}, GluPush{n, gelu}, (n + kWorkgroup - 1) / kWorkgroup);
+      r.dispatch(kernels_->glu(), {&G, &U},
+                 GluPush{n, act, float(touchstone::ops::kSwigluOaiAlpha),
+                         float(touchstone::ops::kSwigluOaiLimit)},
+                 (n + kWorkgroup - 1) / kWorkgroup);
     });
     std::vector<double> want(n);
-    for (uint32_t i = 0; i < n; ++i)
-      want[i] = (gelu ? touchstone::ops::gelu_tanh(g[i]) : touchstone::ops::silu(g[i])) * u[i];
-    expect_close(read(G), want, gelu ? "geglu" : "swiglu");
+    for (uint32_t i = 0; i < n; ++i) {
+      want[i] = act == 2u
+                    ? touchstone::ops::swiglu_oai(g[i], u[i])
+                    : (act ? touchstone::ops::gelu_tanh(g[i]) : touchstone::ops::silu(g[i])) * u[i];
+    }
+    expect_close(read(G), want, act == 2u ? "swiglu_oai" : act ? "geglu" : "swiglu");
   }
 }
 
@@ -270,7 +277,7 @@ TEST_P(KernelTest, RopeStoreAndAttentionMatchCpu) {
                RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd, 0, hd, 0}, n_tok);
     r.barrier();
     r.dispatch(
-        kernels_->attention(hd), {&Q, &KC, &VC, &S, &O},
+        kernels_->attention(hd), {&Q, &KC, &VC, &S, &O, &Q},  // (no sinks: binding 5 unread)
         AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, scale, pos0 + n_tok, 0},
         n_head, n_tok);
   });
@@ -354,7 +361,7 @@ TEST_P(KernelTest, NeoxPartialRopeAndSlidingWindowMatchCpu) {
     r.dispatch(kernels_->rope_store(), {&Q, &K, &V, &KC, &VC, &R},
                RopeStorePush{n_tok, pos0, n_head, n_head_kv, hd, 0, n_rot, 1}, n_tok);
     r.barrier();
-    r.dispatch(kernels_->attention(hd), {&Q, &KC, &VC, &S, &O},
+    r.dispatch(kernels_->attention(hd), {&Q, &KC, &VC, &S, &O, &Q},
                AttentionPush{n_tok, pos0, n_head, n_head_kv, hd, max_ctx, 0, float(scale),
                              pos0 + n_tok, window},
                n_head, n_tok);
