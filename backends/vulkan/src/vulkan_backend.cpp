@@ -177,11 +177,12 @@ struct Vulkan {
               TS_CAP_BATCH_INVARIANT | TS_CAP_BITWISE_DETERMINISM;
     c.batch_invariant_paths = 0;  // every weight path
     // Read in place by the shaders on the quantized path: F32, Q4_0, Q4_1, Q8_0,
-    // Q5_0, Q4_K, Q5_K, Q6_K; F16 and BF16 are dequantized to fp32 at load.
+    // Q5_0, Q4_K, Q5_K, Q6_K; F16, BF16 and MXFP4 (gpt-oss's experts) are dequantized to
+    // fp32 at load.
     c.weight_types = TS_WEIGHT_TYPE_BIT(0) | TS_WEIGHT_TYPE_BIT(1) | TS_WEIGHT_TYPE_BIT(2) |
                      TS_WEIGHT_TYPE_BIT(3) | TS_WEIGHT_TYPE_BIT(6) | TS_WEIGHT_TYPE_BIT(8) |
                      TS_WEIGHT_TYPE_BIT(12) | TS_WEIGHT_TYPE_BIT(13) | TS_WEIGHT_TYPE_BIT(14) |
-                     TS_WEIGHT_TYPE_BIT(30);
+                     TS_WEIGHT_TYPE_BIT(30) | TS_WEIGHT_TYPE_BIT(39);
     c.max_context = 0;
     c.determinism_note =
         "bitwise reproducible on one device and driver, any thread count (fixed reduction order, "

@@ -122,7 +122,7 @@ struct Reference {
     c.batch_invariant_paths = 0;
     // Everything the dequantizer understands (weight_residency.h: converted to fp32 at load
     // or one row where it is used).
-    for (int t : {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 30})
+    for (int t : {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 30, 39})  // 39: MXFP4
       c.weight_types |= TS_WEIGHT_TYPE_BIT(t);
     c.max_context = 0;
   }
