@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "touchstone/golden/manifest.h"
@@ -24,6 +25,9 @@ struct Way {
   const char* backend;
   const char* enforcement;
 };
+// Printed by name: gtest's default prints the struct's bytes (two pointers), which made
+// the CTest names that gtest_discover_tests lists differ from build to build.
+void PrintTo(const Way& w, std::ostream* os) { *os << w.backend << " (" << w.enforcement << ")"; }
 
 class StructuredCheck : public ::testing::TestWithParam<Way> {
  protected:
