@@ -1,5 +1,8 @@
 // vk_moe.cpp - the mixture-of-experts FFN of a pass (Mixtral-style: llama +
-// llama.expert_count; Qwen3-MoE), the reference's maths
+// llama.expert_count; Qwen3-MoE; Qwen2-MoE with its shared expert; gpt-oss with its
+// router bias, top-k-then-softmax router, expert biases and clamped SwiGLU: see
+// route_rows, record_expert_biases and docs/backends/vulkan.md, "gpt-oss"), the
+// reference's maths
 // (reference/transformer/src/reference_ffn.cpp, moe_feed_forward), per row:
 //   r = W_router h                                       device, fp32 (the matmul shaders)
 //   (e_j, w_j), j < k = ops::route_softmax_top_k(r, k, norm_topk)
