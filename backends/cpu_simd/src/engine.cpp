@@ -358,10 +358,17 @@ std::vector<bool> SimdModel::discardable_sources(const std::vector<Linear*>& all
   auto hi = [&](size_t i) { return lo(i) + all[i]->row_bytes * all[i]->n_out; };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lo(a) < lo(b); });
   const uintptr_t e_lo = reinterpret_cast<uintptr_t>(e.data()), e_hi = e_lo + e.size();
-  for (size_t j = 0; j < order.size(); ++j) {
-    const size_t i = order[j];
-    if (lo(i) < e_hi && e_lo < hi(i)) ok[i] = false;
-    if (j + 1 < order.size() && lo(order[j + 1]) < hi(i)) ok[i] = ok[order[j + 1]] = false;
+  // Runs of ranges that overlap one another (in start order, a range overlaps the run
+  // while it starts before the run's furthest end): none of a run's is given back.
+  for (size_t j = 0; j < order.size();) {
+    size_t k = j + 1;
+    uintptr_t end = hi(order[j]);
+    for (; k < order.size() && lo(order[k]) < end; ++k) end = std::max(end, hi(order[k]));
+    for (size_t x = j; x < k; ++x) {
+      const size_t i = order[x];
+      if (k - j > 1 || (lo(i) < e_hi && e_lo < hi(i))) ok[i] = false;
+    }
+    j = k;
   }
   return ok;
 }

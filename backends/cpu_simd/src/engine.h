@@ -259,6 +259,7 @@ class SimdSession {
   void moe_route(const LayerView& L);
   void moe_expert(const LayerView& L, int32_t e, const int32_t* slots, size_t n);
   void moe_shared_expert(const LayerView& L);
+  void gated_ffn(const Linear& gate, const Linear& up, const Linear& down, size_t ff, float* out);
   void taps_last_token(int32_t layer, int point, const float* rows);
   void logits_head();
   // per_token: fp32 matrices through the matvec for every token count, as on the

@@ -70,11 +70,7 @@ void SimdSession::moe_ffn(int32_t l) {
 // moe_shared_, its gate sigmoid(fp32(w_shexp . h)) into moe_shared_gate_.
 void SimdSession::moe_shared_expert(const LayerView& L) {
   const size_t d = size_t(c_.n_embd), N = size_t(n_tok_), fs = size_t(c_.moe.n_ff_shexp);
-  const Job gu[2] = {{&L.gate_shexp, gate_.data(), fs}, {&L.up_shexp, up_.data(), fs}};
-  linears(gu, 2, xn_.data(), d, N);
-  gated_activation(N, fs);
-  const Job dn[1] = {{&L.down_shexp, moe_shared_.data(), d}};
-  linears(dn, 1, gate_.data(), fs, N);
+  gated_ffn(L.gate_shexp, L.up_shexp, L.down_shexp, fs, moe_shared_.data());
   for (size_t i = 0; i < N; ++i) {
     const float g =
         static_cast<float>(touchstone::ops::dot(L.shexp_gate, xn_.data() + i * d, int64_t(d)));

@@ -181,6 +181,18 @@ void SimdSession::attention_block(int32_t l) {
 
 // Norm, gate / up, act(gate) * up, down (or the mixture of experts:
 // engine_moe.cpp), post-norm, residual add.
+// out = down(act(gate xn_) * (up xn_)) for the pass's rows (gate_, up_ as scratch): the
+// dense FFN, and qwen2moe's shared expert (engine_moe.cpp).
+void SimdSession::gated_ffn(const Linear& gate, const Linear& up, const Linear& down, size_t ff,
+                            float* out) {
+  const size_t d = size_t(c_.n_embd), N = size_t(n_tok_);
+  const Job gu[2] = {{&gate, gate_.data(), ff}, {&up, up_.data(), ff}};
+  linears(gu, 2, xn_.data(), d, N);
+  gated_activation(N, ff);
+  const Job dn[1] = {{&down, out, d}};
+  linears(dn, 1, gate_.data(), ff, N);
+}
+
 void SimdSession::ffn_block(int32_t l) {
   const size_t d = size_t(c_.n_embd), ff = size_t(c_.n_ff), N = size_t(n_tok_);
   const double eps = c_.rms_norm_eps * faults_.rms_eps_scale;
@@ -190,11 +202,7 @@ void SimdSession::ffn_block(int32_t l) {
   if (c_.is_moe()) {
     moe_ffn(l);
   } else {
-    const Job gu[2] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
-    linears(gu, 2, xn_.data(), d, N);
-    gated_activation(N, ff);
-    const Job dn[1] = {{&L.down, tmp_.data(), d}};
-    linears(dn, 1, gate_.data(), ff, N);
+    gated_ffn(L.gate, L.up, L.down, ff, tmp_.data());
   }
   if (L.post_ffn_norm) {
     for (size_t i = 0; i < N; ++i)

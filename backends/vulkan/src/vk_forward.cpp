@@ -145,26 +145,18 @@ void Forward::build_rope_tables() {
     if (it != keys.end()) continue;
     keys.push_back(key);
     std::vector<float> table(ctx_n * half * 2);
-    if (c.rope_yarn.factor != 0.0) {  // gpt-oss: YaRN frequencies, cos and sin times mscale
-      const ops::YarnFrequencies fr = ops::yarn_frequencies(c.rope_yarn, c.n_rot, key.first);
-      for (size_t p = 0; p < ctx_n; ++p) {
-        for (size_t i = 0; i < half; ++i) {
-          const double theta = double(p) * fr.inv_freq[i];
-          table[(p * half + i) * 2] = static_cast<float>(std::cos(theta) * fr.mscale);
-          table[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(theta) * fr.mscale);
-        }
-      }
-      rope_tables_.emplace_back(ctx_, f32(table.size()), Buffer::Kind::Device);
-      rope_tables_.back().upload(table.data(), f32(table.size()));
-      continue;
-    }
+    // gpt-oss: YaRN frequencies, cos and sin times mscale (ops::yarn_frequencies).
+    const bool yarn = c.rope_yarn.factor != 0.0;
+    const ops::YarnFrequencies fr =
+        yarn ? ops::yarn_frequencies(c.rope_yarn, c.n_rot, key.first) : ops::YarnFrequencies{};
     for (size_t p = 0; p < ctx_n; ++p) {
       for (size_t i = 0; i < half; ++i) {
         const double ff = w_.rope_freqs.empty() ? 1.0 : double{w_.rope_freqs[i]};
         const double theta =
-            ops::rope_theta(int32_t(p), int64_t(i), c.n_rot, key.first, key.second, ff);
-        table[(p * half + i) * 2] = static_cast<float>(std::cos(theta));
-        table[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(theta));
+            yarn ? double(p) * fr.inv_freq[i]
+                 : ops::rope_theta(int32_t(p), int64_t(i), c.n_rot, key.first, key.second, ff);
+        table[(p * half + i) * 2] = static_cast<float>(std::cos(theta) * fr.mscale);
+        table[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(theta) * fr.mscale);
       }
     }
     rope_tables_.emplace_back(ctx_, f32(table.size()), Buffer::Kind::Device);

@@ -177,6 +177,8 @@ class Forward {
   // The shared expert of a qwen2moe layer (vk_moe.cpp): its sigmas on the host, its
   // FFN on the device into a.moe_shared.
   void shared_sigmas(const Activations& a, uint32_t n) const;
+  void record_gate_up_act(Recorder& r, const Pass& p, const DeviceMatrix& gate,
+                          const DeviceMatrix& up, uint32_t n_ff, uint32_t act);
   void record_shared_expert(Recorder& r, const Pass& p, size_t l);
   // The pass's n rows routed from a.router (+ router_b: gpt-oss) into a.route
   // (ops::route_softmax_top_k, gpt-oss ops::route_top_k_softmax); returns, per expert

@@ -146,6 +146,19 @@ void Forward::record_attention(Recorder& r, const Pass& p, size_t l) {
 }
 
 // Layer l's gated FFN over the pass: x += block output.
+// act(gate xn) * (up xn) into a.gate for the pass's rows (glu.comp's act: 0 SwiGLU, 1
+// GeGLU): the dense FFN before its down projection, and qwen2moe's shared expert.
+void Forward::record_gate_up_act(Recorder& r, const Pass& p, const DeviceMatrix& gate,
+                                 const DeviceMatrix& up, uint32_t n_ff, uint32_t act) {
+  Activations& a = p.act;
+  const uint32_t d = uint32_t(w_.config.n_embd), n = p.n;
+  record_matmul(r, k_, gate, a.xn, a.gate, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  record_matmul(r, k_, up, a.xn, a.up, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
+  r.barrier();
+  r.dispatch(k_.glu(), {&a.gate, &a.up}, GluPush{n * n_ff, act}, groups(n * n_ff));
+  r.barrier();
+}
+
 void Forward::record_ffn(Recorder& r, const Pass& p, size_t l) {
   const ModelConfig& c = w_.config;
   const DeviceLayer& L = w_.layers[l];
@@ -160,12 +173,8 @@ void Forward::record_ffn(Recorder& r, const Pass& p, size_t l) {
     if (p.tap) record_taps(r, p, a.x, l, TS_TAP_RESIDUAL);
     return;
   }
-  record_matmul(r, k_, L.gate, a.xn, a.gate, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-  record_matmul(r, k_, L.up, a.xn, a.up, MatmulPush{d, n_ff, n, 0, d, 0, n_ff, 0});
-  r.barrier();
-  const uint32_t gelu = c.ffn_activation == FfnActivation::GeluTanh ? 1u : 0u;
-  r.dispatch(k_.glu(), {&a.gate, &a.up}, GluPush{n * n_ff, gelu}, groups(n * n_ff));
-  r.barrier();
+  record_gate_up_act(r, p, L.gate, L.up, n_ff,
+                     c.ffn_activation == FfnActivation::GeluTanh ? 1u : 0u);
   record_block_out(r, p, L.down, a.gate, L.post_ffn_norm, l, TS_TAP_FFN_OUT);
   if (p.tap) record_taps(r, p, a.x, l, TS_TAP_RESIDUAL);
 }

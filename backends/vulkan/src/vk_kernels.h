@@ -190,7 +190,7 @@ struct MoeGatherPush {
 struct MoeSumPush {
   uint32_t n, n_tok, k;     // row length, rows, experts per token
   uint32_t pos_off, w_off;  // offsets in route of the slots' grouped rows and weights
-  uint32_t shared = 0;      // 1: add sigma[t] * sh[t][c] (the shared expert, qwen2moe)
+  uint32_t has_shared = 0;  // 1: add sigma[t] * sh[t][c] (the shared expert, qwen2moe)
   uint32_t sig_off = 0;     // offset in route of the rows' sigmas (fp32 bits)
 };
 struct ArgmaxPush {

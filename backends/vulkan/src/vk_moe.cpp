@@ -196,11 +196,7 @@ void Forward::record_shared_expert(Recorder& r, const Pass& p, size_t l) {
   const DeviceLayer& L = w_.layers[l];
   Activations& a = p.act;
   const uint32_t d = uint32_t(c.n_embd), fs = uint32_t(c.moe.n_ff_shexp), n = p.n;
-  record_matmul(r, k_, L.gate_shexp, a.xn, a.gate, MatmulPush{d, fs, n, 0, d, 0, fs, 0});
-  record_matmul(r, k_, L.up_shexp, a.xn, a.up, MatmulPush{d, fs, n, 0, d, 0, fs, 0});
-  r.barrier();
-  r.dispatch(k_.glu(), {&a.gate, &a.up}, GluPush{n * fs, 0}, groups(n * fs));  // SwiGLU
-  r.barrier();
+  record_gate_up_act(r, p, L.gate_shexp, L.up_shexp, fs, 0);  // SwiGLU
   record_matmul(r, k_, L.down_shexp, a.gate, a.moe_shared, MatmulPush{fs, d, n, 0, fs, 0, d, 0});
   r.barrier();
 }

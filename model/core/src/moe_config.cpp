@@ -44,6 +44,16 @@ int32_t count(const gguf::File& f, const std::string& key, uint64_t v, uint64_t 
   return static_cast<int32_t>(v);
 }
 
+// expert_feed_forward_length, else n_ff / n_expert_used (llama.cpp's qwen3moe and
+// qwen2moe load_arch_tensors).
+int32_t expert_width(const gguf::File& f, const std::string& p, const ModelConfig& c) {
+  if (auto v = f.find_uint(p + "expert_feed_forward_length"))
+    return count(f, p + "expert_feed_forward_length", *v, std::numeric_limits<int32_t>::max());
+  const int32_t w = c.n_ff / c.moe.n_expert_used;
+  if (w < 1) throw Error("{}: {}expert_feed_forward_length is required", f.path(), p);
+  return w;
+}
+
 }  // namespace
 
 void read_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
@@ -69,12 +79,7 @@ void read_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
   if (c.family == Family::Qwen3Moe) {
     // llama.cpp src/models/qwen3moe.cpp: n_ff_exp = expert_feed_forward_length, else
     // n_ff / n_expert_used.
-    if (auto v = f.find_uint(p + "expert_feed_forward_length")) {
-      m.n_ff_exp = count(f, p + "expert_feed_forward_length", *v, kMax);
-    } else {
-      m.n_ff_exp = c.n_ff / m.n_expert_used;
-      if (m.n_ff_exp < 1) throw Error("{}: {}expert_feed_forward_length is required", f.path(), p);
-    }
+    m.n_ff_exp = expert_width(f, p, c);
     // HF Qwen3MoeSparseMoeBlock renormalises only if config.norm_topk_prob. llama.cpp
     // (0.3.16 and 0.3.36) always does (build_moe_ffn(..., norm_w = true, ...)) and its
     // converter does not write the key; every released Qwen3-MoE has norm_topk_prob =
@@ -93,12 +98,7 @@ void read_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
 void read_qwen2moe_moe(const gguf::File& f, const std::string& p, ModelConfig& c) {
   MoeConfig& m = c.moe;
   constexpr uint64_t kMax = std::numeric_limits<int32_t>::max();
-  if (auto v = f.find_uint(p + "expert_feed_forward_length")) {
-    m.n_ff_exp = count(f, p + "expert_feed_forward_length", *v, kMax);
-  } else {
-    m.n_ff_exp = c.n_ff / m.n_expert_used;
-    if (m.n_ff_exp < 1) throw Error("{}: {}expert_feed_forward_length is required", f.path(), p);
-  }
+  m.n_ff_exp = expert_width(f, p, c);
   m.n_ff_shexp = c.n_ff;
   if (auto v = f.find_uint(p + "expert_shared_feed_forward_length"))
     m.n_ff_shexp = count(f, p + "expert_shared_feed_forward_length", *v, kMax);

@@ -55,15 +55,14 @@ std::vector<float> matvec(const WeightMatrix& W, std::span<const float> x,
   return y;
 }
 
-// Expert e's gated MLP on the normed input h (gpt-oss: with its biases and clamped
-// SwiGLU), rounded as the reference rounds.
-std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const float> h) {
-  const StoredLayerWeights& L = v.L();
-  const bool bias = v.w.config.moe.biases;
-  std::vector<float> g = matvec(L.gate_exps.slice(e * v.ff, v.ff), h,
-                                bias ? L.gate_exps_b.data() + e * v.ff : nullptr);
-  const std::vector<float> u =
-      matvec(L.up_exps.slice(e * v.ff, v.ff), h, bias ? L.up_exps_b.data() + e * v.ff : nullptr);
+// down(act(gate h + bg) * (up h + bu)) + bd, rounded as the reference rounds (biases
+// null unless gpt-oss, whose act is its clamped SwiGLU).
+std::vector<float> gated_mlp(const LayerView& v, const WeightMatrix& gate, const WeightMatrix& up,
+                             const WeightMatrix& down, std::span<const float> h,
+                             const float* bg = nullptr, const float* bu = nullptr,
+                             const float* bd = nullptr) {
+  std::vector<float> g = matvec(gate, h, bg);
+  const std::vector<float> u = matvec(up, h, bu);
   const bool gelu = v.w.config.ffn_activation == FfnActivation::GeluTanh;
   const bool oai = v.w.config.moe.activation == ExpertActivation::SwiGLUOai;
   for (size_t i = 0; i < g.size(); ++i) {
@@ -71,8 +70,18 @@ std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const 
                          : (gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i])) * double{u[i]};
     g[i] = float(y);
   }
-  return matvec(L.down_exps.slice(e * v.d, v.d), g,
-                bias ? L.down_exps_b.data() + e * v.d : nullptr);
+  return matvec(down, g, bd);
+}
+
+// Expert e's gated MLP on the normed input h (gpt-oss: with its biases).
+std::vector<float> expert_output(const LayerView& v, int32_t e, std::span<const float> h) {
+  const StoredLayerWeights& L = v.L();
+  const bool bias = v.w.config.moe.biases;
+  return gated_mlp(v, L.gate_exps.slice(e * v.ff, v.ff), L.up_exps.slice(e * v.ff, v.ff),
+                   L.down_exps.slice(e * v.d, v.d), h,
+                   bias ? L.gate_exps_b.data() + e * v.ff : nullptr,
+                   bias ? L.up_exps_b.data() + e * v.ff : nullptr,
+                   bias ? L.down_exps_b.data() + e * v.d : nullptr);
 }
 
 // The shared expert's term sigmoid(fp32(w_shexp . h)) * S(h) (qwen2moe; the reference's
@@ -82,10 +91,7 @@ std::vector<double> shared_term(const LayerView& v, std::span<const float> h) {
   if (v.w.config.moe.n_ff_shexp <= 0) return {};
   const float z = float(ops::dot(L.gate_inp_shexp.data(), h.data(), v.d));
   const double sigma = 1.0 / (1.0 + std::exp(-double{z}));
-  std::vector<float> g = matvec(L.gate_shexp, h);
-  const std::vector<float> u = matvec(L.up_shexp, h);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = float(ops::silu(g[i]) * double{u[i]});
-  const std::vector<float> s = matvec(L.down_shexp, g);
+  const std::vector<float> s = gated_mlp(v, L.gate_shexp, L.up_shexp, L.down_shexp, h);
   std::vector<double> t(s.size());
   for (size_t i = 0; i < s.size(); ++i) t[i] = sigma * double{s[i]};
   return t;
