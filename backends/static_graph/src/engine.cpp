@@ -47,16 +47,17 @@ namespace {
 
 using gguf::TensorType;
 
-const char* kMatrixNames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
-                               "ffn_gate", "ffn_up", "ffn_down"};
-
 // Rows [row0, row0 + out) of fp32 [rows][in] -> [1][in][out] (row0: a fused
-// tensor's part).
-HostTensor transpose_f32(const std::vector<float>& w, int64_t out, int64_t in, int64_t row0 = 0) {
-  HostTensor t = HostTensor::make({1, in, out}, "f32");
+// tensor's part); count > 1: `count` stacked matrices of `out` rows each (experts,
+// [count][out][in]) -> [count][in][out].
+HostTensor transpose_f32(const std::vector<float>& w, int64_t out, int64_t in, int64_t row0 = 0,
+                         int64_t count = 1) {
+  HostTensor t = HostTensor::make({count, in, out}, "f32");
   float* d = t.as<float>();
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) d[i * out + o] = w[size_t((row0 + o) * in + i)];
+  for (int64_t e = 0; e < count; ++e)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i)
+        d[(e * in + i) * out + o] = w[size_t((row0 + e * out + o) * in + i)];
   return t;
 }
 
@@ -150,28 +151,22 @@ void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {
   ws.tensors[k] = std::move(t);
 }
 
-// Where matrix k (kMatrixNames order) of layer l is stored: the tensor and its
-// first row (Phi-3's fused tensors, split at load as the reference does:
-// attn_qkv rows [q | k | v], ffn_up rows [gate | up]).
+// Where matrix k (LayerMatrix) of layer l is stored: the tensor and its first row
+// (Phi-3's fused tensors, split at load as the reference does: attn_qkv rows
+// [q | k | v], ffn_up rows [gate | up]; the experts of a 3-D tensor follow each other,
+// `out` rows each).
 struct MatrixSource {
   std::string tensor;
   int64_t row0 = 0;
 };
 
-MatrixSource matrix_source(const ModelConfig& c, int32_t l, int k) {
+MatrixSource matrix_source(const ModelConfig& c, const ModelDims& D, int32_t l, int k) {
   const std::string p = "blk." + std::to_string(l) + ".";
   const int64_t qd = int64_t(c.n_head) * c.head_dim, kvd = int64_t(c.n_head_kv) * c.head_dim;
   if (c.fused_qkv && k < 3) return {p + "attn_qkv.weight", k == 0 ? 0 : k == 1 ? qd : qd + kvd};
-  if (c.fused_gate_up && (k == 4 || k == 5)) return {p + "ffn_up.weight", k == 4 ? 0 : c.n_ff};
-  return {p + kMatrixNames[k] + ".weight", 0};
-}
-
-// Matrix k of a layer: {n_in, n_out}.
-std::pair<int64_t, int64_t> matrix_dims(const ModelDims& D, int k) {
-  const int64_t qd = int64_t(D.n_head) * D.head_dim, kvd = int64_t(D.n_head_kv) * D.head_dim;
-  const int64_t ins[7] = {D.n_embd, D.n_embd, D.n_embd, qd, D.n_embd, D.n_embd, D.n_ff};
-  const int64_t outs[7] = {qd, kvd, kvd, D.n_embd, D.n_ff, D.n_ff, D.n_embd};
-  return {ins[k], outs[k]};
+  if (c.fused_gate_up && (k == kFfnGate || k == kFfnUp))
+    return {p + "ffn_up.weight", k == kFfnGate ? 0 : c.n_ff};
+  return {p + layer_matrix_name(D, k) + ".weight", 0};
 }
 
 // GGUF name of a layer vector's graph argument ("attn_q.bias" stays, norms get ".weight").
@@ -231,30 +226,68 @@ std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const ModelC
   }
   put_vectors(f, D, *ws);
   for (int32_t l = 0; l < D.n_layer; ++l) {
-    for (int k = 0; k < 7; ++k) {
-      const auto [in, out] = matrix_dims(D, k);
-      const MatrixSource src = matrix_source(c, l, k);
-      const std::string key = "blk." + std::to_string(l) + "." + kMatrixNames[k];
-      put(key, transpose_f32(deq(src.tensor, (src.row0 + out) * in), out, in, src.row0));
+    for (int k = 0; k < kLayerMatrices; ++k) {
+      const auto [in, out, count] = layer_matrix_shape(D, k);
+      if (count == 0) continue;
+      const MatrixSource src = matrix_source(c, D, l, k);
+      const std::string key = "blk." + std::to_string(l) + "." + layer_matrix_name(D, k);
+      put(key, transpose_f32(deq(src.tensor, (src.row0 + count * out) * in), out, in, src.row0,
+                             count));
     }
   }
   return ws;
 }
 
+// `count` matrices of `out` rows each from rows row0.. of one tensor (a 3-D expert
+// tensor), each repacked by pack_blocks, stacked along the first dim of every part
+// (blocks [count * nb][r][out], fp32 [count][in][out]). Returns whether the pack
+// fault changed them.
+bool pack_stacked(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
+                  int64_t in, int64_t out, int64_t count, WeightSet& ws, MatrixFormat& fmt,
+                  const PackFault& pf, int64_t row0) {
+  if (ti.type == TensorType::F32 || ti.type == TensorType::F16) {  // as pack_blocks: fp32
+    fmt = MatrixFormat::F32;
+    put_tensor(ws, name, transpose_f32(gguf::dequantize(f, ti), out, in, row0, count));
+    return false;
+  }
+  std::vector<WeightSet> parts(static_cast<size_t>(count));
+  bool changed = false;
+  for (int64_t e = 0; e < count; ++e)
+    changed |= pack_blocks(f, ti, name, in, out, parts[size_t(e)], fmt, pf, row0 + e * out);
+  for (const auto& [key, first] : parts[0].tensors) {
+    std::vector<int64_t> shape = first.shape;
+    shape[0] *= count;
+    HostTensor t = HostTensor::make(shape, first.elem);
+    for (int64_t e = 0; e < count; ++e)
+      std::memcpy(t.data.get() + size_t(e) * first.bytes,
+                  parts[size_t(e)].tensors.at(key).data.get(), first.bytes);
+    put_tensor(ws, key, std::move(t));
+  }
+  return changed;
+}
+
 // quantized: norms in fp32; every matrix stays in its GGUF blocks (repacked,
-// not dequantized). Returns the number of matrices the pack fault changed.
+// not dequantized), but a MoE router (fp32 in the graph, as llama.cpp never
+// quantizes it). Returns the number of matrices the pack fault changed.
 size_t pack_quantized_matrices(const gguf::File& f, const ModelConfig& c, const ModelDims& D,
                                const PackFault& pf, WeightSet& ws) {
   size_t changed = 0;
   put_vectors(f, D, ws);
-  ws.spec_template.layer_formats.resize(size_t(D.n_layer) * 7);
+  ws.spec_template.layer_formats.resize(size_t(D.n_layer) * kLayerMatrices, MatrixFormat::F32);
   for (int32_t l = 0; l < D.n_layer; ++l) {
-    for (int k = 0; k < 7; ++k) {
-      const auto [in, out] = matrix_dims(D, k);
-      const MatrixSource src = matrix_source(c, l, k);
-      changed +=
-          pack_blocks(f, f.tensor(src.tensor), "blk." + std::to_string(l) + "." + kMatrixNames[k],
-                      in, out, ws, ws.spec_template.layer_formats[size_t(l * 7 + k)], pf, src.row0);
+    for (int k = 0; k < kLayerMatrices; ++k) {
+      const auto [in, out, count] = layer_matrix_shape(D, k);
+      if (count == 0) continue;
+      const MatrixSource src = matrix_source(c, D, l, k);
+      const std::string key = "blk." + std::to_string(l) + "." + layer_matrix_name(D, k);
+      const gguf::TensorInfo& ti = f.tensor(src.tensor);
+      MatrixFormat& fmt = ws.spec_template.layer_formats[size_t(l * kLayerMatrices + k)];
+      if (k == kFfnGateInp)
+        put_tensor(ws, key, transpose_f32(gguf::dequantize(f, ti), out, in));
+      else if (count > 1)
+        changed += pack_stacked(f, ti, key, in, out, count, ws, fmt, pf, src.row0);
+      else
+        changed += pack_blocks(f, ti, key, in, out, ws, fmt, pf, src.row0);
     }
   }
   return changed;
@@ -353,6 +386,11 @@ ModelDims dims_of(const ModelConfig& c, std::vector<RopeTable>& tables) {
   d.embd_scale = c.embd_scale;
   d.attn_scale = c.attn_scale;
   d.final_logit_softcap = c.final_logit_softcap;
+  d.n_expert = c.moe.n_expert;
+  d.n_expert_used = c.moe.n_expert_used;
+  d.n_ff_exp = c.moe.n_ff_exp;
+  d.n_ff_shexp = c.moe.n_ff_shexp;
+  d.norm_topk = c.moe.norm_topk;
   tables.clear();
   for (const LayerConfig& lc : c.layers) {
     size_t k = 0;

@@ -144,6 +144,22 @@ class Emitter {
   Val greater(const Val& a, const Val& b) {
     return emit("tosa.greater", {a, b}, bcast(a, b), "i1");
   }
+  Val equal(const Val& a, const Val& b) { return emit("tosa.equal", {a, b}, bcast(a, b), "i1"); }
+  // x repeated `times` along a leading dim of 1: [1, ...] -> [times, ...].
+  Val tile0(const Val& x, int64_t times) {
+    Shape m(x.shape.size(), 1), s = x.shape;
+    m[0] = times;
+    s[0] *= times;
+    return emit("tosa.tile", {x, shape_const(m)}, s, x.elem);
+  }
+  // Index of the largest value along axis 1 of x [R, n] as [R, 1] (i32); equal maxima:
+  // the lowest index; NaN never wins (nan_mode IGNORE: strict ogt against the running
+  // maximum).
+  Val argmax1(const Val& x) {
+    Val a = emit("tosa.argmax", {x}, {x.shape[0]}, "i32",
+                 "{axis = 1 : i32, nan_mode = #tosa.nan_mode<IGNORE>}");
+    return reshape(a, {x.shape[0], 1});
+  }
   Val select(const Val& p, const Val& a, const Val& b) {
     Val t{"", bcast(p, a), a.elem};
     return emit("tosa.select", {p, a, b}, bcast(t, b), a.elem);
@@ -208,12 +224,13 @@ struct MatrixPart {
   std::string elem;
 };
 
-// Graph arguments of one weight matrix used as y[T, out] = x[T, in] . M[in, out].
-std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f) {
-  const int64_t nb = in / block_rows(f);
+// Graph arguments of one weight matrix used as y[T, out] = x[T, in] . M[in, out], or of
+// `count` such matrices stacked (experts: F32 [count, in, out], blocks count * nb).
+std::vector<MatrixPart> matrix_parts(int64_t in, int64_t outd, MatrixFormat f, int64_t count = 1) {
+  const int64_t nb = count * (in / block_rows(f));
   switch (f) {
     case MatrixFormat::F32:
-      return {{"", {1, in, outd}, "f32"}};
+      return {{"", {count, in, outd}, "f32"}};
     case MatrixFormat::Q4_0:
       return {{".qs", {nb, 16, outd}, "i8"}, {".d", {nb, 1, outd}, "f16"}};
     case MatrixFormat::Q4_1:
@@ -287,13 +304,15 @@ Val dequantize(Emitter& e, const std::vector<Val>& p, MatrixFormat f, int64_t nb
 // slice of the input dim: [1, in, out] when slices == 1 (the normal case), else
 // `slices` operands [1, c_k, out] of whole 32-blocks (the thread_order_reduction
 // fault). Emitted where the parameters are declared, as before the fault existed.
+// count > 1 (experts): one operand [count, in, out], never sliced.
 std::vector<Val> matrix(Fn& fn, const std::string& name, int64_t in, int64_t outd, MatrixFormat f,
-                        int64_t slices = 1) {
+                        int64_t slices = 1, int64_t count = 1) {
   std::vector<Val> p;
-  for (const MatrixPart& part : matrix_parts(in, outd, f))
+  for (const MatrixPart& part : matrix_parts(in, outd, f, count))
     p.push_back(fn.param(name + part.suffix, part.shape, part.elem));
   Emitter& e = fn.e;
   const int64_t nb = in / block_rows(f);
+  if (count > 1) return {e.reshape(dequantize(e, p, f, count * nb, outd), {count, in, outd})};
   if (slices <= 1) return {dequantize(e, p, f, nb, outd)};
   std::vector<Val> out;
   for (int64_t k = 0; k < slices; ++k) {
@@ -339,9 +358,6 @@ struct Ctx {
   GraphFaults F;
   ModelDims M;  // the family features
 };
-
-const char* const kMatNames[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
-                                  "ffn_gate", "ffn_up", "ffn_down"};
 
 // y [T, out] = x [T, in] . M, M given as its input-dim slices [1, c_k, out] (one
 // normally; the thread_order_reduction fault: partial products summed in fp32
@@ -496,21 +512,32 @@ struct LayerInputs {
 // operands), then the caches.
 struct LayerParams {
   std::map<std::string, Val> vec;
-  std::vector<Val> mats[7];
+  std::vector<Val> mats[kLayerMatrices];
   Val kc, vc;
 };
 
+// Calls norm(name) for attn_norm and ffn_norm and mat(k, shape) for every layer matrix of
+// the model, in the order of a layer's weight parameters.
+template <typename Norm, typename Mat>
+void for_layer_weights(const ModelDims& D, const Norm& norm, const Mat& mat) {
+  norm("attn_norm");
+  for (int k = 0; k < kLayerMatrices; ++k) {
+    if (k == kFfnGate) norm("ffn_norm");
+    const MatrixShape s = layer_matrix_shape(D, k);
+    if (s.count > 0) mat(k, s);
+  }
+}
+
 LayerParams layer_params(Fn& f, const Ctx& C, const MatrixFormat* fmt) {
-  const int64_t d = C.d, kvd = C.kvd, mins[7] = {d, d, d, C.qd, d, d, C.ff};
-  const int64_t mouts[7] = {C.qd, kvd, kvd, d, C.ff, C.ff, d};
   LayerParams p;
   const int64_t sl = C.F.reduction_slices;
-  p.vec["attn_norm"] = f.param("attn_norm", {1, d}, "f32");
-  for (int k = 0; k < 4; ++k) p.mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
-  p.vec["ffn_norm"] = f.param("ffn_norm", {1, d}, "f32");
-  for (int k = 4; k < 7; ++k) p.mats[k] = matrix(f, kMatNames[k], mins[k], mouts[k], fmt[k], sl);
+  for_layer_weights(
+      C.M, [&](const char* n) { p.vec[n] = f.param(n, {1, C.d}, "f32"); },
+      [&](int k, const MatrixShape& s) {
+        p.mats[k] = matrix(f, layer_matrix_name(C.M, k), s.in, s.out, fmt[k], sl, s.count);
+      });
   for (const auto& [name, n] : layer_vectors(C.M)) p.vec[name] = f.param(name, {1, n}, "f32");
-  p.kc = f.param("k_cache", {1, kvd * C.CAP, 1}, "f32");
+  p.kc = f.param("k_cache", {1, C.kvd * C.CAP, 1}, "f32");
   p.vc = f.param("v_cache", {1, C.KVH * C.CAP, C.hd}, "f32");
   return p;
 }
@@ -533,6 +560,69 @@ Val gelu_tanh(Emitter& le, const Val& g) {
   Val inner = le.add(g, le.mul(le.mul(le.mul(g, g), g), k(0.044715)));
   Val t = le.unary("tosa.tanh", le.mul(inner, k(0.79788456080286535587989211986876)));
   return le.mul(le.mul(g, k(0.5)), le.add(t, k(1.0)));
+}
+
+// down(act(x . gate) * (x . up)) of x [T, d], act SiLU (SwiGLU) or tanh-GELU (GeGLU);
+// m: the gate, up and down matrices' operands.
+Val gated_ffn(Emitter& le, const Ctx& C, const Val& x, const std::vector<Val>* m) {
+  Val g = linear(le, C, x, m[0]);
+  Val u = linear(le, C, x, m[1]);
+  Val act = C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
+  return linear(le, C, le.mul(act, u), m[2]);
+}
+
+// The router of a mixture-of-experts layer on x [T, d]: the selected experts, best
+// first, as [T, 1] i32 each, and their weights [T, 1] (ModelDims: softmax over every
+// expert, top k, renormalised over the k when norm_topk).
+std::pair<std::vector<Val>, std::vector<Val>> route(Emitter& le, const Ctx& C, const LayerParams& p,
+                                                    const Val& x) {
+  const int64_t E = C.M.n_expert;
+  Val logits = linear(le, C, x, p.mats[kFfnGateInp]);  // [T, E]
+  Val ex = le.unary("tosa.exp", le.sub(logits, le.reduce("tosa.reduce_max", logits, 1)));
+  std::vector<int64_t> iota(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) iota[size_t(e)] = e;
+  const Val ids = le.const_i32({1, E}, iota);
+  const Val taken = le.splat({1, 1}, "f32", "-3.0e+38"), zero = le.splat({1, 1}, "f32", "0.0");
+  std::vector<Val> experts, weights;
+  Val left = logits, sum;
+  for (int32_t r = 0; r < C.M.n_expert_used; ++r) {  // the largest logit left, r times
+    const Val idx = le.argmax1(left);
+    const Val hit = le.equal(ids, idx);  // [T, E]
+    const Val w = le.reduce("tosa.reduce_sum", le.select(hit, ex, zero), 1);
+    left = le.select(hit, taken, left);
+    experts.push_back(idx);
+    weights.push_back(w);
+    sum = r == 0 ? w : le.add(sum, w);
+  }
+  if (!C.M.norm_topk) sum = le.reduce("tosa.reduce_sum", ex, 1);
+  const Val inv = le.unary("tosa.reciprocal", sum);
+  for (Val& w : weights) w = le.mul(w, inv);
+  return {experts, weights};
+}
+
+// Mixture-of-experts FFN of x [T, d]: every expert runs on every token (the dense
+// formulation of a static graph: one batched matmul per expert matrix, [E, T, d]), and
+// each token sums its selected experts' outputs, weighted, in selection order; plus the
+// shared expert scaled by sigmoid(ffn_gate_inp_shexp . x) when the model has one.
+Val moe_ffn(Emitter& le, const Ctx& C, const LayerParams& p, const Val& x) {
+  const int64_t T = C.T, E = C.M.n_expert, d = C.d;
+  auto [experts, weights] = route(le, C, p, x);
+  const Val xe = le.tile0(le.reshape(x, {1, T, d}), E);  // [E, T, d]
+  const Val g = le.matmul(xe, p.mats[kFfnGate][0]);
+  const Val u = le.matmul(xe, p.mats[kFfnUp][0]);
+  const Val act = C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
+  const Val y = le.transpose(le.matmul(le.mul(act, u), p.mats[kFfnDown][0]), {1, 0, 2});  // [T,E,d]
+  Val out;
+  for (size_t r = 0; r < experts.size(); ++r) {
+    const Val yr = le.mul(le.reshape(le.gather(y, experts[r]), {T, d}), weights[r]);
+    out = r == 0 ? yr : le.add(out, yr);
+  }
+  if (C.M.n_ff_shexp > 0) {
+    const Val gl = le.reduce("tosa.reduce_sum", le.mul(x, p.vec.at("ffn_gate_inp_shexp")), 1);
+    const Val s = gated_ffn(le, C, x, p.mats + kFfnGateShexp);
+    out = le.add(out, le.mul(s, le.unary("tosa.sigmoid", gl)));
+  }
+  return out;
 }
 
 // Row tap_row of x [T, d] as [1, 1, d].
@@ -575,12 +665,9 @@ std::string layer_function(const Ctx& C, const std::string& name, const MatrixFo
   Val a = linear(le, C, attend(le, C, q, kwin, vwin, lmask), p.mats[3]);
   if (C.M.post_norms) a = rms_norm(le, C, a, p.vec.at("post_attention_norm"));
   Val x1 = le.add(lx, a);
-  // ---- gated FFN (SwiGLU or GeGLU) ----
+  // ---- gated FFN (SwiGLU or GeGLU) or mixture of experts ----
   Val h2 = rms_norm(le, C, x1, p.vec.at("ffn_norm"));
-  Val g = linear(le, C, h2, p.mats[4]);
-  Val u = linear(le, C, h2, p.mats[5]);
-  Val act = C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
-  Val ff = linear(le, C, le.mul(act, u), p.mats[6]);
+  Val ff = C.M.n_expert > 0 ? moe_ffn(le, C, p, h2) : gated_ffn(le, C, h2, p.mats + kFfnGate);
   if (C.M.post_norms) ff = rms_norm(le, C, ff, p.vec.at("post_ffw_norm"));
   Val x2 = le.add(x1, ff);
   Val taps =
@@ -621,8 +708,9 @@ struct MainFn {
 };
 
 MatrixFormat layer_format(const GraphSpec& S, int64_t l, int k) {
-  return S.mode == WeightMode::Quantized ? S.layer_formats.at(size_t(l * 7 + k))
-                                         : MatrixFormat::F32;
+  return S.mode == WeightMode::Quantized && k != kFfnGateInp
+             ? S.layer_formats.at(size_t(l * kLayerMatrices + k))
+             : MatrixFormat::F32;
 }
 
 // x * embd_scale (Gemma: sqrt(n_embd)); x itself when the scale is 1.
@@ -658,20 +746,17 @@ struct MainWeights {
 
 MainWeights declare_weights(MainFn& m, const Ctx& C, const GraphSpec& S) {
   const int64_t L = C.L, d = C.d, kvd = C.kvd;
-  const int64_t mins[7] = {d, d, d, C.qd, d, d, C.ff};
-  const int64_t mouts[7] = {C.qd, kvd, kvd, d, C.ff, C.ff, d};
   MainWeights w;
   w.layers.resize(static_cast<size_t>(L));
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     auto& lw = w.layers[size_t(l)];
-    lw.push_back(m.arg(p + "attn_norm", {1, d}, "f32"));
-    for (int k = 0; k < 7; ++k) {
-      if (k == 4) lw.push_back(m.arg(p + "ffn_norm", {1, d}, "f32"));
-      for (const MatrixPart& part : matrix_parts(mins[k], mouts[k], layer_format(S, l, k))) {
-        lw.push_back(m.arg(p + kMatNames[k] + part.suffix, part.shape, part.elem));
-      }
-    }
+    for_layer_weights(
+        C.M, [&](const char* n) { lw.push_back(m.arg(p + n, {1, d}, "f32")); },
+        [&](int k, const MatrixShape& s) {
+          for (const MatrixPart& part : matrix_parts(s.in, s.out, layer_format(S, l, k), s.count))
+            lw.push_back(m.arg(p + layer_matrix_name(C.M, k) + part.suffix, part.shape, part.elem));
+        });
     for (const auto& [name, n] : layer_vectors(C.M)) lw.push_back(m.arg(p + name, {1, n}, "f32"));
   }
   w.out_norm = m.arg("output_norm", {1, d}, "f32");
@@ -746,9 +831,12 @@ Val call_layers(MainFn& m, const Ctx& C, const GraphSpec& S, const MainInputs& m
   std::vector<Val> taps;
   const int64_t n_run = C.F.last_layer_skipped ? C.L - 1 : C.L;
   for (int64_t l = 0; l < n_run; ++l) {
-    MatrixFormat fmt[7];
+    MatrixFormat fmt[kLayerMatrices];
     std::string key;
-    for (int k = 0; k < 7; ++k) key += std::to_string(int(fmt[k] = layer_format(S, l, k)));
+    for (int k = 0; k < kLayerMatrices; ++k) {
+      fmt[k] = layer_format(S, l, k);
+      if (layer_matrix_shape(C.M, k).count > 0) key += std::to_string(int(fmt[k]));
+    }
     auto [it, fresh] = layer_fns.emplace(key, "layer_" + std::to_string(layer_fns.size()));
     if (fresh) fns << layer_function(C, it->second, fmt, mi.shared);
     taps.push_back(call_layer(m, C, mi, w, l, it->second, x));
@@ -842,7 +930,37 @@ std::vector<VectorArg> layer_vectors(const ModelDims& D) {
   if (D.qk_norm) v.insert(v.end(), {{"attn_q_norm", hd}, {"attn_k_norm", hd}});
   if (D.post_norms)
     v.insert(v.end(), {{"post_attention_norm", D.n_embd}, {"post_ffw_norm", D.n_embd}});
+  if (D.n_ff_shexp > 0) v.push_back({"ffn_gate_inp_shexp", D.n_embd});
   return v;
+}
+
+MatrixShape layer_matrix_shape(const ModelDims& D, int k) {
+  const int64_t d = D.n_embd, qd = int64_t(D.n_head) * D.head_dim;
+  const int64_t kvd = int64_t(D.n_head_kv) * D.head_dim, E = D.n_expert;
+  const int64_t ff = E > 0 ? D.n_ff_exp : D.n_ff, n = E > 0 ? E : 1, sh = D.n_ff_shexp;
+  switch (k) {
+    case kAttnQ: return {d, qd, 1};
+    case kAttnK:
+    case kAttnV: return {d, kvd, 1};
+    case kAttnOutput: return {qd, d, 1};
+    case kFfnGate:
+    case kFfnUp: return {d, ff, n};
+    case kFfnDown: return {ff, d, n};
+    case kFfnGateInp: return {d, E, E > 0 ? 1 : 0};
+    case kFfnGateShexp:
+    case kFfnUpShexp: return {d, sh, sh > 0 ? 1 : 0};
+    case kFfnDownShexp: return {sh, d, sh > 0 ? 1 : 0};
+    default: throw std::logic_error("layer_matrix_shape: bad matrix");
+  }
+}
+
+std::string layer_matrix_name(const ModelDims& D, int k) {
+  static const char* const names[kLayerMatrices] = {
+      "attn_q",   "attn_k", "attn_v",       "attn_output",    "ffn_gate",      "ffn_up",
+      "ffn_down", "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
+  if (k < 0 || k >= kLayerMatrices) throw std::logic_error("layer_matrix_name: bad matrix");
+  const bool experts = D.n_expert > 0 && k >= kFfnGate && k <= kFfnDown;
+  return std::string(names[k]) + (experts ? "_exps" : "");
 }
 
 BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::string& func_name) {

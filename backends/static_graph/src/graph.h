@@ -66,8 +66,46 @@ struct ModelDims {
   int32_t n_rope_tables = 1;            // distinct RoPE (base, scale) pairs: rope_cos[.k] inputs
   std::vector<int32_t> layer_rope{};    // per layer: its RoPE table (empty: table 0 everywhere)
   std::vector<int32_t> layer_window{};  // per layer: sliding window in positions (0 or empty: none)
+  // Mixture of experts (n_expert > 0; touchstone::MoeConfig): router logits
+  // r = h . ffn_gate_inp [d, n_expert] (fp32 on both paths), the n_expert_used largest
+  // (equal: lower index), weights exp(r_e - max) / sum (the sum over every expert, or
+  // over the selected ones when norm_topk: softmax then top-k, renormalised or not),
+  // experts of width n_ff_exp; a shared expert of width n_ff_shexp (0: none) scaled
+  // by sigmoid(ffn_gate_inp_shexp . h).
+  int32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  bool norm_topk = true;
   int32_t rot() const { return n_rot > 0 ? n_rot : head_dim; }
 };
+
+// The weight matrices of a layer, in the order of GraphSpec::layer_formats (kLayerMatrices
+// entries per layer) and of a layer function's parameters. In a mixture-of-experts layer
+// ffn_gate/up/down are the experts' matrices stacked (GGUF ffn_{gate,up,down}_exps),
+// ffn_gate_inp the router and the last three the shared expert's; a dense layer has the
+// first seven only.
+enum LayerMatrix : int {
+  kAttnQ,
+  kAttnK,
+  kAttnV,
+  kAttnOutput,
+  kFfnGate,
+  kFfnUp,
+  kFfnDown,
+  kFfnGateInp,
+  kFfnGateShexp,
+  kFfnUpShexp,
+  kFfnDownShexp,
+  kLayerMatrices
+};
+
+// Shape of layer matrix k as y [T, out] = x [T, in] . M: `count` matrices stacked (the
+// experts; 1 otherwise); count 0: the model has no such matrix.
+struct MatrixShape {
+  int64_t in = 0, out = 0, count = 0;
+};
+MatrixShape layer_matrix_shape(const ModelDims& dims, int k);
+// Graph argument stem of layer matrix k ("attn_q", "ffn_gate_exps", ...): its GGUF
+// tensor name without "blk.N." and ".weight".
+std::string layer_matrix_name(const ModelDims& dims, int k);
 
 // Faults realised in the graph itself (test only: ts_session_options.fault, see
 // touchstone::Faults and docs/backends/static_graph.md#fault-catalog). Each one
@@ -101,7 +139,8 @@ struct GraphSpec {
   int32_t W = 0;         // attention window (keys 0..W-1)
   int32_t capacity = 0;  // KV cache capacity (positions)
   WeightMode mode = WeightMode::FullPrecision;
-  // Per-matrix formats in quantized mode (index: layer*7 + {q,k,v,o,gate,up,down}),
+  // Per-matrix formats in quantized mode (index: layer * kLayerMatrices + LayerMatrix;
+  // entries of matrices the model lacks are ignored; the router is always F32),
   // the embedding's (Q8_0: rows gathered and dequantized in the graph; F32) and
   // the LM head's (any format; unset: embd_format).
   std::vector<MatrixFormat> layer_formats;

@@ -131,7 +131,7 @@ static sg::BuiltGraph tiny_q4_1_graph(int32_t T) {
   spec.capacity = 32;
   spec.mode = sg::WeightMode::Quantized;
   const sg::ModelDims D = tiny_dims();
-  spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1);
+  spec.layer_formats.assign(size_t(D.n_layer) * sg::kLayerMatrices, sg::MatrixFormat::Q4_1);
   spec.embd_format = sg::MatrixFormat::Q8_0;
   return sg::build_step_graph(D, spec, "step");
 }
@@ -223,8 +223,8 @@ TEST(StaticGraphIR, GraphFaultsChangeTheTextAndLower) {
     if (mode == sg::WeightMode::Quantized) {
       // Two layer signatures (two outlined functions): with 2 slices, > 20
       // quantized matmuls in the schedule (their ids must not collide there).
-      spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1);
-      spec.layer_formats[7] = sg::MatrixFormat::Q4_0;
+      spec.layer_formats.assign(size_t(D.n_layer) * sg::kLayerMatrices, sg::MatrixFormat::Q4_1);
+      spec.layer_formats[sg::kLayerMatrices] = sg::MatrixFormat::Q4_0;
       spec.embd_format = sg::MatrixFormat::Q8_0;
     }
     const std::string base = sg::build_step_graph(D, spec, "step").mlir;
@@ -262,9 +262,9 @@ TEST(StaticGraphIR, KQuantDequantizationIsFused) {
     spec.capacity = 32;
     spec.mode = sg::WeightMode::Quantized;
     const sg::ModelDims D = tiny_dims();
-    spec.layer_formats.assign(size_t(D.n_layer) * 7, sg::MatrixFormat::Q4_1F);
+    spec.layer_formats.assign(size_t(D.n_layer) * sg::kLayerMatrices, sg::MatrixFormat::Q4_1F);
     for (int32_t l = 0; l < D.n_layer; ++l)
-      spec.layer_formats[size_t(l * 7 + 6)] = sg::MatrixFormat::Q8_16F;
+      spec.layer_formats[size_t(l * sg::kLayerMatrices + sg::kFfnDown)] = sg::MatrixFormat::Q8_16F;
     spec.embd_format = sg::MatrixFormat::Q8_0;
     const sg::BuiltGraph g = sg::build_step_graph(D, spec, "step");
     const std::string ir = sg::lower_to_buffers(g.mlir, sg::CompileOptions{});

@@ -1,0 +1,162 @@
+// moe_test.cpp - static_graph computes the mixture-of-experts families (Mixtral-style:
+// llama + expert_count; Qwen3-MoE; Qwen2-MoE with its shared expert) like the
+// reference (moe_feed_forward):
+//  * tiny random models (model/core/tests/tiny_family.h: F32 matrices) on the
+//    full-precision graphs, prefill in buckets of 4 and token-by-token decode, logits
+//    of every position and the last position's layer taps;
+//  * converted test models of tests/models/moe (GGUF blocks: the experts stacked in
+//    the graph's block layouts) on both paths, and the quantized path's prefill ==
+//    decode bitwise (the same sums per output in every graph).
+// gpt-oss (attention sinks, its router and clamped SwiGLU, MXFP4) is refused by name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine.h"
+#include "gguf_builder.h"
+#include "tiny_family.h"
+#include "touchstone/abi/backend_impl.h"
+#include "touchstone/model/gguf.h"
+#include "touchstone/model/model_config.h"
+#include "touchstone/model/model_weights.h"
+#include "touchstone/reference/reference_forward.h"
+
+namespace {
+
+namespace gg = touchstone::gguf;
+namespace sg = touchstone::static_graph;
+using touchstone::testing::TinyOptions;
+
+const std::vector<int32_t> kTokens = {1, 7, 3, 31, 0, 12, 12, 5, 20, 9, 2, 17};
+
+// Reference logits of every position (one forward call per token) and the layer taps
+// of the last one.
+std::vector<float> reference_logits(const std::string& path, std::vector<float>& taps) {
+  const touchstone::StoredWeights w = touchstone::load_stored_weights(path);
+  touchstone::ReferenceTransformer ref(w, 64, 1);
+  ref.set_taps(true);
+  const size_t V = size_t(w.config.n_vocab);
+  std::vector<float> out(kTokens.size() * V);
+  for (size_t i = 0; i < kTokens.size(); ++i)
+    ref.forward(kTokens[i], std::span<float>(out.data() + i * V, V));
+  taps = ref.taps();
+  return out;
+}
+
+// NMSE of got against want.
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = double{got[i]} - double{want[i]};
+    num += e * e;
+    den += double{want[i]} * double{want[i]};
+  }
+  return den > 0 ? num / den : INFINITY;
+}
+
+// Logits of every position and the last position's taps: a prefill in buckets of 4
+// (three calls of one graph), or decode steps (the T = 1 graph).
+std::vector<float> run(sg::GraphModel& m, sg::WeightMode mode, bool prefill,
+                       std::vector<float>& taps) {
+  sg::GraphSession s(m, mode, 64, 1);
+  s.set_taps(true);
+  const size_t V = size_t(m.dims.n_vocab);
+  std::vector<float> out(kTokens.size() * V);
+  if (prefill) {
+    s.buckets.prefill = {4};
+    s.prefill(kTokens.data(), int32_t(kTokens.size()), true, out.data());
+  } else {
+    for (size_t i = 0; i < kTokens.size(); ++i) s.decode(kTokens[i], out.data() + i * V);
+  }
+  taps = s.taps();
+  return out;
+}
+
+// Both ways of running (prefill, decode) on each weight path against the reference;
+// the quantized path's prefill and decode give the same bits.
+void check_against_reference(const std::string& path, const std::vector<sg::WeightMode>& modes,
+                             double nmse_max) {
+  std::vector<float> ref_taps, taps;
+  const std::vector<float> ref = reference_logits(path, ref_taps);
+  auto model = sg::load_model(path);
+  ASSERT_GT(model->dims.n_expert, 0);
+  for (sg::WeightMode mode : modes) {
+    const bool quant = mode == sg::WeightMode::Quantized;
+    SCOPED_TRACE(quant ? "quantized" : "full_precision");
+    const std::vector<float> pre = run(*model, mode, true, taps);
+    EXPECT_LT(nmse(pre, ref), nmse_max) << "prefill logits vs reference";
+    ASSERT_EQ(taps.size(), ref_taps.size());
+    EXPECT_LT(nmse(taps, ref_taps), nmse_max) << "prefill taps vs reference";
+    const std::vector<float> dec = run(*model, mode, false, taps);
+    EXPECT_LT(nmse(dec, ref), nmse_max) << "decode logits vs reference";
+    EXPECT_LT(nmse(taps, ref_taps), nmse_max) << "decode taps vs reference";
+    if (quant) {
+      EXPECT_EQ(pre, dec) << "quantized prefill == decode";
+    }
+  }
+}
+
+// Mixtral-style 4 experts top-2; Qwen3-MoE 8 experts top-3 with its own expert width,
+// renormalised (no key) and not (expert_weights_norm = false).
+TEST(StaticGraphMoe, TinyModelsMatchTheReference) {
+  TinyOptions mixtral;
+  mixtral.n_expert = 4;
+  TinyOptions qwen = mixtral;
+  qwen.arch = "qwen3moe";
+  qwen.n_expert = 8;
+  qwen.n_expert_used = 3;
+  qwen.expert_ff = 40;
+  TinyOptions qwen_plain = qwen;
+  qwen_plain.expert_weights_norm = 0;
+  qwen_plain.seed = 5;
+  for (const auto& [name, o] : {std::pair{"mixtral", mixtral}, std::pair{"qwen3moe", qwen},
+                                std::pair{"qwen3moe_no_norm", qwen_plain}}) {
+    SCOPED_TRACE(name);
+    gg::testing::TempFile f(touchstone::testing::tiny_model(o), std::string("sg_moe_") + name);
+    check_against_reference(f.path(), {sg::WeightMode::FullPrecision}, 1e-11);
+  }
+}
+
+// The converted test models named by TOUCHSTONE_SG_MOE_MODELS (skipped when absent).
+std::vector<std::string> file_cases(std::initializer_list<const char*> names) {
+  std::vector<std::string> out;
+  for (const char* n : names) {
+    const std::string p = std::string(TOUCHSTONE_MOE_MODEL_DIR) + "/" + n + ".gguf";
+    if (std::filesystem::exists(p)) out.push_back(p);
+  }
+  return out;
+}
+
+// GGUF blocks: Q4_K with Q5_0 experts (Mixtral), Q6_K (Qwen2-MoE, shared expert), Q4_0
+// (Qwen3-MoE); NMSE as cpu_simd's (quantized == full precision up to fp32 summation
+// order).
+TEST(StaticGraphMoe, TestModelsMatchTheReferenceOnBothPaths) {
+  const std::vector<std::string> files =
+      file_cases({"mixtral-test-q4_k", "qwen2moe-test-q6_k", "qwen3moe-test-q4_0"});
+  if (files.empty()) GTEST_SKIP() << "no test models in " << TOUCHSTONE_MOE_MODEL_DIR;
+  for (const std::string& p : files) {
+    SCOPED_TRACE(p);
+    check_against_reference(p, {sg::WeightMode::FullPrecision, sg::WeightMode::Quantized}, 1e-10);
+  }
+}
+
+// gpt-oss's features are refused by name.
+TEST(StaticGraphMoe, GptOssIsRefusedByName) {
+  const std::string p = std::string(TOUCHSTONE_GPTOSS_MODEL_DIR) + "/gptoss-test-f32.gguf";
+  if (!std::filesystem::exists(p)) GTEST_SKIP() << "no " << p;
+  try {
+    sg::load_model(p);
+    FAIL() << "gpt-oss loaded";
+  } catch (const touchstone::abi::StatusError& e) {
+    EXPECT_EQ(e.status(), TS_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(e.what()).find("gpt-oss"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
