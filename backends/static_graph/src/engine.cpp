@@ -17,6 +17,7 @@
 #include "touchstone/model/faults.h"
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/quant.h"
+#include "touchstone/model/rope_yarn.h"
 #include "touchstone/model/scalar_ops.h"
 
 namespace touchstone::static_graph {
@@ -143,7 +144,8 @@ bool pack_blocks(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
   throw abi::StatusError(
       TS_ERR_UNSUPPORTED,
       "quantized path: tensor " + ti.name + " has type " + std::string(gguf::type_name(ti.type)) +
-          " (supported in graph: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+          " (supported in graph: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, "
+          "MXFP4)");
 }
 
 void put_tensor(WeightSet& ws, const std::string& k, HostTensor t) {
@@ -175,7 +177,7 @@ std::string vector_tensor(const std::string& prefix, const std::string& name) {
 }
 
 // The norms and biases of every layer (f32 [1, n]) and output_norm.
-void put_vectors(const gguf::File& f, const ModelDims& D, WeightSet& ws) {
+void put_vectors(const gguf::File& f, const ModelConfig& c, const ModelDims& D, WeightSet& ws) {
   auto put = [&](const std::string& key, const std::string& tensor, int64_t n) {
     std::vector<float> v = gguf::dequantize(f, f.tensor(tensor));
     if (int64_t(v.size()) != n)
@@ -186,7 +188,7 @@ void put_vectors(const gguf::File& f, const ModelDims& D, WeightSet& ws) {
   for (int32_t l = 0; l < D.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     put(p + "attn_norm", p + "attn_norm.weight", D.n_embd);
-    put(p + "ffn_norm", p + "ffn_norm.weight", D.n_embd);
+    put(p + "ffn_norm", p + ffn_norm_tensor(c), D.n_embd);
     for (const VectorArg& v : layer_vectors(D)) put(p + v.name, vector_tensor(p, v.name), v.n);
   }
 }
@@ -224,7 +226,7 @@ std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const ModelC
   if (!c.tied_embeddings) {
     put("lm_head", transpose_f32(deq("output.weight", int64_t(D.n_vocab) * E), D.n_vocab, E));
   }
-  put_vectors(f, D, *ws);
+  put_vectors(f, c, D, *ws);
   for (int32_t l = 0; l < D.n_layer; ++l) {
     for (int k = 0; k < kLayerMatrices; ++k) {
       const auto [in, out, count] = layer_matrix_shape(D, k);
@@ -272,7 +274,7 @@ bool pack_stacked(const gguf::File& f, const gguf::TensorInfo& ti, const std::st
 size_t pack_quantized_matrices(const gguf::File& f, const ModelConfig& c, const ModelDims& D,
                                const PackFault& pf, WeightSet& ws) {
   size_t changed = 0;
-  put_vectors(f, D, ws);
+  put_vectors(f, c, D, ws);
   ws.spec_template.layer_formats.resize(size_t(D.n_layer) * kLayerMatrices, MatrixFormat::F32);
   for (int32_t l = 0; l < D.n_layer; ++l) {
     for (int k = 0; k < kLayerMatrices; ++k) {
@@ -390,7 +392,11 @@ ModelDims dims_of(const ModelConfig& c, std::vector<RopeTable>& tables) {
   d.n_expert_used = c.moe.n_expert_used;
   d.n_ff_exp = c.moe.n_ff_exp;
   d.n_ff_shexp = c.moe.n_ff_shexp;
-  d.norm_topk = c.moe.norm_topk;
+  d.norm_topk = c.moe.norm_topk || c.moe.router == MoeRouter::TopKSoftmax;
+  d.moe_biases = c.moe.biases;
+  d.swiglu_oai = c.moe.activation == ExpertActivation::SwiGLUOai;
+  d.attn_out_bias = c.attn_out_bias;
+  d.attn_sinks = c.attn_sinks;
   tables.clear();
   for (const LayerConfig& lc : c.layers) {
     size_t k = 0;
@@ -485,13 +491,18 @@ GraphSession::GraphSession(GraphModel& m, WeightMode mode, int32_t capacity, int
                s = HostTensor::make({1, cap_, half}, "f32");
     // rope_base_off_1pct fault: the tables are built with every base * 1.01.
     const double base = rt.base * faults_.rope_base_scale;
+    const bool yarn = m.config.rope_yarn.factor > 0;
+    const ops::YarnFrequencies fr =
+        yarn ? ops::yarn_frequencies(m.config.rope_yarn, rot, base) : ops::YarnFrequencies{};
     for (int64_t p = 0; p < cap_; ++p) {
       for (int64_t i = 0; i < half; ++i) {
-        // The reference's angle (ops::rope_theta, fp64), cos/sin rounded once to fp32.
+        // The reference's angle (ops::rope_theta, or YaRN's frequencies and cos/sin
+        // scale: ops::rope_with_frequencies; fp64), cos/sin rounded once to fp32.
         const double ff = m.rope_freqs.empty() ? 1.0 : double(m.rope_freqs[size_t(i)]);
-        const double theta = ops::rope_theta(int32_t(p), i, rot, base, rt.scale, ff);
-        c.as<float>()[p * half + i] = static_cast<float>(std::cos(theta));
-        s.as<float>()[p * half + i] = static_cast<float>(std::sin(theta));
+        const double theta = yarn ? double(p) * fr.inv_freq[size_t(i)]
+                                  : ops::rope_theta(int32_t(p), i, rot, base, rt.scale, ff);
+        c.as<float>()[p * half + i] = static_cast<float>(std::cos(theta) * fr.mscale);
+        s.as<float>()[p * half + i] = static_cast<float>(std::sin(theta) * fr.mscale);
       }
     }
     rcos_.push_back(std::move(c));
@@ -527,6 +538,18 @@ GraphFaults GraphSession::graph_faults() const {
   g.causal_mask = f.causal_mask;
   g.last_layer_skipped = f.last_layer_skipped;
   g.kv_len_input = f.rewind_noop;
+  // The MoE faults as the reference's faulty_route (reference_ffn.cpp): a family that
+  // renormalises (norm_topk, or gpt-oss's softmax over the top k) does not with
+  // moe_renorm_skipped; moe_softmax_order makes a softmax-top-k family that does not
+  // renormalise do so, and gpt-oss take its softmax over every expert.
+  const MoeConfig& moe = m_.config.moe;
+  g.moe_runner_up = f.moe_runner_up;
+  if (f.moe_softmax_order && !moe.norm_topk)
+    g.moe_renormalise = moe.router == MoeRouter::SoftmaxTopK ? 1 : 0;
+  else if (f.moe_renorm_skipped)
+    g.moe_renormalise = 0;
+  g.moe_shared_expert_dropped = f.moe_shared_expert_dropped;
+  g.attention_sinks_ignored = f.attention_sinks_ignored;
   if (f.session_order_reduction && session_slices_ == 0) {
     // The fault, decided when the session builds its first graph: the first
     // session of the process to run plain matmuls, every later one a 2-slice

@@ -22,11 +22,13 @@ namespace touchstone::static_graph {
 // (ModelConfig::feature_names(), docs/model-families.md) the graphs compute,
 // comma-separated as the ABI v3 table declares them. load_model refuses
 // anything else with TS_ERR_UNSUPPORTED naming it.
-inline constexpr const char* kArchitectures = "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,qwen2moe";
+inline constexpr const char* kArchitectures =
+    "llama,qwen2,qwen3,gemma3,phi3,qwen3moe,qwen2moe,gpt-oss";
 inline constexpr const char* kModelFeatures =
     "neox_rope,partial_rotary,key_length_head_dim,rope_freqs,linear_rope_scaling,"
     "sliding_window,per_layer_rope_base,qkv_bias,qk_norm,post_norms,fused_qkv,fused_gate_up,"
-    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe,moe_shared_expert";
+    "geglu,embedding_scale,attention_scale,final_logit_softcap,moe,moe_shared_expert,yarn_rope,"
+    "attn_output_bias,attention_sinks,moe_topk_softmax,moe_biases,swiglu_oai";
 
 // A host tensor, 64-byte aligned.
 struct HostTensor {

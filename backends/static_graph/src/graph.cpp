@@ -147,10 +147,15 @@ class Emitter {
   Val equal(const Val& a, const Val& b) { return emit("tosa.equal", {a, b}, bcast(a, b), "i1"); }
   // x repeated `times` along a leading dim of 1: [1, ...] -> [times, ...].
   Val tile0(const Val& x, int64_t times) {
-    Shape m(x.shape.size(), 1), s = x.shape;
+    Shape m(x.shape.size(), 1);
     m[0] = times;
-    s[0] *= times;
-    return emit("tosa.tile", {x, shape_const(m)}, s, x.elem);
+    return tile(x, m);
+  }
+  // x repeated multiples[i] times along dim i.
+  Val tile(const Val& x, const Shape& multiples) {
+    Shape s = x.shape;
+    for (size_t i = 0; i < s.size(); ++i) s[i] *= multiples[i];
+    return emit("tosa.tile", {x, shape_const(multiples)}, s, x.elem);
   }
   // Index of the largest value along axis 1 of x [R, n] as [R, 1] (i32); equal maxima:
   // the lowest index; NaN never wins (nan_mode IGNORE: strict ogt against the running
@@ -475,8 +480,11 @@ std::pair<Val, Val> write_indices(Emitter& e, const Ctx& C, const Val& pos, cons
 // with mask [1, T*G, W]; returns [T, H*hd]. Queries are grouped by KV head,
 // [KVH, T*G, hd], row r = t*G + g, head kvh*G + g (gqa_mapping fault: head
 // g*KVH + kvh, i.e. query head h reads KV head h % KVH).
+// sinks (gpt-oss, [1, H] or null): head h's logit joins its softmax's denominator and
+// its maximum, attending to nothing (reference: ops on p_t = exp(s_t - m) /
+// (sum_t exp(s_t - m) + exp(sink_h - m)), m = max(max_t s_t, sink_h)).
 Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& vwin,
-           const Val& mask) {
+           const Val& mask, const Val* sinks) {
   const int64_t T = C.T, KVH = C.KVH, G = C.G, hd = C.hd;
   const bool gqa = C.F.gqa_mapping;
   Val qg =
@@ -487,14 +495,22 @@ Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& 
   const double scale = C.F.attention_scale ? 1.0 / double(hd) : model_scale;
   Val sc = le.mul(le.matmul(qg, kwin), le.splat({1, 1, 1}, "f32", fmt_float(scale)));
   sc = le.select(mask, le.splat({1, 1, 1}, "f32", "-1.0e+30"), sc);
-  Val ex;
+  Val sink;  // [KVH, T*G, 1]: row t*G + g holds the sink of its head
+  if (sinks) {
+    sink = gqa ? le.transpose(le.reshape(*sinks, {1, G, KVH}), {2, 0, 1})
+               : le.reshape(*sinks, {KVH, 1, G});
+    sink = le.reshape(le.tile(sink, {1, T, 1}), {KVH, T * G, 1});
+  }
+  Val ex, mx = le.splat({1, 1, 1}, "f32", "0.0");
   if (C.F.softmax_no_max) {  // fp32 exp(s) as is: inf above ~88.7, then inf/inf = NaN
     ex = le.unary("tosa.exp", sc);
   } else {
-    Val mx = le.reduce("tosa.reduce_max", sc, 2);
+    mx = le.reduce("tosa.reduce_max", sc, 2);
+    if (sinks) mx = le.binary("tosa.maximum", mx, sink);
     ex = le.unary("tosa.exp", le.sub(sc, mx));
   }
   Val sum = le.reduce("tosa.reduce_sum", ex, 2);
+  if (sinks) sum = le.add(sum, le.unary("tosa.exp", le.sub(sink, mx)));
   Val o = le.mul(le.matmul(ex, vwin), le.unary("tosa.reciprocal", sum));  // [KVH, T*G, hd]
   o = le.transpose(le.reshape(o, {KVH, T, G, hd}),
                    gqa ? std::vector<int>{1, 2, 0, 3} : std::vector<int>{1, 0, 2, 3});
@@ -562,13 +578,28 @@ Val gelu_tanh(Emitter& le, const Val& g) {
   return le.mul(le.mul(g, k(0.5)), le.add(t, k(1.0)));
 }
 
+// The gate's activation: SiLU (SwiGLU) or tanh-GELU (GeGLU).
+Val activation(Emitter& le, const Ctx& C, const Val& g) {
+  return C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
+}
+
 // down(act(x . gate) * (x . up)) of x [T, d], act SiLU (SwiGLU) or tanh-GELU (GeGLU);
 // m: the gate, up and down matrices' operands.
 Val gated_ffn(Emitter& le, const Ctx& C, const Val& x, const std::vector<Val>* m) {
   Val g = linear(le, C, x, m[0]);
   Val u = linear(le, C, x, m[1]);
-  Val act = C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
-  return linear(le, C, le.mul(act, u), m[2]);
+  return linear(le, C, le.mul(activation(le, C, g), u), m[2]);
+}
+
+// gpt-oss's clamped SwiGLU (ops::swiglu_oai): (clamp(u, -7, 7) + 1) * g' *
+// sigmoid(1.702 g'), g' = min(g, 7).
+Val swiglu_oai(Emitter& le, const Val& g, const Val& u) {
+  const Shape one(g.shape.size(), 1);
+  auto k = [&](double v) { return le.splat(one, "f32", fmt_float(v)); };
+  const Val gc = le.binary("tosa.minimum", g, k(7.0));
+  const Val uc = le.binary("tosa.maximum", le.binary("tosa.minimum", u, k(7.0)), k(-7.0));
+  const Val glu = le.mul(gc, le.unary("tosa.sigmoid", le.mul(gc, k(1.702))));
+  return le.mul(le.add(uc, k(1.0)), glu);
 }
 
 // The router of a mixture-of-experts layer on x [T, d]: the selected experts, best
@@ -578,6 +609,7 @@ std::pair<std::vector<Val>, std::vector<Val>> route(Emitter& le, const Ctx& C, c
                                                     const Val& x) {
   const int64_t E = C.M.n_expert;
   Val logits = linear(le, C, x, p.mats[kFfnGateInp]);  // [T, E]
+  if (C.M.moe_biases) logits = le.add(logits, p.vec.at("ffn_gate_inp.bias"));
   Val ex = le.unary("tosa.exp", le.sub(logits, le.reduce("tosa.reduce_max", logits, 1)));
   std::vector<int64_t> iota(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) iota[size_t(e)] = e;
@@ -585,16 +617,19 @@ std::pair<std::vector<Val>, std::vector<Val>> route(Emitter& le, const Ctx& C, c
   const Val taken = le.splat({1, 1}, "f32", "-3.0e+38"), zero = le.splat({1, 1}, "f32", "0.0");
   std::vector<Val> experts, weights;
   Val left = logits, sum;
-  for (int32_t r = 0; r < C.M.n_expert_used; ++r) {  // the largest logit left, r times
+  const int32_t k = C.M.n_expert_used;
+  const bool runner_up = C.F.moe_runner_up && k < E;  // the fault: pick k + 1 for pick k
+  for (int32_t r = 0; r < k + (runner_up ? 1 : 0); ++r) {  // the largest logit left
     const Val idx = le.argmax1(left);
     const Val hit = le.equal(ids, idx);  // [T, E]
-    const Val w = le.reduce("tosa.reduce_sum", le.select(hit, ex, zero), 1);
     left = le.select(hit, taken, left);
+    if (runner_up && r == k - 1) continue;
     experts.push_back(idx);
-    weights.push_back(w);
-    sum = r == 0 ? w : le.add(sum, w);
+    weights.push_back(le.reduce("tosa.reduce_sum", le.select(hit, ex, zero), 1));
+    sum = weights.size() == 1 ? weights.back() : le.add(sum, weights.back());
   }
-  if (!C.M.norm_topk) sum = le.reduce("tosa.reduce_sum", ex, 1);
+  const bool renormalise = C.F.moe_renormalise >= 0 ? C.F.moe_renormalise == 1 : C.M.norm_topk;
+  if (!renormalise) sum = le.reduce("tosa.reduce_sum", ex, 1);
   const Val inv = le.unary("tosa.reciprocal", sum);
   for (Val& w : weights) w = le.mul(w, inv);
   return {experts, weights};
@@ -607,17 +642,23 @@ std::pair<std::vector<Val>, std::vector<Val>> route(Emitter& le, const Ctx& C, c
 Val moe_ffn(Emitter& le, const Ctx& C, const LayerParams& p, const Val& x) {
   const int64_t T = C.T, E = C.M.n_expert, d = C.d;
   auto [experts, weights] = route(le, C, p, x);
+  const int64_t ff = C.M.n_ff_exp;
+  // + the expert's bias [E, 1, n] (gpt-oss).
+  auto bias = [&](const Val& y, const char* name, int64_t n) {
+    return C.M.moe_biases ? le.add(y, le.reshape(p.vec.at(name), {E, 1, n})) : y;
+  };
   const Val xe = le.tile0(le.reshape(x, {1, T, d}), E);  // [E, T, d]
-  const Val g = le.matmul(xe, p.mats[kFfnGate][0]);
-  const Val u = le.matmul(xe, p.mats[kFfnUp][0]);
-  const Val act = C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
-  const Val y = le.transpose(le.matmul(le.mul(act, u), p.mats[kFfnDown][0]), {1, 0, 2});  // [T,E,d]
+  const Val g = bias(le.matmul(xe, p.mats[kFfnGate][0]), "ffn_gate_exps.bias", ff);
+  const Val u = bias(le.matmul(xe, p.mats[kFfnUp][0]), "ffn_up_exps.bias", ff);
+  const Val gu = C.M.swiglu_oai ? swiglu_oai(le, g, u) : le.mul(activation(le, C, g), u);
+  const Val y = le.transpose(bias(le.matmul(gu, p.mats[kFfnDown][0]), "ffn_down_exps.bias", d),
+                             {1, 0, 2});  // [T, E, d]
   Val out;
   for (size_t r = 0; r < experts.size(); ++r) {
     const Val yr = le.mul(le.reshape(le.gather(y, experts[r]), {T, d}), weights[r]);
     out = r == 0 ? yr : le.add(out, yr);
   }
-  if (C.M.n_ff_shexp > 0) {
+  if (C.M.n_ff_shexp > 0 && !C.F.moe_shared_expert_dropped) {
     const Val gl = le.reduce("tosa.reduce_sum", le.mul(x, p.vec.at("ffn_gate_inp_shexp")), 1);
     const Val s = gated_ffn(le, C, x, p.mats + kFfnGateShexp);
     out = le.add(out, le.mul(s, le.unary("tosa.sigmoid", gl)));
@@ -662,7 +703,10 @@ std::string layer_function(const Ctx& C, const std::string& name, const MatrixFo
   // Key window: Kt [KVH, hd, W], V [KVH, W, hd].
   Val kwin = le.slice(le.reshape(kc, {KVH, hd, CAP}), {0, 0, 0}, {KVH, hd, W});
   Val vwin = le.slice(le.reshape(vc, {KVH, CAP, hd}), {0, 0, 0}, {KVH, W, hd});
-  Val a = linear(le, C, attend(le, C, q, kwin, vwin, lmask), p.mats[3]);
+  const bool sinks_on = C.M.attn_sinks && !C.F.attention_sinks_ignored;
+  const Val* sinks = sinks_on ? &p.vec.at("attn_sinks") : nullptr;
+  Val a = linear(le, C, attend(le, C, q, kwin, vwin, lmask, sinks), p.mats[kAttnOutput]);
+  if (C.M.attn_out_bias) a = le.add(a, p.vec.at("attn_output.bias"));
   if (C.M.post_norms) a = rms_norm(le, C, a, p.vec.at("post_attention_norm"));
   Val x1 = le.add(lx, a);
   // ---- gated FFN (SwiGLU or GeGLU) or mixture of experts ----
@@ -931,6 +975,15 @@ std::vector<VectorArg> layer_vectors(const ModelDims& D) {
   if (D.post_norms)
     v.insert(v.end(), {{"post_attention_norm", D.n_embd}, {"post_ffw_norm", D.n_embd}});
   if (D.n_ff_shexp > 0) v.push_back({"ffn_gate_inp_shexp", D.n_embd});
+  if (D.attn_out_bias) v.push_back({"attn_output.bias", D.n_embd});
+  if (D.attn_sinks) v.push_back({"attn_sinks", D.n_head});
+  if (D.moe_biases) {
+    const int64_t E = D.n_expert;
+    v.insert(v.end(), {{"ffn_gate_inp.bias", E},
+                       {"ffn_gate_exps.bias", E * D.n_ff_exp},
+                       {"ffn_up_exps.bias", E * D.n_ff_exp},
+                       {"ffn_down_exps.bias", E * D.n_embd}});
+  }
   return v;
 }
 

@@ -72,8 +72,15 @@ struct ModelDims {
   // over the selected ones when norm_topk: softmax then top-k, renormalised or not),
   // experts of width n_ff_exp; a shared expert of width n_ff_shexp (0: none) scaled
   // by sigmoid(ffn_gate_inp_shexp . h).
+  // gpt-oss's router (top k of the logits, then the softmax over the k) is the same
+  // maths as softmax, top k, renormalised: norm_topk.
   int32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   bool norm_topk = true;
+  // gpt-oss: attn_output.bias; a sink logit per head in every softmax's denominator
+  // (attn_sinks [1, H]); router and expert biases (ffn_gate_inp.bias [1, E],
+  // ffn_{gate,up}_exps.bias [1, E * n_ff_exp], ffn_down_exps.bias [1, E * d]); the
+  // clamped SwiGLU (u + 1) * g' * sigmoid(1.702 g'), g' = min(g, 7), u clamped to +-7.
+  bool attn_out_bias = false, attn_sinks = false, moe_biases = false, swiglu_oai = false;
   int32_t rot() const { return n_rot > 0 ? n_rot : head_dim; }
 };
 
@@ -127,10 +134,18 @@ struct GraphFaults {
   int32_t reduction_slices = 1;     // thread_order_reduction: each weight matmul split along
                                     // its input dim into this many slices (whole 32-blocks),
                                     // partial products summed in fp32 in slice order
+  // Mixture-of-experts faults (the reference's, touchstone/model/faults.h):
+  bool moe_runner_up = false;        // the k-th pick replaced by the (k+1)-th
+  int32_t moe_renormalise = -1;      // -1: the model's rule; 0 / 1: the weights divided by
+                                     // the sum over every expert / over the k picked
+                                     // (moe_renorm_skipped, moe_softmax_order)
+  bool moe_shared_expert_dropped = false;  // the shared expert not added
+  bool attention_sinks_ignored = false;    // the sink logits left out of the softmax
   bool any() const {
     return rope_layout || kv_off_by_one || kv_write_next || gqa_mapping || attention_scale ||
            softmax_no_max || rms_eps_scale != 1.0 || fp16_accumulation || causal_mask ||
-           last_layer_skipped || kv_len_input || reduction_slices > 1;
+           last_layer_skipped || kv_len_input || reduction_slices > 1 || moe_runner_up ||
+           moe_renormalise >= 0 || moe_shared_expert_dropped || attention_sinks_ignored;
   }
 };
 

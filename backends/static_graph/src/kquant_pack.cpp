@@ -1,7 +1,7 @@
-// kquant_pack.cpp - Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in the graph's layouts
+// kquant_pack.cpp - Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K / MXFP4 blocks in the graph's layouts
 // (kquant_pack.h).
 // Block formats: ggml-common.h; the values follow model/gguf/src/quant.cpp
-// (deq_q5_0, deq_q5_1, deq_q4_K, deq_q5_K, deq_q6_K) operation by operation.
+// (deq_q5_0, deq_q5_1, deq_q4_K, deq_q5_K, deq_q6_K, deq_mxfp4) operation by operation.
 #include "kquant_pack.h"
 
 #include <cstring>
@@ -193,6 +193,33 @@ void pack_q5_k(std::span<const uint8_t> raw, const std::string& name, int64_t in
   put(ws, name + ".m", mn);
 }
 
+// MXFP4 -> Q8_16F: each 32-row block as two 16-row blocks with the block's scale,
+// q = kvalues_mxfp4[code] (the doubled e2m1 values) as i8, d = e8m0_to_fp32_half(e):
+// q * d is deq_mxfp4's kvalues_mxfp4[code] * d.
+void pack_mxfp4(std::span<const uint8_t> raw, const std::string& name, int64_t in, int64_t out,
+                int64_t row0, WeightSet& ws) {
+  const int64_t nb = in / gguf::QK_MXFP4;
+  HostTensor qs = HostTensor::make({2 * nb, 16, out}, "i8"),
+             d = HostTensor::make({2 * nb, 1, out}, "f32");
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto x = load_block<gguf::block_mxfp4>(raw.data() + size_t((row0 + o) * nb + b) *
+                                                                    sizeof(gguf::block_mxfp4));
+      const float scale = gguf::e8m0_to_fp32_half(x.e);
+      d.as<float>()[(2 * b) * out + o] = scale;
+      d.as<float>()[(2 * b + 1) * out + o] = scale;
+      int8_t* lo = qs.as<int8_t>() + (2 * b) * 16 * out + o;  // elements 0-15: low nibbles
+      int8_t* hi = lo + 16 * out;                              // elements 16-31: high nibbles
+      for (int j = 0; j < 16; ++j) {
+        lo[j * out] = gguf::kvalues_mxfp4[x.qs[j] & 0x0F];
+        hi[j * out] = gguf::kvalues_mxfp4[x.qs[j] >> 4];
+      }
+    }
+  }
+  put(ws, name + ".qs", qs);
+  put(ws, name + ".d", d);
+}
+
 }  // namespace
 
 bool pack_kquant(const gguf::File& f, const gguf::TensorInfo& ti, const std::string& name,
@@ -217,6 +244,10 @@ bool pack_kquant(const gguf::File& f, const gguf::TensorInfo& ti, const std::str
     case TensorType::Q5_K:
       pack_q5_k(f.tensor_data(ti), name, in, out, row0, ws);
       fmt = MatrixFormat::Q8_1F;
+      return true;
+    case TensorType::MXFP4:
+      pack_mxfp4(f.tensor_data(ti), name, in, out, row0, ws);
+      fmt = MatrixFormat::Q8_16F;
       return true;
     default:
       return false;

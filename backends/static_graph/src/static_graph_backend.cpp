@@ -72,7 +72,10 @@ struct StaticGraph {
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
     // Test only: one deliberate bug of the catalog (docs/backends/static_graph.md#fault-catalog).
-    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault);
+    // The mixture-of-experts and attention-sink faults are in the graph (graph.cpp
+    // route(), moe_ffn(), attend()).
+    const touchstone::Faults faults =
+        touchstone::abi::session_fault(o.fault, {.moe = true, .sinks = true});
     if (faults.serving()) {
       throw StatusError(TS_ERR_UNSUPPORTED, "static_graph does not implement the serving fault '" +
                                                 faults.name + "' (docs/serving-checks.md)");
