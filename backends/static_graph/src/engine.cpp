@@ -233,8 +233,8 @@ std::unique_ptr<WeightSet> load_full_precision(const gguf::File& f, const ModelC
       if (count == 0) continue;
       const MatrixSource src = matrix_source(c, D, l, k);
       const std::string key = "blk." + std::to_string(l) + "." + layer_matrix_name(D, k);
-      put(key, transpose_f32(deq(src.tensor, (src.row0 + count * out) * in), out, in, src.row0,
-                             count));
+      put(key,
+          transpose_f32(deq(src.tensor, (src.row0 + count * out) * in), out, in, src.row0, count));
     }
   }
   return ws;

@@ -548,7 +548,10 @@ LayerParams layer_params(Fn& f, const Ctx& C, const MatrixFormat* fmt) {
   LayerParams p;
   const int64_t sl = C.F.reduction_slices;
   for_layer_weights(
-      C.M, [&](const char* n) { p.vec[n] = f.param(n, {1, C.d}, "f32"); },
+      C.M,
+      [&](const char* n) {
+        p.vec[n] = f.param(n, {1, C.d}, "f32");
+      },
       [&](int k, const MatrixShape& s) {
         p.mats[k] = matrix(f, layer_matrix_name(C.M, k), s.in, s.out, fmt[k], sl, s.count);
       });
@@ -618,7 +621,7 @@ std::pair<std::vector<Val>, std::vector<Val>> route(Emitter& le, const Ctx& C, c
   std::vector<Val> experts, weights;
   Val left = logits, sum;
   const int32_t k = C.M.n_expert_used;
-  const bool runner_up = C.F.moe_runner_up && k < E;  // the fault: pick k + 1 for pick k
+  const bool runner_up = C.F.moe_runner_up && k < E;       // the fault: pick k + 1 for pick k
   for (int32_t r = 0; r < k + (runner_up ? 1 : 0); ++r) {  // the largest logit left
     const Val idx = le.argmax1(left);
     const Val hit = le.equal(ids, idx);  // [T, E]
@@ -796,7 +799,10 @@ MainWeights declare_weights(MainFn& m, const Ctx& C, const GraphSpec& S) {
     const std::string p = "blk." + std::to_string(l) + ".";
     auto& lw = w.layers[size_t(l)];
     for_layer_weights(
-        C.M, [&](const char* n) { lw.push_back(m.arg(p + n, {1, d}, "f32")); },
+        C.M,
+        [&](const char* n) {
+          lw.push_back(m.arg(p + n, {1, d}, "f32"));
+        },
         [&](int k, const MatrixShape& s) {
           for (const MatrixPart& part : matrix_parts(s.in, s.out, layer_format(S, l, k), s.count))
             lw.push_back(m.arg(p + layer_matrix_name(C.M, k) + part.suffix, part.shape, part.elem));
@@ -992,24 +998,33 @@ MatrixShape layer_matrix_shape(const ModelDims& D, int k) {
   const int64_t kvd = int64_t(D.n_head_kv) * D.head_dim, E = D.n_expert;
   const int64_t ff = E > 0 ? D.n_ff_exp : D.n_ff, n = E > 0 ? E : 1, sh = D.n_ff_shexp;
   switch (k) {
-    case kAttnQ: return {d, qd, 1};
+    case kAttnQ:
+      return {d, qd, 1};
     case kAttnK:
-    case kAttnV: return {d, kvd, 1};
-    case kAttnOutput: return {qd, d, 1};
+    case kAttnV:
+      return {d, kvd, 1};
+    case kAttnOutput:
+      return {qd, d, 1};
     case kFfnGate:
-    case kFfnUp: return {d, ff, n};
-    case kFfnDown: return {ff, d, n};
-    case kFfnGateInp: return {d, E, E > 0 ? 1 : 0};
+    case kFfnUp:
+      return {d, ff, n};
+    case kFfnDown:
+      return {ff, d, n};
+    case kFfnGateInp:
+      return {d, E, E > 0 ? 1 : 0};
     case kFfnGateShexp:
-    case kFfnUpShexp: return {d, sh, sh > 0 ? 1 : 0};
-    case kFfnDownShexp: return {sh, d, sh > 0 ? 1 : 0};
-    default: throw std::logic_error("layer_matrix_shape: bad matrix");
+    case kFfnUpShexp:
+      return {d, sh, sh > 0 ? 1 : 0};
+    case kFfnDownShexp:
+      return {sh, d, sh > 0 ? 1 : 0};
+    default:
+      throw std::logic_error("layer_matrix_shape: bad matrix");
   }
 }
 
 std::string layer_matrix_name(const ModelDims& D, int k) {
   static const char* const names[kLayerMatrices] = {
-      "attn_q",   "attn_k", "attn_v",       "attn_output",    "ffn_gate",      "ffn_up",
+      "attn_q",   "attn_k",       "attn_v",         "attn_output",  "ffn_gate",      "ffn_up",
       "ffn_down", "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
   if (k < 0 || k >= kLayerMatrices) throw std::logic_error("layer_matrix_name: bad matrix");
   const bool experts = D.n_expert > 0 && k >= kFfnGate && k <= kFfnDown;

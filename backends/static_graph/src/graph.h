@@ -135,10 +135,10 @@ struct GraphFaults {
                                     // its input dim into this many slices (whole 32-blocks),
                                     // partial products summed in fp32 in slice order
   // Mixture-of-experts faults (the reference's, touchstone/model/faults.h):
-  bool moe_runner_up = false;        // the k-th pick replaced by the (k+1)-th
-  int32_t moe_renormalise = -1;      // -1: the model's rule; 0 / 1: the weights divided by
-                                     // the sum over every expert / over the k picked
-                                     // (moe_renorm_skipped, moe_softmax_order)
+  bool moe_runner_up = false;              // the k-th pick replaced by the (k+1)-th
+  int32_t moe_renormalise = -1;            // -1: the model's rule; 0 / 1: the weights divided by
+                                           // the sum over every expert / over the k picked
+                                           // (moe_renorm_skipped, moe_softmax_order)
   bool moe_shared_expert_dropped = false;  // the shared expert not added
   bool attention_sinks_ignored = false;    // the sink logits left out of the softmax
   bool any() const {

@@ -209,7 +209,7 @@ void pack_mxfp4(std::span<const uint8_t> raw, const std::string& name, int64_t i
       d.as<float>()[(2 * b) * out + o] = scale;
       d.as<float>()[(2 * b + 1) * out + o] = scale;
       int8_t* lo = qs.as<int8_t>() + (2 * b) * 16 * out + o;  // elements 0-15: low nibbles
-      int8_t* hi = lo + 16 * out;                              // elements 16-31: high nibbles
+      int8_t* hi = lo + 16 * out;                             // elements 16-31: high nibbles
       for (int j = 0; j < 16; ++j) {
         lo[j * out] = gguf::kvalues_mxfp4[x.qs[j] & 0x0F];
         hi[j * out] = gguf::kvalues_mxfp4[x.qs[j] >> 4];
