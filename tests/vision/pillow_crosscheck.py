@@ -55,6 +55,11 @@ def generated(work):
          .convert("P", palette=Image.ADAPTIVE, colors=16))
     rgba = rng.integers(0, 256, (30, 45, 4), dtype=np.uint8)
     save("rgba_45x30", Image.fromarray(rgba, "RGBA"))
+    save("gray_alpha_31x40", Image.fromarray(rng.integers(0, 256, (40, 31, 2), dtype=np.uint8), "LA"))
+    trns = os.path.join(work, "palette_trns_48x33.png")  # one transparent palette entry (tRNS)
+    Image.fromarray(rng.integers(0, 256, (33, 48, 3), dtype=np.uint8)).convert(
+        "P", palette=Image.ADAPTIVE, colors=16).save(trns, transparency=3)
+    out.append(("palette_trns_48x33", trns))
     return out
 
 
@@ -94,10 +99,19 @@ def check_resize(touchstone, name, path, work):
     return failures
 
 
+def hf_convert_to_rgb(im):
+    """transformers.image_transforms.convert_to_rgb: RGB as it is, any other mode through
+    RGBA alpha-composited over opaque white (a transparent pixel becomes white)."""
+    if im.mode == "RGB":
+        return im
+    rgba = im.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255)), rgba).convert("RGB")
+
+
 def hf_pixels(path, size, resample, factor, mean, std):
-    """transformers.image_transforms' numpy steps: resize (PIL, uint8), rescale
-    (float64 multiply, then float32), normalize (float32), channels first."""
-    im = np.asarray(pil_open(path).convert("RGB").resize(size, resample))
+    """transformers.image_transforms' numpy steps: convert_to_rgb, resize (PIL, uint8),
+    rescale (float64 multiply, then float32), normalize (float32), channels first."""
+    im = np.asarray(hf_convert_to_rgb(Image.open(path)).resize(size, resample))
     v = (im.astype(np.float64) * factor).astype(np.float32)
     v = (v - np.array(mean, dtype=np.float32)) / np.array(std, dtype=np.float32)
     return v.transpose(2, 0, 1)
@@ -127,10 +141,10 @@ def main(touchstone, image_dir, work):
         return 1
     inputs = photos + generated(work)
     failures = sum(check_resize(touchstone, n, p, work) for n, p in inputs)
-    failures += sum(check_processor(touchstone, n, p, work) for n, p in photos)
+    failures += sum(check_processor(touchstone, n, p, work) for n, p in inputs)
     import PIL
     print(f"pillow_crosscheck: {len(inputs)} images x {len(FILTERS)} filters x 2 sizes, and the "
-          f"gemma3 processor on {len(photos)} photographs, against Pillow {PIL.__version__} and "
+          f"gemma3 processor on all {len(inputs)}, against Pillow {PIL.__version__} and "
           f"numpy {np.__version__}: {failures} differ")
     return 1 if failures else 0
 

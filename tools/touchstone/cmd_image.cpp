@@ -1,8 +1,12 @@
-// touchstone image --in IMAGE.png (--resize WxH [--filter F] | --processor NAME) --out FILE
+// touchstone image --in IMAGE.png (--resize WxH [--filter F] | --processor NAME |
+//                  --mmproj FILE [--stage S]) --out FILE
 // An image as a vision-language model's processor prepares it (model/vision,
-// docs/vision.md), without running a model: --resize writes the resized PNG
-// (Pillow's Image.resize bit for bit); --processor writes the pixel values,
-// float32 little-endian, channels x height x width, and prints their shape as JSON.
+// docs/vision.md): --resize writes the resized PNG (Pillow's Image.resize bit for
+// bit); --processor writes the pixel values, float32 little-endian, channels x height
+// x width, and prints their shape as JSON. --mmproj runs the reference's vision tower
+// of an mmproj GGUF (its own processor unless --processor names one) and writes
+// --stage pixels (C x H x W), patches (the encoder's output, n_patches x n_embd) or
+// embeddings (the projector's, n_tokens x n_embd_text; the default), float32.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -16,13 +20,39 @@
 #include "touchstone/vision/image.h"
 #include "touchstone/vision/preprocess.h"
 #include "touchstone/vision/resample.h"
+#include "touchstone/vision/vision_tower.h"
 
 namespace touchstone::cli {
 namespace {
 
 struct ImageOpts {
-  std::string in, out, resize, filter = "bicubic", processor;
+  std::string in, out, resize, filter = "bicubic", processor, mmproj, stage = "embeddings";
 };
+
+void write_f32(const std::string& path, const std::vector<float>& v) {
+  const auto* bytes = reinterpret_cast<const char*>(v.data());
+  fileio::write_atomic(path, std::string_view(bytes, v.size() * sizeof(float)));
+}
+
+// --mmproj: the reference's vision tower up to --stage.
+int run_tower(const ImageOpts& o, const vision::Image& im) {
+  const vision::VisionTower tower = vision::load_vision_tower(o.mmproj);
+  const vision::PixelValues px = vision::preprocess(
+      im, o.processor.empty() ? vision::processor_of(tower) : vision::find_processor(o.processor));
+  const vision::VisionTowerConfig& c = tower.config;
+  if (o.stage == "pixels") {
+    write_f32(o.out, px.values);
+    fmt::print("{{\"shape\": [{}, {}, {}], \"dtype\": \"float32\", \"layout\": \"CHW\"}}\n",
+               px.channels, px.height, px.width);
+    return 0;
+  }
+  const std::vector<float> patches = vision::encode_patches(tower, px);
+  const bool emb = o.stage == "embeddings";
+  write_f32(o.out, emb ? vision::project(tower, patches) : patches);
+  fmt::print("{{\"shape\": [{}, {}], \"dtype\": \"float32\", \"stage\": \"{}\"}}\n",
+             emb ? c.n_tokens() : c.n_patches(), emb ? c.n_embd_text : c.n_embd, o.stage);
+  return 0;
+}
 
 std::pair<int, int> parse_size(const std::string& s) {
   int w = 0, h = 0;
@@ -33,12 +63,15 @@ std::pair<int, int> parse_size(const std::string& s) {
 }
 
 int run_image(const ImageOpts& o) {
-  const vision::Image im = vision::read_png(o.in);
+  // --resize: PIL's convert("L" / "RGB") (alpha dropped); a processor: its convert_to_rgb
+  // (alpha composited over white), so the alpha channel is read.
+  const vision::Image im = vision::read_png(o.in, o.resize.empty());
   if (!o.resize.empty()) {
     const auto [w, h] = parse_size(o.resize);
     vision::write_png(o.out, vision::resize(im, w, h, vision::parse_filter(o.filter)));
     return 0;
   }
+  if (!o.mmproj.empty()) return run_tower(o, im);
   const vision::PixelValues px = vision::preprocess(im, vision::find_processor(o.processor));
   const auto* bytes = reinterpret_cast<const char*>(px.values.data());
   fileio::write_atomic(o.out, std::string_view(bytes, px.values.size() * sizeof(float)));
@@ -60,10 +93,15 @@ void add_image(CLI::App& app, int& exit_code) {
   auto* r = cmd->add_option("--resize", o->resize, "WIDTHxHEIGHT: resize as Pillow does");
   cmd->add_option("--filter", o->filter, "box, bilinear, hamming, bicubic (default) or lanczos");
   auto* p = cmd->add_option("--processor", o->processor, "A processor's whole pipeline (gemma3)");
+  auto* m = cmd->add_option("--mmproj", o->mmproj,
+                            "An mmproj GGUF: run its vision tower (the reference's)");
+  cmd->add_option("--stage", o->stage, "With --mmproj: pixels, patches or embeddings (default)")
+      ->check(CLI::IsMember({"pixels", "patches", "embeddings"}));
   r->excludes(p);
+  r->excludes(m);
   cmd->callback([o, &exit_code] {
-    if (o->resize.empty() == o->processor.empty())
-      throw Error("touchstone image: give one of --resize or --processor");
+    if (o->resize.empty() == (o->processor.empty() && o->mmproj.empty()))
+      throw Error("touchstone image: give one of --resize, --processor or --mmproj");
     exit_code = run_image(*o);
   });
 }

@@ -34,9 +34,10 @@ void on_error(png_structp png, png_const_charp msg) {
 
 void on_warning(png_structp, png_const_charp) {}
 
-// The header and the transforms to 8-bit gray or RGB; false (err.message set) on a
-// libpng error. No object with a destructor lives here: longjmp skips destructors.
-bool read_header(png_structp png, png_infop info, FILE* f, PngError& err) {
+// The header and the transforms to 8-bit gray or RGB (keep_alpha: plus an alpha channel
+// where the file has alpha or tRNS transparency); false (err.message set) on a libpng
+// error. No object with a destructor lives here: longjmp skips destructors.
+bool read_header(png_structp png, png_infop info, FILE* f, PngError& err, bool keep_alpha) {
   if (setjmp(err.jump)) return false;
   png_init_io(png, f);
   png_set_sig_bytes(png, 8);
@@ -46,7 +47,9 @@ bool read_header(png_structp png, png_infop info, FILE* f, PngError& err) {
   if (depth == 16) return false;  // err.message stays empty: the caller names it
   if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
-  if (type & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+  if (keep_alpha && png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+  // Also the alpha that png_set_palette_to_rgb makes of a palette's tRNS entries.
+  if (!keep_alpha) png_set_strip_alpha(png);
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
   return true;
@@ -60,8 +63,9 @@ bool read_rows(png_structp png, png_bytepp rows, PngError& err) {
 }
 
 // Reads the opened PNG (signature consumed) into out.
-bool read_into(png_structp png, png_infop info, FILE* f, PngError& err, Image& out) {
-  if (!read_header(png, info, f, err)) {
+bool read_into(png_structp png, png_infop info, FILE* f, PngError& err, Image& out,
+               bool keep_alpha) {
+  if (!read_header(png, info, f, err, keep_alpha)) {
     if (err.message.empty()) err.message = "16-bit samples are not supported (8-bit images only)";
     return false;
   }
@@ -77,7 +81,7 @@ bool read_into(png_structp png, png_infop info, FILE* f, PngError& err, Image& o
 
 }  // namespace
 
-Image read_png(const std::string& path) {
+Image read_png(const std::string& path, bool keep_alpha) {
   std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) throw Error("{}: cannot open", path);
   unsigned char sig[8] = {};
@@ -88,11 +92,12 @@ Image read_png(const std::string& path) {
   png_infop info = png ? png_create_info_struct(png) : nullptr;
   if (!info) throw Error("{}: libpng could not allocate its state", path);
   Image out;
-  const bool ok = read_into(png, info, f.get(), err, out);
+  const bool ok = read_into(png, info, f.get(), err, out, keep_alpha);
   png_destroy_read_struct(&png, &info, nullptr);
   if (!ok) throw Error("{}: {}", path, err.message);
-  if (out.channels != 1 && out.channels != 3)
-    throw Error("{}: {} channels after conversion (expected 1 or 3)", path, out.channels);
+  if (out.channels < 1 || out.channels > (keep_alpha ? 4 : 3) || (out.channels == 2 && !keep_alpha))
+    throw Error("{}: {} channels after conversion (expected 1 or 3{})", path, out.channels,
+                keep_alpha ? ", or 2 or 4 with alpha" : "");
   return out;
 }
 
@@ -138,6 +143,39 @@ Image to_rgb(const Image& image) {
   Image out{image.width, image.height, 3, {}};
   out.pixels.reserve(image.pixels.size() * 3);
   for (uint8_t v : image.pixels) out.pixels.insert(out.pixels.end(), {v, v, v});
+  return out;
+}
+
+}  // namespace touchstone::vision
+
+namespace touchstone::vision {
+
+// Pillow src/libImaging/AlphaComposite.c (ImagingAlphaComposite), scalar path, with the
+// destination opaque white: blend = 255 (255 - a), outa255 = 255 a + blend = 65025,
+// coef1 = a 255 255 128 / outa255, coef2 = 255 128 - coef1, and per colour
+// out = SHIFTFORDIV255(src coef1 + 255 coef2 + (0x80 << 7)) >> 7, SHIFTFORDIV255(v) =
+// ((v >> 8) + v) >> 8; a = 0 keeps the white destination.
+uint8_t composite_on_white(uint32_t v, uint32_t a) {
+  if (a == 0) return 255;
+  const uint32_t outa255 = a * 255 + 255 * (255 - a);
+  const uint32_t coef1 = a * 255 * 255 * (1u << 7) / outa255, coef2 = 255 * (1u << 7) - coef1;
+  const uint32_t t = v * coef1 + 255 * coef2 + (0x80u << 7);
+  return static_cast<uint8_t>(((((t >> 8) + t) >> 8)) >> 7);
+}
+
+Image convert_to_rgb(const Image& image) {
+  if (image.channels == 3) return image;
+  if (image.channels < 1 || image.channels > 4)
+    throw Error("convert_to_rgb: {} channels (expected 1 to 4)", image.channels);
+  const bool gray = image.channels <= 2, alpha = image.channels % 2 == 0;
+  Image out{image.width, image.height, 3, {}};
+  out.pixels.reserve(size_t(image.width) * image.height * 3);
+  const size_t n = size_t(image.width) * image.height, ch = size_t(image.channels);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = image.pixels.data() + i * ch;
+    const uint32_t a = alpha ? p[ch - 1] : 255;
+    for (int c = 0; c < 3; ++c) out.pixels.push_back(composite_on_white(p[gray ? 0 : c], a));
+  }
   return out;
 }
 

@@ -47,7 +47,7 @@ PixelValues rescale_normalize(const Image& rgb, double rescale_factor,
 }
 
 PixelValues preprocess(const Image& image, const ImageProcessor& p) {
-  const Image rgb = resize(to_rgb(image), p.width, p.height, p.resample);
+  const Image rgb = resize(convert_to_rgb(image), p.width, p.height, p.resample);
   return rescale_normalize(rgb, p.rescale_factor, p.mean, p.std);
 }
 

@@ -45,7 +45,8 @@ struct PixelValues {
 PixelValues rescale_normalize(const Image& rgb, double rescale_factor,
                               const std::array<double, 3>& mean, const std::array<double, 3>& std);
 
-// The whole processor: to_rgb, resize to its size with its filter, rescale_normalize.
+// The whole processor: convert_to_rgb (image.h: alpha composited over white, as the HF
+// processors do), resize to its size with its filter, rescale_normalize.
 PixelValues preprocess(const Image& image, const ImageProcessor& processor);
 
 }  // namespace touchstone::vision

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""The reference's vision tower against Hugging Face transformers, on the tiny
+vision-language test model converted by llama.cpp's own converter
+(tools/make-test-models/make-test-models --vision: a seeded random
+Gemma3ForConditionalGeneration, SigLIP tower + Gemma 3 projector, and its mmproj GGUF).
+
+For every image (scikit-image's three photographs, pinned by tests/vision/images.json
+and fetched by ci/bootstrap, and generated ones that stress preprocessing: odd sizes, an
+extreme aspect ratio, gray, RGBA), three stages are compared:
+
+* pixels: `touchstone image --mmproj M --stage pixels` against the model's own HF image
+  processor (Gemma3ImageProcessorPil, the PIL backend) on the ORIGINAL preprocessor
+  config: must be bit-identical;
+* patches: `--stage patches` (the SigLIP encoder's output, post-LayerNorm) against
+  `model.vision_tower(pixel_values).last_hidden_state`;
+* embeddings: `--stage embeddings` (the projector's output) against
+  `model.get_image_features(pixel_values)`;
+  NMSE = sum((ref - hf)^2) / sum(hf^2) <= 1e-10 for both, in float64. HF runs the
+  ORIGINAL safetensors (DIR/hf/gemma3vl/), fp32, eager attention, CPU, 1 thread, fed
+  its own pixel values.
+A control column gives the NMSE between this image's HF embeddings and the next
+image's: what a wrong image (or a broken tower) looks like on this metric.
+
+    ci/validate_vision.py [--models-dir DIR] [--touchstone BIN] [--write-doc docs/validation.md]
+
+DIR: make-test-models --vision's output (default ~/.cache/touchstone/test-models-vision).
+Run it in ~/.cache/touchstone/venv-testmodels (or venv-validate). Exit 0: all pass;
+1: a stage disagrees; 2: setup error (77: the model or the venv is missing).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- validate-vision:begin -->", "<!-- validate-vision:end -->"
+NAME = "gemma3vl"
+NMSE_MAX = 1e-10
+
+
+def generated_images(out: Path) -> list[Path]:
+    """Images that stress preprocessing, from a fixed seed."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(7)
+    made = []
+    for name, shape, mode in [("noise-37x23", (23, 37, 3), "RGB"), ("wide-300x7", (7, 300, 3), "RGB"),
+                              ("gray-50x50", (50, 50), "L"), ("rgba-65x64", (64, 65, 4), "RGBA")]:
+        p = out / f"{name}.png"
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(p)
+        made.append(p)
+    # Gray + alpha, and a 16-colour palette with one transparent entry (tRNS).
+    p = out / "gray-alpha-31x40.png"
+    Image.fromarray(rng.integers(0, 256, (40, 31, 2), dtype=np.uint8), "LA").save(p)
+    made.append(p)
+    p = out / "palette-trns-48x33.png"
+    rgb = Image.fromarray(rng.integers(0, 256, (33, 48, 3), dtype=np.uint8), "RGB")
+    rgb.convert("P", palette=Image.ADAPTIVE, colors=16).save(p, transparency=3)
+    made.append(p)
+    return made
+
+
+def photos() -> list[Path]:
+    spec = json.loads((ROOT / "tests" / "vision" / "images.json").read_text())
+    cache = Path(os.environ.get("TOUCHSTONE_MODEL_CACHE", Path.home() / ".cache" / "touchstone" / "models"))
+    return [cache / im["filename"] for im in spec["images"] if (cache / im["filename"]).exists()]
+
+
+def touchstone_stage(bin_: str, image: Path, mmproj: Path, stage: str, tmp: Path):
+    import numpy as np
+    out = tmp / f"{image.stem}.{stage}.f32"
+    r = subprocess.run([bin_, "image", "--in", str(image), "--mmproj", str(mmproj), "--stage", stage,
+                        "--out", str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"touchstone image failed on {image}: {r.stderr}")
+    shape = json.loads(r.stdout)["shape"]
+    return np.fromfile(out, dtype=np.float32).reshape(shape)
+
+
+def nmse(a, b) -> float:
+    import numpy as np
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(((a - b) ** 2).sum() / (b ** 2).sum())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "touchstone" / "test-models-vision")
+    ap.add_argument("--touchstone", default=str(ROOT / "build" / "default" / "bin" / "touchstone"))
+    ap.add_argument("--write-doc", type=Path)
+    args = ap.parse_args()
+    hf_dir, mmproj = args.models_dir / "hf" / NAME, args.models_dir / f"mmproj-{NAME}-test-f32.gguf"
+    if not hf_dir.is_dir() or not mmproj.exists():
+        print(f"no {hf_dir} or {mmproj}: run tools/make-test-models/make-test-models --vision --out "
+              f"{args.models_dir}", file=sys.stderr)
+        return 77
+    try:
+        import numpy as np
+        import torch
+        import transformers
+        from PIL import Image
+    except ImportError as e:
+        print(f"validate_vision: {e} (run in ~/.cache/touchstone/venv-testmodels)", file=sys.stderr)
+        return 77
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    proc = transformers.AutoImageProcessor.from_pretrained(hf_dir, backend="pil")
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    rows, ok, hf_emb = [], True, []
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        images = photos() + generated_images(tmp)
+        for image in images:
+            pv = proc(images=Image.open(image), return_tensors="pt")["pixel_values"]
+            with torch.no_grad():
+                patches = model.model.vision_tower(pixel_values=pv).last_hidden_state[0].double().numpy()
+                feats = model.model.get_image_features(pixel_values=pv)
+                feats = getattr(feats, "pooler_output", feats)
+                feats = (feats[0] if isinstance(feats, (list, tuple)) else feats)
+                feats = feats.reshape(-1, feats.shape[-1]).double().numpy()
+            px = touchstone_stage(args.touchstone, image, mmproj, "pixels", tmp)
+            pt = touchstone_stage(args.touchstone, image, mmproj, "patches", tmp)
+            em = touchstone_stage(args.touchstone, image, mmproj, "embeddings", tmp)
+            same_px = px.shape == tuple(pv[0].shape) and np.array_equal(px.view(np.uint32), pv[0].numpy().view(np.uint32))
+            r = dict(image=image.name, size=f"{Image.open(image).size[0]} x {Image.open(image).size[1]}",
+                     mode=Image.open(image).mode, pixels_identical=bool(same_px),
+                     patches_nmse=nmse(pt, patches), patches_max=float(np.abs(pt - patches).max()),
+                     emb_nmse=nmse(em, feats), emb_max=float(np.abs(em - feats).max()))
+            r["pass"] = same_px and r["patches_nmse"] <= NMSE_MAX and r["emb_nmse"] <= NMSE_MAX
+            ok &= r["pass"]
+            rows.append(r)
+            hf_emb.append(feats)
+    for i, r in enumerate(rows):
+        r["control_nmse"] = nmse(hf_emb[(i + 1) % len(hf_emb)], hf_emb[i])
+    for r in rows:
+        print(f"{r['image']:38s} {r['size']:>10s} {r['mode']:4s} pixels {'identical' if r['pixels_identical'] else 'DIFFER'}"
+              f"  patches NMSE {r['patches_nmse']:.1e} max {r['patches_max']:.1e}"
+              f"  embeddings NMSE {r['emb_nmse']:.1e} max {r['emb_max']:.1e}"
+              f"  (next image {r['control_nmse']:.2f})  {'PASS' if r['pass'] else 'FAIL'}")
+    if args.write_doc:
+        write_doc(args.write_doc, rows, transformers.__version__, torch.__version__)
+    return 0 if ok else 1
+
+
+def write_doc(path: Path, rows: list[dict], tf: str, pt: str) -> None:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    out = [BEGIN, "## Vision tower (tiny Gemma 3 vision-language model)", "",
+           f"`ci/validate_vision.py` ({datetime.date.today().isoformat()}, {commit}, {cpu}, "
+           f"{platform.python_version()}, transformers {tf}, torch {pt}; fp32, eager, 1 thread). "
+           "The model is synthetic: a seeded random `Gemma3ForConditionalGeneration` (SigLIP tower of "
+           "2 layers, width 32, 2 heads, 64 x 64 images in 8 x 8 patches; Gemma 3's projector pooling the "
+           "8 x 8 grid to 16 image tokens of width 64) made by `tools/make-test-models/make-test-models "
+           "--vision`, converted by llama.cpp's own `convert_hf_to_gguf.py --mmproj` "
+           "(`tests/models/vision/mmproj-gemma3vl-test-f32.gguf`). It validates the formulas and the "
+           "mmproj layout, not any released model's weights. Pixels: the reference's preprocessing "
+           "against the model's own HF image processor (PIL backend); patches: the SigLIP encoder's "
+           "output against `vision_tower(...).last_hidden_state`; embeddings: the projector's against "
+           "`get_image_features`. Pass: pixels bit-identical, both NMSE <= 1e-10. The last column is "
+           "the NMSE between this image's HF embeddings and the next image's (a wrong image on the "
+           "same metric).", "",
+           "| image | size | mode | pixels | patches NMSE (max abs) | embeddings NMSE (max abs) | next image | verdict |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['image']} | {r['size']} | {r['mode']} | {'identical' if r['pixels_identical'] else 'differ'} "
+                   f"| {r['patches_nmse']:.1e} ({r['patches_max']:.1e}) | {r['emb_nmse']:.1e} ({r['emb_max']:.1e}) "
+                   f"| {r['control_nmse']:.2f} | {'PASS' if r['pass'] else 'FAIL'} |")
+    out.append(END)
+    text = path.read_text()
+    block = "\n".join(out)
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Make the vision-language test models: a small seeded random Hugging Face
+Gemma3ForConditionalGeneration (SigLIP vision tower + Gemma 3's multimodal projector +
+a Gemma 3 text decoder), converted by llama.cpp's own convert_hf_to_gguf.py into the
+text GGUF and the mmproj GGUF (--mmproj), as llama.cpp's libmtmd reads them.
+
+Run through tools/make-test-models/make-test-models --vision (venv, llama.cpp sources).
+Direct use:
+
+    make_vision_models.py --llama-cpp SRC --out DIR [--check-sums FILE] [--write-sums FILE]
+
+Output:
+    DIR/hf/gemma3vl/                     the ORIGINAL model (config, safetensors,
+                                         preprocessor_config.json, tokenizer.model)
+    DIR/gemma3vl-test-f32.gguf           the text decoder (convert_hf_to_gguf.py --outtype f32)
+    DIR/mmproj-gemma3vl-test-f32.gguf    the vision tower and projector (--mmproj)
+
+The tower: 64 x 64 images in 8 x 8 patches (64 patches), 2 layers of width 32 with 2
+heads; the projector pools the 8 x 8 patch grid to 4 x 4 (16 image tokens, kernel 2,
+llama.cpp's clip.vision.projector.scale_factor), RMSNorm, then a [32 -> 64] projection.
+Deterministic: fixed seeds, single-threaded tokenizer training.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import make_test_models as mt
+
+NAME = "gemma3vl"
+SEED = 2001
+# The image placeholders of Gemma 3's tokenizer, as user-defined pieces of the test
+# tokenizer (ids 3, 4, 5: after unk, bos, eos).
+IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              image_size=64, patch_size=8, layer_norm_eps=1e-6, num_channels=3)
+MM_TOKENS = 16
+
+
+def make_tokenizer(out: Path) -> None:
+    """The text test models' SentencePiece BPE, plus Gemma 3's three image pieces."""
+    import io
+    import sentencepiece as spm
+    lines = [l for l in mt.corpus_text().splitlines() if l.strip()]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=mt.VOCAB,
+        byte_fallback=True, character_coverage=1.0, num_threads=1, split_digits=True,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, add_dummy_prefix=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True, hard_vocab_limit=True, minloglevel=2,
+        user_defined_symbols=IMAGE_TOKENS)
+    (out / "tokenizer.model").write_bytes(model.getvalue())
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": False,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": 256}, indent=1) + "\n")
+
+
+def released_layout(path: Path) -> None:
+    """The tower's tensors under vision_tower.vision_model.*, as google/gemma-3-*-it's
+    checkpoints store them (transformers 4's SiglipVisionModel) and as the converter's
+    tensor map expects; transformers 5 writes them without `vision_model.` and reads
+    both."""
+    from safetensors.torch import load_file, save_file
+    t = load_file(str(path))
+    renamed = {("vision_tower.vision_model." + k[len("vision_tower."):]
+                if k.startswith("vision_tower.") else k): v for k, v in t.items()}
+    save_file(renamed, str(path), metadata={"format": "pt"})
+
+
+def make_hf_model(out: Path) -> None:
+    import torch
+    import transformers
+    out.mkdir(parents=True, exist_ok=True)
+    make_tokenizer(out)
+    spec = mt.SPECS["gemma3"]
+    torch.manual_seed(SEED)
+    text = transformers.Gemma3TextConfig(initializer_range=spec["init"], **spec["config"])
+    vision = transformers.SiglipVisionConfig(**VISION)
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=MM_TOKENS,
+        boi_token_index=3, eoi_token_index=4, image_token_index=5, initializer_range=spec["init"])
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    model = transformers.Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+    g = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            # Every norm weight and bias away from its init (LayerNorm 1 / 0, Gemma 0),
+            # the tower's weights at a scale where its activations stay O(1).
+            if name.endswith(("norm.weight", "layernorm.weight", "soft_emb_norm.weight")):
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif "vision_tower" in name or "multi_modal_projector" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            if name.endswith("mm_input_projection_weight"):
+                # The converter stores it as F16 (tensor_force_quant, as in the released
+                # mmproj files): values that F16 holds exactly keep the GGUF equal to HF.
+                p.copy_(p.half().float())
+        model.get_output_embeddings().weight.mul_(spec.get("head_scale", 3.0))
+    model.save_pretrained(out, safe_serialization=True)
+    released_layout(out / "model.safetensors")
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["text_config"] = mt.legacy_config_keys(cfg["text_config"])
+    cfg.pop("transformers_version", None)
+    cfg_path.write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
+    (out / "generation_config.json").unlink(missing_ok=True)
+    # Gemma3ImageProcessor as google/gemma-3-4b-it configures it, at this tower's size.
+    (out / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Gemma3ImageProcessor", "do_resize": True, "resample": 2,
+        "size": {"height": VISION["image_size"], "width": VISION["image_size"]},
+        "do_rescale": True, "rescale_factor": 0.00392156862745098, "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+        "do_pan_and_scan": False, "image_seq_length": MM_TOKENS}, indent=1) + "\n")
+
+
+def convert(llama_cpp: Path, hf: Path, out: Path, work: Path, mmproj: bool) -> Path:
+    runner = work / "convert_runner.py"
+    runner.write_text(mt.CONVERT_RUNNER)
+    cmd = [sys.executable, str(runner), str(llama_cpp), "-", str(hf), "--outfile", str(out),
+           "--outtype", "f32", "--model-name", out.stem] + (["--mmproj"] if mmproj else [])
+    import subprocess
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    made = out.with_name("mmproj-" + out.name) if mmproj and "mmproj" not in out.name else out
+    if r.returncode != 0 or not made.exists():
+        sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
+        raise SystemExit(f"convert failed: {' '.join(cmd)}")
+    return made
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-cpp", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--write-sums", type=Path)
+    ap.add_argument("--check-sums", type=Path)
+    args = ap.parse_args()
+    out = args.out.resolve()
+    work = out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    hf = out / "hf" / NAME
+    shutil.rmtree(hf, ignore_errors=True)
+    print(f"== {NAME}", flush=True)
+    make_hf_model(hf)
+    text = convert(args.llama_cpp, hf, out / f"{NAME}-test-f32.gguf", work, mmproj=False)
+    proj = convert(args.llama_cpp, hf, out / f"{NAME}-test-f32.gguf", work, mmproj=True)
+    shutil.rmtree(work, ignore_errors=True)
+    sums = {}
+    for p in [text, proj] + [hf / n for n in ("model.safetensors", "config.json", "tokenizer.model",
+                                             "preprocessor_config.json")]:
+        sums[str(p.relative_to(out))] = mt.sha256(p)
+        print(f"  {p.relative_to(out)}: {p.stat().st_size} bytes {sums[str(p.relative_to(out))][:16]}")
+    if args.write_sums:
+        args.write_sums.write_text("".join(f"{h}  {n}\n" for n, h in sorted(sums.items())))
+    if args.check_sums:
+        want = {n.strip(): h for h, n in ((l.split(maxsplit=1)) for l in args.check_sums.read_text().splitlines())}
+        bad = [n for n in sums if want.get(n) != sums[n]] + [n for n in want if n not in sums]
+        for n in bad:
+            print(f"SHA256 MISMATCH {n}: got {sums.get(n)}, {args.check_sums} has {want.get(n)}", file=sys.stderr)
+        if bad:
+            return 1
+        print(f"all {len(sums)} sums match {args.check_sums}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
