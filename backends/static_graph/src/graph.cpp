@@ -501,7 +501,7 @@ Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& 
                : le.reshape(*sinks, {KVH, 1, G});
     sink = le.reshape(le.tile(sink, {1, T, 1}), {KVH, T * G, 1});
   }
-  Val ex, mx = le.splat({1, 1, 1}, "f32", "0.0");
+  Val ex, mx;
   if (C.F.softmax_no_max) {  // fp32 exp(s) as is: inf above ~88.7, then inf/inf = NaN
     ex = le.unary("tosa.exp", sc);
   } else {
@@ -510,7 +510,8 @@ Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& 
     ex = le.unary("tosa.exp", le.sub(sc, mx));
   }
   Val sum = le.reduce("tosa.reduce_sum", ex, 2);
-  if (sinks) sum = le.add(sum, le.unary("tosa.exp", le.sub(sink, mx)));
+  if (sinks)
+    sum = le.add(sum, le.unary("tosa.exp", C.F.softmax_no_max ? sink : le.sub(sink, mx)));
   Val o = le.mul(le.matmul(ex, vwin), le.unary("tosa.reciprocal", sum));  // [KVH, T*G, hd]
   o = le.transpose(le.reshape(o, {KVH, T, G, hd}),
                    gqa ? std::vector<int>{1, 2, 0, 3} : std::vector<int>{1, 0, 2, 3});
