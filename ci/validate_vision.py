@@ -21,6 +21,12 @@ extreme aspect ratio, gray, RGBA), three stages are compared:
 A control column gives the NMSE between this image's HF embeddings and the next
 image's: what a wrong image (or a broken tower) looks like on this metric.
 
+Then the tiny Idefics3ForConditionalGeneration (SmolVLM's architecture: SigLIP-style
+tower, pixel-shuffle connector): its HF processor splits each image into tiles plus a
+global view, which the reference does not implement, so every tile's HF pixel values go
+to `touchstone image --pixels` and the patches and embeddings are compared per tile
+against `vision_model(...)` and `connector(...)` (worst tile reported).
+
     ci/validate_vision.py [--models-dir DIR] [--touchstone BIN] [--write-doc docs/validation.md]
 
 DIR: make-test-models --vision's output (default ~/.cache/touchstone/test-models-vision).
@@ -73,11 +79,11 @@ def photos() -> list[Path]:
     return [cache / im["filename"] for im in spec["images"] if (cache / im["filename"]).exists()]
 
 
-def touchstone_stage(bin_: str, image: Path, mmproj: Path, stage: str, tmp: Path):
+def touchstone_stage(bin_: str, image: Path, mmproj: Path, stage: str, tmp: Path, pixels: bool = False):
     import numpy as np
     out = tmp / f"{image.stem}.{stage}.f32"
-    r = subprocess.run([bin_, "image", "--in", str(image), "--mmproj", str(mmproj), "--stage", stage,
-                        "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run([bin_, "image", "--pixels" if pixels else "--in", str(image), "--mmproj", str(mmproj),
+                        "--stage", stage, "--out", str(out)], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"touchstone image failed on {image}: {r.stderr}")
     shape = json.loads(r.stdout)["shape"]
@@ -145,12 +151,56 @@ def main() -> int:
               f"  patches NMSE {r['patches_nmse']:.1e} max {r['patches_max']:.1e}"
               f"  embeddings NMSE {r['emb_nmse']:.1e} max {r['emb_max']:.1e}"
               f"  (next image {r['control_nmse']:.2f})  {'PASS' if r['pass'] else 'FAIL'}")
+    rows3 = idefics3_rows(args, images_for_idefics3())
+    for r in rows3:
+        print(f"idefics3 {r['image']:29s} {r['tiles']:3d} tiles  patches NMSE {r['patches_nmse']:.1e}"
+              f"  embeddings NMSE {r['emb_nmse']:.1e}  {'PASS' if r['pass'] else 'FAIL'}")
+    ok &= all(r["pass"] for r in rows3)
     if args.write_doc:
-        write_doc(args.write_doc, rows, transformers.__version__, torch.__version__)
+        write_doc(args.write_doc, rows, rows3, transformers.__version__, torch.__version__)
     return 0 if ok else 1
 
 
-def write_doc(path: Path, rows: list[dict], tf: str, pt: str) -> None:
+def images_for_idefics3() -> list[Path]:
+    return photos()
+
+
+def idefics3_rows(args, images: list[Path]) -> list[dict]:
+    """Every tile of every image through HF's Idefics3 tower and connector and through
+    the reference (`--pixels`); the worst tile per image."""
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+    hf, mmproj = args.models_dir / "hf" / "idefics3vl", args.models_dir / "mmproj-idefics3vl-test-f32.gguf"
+    if not hf.is_dir() or not mmproj.exists():
+        raise SystemExit(f"no {hf} or {mmproj}: run tools/make-test-models/make-test-models --vision")
+    proc = transformers.AutoImageProcessor.from_pretrained(hf, backend="pil")
+    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(
+        hf, dtype=torch.float32, attn_implementation="eager").eval()
+    rows = []
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for image in images:
+            tiles = proc(images=Image.open(image), return_tensors="pt")["pixel_values"].reshape(-1, 3, 64, 64)
+            worst_p = worst_e = 0.0
+            for i in range(tiles.shape[0]):
+                tile = tmp / f"{image.stem}.tile{i}.f32"
+                tiles[i].numpy().astype("<f4").tofile(tile)
+                with torch.no_grad():
+                    mask = torch.ones((1, 8, 8), dtype=torch.bool)
+                    h = model.model.vision_model(pixel_values=tiles[i:i + 1], patch_attention_mask=mask).last_hidden_state
+                    e = model.model.connector(h)[0].double().numpy()
+                pt = touchstone_stage(args.touchstone, tile, mmproj, "patches", tmp, pixels=True)
+                em = touchstone_stage(args.touchstone, tile, mmproj, "embeddings", tmp, pixels=True)
+                worst_p = max(worst_p, nmse(pt, h[0].double().numpy()))
+                worst_e = max(worst_e, nmse(em, e))
+            rows.append(dict(image=image.name, tiles=int(tiles.shape[0]), patches_nmse=worst_p, emb_nmse=worst_e,
+                             **{"pass": worst_p <= NMSE_MAX and worst_e <= NMSE_MAX}))
+    return rows
+
+
+def write_doc(path: Path, rows: list[dict], rows3: list[dict], tf: str, pt: str) -> None:
     cpu = "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -181,6 +231,15 @@ def write_doc(path: Path, rows: list[dict], tf: str, pt: str) -> None:
         out.append(f"| {r['image']} | {r['size']} | {r['mode']} | {'identical' if r['pixels_identical'] else 'differ'} "
                    f"| {r['patches_nmse']:.1e} ({r['patches_max']:.1e}) | {r['emb_nmse']:.1e} ({r['emb_max']:.1e}) "
                    f"| {r['control_nmse']:.2f} | {'PASS' if r['pass'] else 'FAIL'} |")
+    out += ["", "The tiny `Idefics3ForConditionalGeneration` (SmolVLM's architecture, same tower sizes, the "
+            "pixel-shuffle connector by 2: 64 patches to 16 tokens of width 128, projected to 64; "
+            "`tests/models/vision/mmproj-idefics3vl-test-f32.gguf`): its processor's image splitting is not "
+            "in the reference, so each tile's HF pixel values are given to `touchstone image --pixels`; the "
+            "worst tile per image:", "",
+            "| image | tiles | patches NMSE | embeddings NMSE | verdict |", "|---|---|---|---|---|"]
+    for r in rows3:
+        out.append(f"| {r['image']} | {r['tiles']} | {r['patches_nmse']:.1e} | {r['emb_nmse']:.1e} "
+                   f"| {'PASS' if r['pass'] else 'FAIL'} |")
     out.append(END)
     text = path.read_text()
     block = "\n".join(out)

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Make the vision-language test models: a small seeded random Hugging Face
-Gemma3ForConditionalGeneration (SigLIP vision tower + Gemma 3's multimodal projector +
-a Gemma 3 text decoder), converted by llama.cpp's own convert_hf_to_gguf.py into the
-text GGUF and the mmproj GGUF (--mmproj), as llama.cpp's libmtmd reads them.
+"""Make the vision-language test models, converted by llama.cpp's own
+convert_hf_to_gguf.py as llama.cpp's libmtmd reads them:
+* a small seeded random Hugging Face Gemma3ForConditionalGeneration (SigLIP vision
+  tower + Gemma 3's multimodal projector + a Gemma 3 text decoder): the text GGUF and
+  the mmproj GGUF (--mmproj);
+* a small seeded random Idefics3ForConditionalGeneration (SmolVLM's architecture: a
+  SigLIP-style tower, the pixel-shuffle connector, a Llama decoder): its mmproj GGUF
+  (the converter of llama-cpp-python 0.3.16 converts no Idefics3 text model).
 
 Run through tools/make-test-models/make-test-models --vision (venv, llama.cpp sources).
 Direct use:
@@ -14,6 +18,7 @@ Output:
                                          preprocessor_config.json, tokenizer.model)
     DIR/gemma3vl-test-f32.gguf           the text decoder (convert_hf_to_gguf.py --outtype f32)
     DIR/mmproj-gemma3vl-test-f32.gguf    the vision tower and projector (--mmproj)
+    DIR/hf/idefics3vl/, DIR/mmproj-idefics3vl-test-f32.gguf
 
 The tower: 64 x 64 images in 8 x 8 patches (64 patches), 2 layers of width 32 with 2
 heads; the projector pools the 8 x 8 patch grid to 4 x 4 (16 image tokens, kernel 2,
@@ -58,6 +63,48 @@ def make_tokenizer(out: Path) -> None:
         "tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": False,
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
         "model_max_length": 256}, indent=1) + "\n")
+
+
+def make_idefics3(out: Path) -> None:
+    """Idefics3: the same tower sizes (64 x 64 tiles in 8 x 8 patches, width 32), pixel
+    shuffle by 2 (64 patches -> 16 tokens of width 128), projected to the text width 64;
+    a 2-layer Llama decoder."""
+    import torch
+    import transformers
+    out.mkdir(parents=True, exist_ok=True)
+    mt.make_spm_tokenizer(out, out)
+    torch.manual_seed(SEED + 10)
+    text = transformers.LlamaConfig(vocab_size=mt.VOCAB, hidden_size=64, intermediate_size=256,
+                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                    max_position_embeddings=256, rms_norm_eps=1e-5,
+                                    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    vision = transformers.Idefics3VisionConfig(**{**VISION, "layer_norm_eps": 1e-5})
+    config = transformers.Idefics3Config(text_config=text, vision_config=vision, scale_factor=2,
+                                         image_token_id=5)
+    config.architectures = ["Idefics3ForConditionalGeneration"]
+    model = transformers.Idefics3ForConditionalGeneration(config).to(torch.float32).eval()
+    g = torch.Generator().manual_seed(SEED + 11)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith(("norm.weight", "layernorm.weight")):
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif "vision_model" in name or "connector" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(out, safe_serialization=True)
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("transformers_version", None)
+    cfg_path.write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
+    (out / "generation_config.json").unlink(missing_ok=True)
+    (out / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Idefics3ImageProcessor", "do_resize": True, "resample": 1,
+        "size": {"longest_edge": 4 * VISION["image_size"]}, "do_image_splitting": True,
+        "max_image_size": {"longest_edge": VISION["image_size"]}, "do_rescale": True,
+        "rescale_factor": 0.00392156862745098, "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+        "do_pad": True}, indent=1) + "\n")
 
 
 def released_layout(path: Path) -> None:
@@ -150,10 +197,16 @@ def main() -> int:
     make_hf_model(hf)
     text = convert(args.llama_cpp, hf, out / f"{NAME}-test-f32.gguf", work, mmproj=False)
     proj = convert(args.llama_cpp, hf, out / f"{NAME}-test-f32.gguf", work, mmproj=True)
+    hf3 = out / "hf" / "idefics3vl"
+    shutil.rmtree(hf3, ignore_errors=True)
+    print("== idefics3vl", flush=True)
+    make_idefics3(hf3)
+    proj3 = convert(args.llama_cpp, hf3, out / "idefics3vl-test-f32.gguf", work, mmproj=True)
     shutil.rmtree(work, ignore_errors=True)
     sums = {}
-    for p in [text, proj] + [hf / n for n in ("model.safetensors", "config.json", "tokenizer.model",
-                                             "preprocessor_config.json")]:
+    files = [text, proj, proj3] + [d / n for d in (hf, hf3) for n in (
+        "model.safetensors", "config.json", "tokenizer.model", "preprocessor_config.json")]
+    for p in files:
         sums[str(p.relative_to(out))] = mt.sha256(p)
         print(f"  {p.relative_to(out)}: {p.stat().st_size} bytes {sums[str(p.relative_to(out))][:16]}")
     if args.write_sums:

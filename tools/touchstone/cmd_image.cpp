@@ -1,16 +1,19 @@
-// touchstone image --in IMAGE.png (--resize WxH [--filter F] | --processor NAME |
-//                  --mmproj FILE [--stage S]) --out FILE
+// touchstone image (--in IMAGE.png | --pixels F32) (--resize WxH [--filter F] |
+//                  --processor NAME | --mmproj FILE [--stage S]) --out FILE
 // An image as a vision-language model's processor prepares it (model/vision,
 // docs/vision.md): --resize writes the resized PNG (Pillow's Image.resize bit for
 // bit); --processor writes the pixel values, float32 little-endian, channels x height
 // x width, and prints their shape as JSON. --mmproj runs the reference's vision tower
 // of an mmproj GGUF (its own processor unless --processor names one) and writes
 // --stage pixels (C x H x W), patches (the encoder's output, n_patches x n_embd) or
-// embeddings (the projector's, n_tokens x n_embd_text; the default), float32.
+// embeddings (the projector's, n_tokens x n_embd_text; the default), float32; --pixels
+// gives it pixel values instead of an image (a processor the reference lacks: Idefics3's
+// image splitting).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,7 +29,7 @@ namespace touchstone::cli {
 namespace {
 
 struct ImageOpts {
-  std::string in, out, resize, filter = "bicubic", processor, mmproj, stage = "embeddings";
+  std::string in, pixels, out, resize, filter = "bicubic", processor, mmproj, stage = "embeddings";
 };
 
 void write_f32(const std::string& path, const std::vector<float>& v) {
@@ -34,12 +37,29 @@ void write_f32(const std::string& path, const std::vector<float>& v) {
   fileio::write_atomic(path, std::string_view(bytes, v.size() * sizeof(float)));
 }
 
-// --mmproj: the reference's vision tower up to --stage.
-int run_tower(const ImageOpts& o, const vision::Image& im) {
+// --pixels: float32 little-endian, 3 x image_size x image_size (channels first).
+vision::PixelValues read_pixels(const std::string& path, const vision::VisionTowerConfig& c) {
+  const std::string bytes = fileio::read_file(path, "pixel values");
+  const size_t n = size_t(3) * size_t(c.image_size) * size_t(c.image_size);
+  if (bytes.size() != n * sizeof(float))
+    throw Error("{}: {} bytes of pixel values; the tower takes 3 x {} x {} float32 ({} bytes)",
+                path, bytes.size(), c.image_size, c.image_size, n * sizeof(float));
+  vision::PixelValues px{3, c.image_size, c.image_size, std::vector<float>(n)};
+  std::memcpy(px.values.data(), bytes.data(), bytes.size());
+  return px;
+}
+
+// --mmproj: the reference's vision tower up to --stage, on an image (--in) or on given
+// pixel values (--pixels).
+int run_tower(const ImageOpts& o) {
   const vision::VisionTower tower = vision::load_vision_tower(o.mmproj);
-  const vision::PixelValues px = vision::preprocess(
-      im, o.processor.empty() ? vision::processor_of(tower) : vision::find_processor(o.processor));
   const vision::VisionTowerConfig& c = tower.config;
+  const vision::PixelValues px =
+      !o.pixels.empty()
+          ? read_pixels(o.pixels, c)
+          : vision::preprocess(vision::read_png(o.in, true),
+                               o.processor.empty() ? vision::processor_of(tower)
+                                                   : vision::find_processor(o.processor));
   if (o.stage == "pixels") {
     write_f32(o.out, px.values);
     fmt::print("{{\"shape\": [{}, {}, {}], \"dtype\": \"float32\", \"layout\": \"CHW\"}}\n",
@@ -63,6 +83,7 @@ std::pair<int, int> parse_size(const std::string& s) {
 }
 
 int run_image(const ImageOpts& o) {
+  if (!o.mmproj.empty()) return run_tower(o);
   // --resize: PIL's convert("L" / "RGB") (alpha dropped); a processor: its convert_to_rgb
   // (alpha composited over white), so the alpha channel is read.
   const vision::Image im = vision::read_png(o.in, o.resize.empty());
@@ -71,7 +92,6 @@ int run_image(const ImageOpts& o) {
     vision::write_png(o.out, vision::resize(im, w, h, vision::parse_filter(o.filter)));
     return 0;
   }
-  if (!o.mmproj.empty()) return run_tower(o, im);
   const vision::PixelValues px = vision::preprocess(im, vision::find_processor(o.processor));
   const auto* bytes = reinterpret_cast<const char*>(px.values.data());
   fileio::write_atomic(o.out, std::string_view(bytes, px.values.size() * sizeof(float)));
@@ -87,7 +107,10 @@ void add_image(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand("image",
                                      "An image resized, or preprocessed into pixel values, as a "
                                      "vision-language model's processor does it");
-  cmd->add_option("--in", o->in, "PNG image")->required();
+  auto* in = cmd->add_option("--in", o->in, "PNG image");
+  auto* px =
+      cmd->add_option("--pixels", o->pixels,
+                      "With --mmproj, instead of --in: float32 pixel values, 3 x size x size");
   cmd->add_option("--out", o->out, "Output: a PNG (--resize) or float32 pixel values (--processor)")
       ->required();
   auto* r = cmd->add_option("--resize", o->resize, "WIDTHxHEIGHT: resize as Pillow does");
@@ -99,9 +122,13 @@ void add_image(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"pixels", "patches", "embeddings"}));
   r->excludes(p);
   r->excludes(m);
+  px->excludes(in);
+  px->needs(m);
   cmd->callback([o, &exit_code] {
     if (o->resize.empty() == (o->processor.empty() && o->mmproj.empty()))
       throw Error("touchstone image: give one of --resize, --processor or --mmproj");
+    if (o->in.empty() == o->pixels.empty())
+      throw Error("touchstone image: give one of --in or --pixels (with --mmproj)");
     exit_code = run_image(*o);
   });
 }

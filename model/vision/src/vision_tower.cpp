@@ -122,6 +122,33 @@ std::vector<float> encode_patches(const VisionTower& tower, const PixelValues& p
   return layer_norm(x, s * s, d, tower.post_w, tower.post_b, c.eps);
 }
 
+namespace {
+
+// Idefics3's connector: pixel shuffle by k, then W_fc (no bias); see the header.
+std::vector<float> pixel_shuffle_project(const VisionTower& tower,
+                                         const std::vector<float>& patches) {
+  const VisionTowerConfig& c = tower.config;
+  const size_t s = size_t(c.grid()), k = size_t(c.pool), t = s / k, d = size_t(c.n_embd);
+  const size_t dt = size_t(c.n_embd_text), din = d * k * k;
+  std::vector<float> out(t * t * dt), x(din);
+  for (size_t i = 0; i < t; ++i) {
+    for (size_t j = 0; j < t; ++j) {
+      for (size_t r = 0; r < k; ++r)
+        for (size_t cc = 0; cc < k; ++cc)
+          for (size_t e = 0; e < d; ++e)
+            x[(r * k + cc) * d + e] = patches[((i * k + r) * s + j * k + cc) * d + e];
+      for (size_t o = 0; o < dt; ++o) {
+        double acc = 0.0;
+        for (size_t f = 0; f < din; ++f) acc += double{tower.mm_fc[o * din + f]} * x[f];
+        out[(i * t + j) * dt + o] = static_cast<float>(acc);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<float> project(const VisionTower& tower, const std::vector<float>& patches) {
   const VisionTowerConfig& c = tower.config;
   const size_t s = size_t(c.grid()), k = size_t(c.pool), t = s / k, d = size_t(c.n_embd);
@@ -129,6 +156,7 @@ std::vector<float> project(const VisionTower& tower, const std::vector<float>& p
   if (patches.size() != s * s * d)
     throw Error("{}: the projector takes {} x {} patch vectors, got {} values", tower.path, s * s,
                 d, patches.size());
+  if (c.projector == "idefics3") return pixel_shuffle_project(tower, patches);
   std::vector<float> out(t * t * dt);
   std::vector<double> pooled(d);
   for (size_t ty = 0; ty < t; ++ty) {

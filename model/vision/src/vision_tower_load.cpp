@@ -46,9 +46,9 @@ VisionTowerConfig read_config(const gguf::File& f) {
     throw Error("{}: clip.has_vision_encoder is false (an audio mmproj?)", f.path());
   VisionTowerConfig c;
   c.projector = f.get_string("clip.projector_type");
-  if (c.projector != "gemma3")
-    throw Error("{}: clip.projector_type = '{}': not supported (supported: gemma3)", f.path(),
-                c.projector);
+  if (c.projector != "gemma3" && c.projector != "idefics3")
+    throw Error("{}: clip.projector_type = '{}': not supported (supported: gemma3, idefics3)",
+                f.path(), c.projector);
   c.image_size = size_key(f, "clip.vision.image_size");
   c.patch_size = size_key(f, "clip.vision.patch_size");
   c.n_embd = size_key(f, "clip.vision.embedding_length");
@@ -109,13 +109,23 @@ VisionTower load_vision_tower(const std::string& path) {
   for (int32_t l = 0; l < c.n_layer; ++l) t.layers.push_back(read_layer(f, c, l));
   t.post_w = tensor(f, "v.post_ln.weight", d);
   t.post_b = tensor(f, "v.post_ln.bias", d);
-  t.mm_norm = tensor(f, "mm.soft_emb_norm.weight", d);
-  t.mm_proj = tensor(f, "mm.input_projection.weight", d * size_t(c.n_embd_text));
+  const size_t dt = size_t(c.n_embd_text);
+  if (c.projector == "gemma3") {
+    t.mm_norm = tensor(f, "mm.soft_emb_norm.weight", d);
+    t.mm_proj = tensor(f, "mm.input_projection.weight", d * dt);
+  } else {
+    t.mm_fc = tensor(f, "mm.model.fc.weight", dt * d * size_t(c.pool) * size_t(c.pool));
+  }
   return t;
 }
 
 ImageProcessor processor_of(const VisionTower& tower) {
   const VisionTowerConfig& c = tower.config;
+  if (c.projector != "gemma3")
+    throw Error(
+        "{}: the {} image processor (image splitting into tiles and a global view) is "
+        "not implemented; give the pixel values of one tile",
+        tower.path, c.projector);
   ImageProcessor p;
   p.name = c.projector;
   p.width = p.height = c.image_size;

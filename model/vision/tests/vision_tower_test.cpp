@@ -88,6 +88,31 @@ TEST(VisionTower, EncodesAndProjectsAnImage) {
       touchstone::Error);  // 896 x 896 pixels for a 64 x 64 tower
 }
 
+// Idefics3 (SmolVLM): the pixel-shuffle connector. Moving one patch's pixels changes
+// exactly the image token whose 2 x 2 window holds that patch (the tower mixes patches,
+// so every patch output moves; the connector then groups them: checked on the patch
+// outputs directly). Its processor (image splitting) is refused by name.
+TEST(VisionTower, Idefics3PixelShuffleGroupsTwoByTwoPatches) {
+  const v::VisionTower t = v::load_vision_tower(kDir + "/mmproj-idefics3vl-test-f32.gguf");
+  const v::VisionTowerConfig& c = t.config;
+  EXPECT_EQ(c.projector, "idefics3");
+  EXPECT_EQ(c.pool, 2);
+  EXPECT_EQ(c.n_tokens(), 16);
+  std::vector<float> patches(size_t(c.n_patches()) * size_t(c.n_embd), 0.0f);
+  const std::vector<float> base = v::project(t, patches);
+  ASSERT_EQ(base.size(), 16u * 64u);
+  // Patch (row 5, column 2) of the 8 x 8 grid: token (2, 1) of the 4 x 4 grid.
+  for (int e = 0; e < c.n_embd; ++e) patches[size_t((5 * 8 + 2) * c.n_embd + e)] = 1.0f;
+  const std::vector<float> moved = v::project(t, patches);
+  for (size_t tok = 0; tok < 16; ++tok) {
+    const bool same = std::equal(base.begin() + long(tok * 64), base.begin() + long((tok + 1) * 64),
+                                 moved.begin() + long(tok * 64));
+    EXPECT_EQ(same, tok != 2 * 4 + 1) << "token " << tok;
+  }
+  const std::string msg = error_of([&] { v::processor_of(t); });
+  EXPECT_NE(msg.find("idefics3 image processor"), std::string::npos) << msg;
+}
+
 TEST(VisionTower, ATextModelIsNotAnMmproj) {
   const std::string text = kDir + "/gemma3vl-test-f32.gguf";
   const std::string msg = error_of([&] { v::load_vision_tower(text); });
@@ -115,9 +140,9 @@ std::vector<uint8_t> clip_file(const std::string& projector) {
 }
 
 TEST(VisionTower, AnotherProjectorOrAMissingTensorIsNamed) {
-  gg::testing::TempFile other(clip_file("idefics3"), "mmproj_other");
+  gg::testing::TempFile other(clip_file("llava"), "mmproj_other");
   std::string msg = error_of([&] { v::load_vision_tower(other.path()); });
-  EXPECT_NE(msg.find("clip.projector_type = 'idefics3'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("clip.projector_type = 'llava'"), std::string::npos) << msg;
   gg::testing::TempFile empty(clip_file("gemma3"), "mmproj_empty");
   msg = error_of([&] { v::load_vision_tower(empty.path()); });
   EXPECT_NE(msg.find(empty.path()), std::string::npos) << msg;

@@ -19,6 +19,14 @@
 //   images), RMSNorm x / sqrt(mean(x^2) + eps) * w (w = 1 + Gemma's weight: the
 //   converter stores it plus one), then y = x . W_in, W_in [n_embd][n_embd_text]
 //                                                            [n_tokens][n_embd_text]
+// Idefics3 / SmolVLM's connector (HF models/idefics3/modeling_idefics3.py,
+// Idefics3Connector; clip.cpp PROJECTOR_TYPE_IDEFICS3): pixel shuffle by
+// k = clip.vision.projector.scale_factor, token (i, j) of the (s/k) x (s/k) grid being
+// the k x k patches (i k + r, j k + c) concatenated in (r, c) order, feature
+// (r k + c) n_embd + e; then y = W_fc x (mm.model.fc, no bias). Its tower is SigLIP's;
+// Idefics3VisionEmbeddings' position ids (bucketized fractional coordinates) are the
+// patch indices for a whole tile, as here (exactly so when 1 / s is exact in binary:
+// s = 8, 16, 32, ...; for other s, HF's float32 buckets can differ by one).
 #pragma once
 
 #include <array>
@@ -32,13 +40,13 @@ namespace touchstone::vision {
 
 // The clip.* keys of an mmproj file.
 struct VisionTowerConfig {
-  std::string projector;  // clip.projector_type ("gemma3")
+  std::string projector;  // clip.projector_type ("gemma3", "idefics3")
   int32_t image_size = 0, patch_size = 0;
   int32_t n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0;  // the tower's sizes
   int32_t n_embd_text = 0;                                // clip.vision.projection_dim
-  int32_t pool = 4;                     // clip.vision.projector.scale_factor (Gemma 3: default 4)
-  double eps = 1e-6;                    // clip.vision.attention.layer_norm_epsilon
-  std::array<double, 3> mean{}, std{};  // clip.vision.image_mean, image_std
+  int32_t pool = 4;   // clip.vision.projector.scale_factor (Gemma 3: default 4; Idefics3: 2)
+  double eps = 1e-6;  // clip.vision.attention.layer_norm_epsilon
+  std::array<double, 3> mean{}, std{};                      // clip.vision.image_mean, image_std
   int32_t grid() const { return image_size / patch_size; }  // patches per side
   int32_t n_patches() const { return grid() * grid(); }
   int32_t n_tokens() const { return (grid() / pool) * (grid() / pool); }  // after pooling
@@ -58,18 +66,22 @@ struct VisionTower {
   std::vector<float> pos;      // [n_patches][n_embd]
   std::vector<VisionLayer> layers;
   std::vector<float> post_w, post_b;  // v.post_ln
-  std::vector<float> mm_norm;         // mm.soft_emb_norm (1 + w), [n_embd]
-  std::vector<float> mm_proj;         // mm.input_projection, [n_embd][n_embd_text]
+  std::vector<float> mm_norm;         // gemma3: mm.soft_emb_norm (1 + w), [n_embd]
+  std::vector<float> mm_proj;         // gemma3: mm.input_projection, [n_embd][n_embd_text]
+  std::vector<float> mm_fc;           // idefics3: mm.model.fc, [n_embd_text][n_embd * pool * pool]
 };
 
 // Reads an mmproj GGUF. Throws touchstone::Error naming the file and the key or tensor
 // when it is not an mmproj ("general.architecture" not "clip"), names a projector other
-// than gemma3, lacks a key or tensor, or a tensor has the wrong number of elements.
+// than gemma3 or idefics3, lacks a key or tensor, or a tensor has the wrong number of
+// elements.
 VisionTower load_vision_tower(const std::string& path);
 
 // The image processor the tower's file describes: image_size x image_size, its mean and
 // std, rescale 1/255, and the projector family's resampling filter (Gemma 3: bilinear,
-// "resample": 2 in google/gemma-3-*-it's preprocessor_config.json).
+// "resample": 2 in google/gemma-3-*-it's preprocessor_config.json). Throws Error for
+// Idefics3, whose processor splits an image into tiles plus a global view
+// (Idefics3ImageProcessor), which is not implemented: give its pixel values instead.
 ImageProcessor processor_of(const VisionTower& tower);
 
 // The tower's output for one image of pixel values (processor_of's size, 3 channels):
