@@ -21,6 +21,14 @@ extreme aspect ratio, gray, RGBA), three stages are compared:
 A control column gives the NMSE between this image's HF embeddings and the next
 image's: what a wrong image (or a broken tower) looks like on this metric.
 
+Then the decoder with the image: the Gemma 3 model's logits at every position of a
+prompt `<bos> t t t <start_of_image> [16 image tokens] <end_of_image> t t t t t` (fixed
+ids), `touchstone-vlm-reference` (the tower, then the reference decoder with the image's
+tokens attended bidirectionally, prefill_embeddings) against HF's forward with the same
+ids, pixel values and token_type_ids (1 on the image tokens: Gemma 3's bidirectional
+image mask); NMSE over all positions <= 1e-10 and the argmax identical at every
+position. Control: HF without token_type_ids (the image attended causally).
+
 Then the tiny Idefics3ForConditionalGeneration (SmolVLM's architecture: SigLIP-style
 tower, pixel-shuffle connector): its HF processor splits each image into tiles plus a
 global view, which the reference does not implement, so every tile's HF pixel values go
@@ -100,6 +108,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "touchstone" / "test-models-vision")
     ap.add_argument("--touchstone", default=str(ROOT / "build" / "default" / "bin" / "touchstone"))
+    ap.add_argument("--vlm-reference", default=str(ROOT / "build" / "default" / "bin" / "touchstone-vlm-reference"))
     ap.add_argument("--write-doc", type=Path)
     args = ap.parse_args()
     hf_dir, mmproj = args.models_dir / "hf" / NAME, args.models_dir / f"mmproj-{NAME}-test-f32.gguf"
@@ -151,14 +160,58 @@ def main() -> int:
               f"  patches NMSE {r['patches_nmse']:.1e} max {r['patches_max']:.1e}"
               f"  embeddings NMSE {r['emb_nmse']:.1e} max {r['emb_max']:.1e}"
               f"  (next image {r['control_nmse']:.2f})  {'PASS' if r['pass'] else 'FAIL'}")
+    rows_dec = decoder_rows(args, model, proc, photos() + [p for p in generated_images(Path(tempfile.mkdtemp()))
+                                                          if "rgba" in p.name])
+    for r in rows_dec:
+        print(f"decoder {r['image']:30s} {r['positions']} positions  logits NMSE {r['nmse']:.1e} max {r['max']:.1e}"
+              f"  argmax {'identical' if r['argmax_same'] else 'DIFFER'}  (causal image {r['causal_nmse']:.2f})"
+              f"  {'PASS' if r['pass'] else 'FAIL'}")
+    ok &= all(r["pass"] for r in rows_dec)
     rows3 = idefics3_rows(args, images_for_idefics3())
     for r in rows3:
         print(f"idefics3 {r['image']:29s} {r['tiles']:3d} tiles  patches NMSE {r['patches_nmse']:.1e}"
               f"  embeddings NMSE {r['emb_nmse']:.1e}  {'PASS' if r['pass'] else 'FAIL'}")
     ok &= all(r["pass"] for r in rows3)
     if args.write_doc:
-        write_doc(args.write_doc, rows, rows3, transformers.__version__, torch.__version__)
+        write_doc(args.write_doc, rows, rows_dec, rows3, transformers.__version__, torch.__version__)
     return 0 if ok else 1
+
+
+HEAD_IDS, TAIL_IDS = [1, 45, 67, 89, 3], [4, 120, 33, 7, 200, 311]   # 3 = <start_of_image>, 4 = <end_of_image>
+IMAGE_TOKEN = 5
+
+
+def decoder_rows(args, model, proc, images: list[Path]) -> list[dict]:
+    """Every position's logits with the image inserted: the reference against HF."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    mmproj = args.models_dir / f"mmproj-{NAME}-test-f32.gguf"
+    text = args.models_dir / f"{NAME}-test-f32.gguf"
+    n_img = model.config.mm_tokens_per_image
+    rows = []
+    with tempfile.TemporaryDirectory() as t:
+        for image in images:
+            out = Path(t) / "logits.f32"
+            r = subprocess.run([args.vlm_reference, "--mmproj", str(mmproj), "--model", str(text), "--in", str(image),
+                                "--ids", ",".join(map(str, HEAD_IDS + TAIL_IDS)), "--image-at", str(len(HEAD_IDS)),
+                                "--out", str(out)], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"touchstone-vlm-reference failed on {image}: {r.stderr}")
+            ours = np.fromfile(out, np.float32).reshape(json.loads(r.stdout)["shape"]).astype(np.float64)
+            ids = torch.tensor([HEAD_IDS + [IMAGE_TOKEN] * n_img + TAIL_IDS])
+            pv = proc(images=Image.open(image), return_tensors="pt")["pixel_values"]
+            with torch.no_grad():
+                hf = model(input_ids=ids, pixel_values=pv, token_type_ids=(ids == IMAGE_TOKEN).long()).logits[0]
+                causal = model(input_ids=ids, pixel_values=pv).logits[0].double().numpy()
+            hf = hf.double().numpy()
+            rr = dict(image=image.name, positions=int(ours.shape[0]), nmse=nmse(ours, hf),
+                      max=float(np.abs(ours - hf).max()),
+                      argmax_same=bool((ours.argmax(-1) == hf.argmax(-1)).all()),
+                      causal_nmse=nmse(causal, hf))
+            rr["pass"] = rr["nmse"] <= NMSE_MAX and rr["argmax_same"]
+            rows.append(rr)
+    return rows
 
 
 def images_for_idefics3() -> list[Path]:
@@ -200,7 +253,7 @@ def idefics3_rows(args, images: list[Path]) -> list[dict]:
     return rows
 
 
-def write_doc(path: Path, rows: list[dict], rows3: list[dict], tf: str, pt: str) -> None:
+def write_doc(path: Path, rows: list[dict], rows_dec: list[dict], rows3: list[dict], tf: str, pt: str) -> None:
     cpu = "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -231,6 +284,17 @@ def write_doc(path: Path, rows: list[dict], rows3: list[dict], tf: str, pt: str)
         out.append(f"| {r['image']} | {r['size']} | {r['mode']} | {'identical' if r['pixels_identical'] else 'differ'} "
                    f"| {r['patches_nmse']:.1e} ({r['patches_max']:.1e}) | {r['emb_nmse']:.1e} ({r['emb_max']:.1e}) "
                    f"| {r['control_nmse']:.2f} | {'PASS' if r['pass'] else 'FAIL'} |")
+    out += ["", "The decoder with the image (`touchstone-vlm-reference`: the tower, then the reference decoder "
+            "with the 16 image tokens inserted after `<start_of_image>` and attended bidirectionally, "
+            "`ReferenceTransformer::prefill_embeddings`) against HF's forward on the same ids, pixel values and "
+            "`token_type_ids`; every position's logits (prompt `<bos> t t t <start_of_image> [image] "
+            "<end_of_image> t t t t t t`, 27 positions; the text test model's 8-token sliding window is "
+            "shorter than the image block). The control column: HF with the image attended causally "
+            "(no `token_type_ids`) against HF.", "",
+            "| image | logits NMSE (max abs) | argmax | causal image | verdict |", "|---|---|---|---|---|"]
+    for r in rows_dec:
+        out.append(f"| {r['image']} | {r['nmse']:.1e} ({r['max']:.1e}) | {'identical' if r['argmax_same'] else 'differs'} "
+                   f"| {r['causal_nmse']:.2f} | {'PASS' if r['pass'] else 'FAIL'} |")
     out += ["", "The tiny `Idefics3ForConditionalGeneration` (SmolVLM's architecture, same tower sizes, the "
             "pixel-shuffle connector by 2: 64 patches to 16 tokens of width 128, projected to 64; "
             "`tests/models/vision/mmproj-idefics3vl-test-f32.gguf`): its processor's image splitting is not "

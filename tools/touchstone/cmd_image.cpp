@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "touchstone/common/error.h"
 #include "touchstone/golden/file_io.h"

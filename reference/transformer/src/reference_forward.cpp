@@ -252,6 +252,13 @@ std::span<const float> ReferenceTransformer::v_row(int32_t l, int32_t p) const {
 
 // Attention block of layer l at position pos: reads x_, adds the block's output to x_.
 void ReferenceTransformer::attention(int32_t l, int32_t pos) {
+  attention_qkv(l, pos);
+  attention_out(l, pos, 0);
+}
+
+// The attention block's first half at position pos: x_ normed, q_, k_, v_ projected
+// (QK-norm, RoPE), K and V written to the cache row pos.
+void ReferenceTransformer::attention_qkv(int32_t l, int32_t pos) {
   const ModelConfig& c = w_.config;
   const LayerConfig& lc = c.layers[size_t(l)];
   const StoredLayerWeights& L = w_.layers[size_t(l)];
@@ -294,13 +301,24 @@ void ReferenceTransformer::attention(int32_t l, int32_t pos) {
     std::memcpy(v_layer(l) + size_t(at) * size_t(kv_dim), v_.data(),
                 size_t(kv_dim) * sizeof(float));
   }
+}
 
+// The second half: the query in q_ attends, the output projection's result is added to
+// x_ (and left in xn_). visible_end > 0: the keys before it are visible too (an
+// image block attended bidirectionally, prefill_embeddings).
+void ReferenceTransformer::attention_out(int32_t l, int32_t pos, int32_t visible_end) {
+  const ModelConfig& c = w_.config;
+  const LayerConfig& lc = c.layers[size_t(l)];
+  const StoredLayerWeights& L = w_.layers[size_t(l)];
+  const int64_t d = c.n_embd;
+  const double eps = c.rms_norm_eps * faults_.rms_eps_scale;
   // Positions attended: [t0, pos] (causal; a sliding window W keeps the last W).
   // Faults: kv_off_by_one drops the newest entry; rewind_noop also reads stale
   // entries up to kv_len_; causal_mask reads up to the prefill chunk's end.
   int32_t n_kv = (faults_.kv_off_by_one && pos > 0) ? pos : pos + 1;
   if (faults_.rewind_noop) n_kv = std::max(n_kv, kv_len_);
   if (faults_.causal_mask) n_kv = std::max(n_kv, std::min(chunk_end_, max_ctx_));
+  n_kv = std::max(n_kv, std::min(visible_end, max_ctx_));
   const int32_t t0 = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
   for (int32_t h = 0; h < c.n_head; ++h) attend_head(l, h, t0, n_kv);
   matvec(pool_, L.wo, att_out_.data(), xn_.data(), faults_, or_null(L.bo));
@@ -399,6 +417,14 @@ void ReferenceTransformer::forward(int32_t token, std::span<float> logits) {
     taps_ = std::move(taps);
   }
 
+  finish_position(logits);
+}
+
+// The position's logits from the residual stream in x_ (output norm, LM head,
+// soft-capping, the logit-noise fault); then the position advances.
+void ReferenceTransformer::finish_position(std::span<float> logits) {
+  const ModelConfig& c = w_.config;
+  const int64_t d = c.n_embd;
   ops::rms_norm(x_.data(), w_.output_norm.data(), xn_.data(), d,
                 c.rms_norm_eps * faults_.rms_eps_scale);
   matvec(pool_, w_.lm_head(), xn_.data(), logits.data(), faults_);

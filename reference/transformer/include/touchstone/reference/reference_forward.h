@@ -43,6 +43,19 @@ class ReferenceTransformer {
   // verify_row_shift.
   void prefill(std::span<const int32_t> tokens, bool all_positions, std::span<float> logits);
 
+  // Runs n caller-supplied input embeddings (n x n_embd float32, row-major; e.g. an
+  // image's tokens from the vision tower, touchstone/vision/vision_tower.h: used as they
+  // are, without the token embedding's scale, as HF Gemma3Model's masked_scatter places
+  // them) at positions position() .. position() + n - 1, and writes their logits (the
+  // last row, or all n rows when all_positions). bidirectional: each of the n also
+  // attends to the later ones (Gemma 3's image blocks: HF's token_type_ids mask, OR'ed
+  // with the causal mask and ANDed with a layer's sliding window), else causally, as n
+  // tokens would. Layer by layer: every row's K/V is written before any row attends.
+  // Taps are not recorded. Throws touchstone::Error when n < 1, the cache lacks room,
+  // or a buffer has another size.
+  void prefill_embeddings(std::span<const float> embeddings, int32_t n, bool bidirectional,
+                          bool all_positions, std::span<float> logits);
+
   // One sequence's share of step_batch: as the arguments of prefill().
   struct BatchEntry {
     ReferenceTransformer* ref = nullptr;
@@ -101,6 +114,9 @@ class ReferenceTransformer {
   void prefill_in_batch(std::span<const int32_t> tokens, bool all_positions,
                         std::span<float> logits, const BatchFaults& batch);
   void attention(int32_t l, int32_t pos);
+  void attention_qkv(int32_t l, int32_t pos);
+  void attention_out(int32_t l, int32_t pos, int32_t visible_end);
+  void finish_position(std::span<float> logits);
   void attend_head(int32_t l, int32_t h, int32_t t0, int32_t n_kv);
   void feed_forward(int32_t l);
   void moe_feed_forward(int32_t l);
