@@ -254,14 +254,9 @@ def idefics3_rows(args, images: list[Path]) -> list[dict]:
 
 
 def write_doc(path: Path, rows: list[dict], rows_dec: list[dict], rows3: list[dict], tf: str, pt: str) -> None:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    sys.path.insert(0, str(ROOT / "ci"))
+    from validate_families import host_description
+    cpu = host_description()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     out = [BEGIN, "## Vision tower (tiny Gemma 3 vision-language model)", "",

@@ -43,20 +43,10 @@ struct Model {
   std::string path;
 };
 
-// Tiny models: Mixtral-style 4 experts top-2; Qwen3-MoE 8 experts top-3 with its own
-// expert width, renormalised (no key) and not (expert_weights_norm = false).
+// Tiny models (tiny_family.h moe_variants): Mixtral-style and Qwen3-MoE, renormalised
+// and not.
 std::vector<std::pair<std::string, TinyOptions>> tiny_cases() {
-  TinyOptions mixtral;
-  mixtral.n_expert = 4;
-  TinyOptions qwen = mixtral;
-  qwen.arch = "qwen3moe";
-  qwen.n_expert = 8;
-  qwen.n_expert_used = 3;
-  qwen.expert_ff = 40;
-  TinyOptions qwen_plain = qwen;
-  qwen_plain.expert_weights_norm = 0;
-  qwen_plain.seed = 5;
-  return {{"mixtral", mixtral}, {"qwen3moe", qwen}, {"qwen3moe_no_norm", qwen_plain}};
+  return touchstone::testing::moe_variants();
 }
 
 // The converted test models kept as GGUF blocks (skipped when the directory is absent).

@@ -101,23 +101,12 @@ void check_against_reference(const std::string& path, const std::vector<sg::Weig
   }
 }
 
-// Mixtral-style 4 experts top-2; Qwen3-MoE 8 experts top-3 with its own expert width,
-// renormalised (no key) and not (expert_weights_norm = false).
+// tiny_family.h moe_variants: Mixtral-style 4 experts top-2; Qwen3-MoE 8 experts top-3
+// with its own expert width, renormalised and not.
 TEST(StaticGraphMoe, TinyModelsMatchTheReference) {
-  TinyOptions mixtral;
-  mixtral.n_expert = 4;
-  TinyOptions qwen = mixtral;
-  qwen.arch = "qwen3moe";
-  qwen.n_expert = 8;
-  qwen.n_expert_used = 3;
-  qwen.expert_ff = 40;
-  TinyOptions qwen_plain = qwen;
-  qwen_plain.expert_weights_norm = 0;
-  qwen_plain.seed = 5;
-  for (const auto& [name, o] : {std::pair{"mixtral", mixtral}, std::pair{"qwen3moe", qwen},
-                                std::pair{"qwen3moe_no_norm", qwen_plain}}) {
+  for (const auto& [name, o] : touchstone::testing::moe_variants()) {
     SCOPED_TRACE(name);
-    gg::testing::TempFile f(touchstone::testing::tiny_model(o), std::string("sg_moe_") + name);
+    gg::testing::TempFile f(touchstone::testing::tiny_model(o), "sg_moe_" + name);
     check_against_reference(f.path(), {sg::WeightMode::FullPrecision}, 1e-11);
   }
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gguf_builder.h"
@@ -193,6 +194,23 @@ inline std::vector<FamilyVariant> family_variants() {
                  v,
                  {"final_logit_softcap", "linear_rope_scaling", "per_layer_rope_base"}});
   return out;
+}
+
+// The mixture-of-experts tests' tiny cases (backends/*/tests/moe_test.cpp):
+// Mixtral-style 4 experts top-2; Qwen3-MoE 8 experts top-3 with its own expert width,
+// renormalised (no key) and not (expert_weights_norm = false).
+inline std::vector<std::pair<std::string, TinyOptions>> moe_variants() {
+  TinyOptions mixtral;
+  mixtral.n_expert = 4;
+  TinyOptions qwen = mixtral;
+  qwen.arch = "qwen3moe";
+  qwen.n_expert = 8;
+  qwen.n_expert_used = 3;
+  qwen.expert_ff = 40;
+  TinyOptions qwen_plain = qwen;
+  qwen_plain.expert_weights_norm = 0;
+  qwen_plain.seed = 5;
+  return {{"mixtral", mixtral}, {"qwen3moe", qwen}, {"qwen3moe_no_norm", qwen_plain}};
 }
 
 }  // namespace touchstone::testing
