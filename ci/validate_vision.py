@@ -30,10 +30,10 @@ image mask); NMSE over all positions <= 1e-10 and the argmax identical at every
 position. Control: HF without token_type_ids (the image attended causally).
 
 Then the tiny Idefics3ForConditionalGeneration (SmolVLM's architecture: SigLIP-style
-tower, pixel-shuffle connector): its HF processor splits each image into tiles plus a
-global view, which the reference does not implement, so every tile's HF pixel values go
-to `touchstone image --pixels` and the patches and embeddings are compared per tile
-against `vision_model(...)` and `connector(...)` (worst tile reported).
+tower, pixel-shuffle connector): its processor splits each image into tiles plus a
+global view (touchstone/vision/image_splitting.h); every frame's pixel values must be
+bit-identical to HF's, and the patches and embeddings of each frame are compared with
+`vision_model(...)` and `connector(...)` on HF's pixel values (worst frame reported).
 
     ci/validate_vision.py [--models-dir DIR] [--touchstone BIN] [--write-doc docs/validation.md]
 
@@ -144,6 +144,7 @@ def main() -> int:
             px = touchstone_stage(args.touchstone, image, mmproj, "pixels", tmp)
             pt = touchstone_stage(args.touchstone, image, mmproj, "patches", tmp)
             em = touchstone_stage(args.touchstone, image, mmproj, "embeddings", tmp)
+            px = px[0] if px.shape[0] == 1 else px   # one frame: [1, 3, H, W]
             same_px = px.shape == tuple(pv[0].shape) and np.array_equal(px.view(np.uint32), pv[0].numpy().view(np.uint32))
             r = dict(image=image.name, size=f"{Image.open(image).size[0]} x {Image.open(image).size[1]}",
                      mode=Image.open(image).mode, pixels_identical=bool(same_px),
@@ -169,7 +170,8 @@ def main() -> int:
     ok &= all(r["pass"] for r in rows_dec)
     rows3 = idefics3_rows(args, images_for_idefics3())
     for r in rows3:
-        print(f"idefics3 {r['image']:29s} {r['tiles']:3d} tiles  patches NMSE {r['patches_nmse']:.1e}"
+        print(f"idefics3 {r['image']:29s} {r['tiles']:3d} frames  pixels {'identical' if r['pixels_identical'] else 'DIFFER'}"
+              f"  patches NMSE {r['patches_nmse']:.1e}"
               f"  embeddings NMSE {r['emb_nmse']:.1e}  {'PASS' if r['pass'] else 'FAIL'}")
     ok &= all(r["pass"] for r in rows3)
     if args.write_doc:
@@ -215,12 +217,14 @@ def decoder_rows(args, model, proc, images: list[Path]) -> list[dict]:
 
 
 def images_for_idefics3() -> list[Path]:
-    return photos()
+    return photos() + generated_images(Path(tempfile.mkdtemp()))
 
 
 def idefics3_rows(args, images: list[Path]) -> list[dict]:
-    """Every tile of every image through HF's Idefics3 tower and connector and through
-    the reference (`--pixels`); the worst tile per image."""
+    """Every frame of every image (the tiles and the global view of Idefics3's image
+    splitting): the reference's pixel values against HF's processor (bit for bit), and
+    its tower and connector against HF's `vision_model` and `connector` on HF's pixel
+    values (worst frame reported)."""
     import numpy as np
     import torch
     import transformers
@@ -235,21 +239,23 @@ def idefics3_rows(args, images: list[Path]) -> list[dict]:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         for image in images:
-            tiles = proc(images=Image.open(image), return_tensors="pt")["pixel_values"].reshape(-1, 3, 64, 64)
-            worst_p = worst_e = 0.0
-            for i in range(tiles.shape[0]):
-                tile = tmp / f"{image.stem}.tile{i}.f32"
-                tiles[i].numpy().astype("<f4").tofile(tile)
-                with torch.no_grad():
-                    mask = torch.ones((1, 8, 8), dtype=torch.bool)
-                    h = model.model.vision_model(pixel_values=tiles[i:i + 1], patch_attention_mask=mask).last_hidden_state
-                    e = model.model.connector(h)[0].double().numpy()
-                pt = touchstone_stage(args.touchstone, tile, mmproj, "patches", tmp, pixels=True)
-                em = touchstone_stage(args.touchstone, tile, mmproj, "embeddings", tmp, pixels=True)
-                worst_p = max(worst_p, nmse(pt, h[0].double().numpy()))
-                worst_e = max(worst_e, nmse(em, e))
-            rows.append(dict(image=image.name, tiles=int(tiles.shape[0]), patches_nmse=worst_p, emb_nmse=worst_e,
-                             **{"pass": worst_p <= NMSE_MAX and worst_e <= NMSE_MAX}))
+            pv = proc(images=Image.open(image), return_tensors="pt")["pixel_values"][0]   # [frames, 3, M, M]
+            px = touchstone_stage(args.touchstone, image, mmproj, "pixels", tmp)
+            pt = touchstone_stage(args.touchstone, image, mmproj, "patches", tmp)
+            em = touchstone_stage(args.touchstone, image, mmproj, "embeddings", tmp)
+            same_px = px.shape == tuple(pv.shape) and np.array_equal(px.view(np.uint32), pv.numpy().view(np.uint32))
+            n = pv.shape[0]
+            with torch.no_grad():
+                mask = torch.ones((n, pv.shape[2] // 8, pv.shape[3] // 8), dtype=torch.bool)
+                h = model.model.vision_model(pixel_values=pv, patch_attention_mask=mask).last_hidden_state
+                e = model.model.connector(h).double().numpy()
+                h = h.double().numpy()
+            pt, em = pt.reshape(h.shape), em.reshape(e.shape)
+            worst_p = max(nmse(pt[i], h[i]) for i in range(n))
+            worst_e = max(nmse(em[i], e[i]) for i in range(n))
+            rows.append(dict(image=image.name, tiles=int(n), pixels_identical=bool(same_px), patches_nmse=worst_p,
+                             emb_nmse=worst_e,
+                             **{"pass": same_px and worst_p <= NMSE_MAX and worst_e <= NMSE_MAX}))
     return rows
 
 
@@ -292,13 +298,14 @@ def write_doc(path: Path, rows: list[dict], rows_dec: list[dict], rows3: list[di
                    f"| {r['causal_nmse']:.2f} | {'PASS' if r['pass'] else 'FAIL'} |")
     out += ["", "The tiny `Idefics3ForConditionalGeneration` (SmolVLM's architecture, same tower sizes, the "
             "pixel-shuffle connector by 2: 64 patches to 16 tokens of width 128, projected to 64; "
-            "`tests/models/vision/mmproj-idefics3vl-test-f32.gguf`): its processor's image splitting is not "
-            "in the reference, so each tile's HF pixel values are given to `touchstone image --pixels`; the "
-            "worst tile per image:", "",
-            "| image | tiles | patches NMSE | embeddings NMSE | verdict |", "|---|---|---|---|---|"]
+            "`tests/models/vision/mmproj-idefics3vl-test-f32.gguf`; its processor: longest edge 256, tiles of "
+            "64, LANCZOS): every frame (the tiles row by row, then the global view) of the reference's image "
+            "splitting against HF's `Idefics3ImageProcessorPil`, and the tower and connector per frame; the "
+            "worst frame per image:", "",
+            "| image | frames | pixels | patches NMSE | embeddings NMSE | verdict |", "|---|---|---|---|---|---|"]
     for r in rows3:
-        out.append(f"| {r['image']} | {r['tiles']} | {r['patches_nmse']:.1e} | {r['emb_nmse']:.1e} "
-                   f"| {'PASS' if r['pass'] else 'FAIL'} |")
+        out.append(f"| {r['image']} | {r['tiles']} | {'identical' if r['pixels_identical'] else 'differ'} "
+                   f"| {r['patches_nmse']:.1e} | {r['emb_nmse']:.1e} | {'PASS' if r['pass'] else 'FAIL'} |")
     out.append(END)
     text = path.read_text()
     block = "\n".join(out)

@@ -22,6 +22,7 @@
 #include "touchstone/common/error.h"
 #include "touchstone/golden/file_io.h"
 #include "touchstone/vision/image.h"
+#include "touchstone/vision/image_splitting.h"
 #include "touchstone/vision/preprocess.h"
 #include "touchstone/vision/resample.h"
 #include "touchstone/vision/vision_tower.h"
@@ -31,6 +32,7 @@ namespace {
 
 struct ImageOpts {
   std::string in, pixels, out, resize, filter = "bicubic", processor, mmproj, stage = "embeddings";
+  int longest_edge = 0;
 };
 
 void write_f32(const std::string& path, const std::vector<float>& v) {
@@ -50,28 +52,53 @@ vision::PixelValues read_pixels(const std::string& path, const vision::VisionTow
   return px;
 }
 
+// The frames the tower runs on: --pixels (one), Idefics3's tiles plus its global view
+// (image_splitting.h; --longest-edge, default 4 tiles), or the tower's own processor's
+// one (or --processor's).
+std::vector<vision::PixelValues> frames_of(const ImageOpts& o, const vision::VisionTower& tower) {
+  const vision::VisionTowerConfig& c = tower.config;
+  if (!o.pixels.empty()) return {read_pixels(o.pixels, c)};
+  const vision::Image im = vision::read_png(o.in, true);
+  if (c.projector == "idefics3" && o.processor.empty()) {
+    vision::SplittingProcessor sp;
+    sp.tile = c.image_size;
+    sp.longest_edge = o.longest_edge > 0 ? o.longest_edge : 4 * c.image_size;
+    sp.mean = c.mean;
+    sp.std = c.std;
+    return vision::split_image(im, sp);
+  }
+  return {vision::preprocess(
+      im, o.processor.empty() ? vision::processor_of(tower) : vision::find_processor(o.processor))};
+}
+
 // --mmproj: the reference's vision tower up to --stage, on an image (--in) or on given
-// pixel values (--pixels).
+// pixel values (--pixels); every frame's output, frame after frame.
 int run_tower(const ImageOpts& o) {
   const vision::VisionTower tower = vision::load_vision_tower(o.mmproj);
   const vision::VisionTowerConfig& c = tower.config;
-  const vision::PixelValues px =
-      !o.pixels.empty()
-          ? read_pixels(o.pixels, c)
-          : vision::preprocess(vision::read_png(o.in, true),
-                               o.processor.empty() ? vision::processor_of(tower)
-                                                   : vision::find_processor(o.processor));
-  if (o.stage == "pixels") {
-    write_f32(o.out, px.values);
-    fmt::print("{{\"shape\": [{}, {}, {}], \"dtype\": \"float32\", \"layout\": \"CHW\"}}\n",
-               px.channels, px.height, px.width);
-    return 0;
+  const std::vector<vision::PixelValues> frames = frames_of(o, tower);
+  const size_t n = frames.size();
+  std::vector<float> out;
+  for (const vision::PixelValues& px : frames) {
+    if (o.stage == "pixels") {
+      out.insert(out.end(), px.values.begin(), px.values.end());
+      continue;
+    }
+    const std::vector<float> patches = vision::encode_patches(tower, px);
+    const std::vector<float> v =
+        o.stage == "embeddings" ? vision::project(tower, patches) : patches;
+    out.insert(out.end(), v.begin(), v.end());
   }
-  const std::vector<float> patches = vision::encode_patches(tower, px);
-  const bool emb = o.stage == "embeddings";
-  write_f32(o.out, emb ? vision::project(tower, patches) : patches);
-  fmt::print("{{\"shape\": [{}, {}], \"dtype\": \"float32\", \"stage\": \"{}\"}}\n",
-             emb ? c.n_tokens() : c.n_patches(), emb ? c.n_embd_text : c.n_embd, o.stage);
+  write_f32(o.out, out);
+  if (o.stage == "pixels") {
+    fmt::print("{{\"shape\": [{}, 3, {}, {}], \"dtype\": \"float32\", \"layout\": \"NCHW\"}}\n", n,
+               c.image_size, c.image_size);
+  } else {
+    const bool emb = o.stage == "embeddings";
+    fmt::print(
+        "{{\"shape\": [{}, {}], \"dtype\": \"float32\", \"stage\": \"{}\", \"frames\": {}}}\n",
+        n * size_t(emb ? c.n_tokens() : c.n_patches()), emb ? c.n_embd_text : c.n_embd, o.stage, n);
+  }
   return 0;
 }
 
@@ -121,6 +148,8 @@ void add_image(CLI::App& app, int& exit_code) {
                             "An mmproj GGUF: run its vision tower (the reference's)");
   cmd->add_option("--stage", o->stage, "With --mmproj: pixels, patches or embeddings (default)")
       ->check(CLI::IsMember({"pixels", "patches", "embeddings"}));
+  cmd->add_option("--longest-edge", o->longest_edge,
+                  "With an Idefics3 mmproj: size[\"longest_edge\"] (default 4 x the tile size)");
   r->excludes(p);
   r->excludes(m);
   px->excludes(in);

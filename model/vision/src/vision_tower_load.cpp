@@ -123,8 +123,8 @@ ImageProcessor processor_of(const VisionTower& tower) {
   const VisionTowerConfig& c = tower.config;
   if (c.projector != "gemma3")
     throw Error(
-        "{}: the {} image processor (image splitting into tiles and a global view) is "
-        "not implemented; give the pixel values of one tile",
+        "{}: the {} image processor makes several frames (tiles and a global view): "
+        "split_image (touchstone/vision/image_splitting.h), not one resize",
         tower.path, c.projector);
   ImageProcessor p;
   p.name = c.projector;

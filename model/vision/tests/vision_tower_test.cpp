@@ -12,6 +12,7 @@
 #include "gguf_builder.h"
 #include "touchstone/common/error.h"
 #include "touchstone/vision/image.h"
+#include "touchstone/vision/image_splitting.h"
 #include "touchstone/vision/preprocess.h"
 #include "touchstone/vision/vision_tower.h"
 
@@ -91,7 +92,7 @@ TEST(VisionTower, EncodesAndProjectsAnImage) {
 // Idefics3 (SmolVLM): the pixel-shuffle connector. Moving one patch's pixels changes
 // exactly the image token whose 2 x 2 window holds that patch (the tower mixes patches,
 // so every patch output moves; the connector then groups them: checked on the patch
-// outputs directly). Its processor (image splitting) is refused by name.
+// outputs directly). processor_of points to split_image for it.
 TEST(VisionTower, Idefics3PixelShuffleGroupsTwoByTwoPatches) {
   const v::VisionTower t = v::load_vision_tower(kDir + "/mmproj-idefics3vl-test-f32.gguf");
   const v::VisionTowerConfig& c = t.config;
@@ -110,7 +111,7 @@ TEST(VisionTower, Idefics3PixelShuffleGroupsTwoByTwoPatches) {
     EXPECT_EQ(same, tok != 2 * 4 + 1) << "token " << tok;
   }
   const std::string msg = error_of([&] { v::processor_of(t); });
-  EXPECT_NE(msg.find("idefics3 image processor"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("split_image"), std::string::npos) << msg;
 }
 
 TEST(VisionTower, ATextModelIsNotAnMmproj) {
@@ -173,6 +174,36 @@ TEST(ConvertToRgb, CompositesOverWhiteAsTheHfProcessorsDo) {
   const v::Image g = v::convert_to_rgb(la);
   EXPECT_EQ(std::vector<uint8_t>(g.pixels.begin(), g.pixels.end()),
             (std::vector<uint8_t>{40, 40, 40, 255, 255, 255}));
+}
+
+}  // namespace
+
+namespace {
+
+// Idefics3's image splitting (image_splitting.h): the frame count follows the sizes the
+// HF processor computes; a constant image gives constant frames; a tile-sized budget
+// gives one frame. Bit equality with HF's processor is ci/validate_vision.py's.
+TEST(SplitImage, FramesFollowTheProcessorsSizes) {
+  v::SplittingProcessor p;
+  p.tile = 64;
+  p.longest_edge = 256;
+  // 451 x 300 -> 256 x 170 (int(256 / 1.503...) = 170, even) -> 256 x 192 (ceil(170/64)=3
+  // tiles high): 4 x 3 tiles + the global view.
+  EXPECT_EQ(v::split_image(test_image(451, 300, 1), p).size(), 13u);
+  // 300 x 7 -> 256 x 5 + 1 = 6 -> 256 x 64: 4 x 1 tiles + the global view.
+  EXPECT_EQ(v::split_image(test_image(300, 7, 1), p).size(), 5u);
+  // 7 x 300 (tall): 1 x 4 tiles + the global view.
+  EXPECT_EQ(v::split_image(test_image(7, 300, 1), p).size(), 5u);
+  p.longest_edge = 64;  // fits one tile: the resized image alone
+  const std::vector<v::PixelValues> one = v::split_image(test_image(90, 70, 1), p);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].width, 64);
+  v::Image flat{40, 30, 3, std::vector<uint8_t>(40 * 30 * 3, 200)};
+  p.longest_edge = 256;
+  for (const v::PixelValues& f : v::split_image(flat, p))
+    for (float x : f.values) EXPECT_EQ(x, f.values[0]);
+  p.tile = 0;
+  EXPECT_THROW(v::split_image(flat, p), touchstone::Error);
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ VisionTower load_vision_tower(const std::string& path);
 // The image processor the tower's file describes: image_size x image_size, its mean and
 // std, rescale 1/255, and the projector family's resampling filter (Gemma 3: bilinear,
 // "resample": 2 in google/gemma-3-*-it's preprocessor_config.json). Throws Error for
-// Idefics3, whose processor splits an image into tiles plus a global view
-// (Idefics3ImageProcessor), which is not implemented: give its pixel values instead.
+// Idefics3, whose processor makes several frames (tiles plus a global view):
+// touchstone/vision/image_splitting.h.
 ImageProcessor processor_of(const VisionTower& tower);
 
 // The tower's output for one image of pixel values (processor_of's size, 3 channels):
