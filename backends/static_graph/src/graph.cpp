@@ -510,8 +510,7 @@ Val attend(Emitter& le, const Ctx& C, const Val& q, const Val& kwin, const Val& 
     ex = le.unary("tosa.exp", le.sub(sc, mx));
   }
   Val sum = le.reduce("tosa.reduce_sum", ex, 2);
-  if (sinks)
-    sum = le.add(sum, le.unary("tosa.exp", C.F.softmax_no_max ? sink : le.sub(sink, mx)));
+  if (sinks) sum = le.add(sum, le.unary("tosa.exp", C.F.softmax_no_max ? sink : le.sub(sink, mx)));
   Val o = le.mul(le.matmul(ex, vwin), le.unary("tosa.reciprocal", sum));  // [KVH, T*G, hd]
   o = le.transpose(le.reshape(o, {KVH, T, G, hd}),
                    gqa ? std::vector<int>{1, 2, 0, 3} : std::vector<int>{1, 0, 2, 3});
