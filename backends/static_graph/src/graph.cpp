@@ -2,6 +2,8 @@
 // graph.h; the formulas are reference_forward.cpp's).
 #include "graph.h"
 
+#include "graph_build.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -12,198 +14,7 @@
 #include <utility>
 
 namespace touchstone::static_graph {
-namespace {
-
-using Shape = std::vector<int64_t>;
-
-struct Val {
-  std::string name;
-  Shape shape;
-  std::string elem;
-};
-
-std::string tensor_type(const Shape& s, const std::string& e) {
-  std::string t = "tensor<";
-  for (int64_t d : s) t += std::to_string(d) + "x";
-  return t + e + ">";
-}
-std::string tensor_type(const Val& v) { return tensor_type(v.shape, v.elem); }
-
-int64_t numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
-class Emitter {
- public:
-  std::ostringstream body;
-
-  Val fresh(Shape s, std::string e) {
-    return Val{"%v" + std::to_string(n_++), std::move(s), std::move(e)};
-  }
-
-  Val emit(const std::string& op, const std::vector<Val>& ins, Shape out, const std::string& elem,
-           const std::string& attrs = "") {
-    // Generic op syntax: stable across MLIR versions (IREE's TOSA printer differs from MLIR 22's).
-    Val r = fresh(std::move(out), elem);
-    body << "    " << r.name << " = \"" << op << "\"(";
-    for (size_t i = 0; i < ins.size(); ++i) body << (i ? ", " : "") << ins[i].name;
-    body << ")";
-    if (!attrs.empty()) body << " <" << attrs << ">";
-    body << " : (";
-    for (size_t i = 0; i < ins.size(); ++i) body << (i ? ", " : "") << type_of(ins[i]);
-    body << ") -> " << tensor_type(r) << "\n";
-    return r;
-  }
-
-  static std::string type_of(const Val& v) {
-    if (v.elem == "shape") return "!tosa.shape<" + std::to_string(v.shape[0]) + ">";
-    return tensor_type(v);
-  }
-
-  Val shape_const(const Shape& s) {
-    Val r = fresh(Shape{int64_t(s.size())}, "shape");
-    body << "    " << r.name << " = \"tosa.const_shape\"() <{values = dense<[";
-    for (size_t i = 0; i < s.size(); ++i) body << (i ? ", " : "") << s[i];
-    body << "]> : tensor<" << s.size() << "xindex>}> : () -> !tosa.shape<" << s.size() << ">\n";
-    return r;
-  }
-
-  // Constant tensor with explicit values (ints) or a splat.
-  Val const_i32(const Shape& s, const std::vector<int64_t>& values) {
-    if (values.size() > 1 && s.size() != 1)
-      return reshape(const_i32({int64_t(values.size())}, values), s);
-    Val r = fresh(s, "i32");
-    body << "    " << r.name << " = \"tosa.const\"() <{values = dense<";
-    if (values.size() == 1) {
-      body << values[0];
-    } else {
-      body << "[";
-      for (size_t i = 0; i < values.size(); ++i) body << (i ? ", " : "") << values[i];
-      body << "]";
-    }
-    body << "> : " << tensor_type(r) << "}> : () -> " << tensor_type(r) << "\n";
-    return r;
-  }
-  Val splat(const Shape& s, const std::string& elem, const std::string& value) {
-    Val r = fresh(s, elem);
-    body << "    " << r.name << " = \"tosa.const\"() <{values = dense<" << value
-         << "> : " << tensor_type(r) << "}> : () -> " << tensor_type(r) << "\n";
-    return r;
-  }
-
-  Val reshape(const Val& x, const Shape& s) {
-    if (numel(s) != numel(x.shape)) throw std::logic_error("reshape: element count mismatch");
-    if (s == x.shape) return x;
-    Val sh = shape_const(s);
-    return emit("tosa.reshape", {x, sh}, s, x.elem);
-  }
-  Val transpose(const Val& x, const std::vector<int>& perm) {
-    Shape s;
-    std::string p;
-    for (size_t i = 0; i < perm.size(); ++i) {
-      s.push_back(x.shape[size_t(perm[i])]);
-      p += (i ? ", " : "") + std::to_string(perm[i]);
-    }
-    return emit("tosa.transpose", {x}, s, x.elem, "{perms = array<i32: " + p + ">}");
-  }
-  Val slice(const Val& x, const Shape& start, const Shape& size) {
-    Val a = shape_const(start), b = shape_const(size);
-    return emit("tosa.slice", {x, a, b}, size, x.elem);
-  }
-  Val matmul(const Val& a, const Val& b) {
-    // a [N,H,C] . b [N,C,W] -> [N,H,W]
-    if (a.shape.size() != 3 || b.shape.size() != 3 || a.shape[2] != b.shape[1] ||
-        a.shape[0] != b.shape[0]) {
-      throw std::logic_error("matmul: shape mismatch");
-    }
-    if (zp_.name.empty()) zp_ = splat({1}, "f32", "0.0");
-    return emit("tosa.matmul", {a, b, zp_, zp_}, {a.shape[0], a.shape[1], b.shape[2]}, "f32");
-  }
-  Shape bcast(const Val& a, const Val& b) {
-    if (a.shape.size() != b.shape.size()) throw std::logic_error("broadcast: rank mismatch");
-    Shape s;
-    for (size_t i = 0; i < a.shape.size(); ++i) {
-      if (a.shape[i] != b.shape[i] && a.shape[i] != 1 && b.shape[i] != 1) {
-        throw std::logic_error("broadcast: incompatible dims");
-      }
-      s.push_back(std::max(a.shape[i], b.shape[i]));
-    }
-    return s;
-  }
-  Val binary(const std::string& op, const Val& a, const Val& b) {
-    return emit(op, {a, b}, bcast(a, b), a.elem);
-  }
-  Val add(const Val& a, const Val& b) { return binary("tosa.add", a, b); }
-  Val sub(const Val& a, const Val& b) { return binary("tosa.sub", a, b); }
-  Val mul(const Val& a, const Val& b) {
-    if (shift_.name.empty()) shift_ = splat({1}, "i8", "0");
-    return emit("tosa.mul", {a, b, shift_}, bcast(a, b), a.elem);
-  }
-  Val greater(const Val& a, const Val& b) {
-    return emit("tosa.greater", {a, b}, bcast(a, b), "i1");
-  }
-  Val equal(const Val& a, const Val& b) { return emit("tosa.equal", {a, b}, bcast(a, b), "i1"); }
-  // x repeated `times` along a leading dim of 1: [1, ...] -> [times, ...].
-  Val tile0(const Val& x, int64_t times) {
-    Shape m(x.shape.size(), 1);
-    m[0] = times;
-    return tile(x, m);
-  }
-  // x repeated multiples[i] times along dim i.
-  Val tile(const Val& x, const Shape& multiples) {
-    Shape s = x.shape;
-    for (size_t i = 0; i < s.size(); ++i) s[i] *= multiples[i];
-    return emit("tosa.tile", {x, shape_const(multiples)}, s, x.elem);
-  }
-  // Index of the largest value along axis 1 of x [R, n] as [R, 1] (i32); equal maxima:
-  // the lowest index; NaN never wins (nan_mode IGNORE: strict ogt against the running
-  // maximum).
-  Val argmax1(const Val& x) {
-    Val a = emit("tosa.argmax", {x}, {x.shape[0]}, "i32",
-                 "{axis = 1 : i32, nan_mode = #tosa.nan_mode<IGNORE>}");
-    return reshape(a, {x.shape[0], 1});
-  }
-  Val select(const Val& p, const Val& a, const Val& b) {
-    Val t{"", bcast(p, a), a.elem};
-    return emit("tosa.select", {p, a, b}, bcast(t, b), a.elem);
-  }
-  Val unary(const std::string& op, const Val& x) { return emit(op, {x}, x.shape, x.elem); }
-  Val cast(const Val& x, const std::string& elem) { return emit("tosa.cast", {x}, x.shape, elem); }
-  Val reduce(const std::string& op, const Val& x, int axis) {
-    Shape s = x.shape;
-    s[size_t(axis)] = 1;
-    return emit(op, {x}, s, x.elem, "{axis = " + std::to_string(axis) + " : i32}");
-  }
-  Val concat(const std::vector<Val>& xs, int axis) {
-    Shape s = xs[0].shape;
-    s[size_t(axis)] = 0;
-    for (const Val& x : xs) s[size_t(axis)] += x.shape[size_t(axis)];
-    return emit("tosa.concat", xs, s, xs[0].elem, "{axis = " + std::to_string(axis) + " : i32}");
-  }
-  Val gather(const Val& values, const Val& idx) {
-    return emit("tosa.gather", {values, idx}, {values.shape[0], idx.shape[1], values.shape[2]},
-                values.elem);
-  }
-  Val scatter(const Val& values_in, const Val& idx, const Val& input) {
-    return emit("tosa.scatter", {values_in, idx, input}, values_in.shape, values_in.elem);
-  }
-
- private:
-  int n_ = 0;
-  Val zp_, shift_;
-};
-
-std::string fmt_float(double v) {
-  std::ostringstream o;
-  o.precision(9);
-  o << std::scientific << v;
-  return o.str();
-}
-
-}  // namespace
-
+using namespace graph_build;
 namespace {
 
 std::string ident(const std::string& name) {
@@ -356,32 +167,6 @@ std::string names(const std::vector<Val>& vs) {
   return s;
 }
 
-// Sizes of the model and of the graph being built, and its faults.
-struct Ctx {
-  int64_t T, W, CAP, L, d, ff, H, KVH, hd, V, G, qd, kvd, half;  // half = n_rot / 2
-  double eps;  // RMSNorm epsilon (times the rms_eps_10x fault's scale)
-  GraphFaults F;
-  ModelDims M;  // the family features
-};
-
-// y [T, out] = x [T, in] . M, M given as its input-dim slices [1, c_k, out] (one
-// normally; the thread_order_reduction fault: partial products summed in fp32
-// in slice order). fp16_accumulation fault: y rounded through f16.
-Val linear(Emitter& em, const Ctx& C, const Val& x, const std::vector<Val>& m) {
-  Val y;
-  int64_t c0 = 0;
-  for (const Val& w : m) {
-    const int64_t c = w.shape[1];
-    const Val xs = m.size() == 1 ? x : em.slice(x, {0, c0}, {C.T, c});
-    const Val part = em.matmul(em.reshape(xs, {1, C.T, c}), w);
-    y = c0 == 0 ? part : em.add(y, part);
-    c0 += c;
-  }
-  y = em.reshape(y, {C.T, m[0].shape[2]});
-  if (C.F.fp16_accumulation) y = em.cast(em.cast(y, "f16"), "f32");
-  return y;
-}
-
 // x / sqrt(mean(x^2) + eps) * w over the rows of x [R, n], w [1, n].
 Val rms_norm(Emitter& em, const Ctx& C, const Val& x, const Val& w) {
   Val ss = em.reduce("tosa.reduce_sum", em.mul(x, x), 1);
@@ -524,14 +309,6 @@ struct LayerInputs {
   Val x, c, s, masked, kidx, vidx, tap_row;
 };
 
-// A layer function's parameters: weights by name (matrices as their fp32
-// operands), then the caches.
-struct LayerParams {
-  std::map<std::string, Val> vec;
-  std::vector<Val> mats[kLayerMatrices];
-  Val kc, vc;
-};
-
 // Calls norm(name) for attn_norm and ffn_norm and mat(k, shape) for every layer matrix of
 // the model, in the order of a layer's weight parameters.
 template <typename Norm, typename Mat>
@@ -571,102 +348,6 @@ Val project(Emitter& le, const Ctx& C, const LayerParams& p, const Val& x, int k
 // RMSNorm of each head of x [T, n*hd] with w [1, hd], as [T, n, hd].
 Val head_norm(Emitter& le, const Ctx& C, const Val& x, int64_t n, const Val& w) {
   return le.reshape(rms_norm(le, C, le.reshape(x, {C.T * n, C.hd}), w), {C.T, n, C.hd});
-}
-
-// tanh-GELU (HF gelu_pytorch_tanh): 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
-Val gelu_tanh(Emitter& le, const Val& g) {
-  auto k = [&](double v) { return le.splat({1, 1}, "f32", fmt_float(v)); };
-  Val inner = le.add(g, le.mul(le.mul(le.mul(g, g), g), k(0.044715)));
-  Val t = le.unary("tosa.tanh", le.mul(inner, k(0.79788456080286535587989211986876)));
-  return le.mul(le.mul(g, k(0.5)), le.add(t, k(1.0)));
-}
-
-// The gate's activation: SiLU (SwiGLU) or tanh-GELU (GeGLU).
-Val activation(Emitter& le, const Ctx& C, const Val& g) {
-  return C.M.geglu ? gelu_tanh(le, g) : le.mul(g, le.unary("tosa.sigmoid", g));
-}
-
-// down(act(x . gate) * (x . up)) of x [T, d], act SiLU (SwiGLU) or tanh-GELU (GeGLU);
-// m: the gate, up and down matrices' operands.
-Val gated_ffn(Emitter& le, const Ctx& C, const Val& x, const std::vector<Val>* m) {
-  Val g = linear(le, C, x, m[0]);
-  Val u = linear(le, C, x, m[1]);
-  return linear(le, C, le.mul(activation(le, C, g), u), m[2]);
-}
-
-// gpt-oss's clamped SwiGLU (ops::swiglu_oai): (clamp(u, -7, 7) + 1) * g' *
-// sigmoid(1.702 g'), g' = min(g, 7).
-Val swiglu_oai(Emitter& le, const Val& g, const Val& u) {
-  const Shape one(g.shape.size(), 1);
-  auto k = [&](double v) { return le.splat(one, "f32", fmt_float(v)); };
-  const Val gc = le.binary("tosa.minimum", g, k(7.0));
-  const Val uc = le.binary("tosa.maximum", le.binary("tosa.minimum", u, k(7.0)), k(-7.0));
-  const Val glu = le.mul(gc, le.unary("tosa.sigmoid", le.mul(gc, k(1.702))));
-  return le.mul(le.add(uc, k(1.0)), glu);
-}
-
-// The router of a mixture-of-experts layer on x [T, d]: the selected experts, best
-// first, as [T, 1] i32 each, and their weights [T, 1] (ModelDims: softmax over every
-// expert, top k, renormalised over the k when norm_topk).
-std::pair<std::vector<Val>, std::vector<Val>> route(Emitter& le, const Ctx& C, const LayerParams& p,
-                                                    const Val& x) {
-  const int64_t E = C.M.n_expert;
-  Val logits = linear(le, C, x, p.mats[kFfnGateInp]);  // [T, E]
-  if (C.M.moe_biases) logits = le.add(logits, p.vec.at("ffn_gate_inp.bias"));
-  Val ex = le.unary("tosa.exp", le.sub(logits, le.reduce("tosa.reduce_max", logits, 1)));
-  std::vector<int64_t> iota(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) iota[size_t(e)] = e;
-  const Val ids = le.const_i32({1, E}, iota);
-  const Val taken = le.splat({1, 1}, "f32", "-3.0e+38"), zero = le.splat({1, 1}, "f32", "0.0");
-  std::vector<Val> experts, weights;
-  Val left = logits, sum;
-  const int32_t k = C.M.n_expert_used;
-  const bool runner_up = C.F.moe_runner_up && k < E;       // the fault: pick k + 1 for pick k
-  for (int32_t r = 0; r < k + (runner_up ? 1 : 0); ++r) {  // the largest logit left
-    const Val idx = le.argmax1(left);
-    const Val hit = le.equal(ids, idx);  // [T, E]
-    left = le.select(hit, taken, left);
-    if (runner_up && r == k - 1) continue;
-    experts.push_back(idx);
-    weights.push_back(le.reduce("tosa.reduce_sum", le.select(hit, ex, zero), 1));
-    sum = weights.size() == 1 ? weights.back() : le.add(sum, weights.back());
-  }
-  const bool renormalise = C.F.moe_renormalise >= 0 ? C.F.moe_renormalise == 1 : C.M.norm_topk;
-  if (!renormalise) sum = le.reduce("tosa.reduce_sum", ex, 1);
-  const Val inv = le.unary("tosa.reciprocal", sum);
-  for (Val& w : weights) w = le.mul(w, inv);
-  return {experts, weights};
-}
-
-// Mixture-of-experts FFN of x [T, d]: every expert runs on every token (the dense
-// formulation of a static graph: one batched matmul per expert matrix, [E, T, d]), and
-// each token sums its selected experts' outputs, weighted, in selection order; plus the
-// shared expert scaled by sigmoid(ffn_gate_inp_shexp . x) when the model has one.
-Val moe_ffn(Emitter& le, const Ctx& C, const LayerParams& p, const Val& x) {
-  const int64_t T = C.T, E = C.M.n_expert, d = C.d;
-  auto [experts, weights] = route(le, C, p, x);
-  const int64_t ff = C.M.n_ff_exp;
-  // + the expert's bias [E, 1, n] (gpt-oss).
-  auto bias = [&](const Val& y, const char* name, int64_t n) {
-    return C.M.moe_biases ? le.add(y, le.reshape(p.vec.at(name), {E, 1, n})) : y;
-  };
-  const Val xe = le.tile0(le.reshape(x, {1, T, d}), E);  // [E, T, d]
-  const Val g = bias(le.matmul(xe, p.mats[kFfnGate][0]), "ffn_gate_exps.bias", ff);
-  const Val u = bias(le.matmul(xe, p.mats[kFfnUp][0]), "ffn_up_exps.bias", ff);
-  const Val gu = C.M.swiglu_oai ? swiglu_oai(le, g, u) : le.mul(activation(le, C, g), u);
-  const Val y = le.transpose(bias(le.matmul(gu, p.mats[kFfnDown][0]), "ffn_down_exps.bias", d),
-                             {1, 0, 2});  // [T, E, d]
-  Val out;
-  for (size_t r = 0; r < experts.size(); ++r) {
-    const Val yr = le.mul(le.reshape(le.gather(y, experts[r]), {T, d}), weights[r]);
-    out = r == 0 ? yr : le.add(out, yr);
-  }
-  if (C.M.n_ff_shexp > 0 && !C.F.moe_shared_expert_dropped) {
-    const Val gl = le.reduce("tosa.reduce_sum", le.mul(x, p.vec.at("ffn_gate_inp_shexp")), 1);
-    const Val s = gated_ffn(le, C, x, p.mats + kFfnGateShexp);
-    out = le.add(out, le.mul(s, le.unary("tosa.sigmoid", gl)));
-  }
-  return out;
 }
 
 // Row tap_row of x [T, d] as [1, 1, d].
