@@ -130,9 +130,10 @@ def main() -> int:
     model = transformers.Gemma3ForConditionalGeneration.from_pretrained(
         hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
     rows, ok, hf_emb = [], True, []
+    generated = tempfile.TemporaryDirectory()   # the generated images, for every section
+    images = photos() + generated_images(Path(generated.name))
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        images = photos() + generated_images(tmp)
         for image in images:
             pv = proc(images=Image.open(image), return_tensors="pt")["pixel_values"]
             with torch.no_grad():
@@ -161,14 +162,13 @@ def main() -> int:
               f"  patches NMSE {r['patches_nmse']:.1e} max {r['patches_max']:.1e}"
               f"  embeddings NMSE {r['emb_nmse']:.1e} max {r['emb_max']:.1e}"
               f"  (next image {r['control_nmse']:.2f})  {'PASS' if r['pass'] else 'FAIL'}")
-    rows_dec = decoder_rows(args, model, proc, photos() + [p for p in generated_images(Path(tempfile.mkdtemp()))
-                                                          if "rgba" in p.name])
+    rows_dec = decoder_rows(args, model, proc, photos() + [p for p in images if "rgba" in p.name])
     for r in rows_dec:
         print(f"decoder {r['image']:30s} {r['positions']} positions  logits NMSE {r['nmse']:.1e} max {r['max']:.1e}"
               f"  argmax {'identical' if r['argmax_same'] else 'DIFFER'}  (causal image {r['causal_nmse']:.2f})"
               f"  {'PASS' if r['pass'] else 'FAIL'}")
     ok &= all(r["pass"] for r in rows_dec)
-    rows3 = idefics3_rows(args, images_for_idefics3())
+    rows3 = idefics3_rows(args, images)
     for r in rows3:
         print(f"idefics3 {r['image']:29s} {r['tiles']:3d} frames  pixels {'identical' if r['pixels_identical'] else 'DIFFER'}"
               f"  patches NMSE {r['patches_nmse']:.1e}"
@@ -214,10 +214,6 @@ def decoder_rows(args, model, proc, images: list[Path]) -> list[dict]:
             rr["pass"] = rr["nmse"] <= NMSE_MAX and rr["argmax_same"]
             rows.append(rr)
     return rows
-
-
-def images_for_idefics3() -> list[Path]:
-    return photos() + generated_images(Path(tempfile.mkdtemp()))
 
 
 def idefics3_rows(args, images: list[Path]) -> list[dict]:
