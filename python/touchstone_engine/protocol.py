@@ -13,10 +13,10 @@ and raises ProtocolError naming the message and the field.
 
 import struct
 
-VERSION = 5
+VERSION = 6
 MIN_VERSION = 3  # the oldest harness an engine still answers (with that version's fields)
-API_VERSION = 7  # TS_BACKEND_API_VERSION of common/include/touchstone/abi/backend_abi.h
-API_VERSION_OF = {3: 5, 4: 6, 5: API_VERSION}  # the newest ABI each protocol version carries
+API_VERSION = 8  # TS_BACKEND_API_VERSION of common/include/touchstone/abi/backend_abi.h
+API_VERSION_OF = {3: 5, 4: 6, 5: 7, 6: API_VERSION}  # the newest ABI each protocol version carries
 MAGIC = 0x31505354  # bytes "TSP1"
 REPLY_BIT = 0x8000
 HEADER_SIZE = 16
@@ -41,6 +41,9 @@ FORK_SESSION = 15  # version 4 (ABI v6)
 SET_GRAMMAR = 16  # version 5 (ABI v7)
 GRAMMAR_MASK = 17  # version 5 (ABI v7)
 GRAMMAR_GREEDY = 18  # version 5 (ABI v7)
+PREFILL_EMBEDDINGS = 19  # version 6 (ABI v8)
+LOAD_VISION = 20  # version 6 (ABI v8)
+ENCODE_IMAGE = 21  # version 6 (ABI v8)
 MAX_BATCH_ENTRIES = 1 << 16
 
 OP_NAMES = {
@@ -62,6 +65,9 @@ OP_NAMES = {
     SET_GRAMMAR: "set_grammar",
     GRAMMAR_MASK: "grammar_mask",
     GRAMMAR_GREEDY: "grammar_greedy",
+    PREFILL_EMBEDDINGS: "prefill_embeddings",
+    LOAD_VISION: "load_vision",
+    ENCODE_IMAGE: "encode_image",
 }
 
 # ts_status
@@ -99,6 +105,8 @@ TS_CAP_V6_FLAGS = (TS_CAP_BATCHED_SESSIONS | TS_CAP_KV_PREFIX_COPY | TS_CAP_BATC
                    | TS_CAP_BITWISE_NOT_ACROSS_FORKS)
 # ABI v7: the engine enforces grammars itself (set_grammar, grammar_mask, grammar_greedy)
 TS_CAP_STRUCTURED_OUTPUT = 1 << 9
+TS_CAP_EMBEDDING_INPUT = 1 << 10  # ABI v8: prefill_embeddings
+TS_CAP_MULTIMODAL = 1 << 11  # ABI v8: load_vision, encode_image
 # ts_grammar_kind (set_grammar)
 TS_GRAMMAR_JSON_SCHEMA = 0
 TS_GRAMMAR_GBNF = 1
@@ -288,6 +296,8 @@ class Capabilities:
             c.flags &= ~TS_CAP_V6_FLAGS
         if version < 5:  # ABI v7 (protocol 5): an older peer has no grammar calls
             c.flags &= ~TS_CAP_STRUCTURED_OUTPUT
+        if version < 6:  # ABI v8 (protocol 6): nor multimodal calls
+            c.flags &= ~(TS_CAP_EMBEDDING_INPUT | TS_CAP_MULTIMODAL)
         return c
 
 
@@ -297,7 +307,7 @@ class BackendInfo:
 
     FIELDS = ("protocol_version", "api_version", "name", "version", "path", "device",
               "device_greedy", "declares_models", "architectures", "model_features", "taps",
-              "step_batch", "fork", "grammar")
+              "step_batch", "fork", "grammar", "embeddings", "vision")
 
     def __init__(self, **kw):
         self.protocol_version = VERSION
@@ -306,6 +316,7 @@ class BackendInfo:
         self.device_greedy = self.declares_models = self.taps = False
         self.step_batch = self.fork = False
         self.grammar = False  # ABI v7, protocol >= 5
+        self.embeddings = self.vision = False  # ABI v8, protocol >= 6
         self.architectures = self.model_features = ""
         for k, v in kw.items():
             if k not in self.FIELDS:
@@ -326,6 +337,8 @@ class BackendInfo:
             w.u32(1 if self.step_batch else 0).u32(1 if self.fork else 0)
         if v >= 5:
             w.u32(1 if self.grammar else 0)
+        if v >= 6:
+            w.u32(1 if self.embeddings else 0).u32(1 if self.vision else 0)
         return w
 
     @staticmethod
@@ -349,6 +362,9 @@ class BackendInfo:
             i.fork = r.u32("fork") != 0
         if v >= 5:
             i.grammar = r.u32("grammar") != 0
+        if v >= 6:
+            i.embeddings = r.u32("embeddings") != 0
+            i.vision = r.u32("vision") != 0
         return i
 
 

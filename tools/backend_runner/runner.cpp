@@ -98,6 +98,9 @@ class Runner {
   std::string set_grammar(Reader& r);
   std::string grammar_mask(Reader& r);
   std::string grammar_greedy(Reader& r);
+  std::string prefill_embeddings(Reader& r);
+  std::string load_vision(Reader& r);
+  std::string encode_image(Reader& r);
   // The other ops with arguments beyond a handle, each answering TS_OK + its result.
   std::string load_model(Reader& r);
   std::string open_session(Reader& r);
@@ -352,6 +355,57 @@ std::string Runner::prefill(Reader& r) {
   return floats_reply(out);
 }
 
+// ABI v8: the sizes are bounded by the bytes that came before anything is allocated.
+std::string Runner::prefill_embeddings(Reader& r) {
+  need(ch_->info().embeddings, "prefill_embeddings", 6, 8);
+  const Handle s = session(r);
+  const bool all = r.i32("all_positions") != 0;
+  const int32_t n = r.i32("n");
+  const int32_t n_embd = r.i32("n_embd");
+  const bool bidirectional = r.i32("bidirectional") != 0;
+  if (n < 1 || n_embd < 1 || uint64_t(n) * uint64_t(n_embd) * 4 != r.remaining())
+    throw Error("runner: prefill_embeddings: n {} x n_embd {} floats, {} bytes sent", n, n_embd,
+                r.remaining());
+  std::vector<float> e(size_t(n) * size_t(n_embd));
+  r.f32s("embeddings", e);
+  r.finish();
+  const size_t out =
+      reply_floats(size_t(sessions_[s]), all ? size_t(n) : 1, 0, "prefill_embeddings");
+  ch_->prefill_embeddings(s, e, n_embd, bidirectional, all,
+                          std::span<float>(guarded(out).data(), out));
+  check_guard(out, "prefill_embeddings");
+  return floats_reply(out);
+}
+
+std::string Runner::load_vision(Reader& r) {
+  need(ch_->info().vision, "load_vision", 6, 8);
+  const Handle m = model(r);
+  const std::string path = r.str("path", 1u << 16);
+  r.finish();
+  ch_->load_vision(m, path);
+  Writer w;
+  w.i32(TS_OK);
+  return w.bytes();
+}
+
+std::string Runner::encode_image(Reader& r) {
+  need(ch_->info().vision, "encode_image", 6, 8);
+  const Handle m = model(r);
+  const int32_t c = r.i32("channels"), h = r.i32("height"), wd = r.i32("width");
+  const uint64_t n = r.u64("n_floats");
+  if (c != 3 || h < 1 || wd < 1 || uint64_t(c) * uint64_t(h) * uint64_t(wd) * 4 != r.remaining())
+    throw Error("runner: encode_image: {} x {} x {} pixels, {} bytes sent", c, h, wd,
+                r.remaining());
+  if (n == 0 || n > (uint64_t{1} << 28))
+    throw Error("runner: encode_image: n_floats {} outside [1, 2^28]", n);
+  std::vector<float> px(size_t(c) * size_t(h) * size_t(wd));
+  r.f32s("pixels", px);
+  r.finish();
+  ch_->encode_image(m, px, h, wd, std::span<float>(guarded(size_t(n)).data(), size_t(n)));
+  check_guard(size_t(n), "encode_image");
+  return floats_reply(size_t(n));
+}
+
 std::string Runner::prefill_greedy(Reader& r) {
   const Handle s = session(r);
   const std::vector<int32_t> tokens = request_tokens(r, "prefill_greedy");
@@ -443,6 +497,12 @@ std::string Runner::handle(Op op, Reader& r) {
       return grammar_mask(r);
     case Op::kGrammarGreedy:
       return grammar_greedy(r);
+    case Op::kPrefillEmbeddings:
+      return prefill_embeddings(r);
+    case Op::kLoadVision:
+      return load_vision(r);
+    case Op::kEncodeImage:
+      return encode_image(r);
     case Op::kHello:
       break;
   }

@@ -62,6 +62,12 @@ struct CpuSimd {
       s->prefill(t.data(), int32_t(t.size()), false, logits);
       return touchstone::abi::greedy_argmax(logits, n_vocab);
     }
+    // ABI v8: input embeddings (SimdSession::prefill_embeddings).
+    int32_t n_embd() const { return s->n_embd(); }
+    void prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all,
+                            float* logits) {
+      s->prefill_embeddings(e, n, bidirectional, all, logits);
+    }
     // ABI v6: a session with src's options and its first n_prefix KV entries.
     std::unique_ptr<Session> fork(int32_t n_prefix) {
       auto f = std::make_unique<Session>();
@@ -142,7 +148,8 @@ struct CpuSimd {
     so.int8_activations = int8_activations();
     so.n_threads = o.n_threads;
     so.max_context = o.max_context;
-    so.faults = touchstone::abi::session_fault(o.fault, {.sinks = true});
+    so.faults = touchstone::abi::session_fault(
+        o.fault, {.sinks = true, .image_attention = true, .image_position = true});
     // OpenBLAS runs single-threaded inside our own pool's tasks.
     openblas_set_num_threads(1);
     auto s = std::make_unique<Session>();

@@ -184,6 +184,13 @@ class SimdSession {
   // Runs n tokens at positions position()..; writes logits of every position
   // (all_positions) or of the last one, n_vocab floats per row.
   void prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits);
+  // ABI v8 prefill_embeddings: n input embeddings (n x n_embd float32, used as given,
+  // without the embedding scale) in place of token ids, as prefill() otherwise.
+  // bidirectional: the n also attend to the block's later rows (Gemma 3's image block),
+  // so the block is one forward pass: n <= kMaxBatch there (else TS_ERR_UNSUPPORTED).
+  void prefill_embeddings(const float* embd, int32_t n, bool bidirectional, bool all_positions,
+                          float* logits);
+  int32_t n_embd() const { return c_.n_embd; }
   // ABI v6 step_batch (engine_batch.cpp): every entry exactly as its session's
   // own prefill(), in passes of at most kMaxBatch tokens (the entries' tokens
   // concatenated) on the first entry's pool and scratch; each weight matrix is
@@ -227,6 +234,8 @@ class SimdSession {
   struct Seg {
     SimdSession* s = nullptr;
     const int32_t* tokens = nullptr;
+    const float* embd = nullptr;  // ABI v8: input embeddings (n rows) instead of tokens
+    bool bidirectional = false;   // and the block attends both ways (Gemma 3's image)
     int32_t first = 0, n = 0;
     int32_t pos = 0;       // position of its first token (s->pos_)
     int32_t rope_pos = 0;  // RoPE position of its first token

@@ -38,10 +38,12 @@ size_t SimdSession::attn_queries() const {
 
 void SimdSession::attention(int32_t layer) {
   // Faults that change which rows a query attends, or how, keep the per-head path.
-  const bool leak =
-      std::any_of(segs_, segs_ + n_segs_, [](const Seg& g) { return g.leak || g.page_from; });
+  // A bidirectional block (ABI v8 image) reads past its own row: the per-head path too.
+  const bool other_rows = std::any_of(segs_, segs_ + n_segs_, [](const Seg& g) {
+    return g.leak || g.page_from || g.bidirectional;
+  });
   const bool faulty = faults_.softmax_no_max || faults_.gqa_mapping || faults_.kv_off_by_one ||
-                      faults_.rewind_noop || faults_.causal_mask || leak;
+                      faults_.rewind_noop || faults_.causal_mask || other_rows;
   const size_t nq = attn_queries(), n_tasks = blocks_.size() * size_t(c_.n_head_kv);
   // Same bits either way: the grouped tasks only when they keep every thread busy.
   if (!faulty && nq && n_tasks >= size_t(pool_.size()))
@@ -130,6 +132,7 @@ void SimdSession::attention_per_head(int32_t layer) {
     int32_t n_kv = (faults_.kv_off_by_one && p > 0) ? p : p + 1;
     if (faults_.rewind_noop) n_kv = std::max(n_kv, g.s->kv_len_);
     if (faults_.causal_mask) n_kv = g.pos + g.n;
+    if (g.bidirectional) n_kv = std::max(n_kv, g.pos + g.n);  // the whole image block
     // Positions attended: [t0, n_kv) (a sliding window W keeps the last W: HF's
     // mask, i - W < j <= i).
     const int32_t t0 = window > 0 ? std::max(0, p - window + 1) : 0;

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "engine.h"
+#include "touchstone/abi/backend_adapter.hpp"
 #include "touchstone/abi/batch_plan.h"
 
 namespace touchstone::cpu_simd {
@@ -35,6 +37,33 @@ void SimdSession::prefill(const int32_t* tokens, int32_t n, bool all_positions, 
     forward_chunk(tokens + i, m, all_positions, out, rope_origin);
   }
   shift_rows(start, n, all_positions, logits, false);
+}
+
+void SimdSession::prefill_embeddings(const float* embd, int32_t n, bool bidirectional,
+                                     bool all_positions, float* logits) {
+  // image_attended_causally fault: the block attended causally, as text.
+  bidirectional = bidirectional && !faults_.image_attended_causally;
+  if (bidirectional && n > kMaxBatch) {
+    throw touchstone::abi::StatusError(
+        TS_ERR_UNSUPPORTED, "prefill_embeddings: a bidirectional block of " + std::to_string(n) +
+                                " embeddings; cpu_simd runs at most " + std::to_string(kMaxBatch) +
+                                " in one forward pass");
+  }
+  const size_t V = size_t(c_.n_vocab), d = size_t(c_.n_embd);
+  for (int32_t i = 0; i < n; i += kMaxBatch) {
+    const int32_t m = std::min(kMaxBatch, n - i);
+    Seg g;
+    g.s = this;
+    g.embd = embd + size_t(i) * d;
+    g.bidirectional = bidirectional;
+    g.n = m;
+    g.pos = pos_;
+    // image_position_offset fault: the block rotated one position later.
+    g.rope_pos = pos_ + (faults_.image_position_offset ? 1 : 0);
+    g.all_positions = all_positions;
+    g.logits = all_positions ? logits + size_t(i) * V : (i + m == n ? logits : nullptr);
+    forward_pass(&g, 1);
+  }
 }
 
 // The faults: logits_row_shift (any all-position call), verify_row_shift (one

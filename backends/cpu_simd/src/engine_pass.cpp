@@ -82,10 +82,15 @@ void SimdSession::embed_and_rope() {
   const float* freq_factors = model_.rope_freqs();
   for (size_t i = 0; i < N; ++i) {
     const Seg& g = segs_[tok_seg_[i]];
-    model_.embed(g.tokens[int32_t(i) - g.first], !quant_, x_.data() + i * d);
-  }
-  if (c_.embd_scale != 1.0) {  // Gemma: x * fp32(sqrt(n_embd)), fp64 product rounded once
-    for (size_t i = 0; i < N * d; ++i) x_[i] = static_cast<float>(double{x_[i]} * c_.embd_scale);
+    float* x = x_.data() + i * d;
+    if (g.embd) {  // ABI v8: an input embedding, used as given (no embedding scale)
+      std::copy_n(g.embd + size_t(int32_t(i) - g.first) * d, d, x);
+      continue;
+    }
+    model_.embed(g.tokens[int32_t(i) - g.first], !quant_, x);
+    if (c_.embd_scale != 1.0) {  // Gemma: x * fp32(sqrt(n_embd)), fp64 product rounded once
+      for (size_t j = 0; j < d; ++j) x[j] = static_cast<float>(double{x[j]} * c_.embd_scale);
+    }
   }
   // RoPE angles depend on the position and the layer's (base, scale) only:
   // cos/sin once per pass and table, not per layer and head (the reference's

@@ -57,6 +57,8 @@ constexpr FaultEntry kFaults[] = {
     {"moe_softmax_order", [](Faults& f) { f.moe_softmax_order = true; }},
     {"moe_shared_expert_dropped", [](Faults& f) { f.moe_shared_expert_dropped = true; }},
     {"attention_sinks_ignored", [](Faults& f) { f.attention_sinks_ignored = true; }},
+    {"image_attended_causally", [](Faults& f) { f.image_attended_causally = true; }},
+    {"image_position_offset", [](Faults& f) { f.image_position_offset = true; }},
 };
 
 }  // namespace

@@ -36,6 +36,20 @@ Handle BackendChannel::fork_session(Handle /*src*/, int32_t /*n_prefix*/) {
   throw Error("backend '{}' has no fork_session (ABI v6)", info().name);
 }
 
+void BackendChannel::prefill_embeddings(Handle /*session*/, std::span<const float> /*e*/,
+                                        int32_t /*n_embd*/, bool /*bidirectional*/,
+                                        bool /*all_positions*/, std::span<float> /*out*/) {
+  throw Error("backend '{}' has no prefill_embeddings (ABI v8 TS_CAP_EMBEDDING_INPUT)",
+              info().name);
+}
+void BackendChannel::load_vision(Handle /*model*/, const std::string& /*mmproj_path*/) {
+  throw Error("backend '{}' has no load_vision (ABI v8 TS_CAP_MULTIMODAL)", info().name);
+}
+void BackendChannel::encode_image(Handle /*model*/, std::span<const float> /*pixels*/,
+                                  int32_t /*height*/, int32_t /*width*/, std::span<float> /*out*/) {
+  throw Error("backend '{}' has no encode_image (ABI v8 TS_CAP_MULTIMODAL)", info().name);
+}
+
 void BackendChannel::set_grammar(Handle /*session*/, const ts_grammar* /*grammar*/) {
   throw Error("backend '{}' has no set_grammar (ABI v7)", info().name);
 }
@@ -133,6 +147,31 @@ std::vector<float> BackendSession::prefill_all(std::span<const int32_t> tokens) 
   return logits;
 }
 
+std::vector<float> BackendSession::prefill_embeddings(std::span<const float> embeddings,
+                                                      int32_t n_embd, bool bidirectional,
+                                                      bool all_positions) {
+  if (n_embd < 1 || embeddings.empty() || embeddings.size() % size_t(n_embd) != 0)
+    throw Error("prefill_embeddings: {} floats are not rows of n_embd {}", embeddings.size(),
+                n_embd);
+  const size_t n = embeddings.size() / size_t(n_embd);
+  std::vector<float> logits((all_positions ? n : 1) * size_t(n_vocab_));
+  lib_->channel().prefill_embeddings(session_, embeddings, n_embd, bidirectional, all_positions,
+                                     logits);
+  history_.insert(history_.end(), n, -1);
+  return logits;
+}
+
+void BackendModel::load_vision(const std::string& mmproj_path) {
+  lib_->channel().load_vision(model_, mmproj_path);
+}
+
+std::vector<float> BackendModel::encode_image(std::span<const float> pixels, int32_t height,
+                                              int32_t width, size_t n_floats) {
+  std::vector<float> out(n_floats);
+  lib_->channel().encode_image(model_, pixels, height, width, out);
+  return out;
+}
+
 void BackendSession::step_batch(std::span<const Step> steps) {
   if (steps.empty()) return;
   const std::shared_ptr<BackendLibrary>& lib = steps[0].session->lib_;
@@ -166,6 +205,11 @@ std::unique_ptr<BackendSession> BackendSession::fork(int32_t n_prefix) {
     throw Error("fork: n_prefix {} outside [0, {}]", n_prefix, history_.size());
   const std::span<const int32_t> prefix(history_.data(), size_t(n_prefix));
   if (!lib_->has_fork()) {  // emulated: a fresh session prefills the same tokens
+    if (std::find(prefix.begin(), prefix.end(), -1) != prefix.end())
+      throw Error(
+          "fork: backend '{}' has no fork_session and the prefix holds input "
+          "embeddings (an emulated fork replays tokens only)",
+          lib_->name());
     auto s = std::make_unique<BackendSession>(*model_, options_);
     const bool grammar = grammar_start_ >= 0 && grammar_start_ <= n_prefix;
     const size_t before = grammar ? size_t(grammar_start_) : size_t(n_prefix);

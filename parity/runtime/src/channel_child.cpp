@@ -198,6 +198,11 @@ class ChildChannel final : public BackendChannel {
   void set_grammar(Handle s, const ts_grammar* g) override;
   void grammar_mask(Handle s, std::span<uint32_t> out) override;
   void grammar_greedy(Handle s, std::span<int32_t> out) override;
+  void prefill_embeddings(Handle s, std::span<const float> e, int32_t n_embd, bool bidirectional,
+                          bool all, std::span<float> out) override;
+  void load_vision(Handle m, const std::string& path) override;
+  void encode_image(Handle m, std::span<const float> pixels, int32_t height, int32_t width,
+                    std::span<float> out) override;
 
  private:
   void check_serving_flags(uint32_t flags);
@@ -352,6 +357,35 @@ void ChildChannel::grammar_greedy(Handle s, std::span<int32_t> out) {
   r.i32s("tokens", out);
 }
 
+// ABI v8: the embeddings and pixels go in the request; the replies are fixed-size floats.
+void ChildChannel::prefill_embeddings(Handle s, std::span<const float> e, int32_t n_embd,
+                                      bool bidirectional, bool all, std::span<float> out) {
+  if (!info_.embeddings) BackendChannel::prefill_embeddings(s, e, n_embd, bidirectional, all, out);
+  const int32_t n = n_embd > 0 ? int32_t(e.size() / size_t(n_embd)) : 0;
+  Writer w;
+  w.u64(s).i32(all ? 1 : 0).i32(n).i32(n_embd).i32(bidirectional ? 1 : 0).f32s(e);
+  const LongCall scaled(*this, size_t(n));
+  floats_call(Op::kPrefillEmbeddings, w, "prefill_embeddings", out);
+}
+
+void ChildChannel::load_vision(Handle m, const std::string& path) {
+  if (!info_.vision) BackendChannel::load_vision(m, path);
+  Writer w;
+  w.u64(m).str(path);
+  auto reply = call(Op::kLoadVision, w, kMaxErrorReply);
+  Reader r(reply, "load_vision reply");
+  ok_or_throw(r, "load_vision");
+  r.finish();
+}
+
+void ChildChannel::encode_image(Handle m, std::span<const float> pixels, int32_t height,
+                                int32_t width, std::span<float> out) {
+  if (!info_.vision) BackendChannel::encode_image(m, pixels, height, width, out);
+  Writer w;
+  w.u64(m).i32(3).i32(height).i32(width).u64(out.size()).f32s(pixels);
+  floats_call(Op::kEncodeImage, w, "encode_image", out);
+}
+
 // A capability flag of ABI v6 that claims a call the hello said is missing is a
 // table the loader would refuse.
 void ChildChannel::check_serving_flags(uint32_t flags) {
@@ -361,6 +395,10 @@ void ChildChannel::check_serving_flags(uint32_t flags) {
     violation("capabilities", "TS_CAP_KV_PREFIX_COPY claimed without fork_session");
   if ((flags & TS_CAP_STRUCTURED_OUTPUT) && !info_.grammar)
     violation("capabilities", "TS_CAP_STRUCTURED_OUTPUT claimed without set_grammar");
+  if ((flags & TS_CAP_EMBEDDING_INPUT) && !info_.embeddings)
+    violation("capabilities", "TS_CAP_EMBEDDING_INPUT claimed without prefill_embeddings");
+  if ((flags & TS_CAP_MULTIMODAL) && !info_.vision)
+    violation("capabilities", "TS_CAP_MULTIMODAL claimed without load_vision");
 }
 
 // The child: the runner for a library, the command itself for "exec:" (argv[0]
@@ -425,6 +463,8 @@ void ChildChannel::check_exec_info() {
         fmt::format("step_batch / fork_session claimed by an api_version {} backend (needs 6)", v);
   } else if (info_.grammar && v < 7) {
     bad = fmt::format("set_grammar claimed by an api_version {} backend (needs 7)", v);
+  } else if ((info_.embeddings || info_.vision) && v < 8) {
+    bad = fmt::format("multimodal calls claimed by an api_version {} backend (needs 8)", v);
   } else if (info_.name.empty()) {
     bad = "empty backend name";
   }

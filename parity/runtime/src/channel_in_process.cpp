@@ -102,6 +102,7 @@ class InProcessChannel final : public BackendChannel {
     }
     if (api->api_version >= 6) serving_members(api);
     if (api->api_version >= 7) grammar_members(api);
+    if (api->api_version >= 8) multimodal_members(api);
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -198,6 +199,35 @@ class InProcessChannel final : public BackendChannel {
     if (!info_.grammar) BackendChannel::grammar_greedy(s, out);
     check(api_->grammar_greedy(session(s), int32_t(out.size()), out.data()), "grammar_greedy");
   }
+  void prefill_embeddings(Handle s, std::span<const float> e, int32_t n_embd, bool bidirectional,
+                          bool all, std::span<float> out) override {
+    if (!info_.embeddings)
+      BackendChannel::prefill_embeddings(s, e, n_embd, bidirectional, all, out);
+    ts_embedding_input in{};
+    in.struct_size = sizeof in;
+    in.embeddings = e.data();
+    in.n_embd = n_embd;
+    in.n_tokens = n_embd > 0 ? int32_t(e.size() / size_t(n_embd)) : 0;
+    in.bidirectional = bidirectional ? 1 : 0;
+    check(api_->prefill_embeddings(session(s), &in, all ? 1 : 0, out.data()), "prefill_embeddings");
+  }
+  void load_vision(Handle m, const std::string& path) override {
+    if (!info_.vision) BackendChannel::load_vision(m, path);
+    check(api_->load_vision(model(m), path.c_str()), "load_vision");
+  }
+  void encode_image(Handle m, std::span<const float> pixels, int32_t height, int32_t width,
+                    std::span<float> out) override {
+    if (!info_.vision) BackendChannel::encode_image(m, pixels, height, width, out);
+    if (pixels.size() != size_t(3) * size_t(height) * size_t(width))
+      throw Error("encode_image: {} pixel values for 3 x {} x {}", pixels.size(), height, width);
+    ts_image img{};
+    img.struct_size = sizeof img;
+    img.pixels = pixels.data();
+    img.channels = 3;
+    img.height = height;
+    img.width = width;
+    check(api_->encode_image(model(m), &img, out.data(), int64_t(out.size())), "encode_image");
+  }
 
  private:
   // ABI v6: a flag that claims a member the table leaves NULL is refused.
@@ -231,6 +261,27 @@ class InProcessChannel final : public BackendChannel {
     if ((caps.flags & TS_CAP_STRUCTURED_OUTPUT) && !info_.grammar)
       throw Error("backend '{}' claims TS_CAP_STRUCTURED_OUTPUT but set_grammar is NULL",
                   info_.path);
+  }
+
+  // ABI v8: load_vision and encode_image both set or both NULL; each flag exactly when
+  // its members are set.
+  void multimodal_members(const ts_backend* api) {
+    if ((api->load_vision != nullptr) != (api->encode_image != nullptr)) {
+      throw Error(
+          "backend '{}' sets only one of load_vision and encode_image (ABI v8: both or "
+          "neither)",
+          info_.path);
+    }
+    info_.embeddings = api->prefill_embeddings != nullptr;
+    info_.vision = api->load_vision != nullptr;
+    ts_capabilities caps{};
+    caps.struct_size = sizeof(caps);
+    if (api->capabilities(&caps) != TS_OK) return;
+    if ((caps.flags & TS_CAP_EMBEDDING_INPUT) && !info_.embeddings)
+      throw Error("backend '{}' claims TS_CAP_EMBEDDING_INPUT but prefill_embeddings is NULL",
+                  info_.path);
+    if ((caps.flags & TS_CAP_MULTIMODAL) && !info_.vision)
+      throw Error("backend '{}' claims TS_CAP_MULTIMODAL but load_vision is NULL", info_.path);
   }
 
   void need_taps() const {

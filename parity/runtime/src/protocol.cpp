@@ -56,6 +56,12 @@ const char* op_name(uint32_t op) {
       return "grammar_mask";
     case Op::kGrammarGreedy:
       return "grammar_greedy";
+    case Op::kPrefillEmbeddings:
+      return "prefill_embeddings";
+    case Op::kLoadVision:
+      return "load_vision";
+    case Op::kEncodeImage:
+      return "encode_image";
   }
   return "unknown op";
 }
@@ -176,6 +182,7 @@ void encode(Writer& w, const BackendInfo& info) {
   if (v >= 3) w.u32(info.taps ? 1 : 0);
   if (v >= 4) w.u32(info.step_batch ? 1 : 0).u32(info.fork ? 1 : 0);
   if (v >= 5) w.u32(info.grammar ? 1 : 0);
+  if (v >= 6) w.u32(info.embeddings ? 1 : 0).u32(info.vision ? 1 : 0);
 }
 
 BackendInfo decode_info(Reader& r) {
@@ -199,6 +206,10 @@ BackendInfo decode_info(Reader& r) {
     i.fork = r.u32("fork") != 0;
   }
   if (v >= 5) i.grammar = r.u32("grammar") != 0;
+  if (v >= 6) {
+    i.embeddings = r.u32("embeddings") != 0;
+    i.vision = r.u32("vision") != 0;
+  }
   return i;
 }
 
@@ -240,6 +251,7 @@ ts_capabilities decode_capabilities(Reader& r, std::string& note_storage, uint32
   }
   // ABI v7 (protocol 5): an older peer has no grammar calls.
   if (version < 5) c.flags &= ~TS_CAP_STRUCTURED_OUTPUT;
+  if (version < 6) c.flags &= ~(TS_CAP_EMBEDDING_INPUT | TS_CAP_MULTIMODAL);
   return c;
 }
 

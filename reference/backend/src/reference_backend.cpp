@@ -15,6 +15,7 @@
 #include "touchstone/model/gguf.h"
 #include "touchstone/model/session_fault.h"
 #include "touchstone/reference/reference_forward.h"
+#include "touchstone/vision/vision_tower.h"
 #include "weight_residency.h"
 
 namespace {
@@ -32,7 +33,46 @@ struct Reference {
   struct Model {
     touchstone::StoredWeights weights;
     std::unique_ptr<touchstone::reference_backend::GrammarVocabulary> grammar_vocab;
+    std::unique_ptr<touchstone::vision::VisionTower> tower;  // ABI v8 load_vision
     int32_t n_vocab() const { return weights.config.n_vocab; }
+
+    // ABI v8: the reference's vision tower and projector (touchstone/vision/vision_tower.h).
+    void load_vision(const std::string& path) {
+      auto t = touchstone::abi::load_or_status([&] {
+        return std::make_unique<touchstone::vision::VisionTower>(
+            touchstone::vision::load_vision_tower(path));
+      });
+      if (t->config.n_embd_text != weights.config.n_embd) {
+        throw StatusError(
+            TS_ERR_INVALID_ARGUMENT,
+            path + ": clip.vision.projection_dim = " + std::to_string(t->config.n_embd_text) +
+                " is not the model's embedding width " + std::to_string(weights.config.n_embd));
+      }
+      tower = std::move(t);
+    }
+    void encode_image(const ts_image& img, float* out, int64_t n_floats) {
+      if (!tower) throw StatusError(TS_ERR_INVALID_ARGUMENT, "encode_image: load_vision first");
+      const touchstone::vision::VisionTowerConfig& c = tower->config;
+      if (img.height != c.image_size || img.width != c.image_size) {
+        throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                          "encode_image: a " + std::to_string(img.height) + " x " +
+                              std::to_string(img.width) + " image; the tower takes " +
+                              std::to_string(c.image_size) + " x " + std::to_string(c.image_size));
+      }
+      const int64_t want = int64_t(c.n_tokens()) * c.n_embd_text;
+      if (n_floats != want) {
+        throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                          "encode_image: n_floats " + std::to_string(n_floats) +
+                              " != " + std::to_string(c.n_tokens()) + " image tokens x " +
+                              std::to_string(c.n_embd_text) + " = " + std::to_string(want));
+      }
+      const size_t n = size_t(3) * size_t(img.height) * size_t(img.width);
+      touchstone::vision::PixelValues px{3, img.height, img.width,
+                                         std::vector<float>(img.pixels, img.pixels + n)};
+      const std::vector<float> e =
+          touchstone::vision::project(*tower, touchstone::vision::encode_patches(*tower, px));
+      std::copy(e.begin(), e.end(), out);
+    }
   };
 
   struct Session {
@@ -52,6 +92,15 @@ struct Reference {
     void decode(int32_t token, float* logits) {
       ref->forward(token, std::span<float>(logits, size_t(ref->n_vocab())));
     }
+    // ABI v8: caller-supplied input embeddings (ReferenceTransformer::prefill_embeddings).
+    int32_t n_embd() const { return n_embd_; }
+    void prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all,
+                            float* logits) {
+      ref->prefill_embeddings(std::span<const float>(e, size_t(n) * size_t(n_embd_)), n,
+                              bidirectional && !faults.image_attended_causally, all,
+                              std::span<float>(logits, (all ? size_t(n) : 1) * ref->n_vocab()));
+    }
+    int32_t n_embd_ = 0;
     // The prefill-level faults (causal_mask, prefill_position_reset,
     // logits_row_shift, verify_row_shift) live in ReferenceTransformer::prefill.
     void prefill(std::span<const int32_t> tokens, bool all, float* logits) {
@@ -63,6 +112,7 @@ struct Reference {
       s->ref = ref->fork(n_prefix);
       s->grammar_vocab = grammar_vocab;
       s->faults = faults;
+      s->n_embd_ = n_embd_;
       return s;
     }
     // ABI v7: the reference enforces grammars with the harness's own oracle
@@ -136,7 +186,7 @@ struct Reference {
       if (rb::residency_for(touchstone::fp32_matrix_bytes(w)) == rb::Residency::kFp32)
         touchstone::expand_to_fp32(w);
       return std::make_unique<Model>(
-          Model{std::move(w), std::make_unique<rb::GrammarVocabulary>(path)});
+          Model{std::move(w), std::make_unique<rb::GrammarVocabulary>(path), nullptr});
     });
   }
 
@@ -145,8 +195,8 @@ struct Reference {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "the reference backend computes only with fp32 weights (full_precision)");
     }
-    const touchstone::Faults faults =
-        touchstone::abi::session_fault(o.fault, {.grammar = true, .moe = true, .sinks = true});
+    const touchstone::Faults faults = touchstone::abi::session_fault(
+        o.fault, {.grammar = true, .moe = true, .sinks = true, .image_attention = true});
     // These serving faults stand for bugs of a fast engine's paged KV cache and
     // flattened batch; the scalar reference does not model them.
     if (faults.fork_shared_kv || faults.batch_all_positions_shift ||
@@ -169,6 +219,7 @@ struct Reference {
                                                                 faults);
     s->grammar_vocab = m.grammar_vocab.get();
     s->faults = faults;
+    s->n_embd_ = m.weights.config.n_embd;
     return s;
   }
 };

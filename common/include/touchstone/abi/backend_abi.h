@@ -41,7 +41,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 7
+#define TS_BACKEND_API_VERSION 8
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -73,6 +73,12 @@ typedef enum ts_status {
 /* ---- api_version >= 7 [structured output] ---- */
 /* The session enforces a grammar itself: set_grammar, grammar_mask, grammar_greedy. */
 #define TS_CAP_STRUCTURED_OUTPUT (1u << 9)
+/* ---- api_version >= 8 [multimodal] ---- */
+/* prefill_embeddings: caller-supplied input embeddings (an image's tokens) at the session's
+ * positions, attended causally or as one bidirectional block. */
+#define TS_CAP_EMBEDDING_INPUT (1u << 10)
+/* load_vision + encode_image: the backend runs a vision tower and projector itself. */
+#define TS_CAP_MULTIMODAL (1u << 11)
 
 /* Weight-type bits (ts_capabilities.weight_types): bit i = GGUF ggml_type i
  * (F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30). */
@@ -151,6 +157,27 @@ typedef struct ts_grammar {
   const char* text; /* NUL-terminated UTF-8 */
 } ts_grammar;
 
+/* Input embeddings for prefill_embeddings (api_version >= 8). */
+typedef struct ts_embedding_input {
+  uint32_t struct_size;    /* sizeof(ts_embedding_input), set by the caller */
+  const float* embeddings; /* n_tokens x n_embd float32, row-major, used as given (no
+                              embedding scale: they replace the token embedding's output) */
+  int32_t n_tokens;        /* >= 1 */
+  int32_t n_embd;          /* must equal the model's embedding width */
+  int32_t bidirectional;   /* != 0: the n_tokens also attend to each other's later rows
+                              (Gemma 3's image block); 0: causally, as n tokens would */
+} ts_embedding_input;
+
+/* A preprocessed image for encode_image (api_version >= 8): the pixel tensor the model's
+ * processor produces (resized, rescaled, normalised), planar channels x height x width. */
+typedef struct ts_image {
+  uint32_t struct_size; /* sizeof(ts_image), set by the caller */
+  const float* pixels;  /* channels x height x width float32 */
+  int32_t channels;     /* 3 (RGB) */
+  int32_t height;       /* pixels; the tower's image_size */
+  int32_t width;
+} ts_image;
+
 /* Allowed-token masks (grammar_mask): ceil(n_vocab / 32) uint32 words; token i is
  * allowed iff bit (i % 32) of word (i / 32) is set. */
 #define TS_MASK_WORDS(n_vocab) (((n_vocab) + 31) / 32)
@@ -220,6 +247,21 @@ typedef struct ts_backend {
    * (lowest id on ties), or -1 where nothing is allowed. n_positions > 1 needs that call to
    * have returned all positions. Appends nothing. */
   ts_status (*grammar_greedy)(ts_session* session, int32_t n_positions, int32_t* tokens_out);
+
+  /* ---- api_version >= 8 [multimodal] ---- (rules: docs/contract.md, "Version 8: multimodal") */
+  /* TS_CAP_EMBEDDING_INPUT (else NULL): appends input->n_tokens positions whose input is
+   * the given embeddings instead of token ids, as prefill would (logits_out: n_vocab floats,
+   * or n_tokens * n_vocab when all_positions). Fails with TS_ERR_INVALID_ARGUMENT while a
+   * grammar is set (grammars constrain tokens) and when n_embd is not the model's. */
+  ts_status (*prefill_embeddings)(ts_session* session, const ts_embedding_input* input,
+                                  int32_t all_positions, float* logits_out);
+  /* TS_CAP_MULTIMODAL (else both NULL): attaches the vision tower and projector of a
+   * llama.cpp mmproj GGUF to the model (its projection width must be the model's n_embd);
+   * then encode_image writes the image's projected embeddings, n_image_tokens x n_embd
+   * float32 (n_floats must equal that size; the error names it). */
+  ts_status (*load_vision)(ts_model* model, const char* mmproj_path);
+  ts_status (*encode_image)(ts_model* model, const ts_image* image, float* embeddings_out,
+                            int64_t n_floats);
 } ts_backend;
 
 /* The one exported symbol. */

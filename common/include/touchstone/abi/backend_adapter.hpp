@@ -37,6 +37,15 @@
 //       // optional (ABI v7): void grammar_changed(const abi::GrammarState* g);
 //       //           (told the session's grammar state whenever it is set, cloned by a
 //       //           fork or removed; nullptr = none. The adapter owns it.)
+//       // optional (ABI v8): int32_t n_embd() const; and
+//       //           void prefill_embeddings(const float* embd, int32_t n, bool bidirectional,
+//       //                                   bool all_positions, float* logits);
+//       //           (sets TS_CAP_EMBEDDING_INPUT; embd: n x n_embd() floats; room, sizes
+//       //           and "no grammar set" checked)
+//     // optional (ABI v8), on Model: void load_vision(const std::string& mmproj_path);
+//     //   void encode_image(const ts_image& image, float* out, int64_t n_floats);
+//     //   (sets TS_CAP_MULTIMODAL; the image's pointers and sizes checked; the Model
+//     //   checks that a tower is loaded and that n_floats is its output's size)
 //     // optional (ABI v6): static void step_batch(std::span<const abi::BatchItem<Session>>);
 //     //   (step_batch; every entry already checked: distinct sessions of one model
 //     //   and weight path, tokens, room, buffers. Set TS_CAP_BATCHED_SESSIONS in
@@ -290,6 +299,14 @@ class BackendAdapter {
   static constexpr bool kGrammar = requires(Session & s, const ts_grammar& g) {
     { s.compile_grammar(g) } -> std::convertible_to<std::unique_ptr<abi::GrammarState>>;
   };
+  static constexpr bool kEmbeddings = requires(Session & s, const float* e, float* out) {
+    { s.n_embd() } -> std::convertible_to<int32_t>;
+    s.prefill_embeddings(e, int32_t{1}, true, true, out);
+  };
+  static constexpr bool kVision = requires(Model & m, const ts_image& img, float* out) {
+    m.load_vision(std::string());
+    m.encode_image(img, out, int64_t{1});
+  };
   // Tells the session which grammar state is its own now (optional hook).
   static void grammar_changed(SessionBox& b) {
     if constexpr (requires(Session & s, const abi::GrammarState* g) { s.grammar_changed(g); })
@@ -334,6 +351,10 @@ class BackendAdapter {
         c.flags |= TS_CAP_STRUCTURED_OUTPUT;
       else
         c.flags &= ~TS_CAP_STRUCTURED_OUTPUT;
+      // ABI v8: likewise.
+      c.flags &= ~(TS_CAP_EMBEDDING_INPUT | TS_CAP_MULTIMODAL);
+      if constexpr (kEmbeddings) c.flags |= TS_CAP_EMBEDDING_INPUT;
+      if constexpr (kVision) c.flags |= TS_CAP_MULTIMODAL;
       const size_t n = std::min<size_t>(out->struct_size, sizeof(ts_capabilities));
       c.struct_size = uint32_t(n);
       std::memcpy(out, &c, n);
@@ -667,6 +688,55 @@ class BackendAdapter {
     });
   }
 
+  // ---- ABI v8: multimodal ----
+
+  static ts_status prefill_embeddings(ts_session* s, const ts_embedding_input* in, int32_t all,
+                                      float* logits) noexcept {
+    return abi::guard([&] {
+      if constexpr (kEmbeddings) {
+        abi::require(s && in && logits, "prefill_embeddings: null argument");
+        abi::require(in->struct_size >= sizeof(ts_embedding_input) && in->embeddings,
+                     "prefill_embeddings: null embeddings or struct_size too small");
+        abi::require(in->n_tokens >= 1, "prefill_embeddings: n_tokens < 1");
+        SessionBox& b = *box(s);
+        Session& session = *b.session;
+        if (in->n_embd != session.n_embd()) {
+          throw abi::StatusError(TS_ERR_INVALID_ARGUMENT,
+                                 "prefill_embeddings: n_embd " + std::to_string(in->n_embd) +
+                                     " is not the model's embedding width " +
+                                     std::to_string(session.n_embd()));
+        }
+        abi::require(!b.grammar,
+                     "prefill_embeddings: a grammar is set on the session (grammars constrain "
+                     "tokens; set it after the embeddings)");
+        abi::check_room(session.position(), in->n_tokens, session.max_context());
+        session.prefill_embeddings(in->embeddings, in->n_tokens, in->bidirectional != 0, all != 0,
+                                   logits);
+        b.n_last_rows = 0;  // no token rows for grammar_greedy
+      }
+    });
+  }
+
+  static ts_status load_vision(ts_model* m, const char* path) noexcept {
+    return abi::guard([&] {
+      abi::require(m && path, "load_vision: null argument");
+      if constexpr (kVision) box(m)->model->load_vision(std::string(path));
+    });
+  }
+
+  static ts_status encode_image(ts_model* m, const ts_image* img, float* out,
+                                int64_t n_floats) noexcept {
+    return abi::guard([&] {
+      abi::require(m && img && out, "encode_image: null argument");
+      abi::require(img->struct_size >= sizeof(ts_image) && img->pixels,
+                   "encode_image: null pixels or struct_size too small");
+      abi::require(img->channels == 3 && img->height > 0 && img->width > 0,
+                   "encode_image: the image must be 3 x height x width with height, width > 0");
+      abi::require(n_floats > 0, "encode_image: n_floats <= 0");
+      if constexpr (kVision) box(m)->model->encode_image(*img, out, n_floats);
+    });
+  }
+
   static int32_t position(const ts_session* s) noexcept {
     return s ? box(s)->session->position() : 0;
   }
@@ -713,6 +783,9 @@ class BackendAdapter {
         kGrammar ? set_grammar : nullptr,
         kGrammar ? grammar_mask : nullptr,
         kGrammar ? grammar_greedy : nullptr,
+        kEmbeddings ? prefill_embeddings : nullptr,
+        kVision ? load_vision : nullptr,
+        kVision ? encode_image : nullptr,
     };
     return &t;
   }

@@ -108,6 +108,15 @@ struct Faults {
   bool attention_sinks_ignored = false;  // "attention_sinks_ignored": the per-head sink logit
                                          // left out of the attention softmax (as a backend
                                          // that implements no sinks)
+  // Multimodal faults (ABI v8 prefill_embeddings; caught by the image cases'
+  // parity, docs/vision.md#faults; a no-op without image input):
+  bool image_attended_causally = false;  // "image_attended_causally": an image block asked
+                                         // to attend bidirectionally (Gemma 3) attended
+                                         // causally, as text (llama.cpp's non-causal ubatch
+                                         // missed)
+  bool image_position_offset = false;    // "image_position_offset": the image's embeddings
+                                         // rotated (RoPE) one position later than the
+                                         // positions they occupy
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
@@ -122,6 +131,8 @@ struct Faults {
   bool moe() const {
     return moe_runner_up || moe_renorm_skipped || moe_softmax_order || moe_shared_expert_dropped;
   }
+  // The multimodal faults (a backend that does not implement them refuses them).
+  bool multimodal() const { return image_attended_causally || image_position_offset; }
   // The attention-sink faults (a backend that does not implement them refuses them).
   bool sinks() const { return attention_sinks_ignored; }
   // The serving faults (a backend without step_batch / fork_session refuses them).

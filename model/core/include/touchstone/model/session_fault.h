@@ -13,6 +13,9 @@ struct FaultSupport {
   bool grammar = false;  // structured output: enforces grammars itself (ABI v7)
   bool moe = false;      // the mixture-of-experts router faults (Faults::moe)
   bool sinks = false;    // the attention-sink faults (Faults::sinks)
+  // The image-input faults (Faults::multimodal), one by one:
+  bool image_attention = false;  // image_attended_causally
+  bool image_position = false;   // image_position_offset
 };
 
 // The catalog entry named by `name` (NULL or "" = no fault). An unknown name
@@ -43,6 +46,12 @@ inline touchstone::Faults session_fault(const char* name, FaultSupport support =
     throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + f.name +
                                               "' is an attention-sink fault, which this "
                                               "backend does not implement");
+  }
+  if ((f.image_attended_causally && !support.image_attention) ||
+      (f.image_position_offset && !support.image_position)) {
+    throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + f.name +
+                                              "' is an image-input fault, which this backend "
+                                              "does not implement");
   }
   return f;
 }

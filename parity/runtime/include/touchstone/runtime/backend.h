@@ -65,6 +65,10 @@ class BackendLibrary {
   // ABI v7: set_grammar, grammar_mask and grammar_greedy are the backend's own
   // (with TS_CAP_STRUCTURED_OUTPUT): it enforces grammars itself.
   bool has_grammar() const { return info().grammar; }
+  // ABI v8: prefill_embeddings (TS_CAP_EMBEDDING_INPUT); load_vision + encode_image
+  // (TS_CAP_MULTIMODAL).
+  bool has_embeddings() const { return info().embeddings; }
+  bool has_vision() const { return info().vision; }
   const std::string& name() const { return info().name; }
   const std::string& version() const { return info().version; }
   const std::string& path() const { return info().path; }
@@ -91,6 +95,12 @@ class BackendModel {
   int32_t n_vocab() const;
   Handle handle() const { return model_; }
   const std::shared_ptr<BackendLibrary>& library() const { return lib_; }
+  // ABI v8 (library()->has_vision(), else Error): attaches an mmproj GGUF's vision tower;
+  // then an image's projected embeddings (pixels: 3 x height x width float32, the
+  // processor's output), n_floats = n_image_tokens x n_embd.
+  void load_vision(const std::string& mmproj_path);
+  std::vector<float> encode_image(std::span<const float> pixels, int32_t height, int32_t width,
+                                  size_t n_floats);
 
  private:
   std::shared_ptr<BackendLibrary> lib_;
@@ -165,6 +175,14 @@ class BackendSession {
   // (emulated: the harness knows every token it appended).
   std::unique_ptr<BackendSession> fork(int32_t n_prefix);
   bool fork_native() const { return lib_->has_fork(); }
+  // ---- ABI v8 [multimodal] (docs/vision.md) ----
+  // Appends embeddings.size() / n_embd input embeddings (an image's tokens) and returns
+  // the logits of the last (or, all_positions, of every) position. Throws Error when
+  // the backend has no prefill_embeddings. In history() each such position is -1; an
+  // emulated fork of a prefix holding one is refused (it replays tokens only).
+  std::vector<float> prefill_embeddings(std::span<const float> embeddings, int32_t n_embd,
+                                        bool bidirectional, bool all_positions);
+  bool has_embeddings() const { return lib_->has_embeddings(); }
   // The tokens in the KV cache, as the harness appended them (position() of them).
   const std::vector<int32_t>& history() const { return history_; }
 

@@ -102,6 +102,16 @@ class BackendChannel {
   virtual void set_grammar(Handle session, const ts_grammar* grammar);
   virtual void grammar_mask(Handle session, std::span<uint32_t> out);
   virtual void grammar_greedy(Handle session, std::span<int32_t> out);
+  // ABI v8 (info().embeddings / info().vision): n = embeddings.size() / n_embd input
+  // embeddings appended as a prefill (out.size(): n_vocab, or n * n_vocab when
+  // all_positions); a vision tower attached to the model from an mmproj GGUF; an image's
+  // projected embeddings (pixels: 3 x height x width float32; out.size(): the tower's
+  // n_image_tokens x n_embd). All throw Error when the backend lacks them.
+  virtual void prefill_embeddings(Handle session, std::span<const float> embeddings, int32_t n_embd,
+                                  bool bidirectional, bool all_positions, std::span<float> out);
+  virtual void load_vision(Handle model, const std::string& mmproj_path);
+  virtual void encode_image(Handle model, std::span<const float> pixels, int32_t height,
+                            int32_t width, std::span<float> out);
   // Child process only: false once the process died or was killed; restart()
   // starts a fresh one (every handle of the old one is gone).
   virtual bool alive() const { return true; }

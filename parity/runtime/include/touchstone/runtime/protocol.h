@@ -33,8 +33,10 @@ namespace touchstone::protocol {
 // 2: BackendInfo carries the declared models; 3: layer taps (kSetTaps, kReadTaps);
 // 4: ABI v6 serving calls (kStepBatch, kForkSession), BackendInfo.step_batch /
 // fork, ts_capabilities.batch_invariant_paths / max_batch; 5: ABI v7 structured
-// output (kSetGrammar, kGrammarMask, kGrammarGreedy), BackendInfo.grammar.
-inline constexpr uint32_t kVersion = 5;
+// output (kSetGrammar, kGrammarMask, kGrammarGreedy), BackendInfo.grammar; 6: ABI v8
+// multimodal (kPrefillEmbeddings, kLoadVision, kEncodeImage), BackendInfo.embeddings /
+// vision.
+inline constexpr uint32_t kVersion = 6;
 // The oldest version either end still speaks: the hello reply carries
 // min(the harness's version, the child's), and an older peer simply has none of
 // the newer ops or fields (the harness never sends them).
@@ -73,9 +75,16 @@ enum class Op : uint32_t {
                       //    concatenated in entry order (n_vocab or n_tokens * n_vocab f32 each)
   kForkSession = 15,  // -> u64 src session, i32 n_prefix; reply: u64 session
   // ---- version 5 (ABI v7) ----
-  kSetGrammar = 16,    // -> u64 session, i32 kind (-1 = remove), str text; reply: status only
-  kGrammarMask = 17,   // -> u64 session, i32 n_words; reply: u32 words[n_words]
-  kGrammarGreedy = 18  // -> u64 session, i32 n_positions; reply: i32 tokens[n_positions]
+  kSetGrammar = 16,     // -> u64 session, i32 kind (-1 = remove), str text; reply: status only
+  kGrammarMask = 17,    // -> u64 session, i32 n_words; reply: u32 words[n_words]
+  kGrammarGreedy = 18,  // -> u64 session, i32 n_positions; reply: i32 tokens[n_positions]
+  // ---- version 6 (ABI v8) ----
+  kPrefillEmbeddings = 19,  // -> u64 session, i32 all_positions, i32 n, i32 n_embd,
+                            //    i32 bidirectional, f32 embeddings[n * n_embd];
+                            //    reply: f32 logits[n_vocab or n * n_vocab]
+  kLoadVision = 20,         // -> u64 model, str mmproj path; reply: status only
+  kEncodeImage = 21         // -> u64 model, i32 channels, i32 height, i32 width, u64 n_floats,
+                            //    f32 pixels[channels * height * width]; reply: f32 out[n_floats]
 };
 const char* op_name(uint32_t op);
 
@@ -152,6 +161,10 @@ struct BackendInfo {
   bool fork = false;
   // api_version >= 7 (protocol >= 5): set_grammar, grammar_mask, grammar_greedy set.
   bool grammar = false;
+  // api_version >= 8 (protocol >= 6): prefill_embeddings set; load_vision and
+  // encode_image both set.
+  bool embeddings = false;
+  bool vision = false;
 };
 // The fields a version added are written and read only when
 // info.protocol_version (the first field) is at least that version.

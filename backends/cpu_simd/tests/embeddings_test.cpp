@@ -1,0 +1,164 @@
+// embeddings_test.cpp - ABI v8 prefill_embeddings on cpu_simd against the reference.
+//
+// The vision-language test model (tests/models/vision: a Gemma 3 decoder and its
+// mmproj) with an image's tokens from the reference's vision tower placed between text
+// tokens: every position's logits on both weight paths equal the reference's
+// (ReferenceTransformer::prefill_embeddings) to fp32 accumulation noise, with the image
+// block attended bidirectionally or causally as asked; 1 and 3 threads agree bitwise;
+// the image faults change what they should; bad calls fail with their status.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cpu_simd_backend.h"
+#include "touchstone/abi/backend_abi.h"
+#include "touchstone/model/model_weights.h"
+#include "touchstone/reference/reference_forward.h"
+#include "touchstone/vision/vision_tower.h"
+
+namespace {
+
+const std::string kDir = TOUCHSTONE_TEST_MODEL_DIR "/vision";
+const std::string kModel = kDir + "/gemma3vl-test-f32.gguf";
+const std::vector<int32_t> kBefore = {2, 9, 3};     // BOS, a word, <start_of_image>
+const std::vector<int32_t> kAfter = {4, 11, 7, 8};  // <end_of_image>, words
+
+// The image's tokens: a deterministic pixel pattern through the reference tower.
+std::vector<float> image_tokens(int32_t* n) {
+  const touchstone::vision::VisionTower t =
+      touchstone::vision::load_vision_tower(kDir + "/mmproj-gemma3vl-test-f32.gguf");
+  const int32_t s = t.config.image_size;
+  touchstone::vision::PixelValues px{3, s, s, std::vector<float>(size_t(3) * s * s)};
+  for (size_t i = 0; i < px.values.size(); ++i) px.values[i] = float(std::sin(0.37 * double(i)));
+  *n = t.config.n_tokens();
+  return touchstone::vision::project(t, touchstone::vision::encode_patches(t, px));
+}
+
+// Every position's logits of kBefore, the image, kAfter through the reference.
+std::vector<float> reference(const std::vector<float>& img, int32_t m, bool bidirectional) {
+  const touchstone::StoredWeights w = touchstone::load_stored_weights(kModel);
+  touchstone::ReferenceTransformer ref(w, 64, 1);
+  const size_t V = size_t(w.config.n_vocab), a = kBefore.size(), b = kAfter.size();
+  std::vector<float> out((a + size_t(m) + b) * V);
+  ref.prefill(kBefore, true, std::span(out.data(), a * V));
+  ref.prefill_embeddings(img, m, bidirectional, true, std::span(out.data() + a * V, size_t(m) * V));
+  ref.prefill(kAfter, true, std::span(out.data() + (a + size_t(m)) * V, b * V));
+  return out;
+}
+
+struct Run {
+  ts_weight_path path = TS_WEIGHTS_FULL_PRECISION;
+  int threads = 1;
+  const char* fault = nullptr;
+  bool bidirectional = true;
+};
+
+std::vector<float> cpu_simd(ts_model* model, const std::vector<float>& img, int32_t m, size_t V,
+                            const Run& r) {
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
+  ts_session_options o{};
+  o.struct_size = sizeof o;
+  o.weight_path = r.path;
+  o.n_threads = r.threads;
+  o.max_context = 64;
+  o.fault = r.fault;
+  ts_session* s = nullptr;
+  EXPECT_EQ(api->open_session(model, &o, &s), TS_OK) << api->last_error();
+  const size_t a = kBefore.size(), b = kAfter.size();
+  std::vector<float> out((a + size_t(m) + b) * V);
+  if (!s) return out;
+  EXPECT_EQ(api->prefill(s, kBefore.data(), int32_t(a), 1, out.data()), TS_OK);
+  ts_embedding_input in{sizeof(ts_embedding_input), img.data(), m, int32_t(img.size() / size_t(m)),
+                        r.bidirectional ? 1 : 0};
+  EXPECT_EQ(api->prefill_embeddings(s, &in, 1, out.data() + a * V), TS_OK) << api->last_error();
+  EXPECT_EQ(api->position(s), int32_t(a) + m);
+  EXPECT_EQ(api->prefill(s, kAfter.data(), int32_t(b), 1, out.data() + (a + size_t(m)) * V), TS_OK);
+  api->free_session(s);
+  return out;
+}
+
+double nmse(const std::vector<float>& x, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double e = double{x[i]} - double{ref[i]};
+    num += e * e;
+    den += double{ref[i]} * double{ref[i]};
+  }
+  return num / den;
+}
+
+class Embeddings : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    img = image_tokens(&m);
+    ASSERT_EQ(api->load_model(kModel.c_str(), &model), TS_OK) << api->last_error();
+    V = size_t(api->n_vocab(model));
+  }
+  void TearDown() override { api->free_model(model); }
+  const ts_backend* api = touchstone::cpu_simd::backend_table();
+  ts_model* model = nullptr;
+  std::vector<float> img;
+  int32_t m = 0;
+  size_t V = 0;
+};
+
+TEST_F(Embeddings, MatchTheReferenceBidirectionalAndCausalOnBothPaths) {
+  ts_capabilities caps{};
+  caps.struct_size = sizeof caps;
+  ASSERT_EQ(api->capabilities(&caps), TS_OK);
+  EXPECT_TRUE(caps.flags & TS_CAP_EMBEDDING_INPUT);
+  const std::vector<float> bidi = reference(img, m, true), causal = reference(img, m, false);
+  ASSERT_GT(nmse(causal, bidi), 1e-6) << "the image block's attention rule must matter here";
+  for (ts_weight_path path : {TS_WEIGHTS_FULL_PRECISION, TS_WEIGHTS_QUANTIZED}) {
+    SCOPED_TRACE(path == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision");
+    const std::vector<float> got = cpu_simd(model, img, m, V, {path, 1});
+    EXPECT_LT(nmse(got, bidi), 1e-11);
+    EXPECT_EQ(cpu_simd(model, img, m, V, {path, 3}), got);  // bitwise, any thread count
+    EXPECT_LT(nmse(cpu_simd(model, img, m, V, {path, 1, nullptr, false}), causal), 1e-11);
+  }
+}
+
+TEST_F(Embeddings, TheImageFaultsChangeWhatTheyName) {
+  const std::vector<float> bidi = reference(img, m, true), causal = reference(img, m, false);
+  // image_attended_causally: the bidirectional request computed causally.
+  const std::vector<float> faulty =
+      cpu_simd(model, img, m, V, {TS_WEIGHTS_FULL_PRECISION, 1, "image_attended_causally"});
+  EXPECT_LT(nmse(faulty, causal), 1e-11);
+  EXPECT_GT(nmse(faulty, bidi), 1e-6);
+  // image_position_offset: the block rotated one position late; the text before it intact.
+  const std::vector<float> off =
+      cpu_simd(model, img, m, V, {TS_WEIGHTS_FULL_PRECISION, 1, "image_position_offset"});
+  const size_t text = kBefore.size() * V;
+  EXPECT_LT(nmse(std::vector<float>(off.begin(), off.begin() + long(text)),
+                 std::vector<float>(bidi.begin(), bidi.begin() + long(text))),
+            1e-11);
+  EXPECT_GT(nmse(off, bidi), 1e-8);
+}
+
+TEST_F(Embeddings, BadCallsFailWithTheirStatus) {
+  ts_session_options o{};
+  o.struct_size = sizeof o;
+  o.max_context = 300;
+  ts_session* s = nullptr;
+  ASSERT_EQ(api->open_session(model, &o, &s), TS_OK) << api->last_error();
+  std::vector<float> logits(200 * V);
+  const int32_t d = int32_t(img.size() / size_t(m));
+  ts_embedding_input in{sizeof(ts_embedding_input), img.data(), m, d + 1, 1};
+  EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(api->last_error()).find("n_embd"), std::string::npos);
+  std::vector<float> big(size_t(200) * size_t(d), 0.25f);
+  in = {sizeof(ts_embedding_input), big.data(), 200, d, 1};
+  EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_ERR_UNSUPPORTED);
+  EXPECT_EQ(api->position(s), 0);
+  in.bidirectional = 0;  // causally, any length: chunks of the forward pass
+  EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_OK) << api->last_error();
+  EXPECT_EQ(api->position(s), 200);
+  in.n_tokens = 101;  // no room
+  EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_ERR_CONTEXT_FULL);
+  api->free_session(s);
+}
+
+}  // namespace
