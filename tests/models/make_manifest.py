@@ -2,7 +2,9 @@
 """Writes tests/models/manifest.json (or DIR/manifest.json for `make_manifest.py DIR`,
 e.g. tests/models/moe, the mixture-of-experts models): one manifest model per converted test model
 (tests/models/*.gguf, pinned by SHA256SUMS, found by a manifest-relative "path"),
-two cases and a short scoring passage each. Goldens: `touchstone golden --manifest
+two cases and a short scoring passage each. A model with an mmproj beside it
+(mmproj-<name>.gguf, tests/models/vision) also gets one image case per PNG in images/
+(docs/vision.md), the image between Gemma 3's <start_of_image> and <end_of_image>. Goldens: `touchstone golden --manifest
 tests/models/manifest.json` (tests/models/goldens/<name>.h5). The profiles are the
 project's (goldens/manifest.json)."""
 import json, os, sys
@@ -15,10 +17,20 @@ with open(os.path.join(here, "SHA256SUMS")) as f:
         sha, name = line.split()
         if name.endswith(".gguf") and "/" not in name:
             sums[name] = sha
+images = sorted(os.listdir(os.path.join(here, "images"))) if os.path.isdir(
+    os.path.join(here, "images")) else []
+
+
+def sha256_of(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 with open(os.path.join(root, "goldens", "manifest.json")) as f:
     profiles = json.load(f)["profiles"]
 models, cases, scoring = [], [], []
 for name in sorted(sums):
+    if name.startswith("mmproj-"):  # a vision tower, not a text model
+        continue
     m = name[:-len(".gguf")]
     models.append({"name": m, "path": name, "filename": name, "sha256": sums[name],
                    "golden": f"goldens/{m}.h5"})
@@ -26,6 +38,14 @@ for name in sorted(sums):
                   "n_predict": 16})
     cases.append({"name": f"{m}.one_token", "model": m, "prompt": "The", "n_predict": 16})
     scoring.append({"name": f"{m}.passage", "model": m, "text_file": "passages/short.txt"})
+    mmproj = f"mmproj-{name}"
+    for png in images if mmproj in sums else []:
+        cases.append({"name": f"{m}.image-{png[:-len('.png')]}", "model": m,
+                      "prompt": "Look at this: <start_of_image><image><end_of_image> It shows",
+                      "n_predict": 8, "tags": ["image"],
+                      "image": {"file": f"images/{png}",
+                                "sha256": sha256_of(os.path.join(here, "images", png)),
+                                "mmproj": mmproj, "mmproj_sha256": sums[mmproj]}})
 manifest = {"format_version": 1, "models": models, "profiles": profiles, "cases": cases,
             "scoring": scoring}
 with open(os.path.join(here, "manifest.json"), "w") as f:

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -139,8 +140,15 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
       left_out->push_back(c.name);
       continue;
     }
-    g.cases.push_back(record_case(session, tok, chat, c, ropt,
-                                  [&](int d, int t) { progress_line("case " + c.name, d, t); }));
+    // An image case (format 3): the recording backend's own vision tower.
+    std::optional<CaseImage> image;
+    if (c.has_image()) {
+      image = prepare_case_image(m, c, model);
+      g.format_version = kGoldenFormatVersion;
+    }
+    g.cases.push_back(record_case(
+        session, tok, chat, c, ropt, [&](int d, int t) { progress_line("case " + c.name, d, t); },
+        image ? &*image : nullptr));
   }
   for (const ManifestScoring& s : m.scoring) {
     if (s.model != mm.name) continue;

@@ -101,6 +101,27 @@ void validate_grammar(const std::string& where, const std::string& obj, const Go
              fmt::format("G * ceil(n_vocab / 32) = {} * {}", c.greedy_ids.size(), c.mask_words()));
 }
 
+void validate_image(const std::string& where, const std::string& obj, const GoldenCase& c,
+                    int format_version) {
+  if (!c.has_image()) {
+    if (!c.image_embeddings.empty() || c.image_at != 0)
+      throw Error("{}: {}/image_embeddings: present without image_tokens", where, obj);
+    return;
+  }
+  if (format_version < 3)
+    throw Error("{}: {}: an image needs format_version 3, the file says {}", where, obj,
+                format_version);
+  if (c.image_at < 1 || size_t(c.image_at) >= c.prompt_ids.size())
+    throw Error("{}: {}@image_at = {}: must be in [1, P = {}) (text before and after the image)",
+                where, obj, c.image_at, c.prompt_ids.size());
+  if (c.image_dim < 1) throw Error("{}: {}@image_dim = {}: must be >= 1", where, obj, c.image_dim);
+  check_size(where, obj + "/image_embeddings", c.image_embeddings.size(),
+             mul(uint64_t(c.image_tokens), uint64_t(c.image_dim)),
+             fmt::format("image_tokens * image_dim = {} * {}", c.image_tokens, c.image_dim));
+  for (const std::string* h : {&c.image_sha256, &c.pixels_sha256, &c.mmproj_sha256})
+    if (h->size() != 64) throw Error("{}: {}: an image digest is not 64 hex digits", where, obj);
+}
+
 }  // namespace
 
 void validate_golden(const GoldenFile& g, const std::string& where) {
@@ -137,6 +158,7 @@ void validate_golden(const GoldenFile& g, const std::string& where) {
     check_ids(where, obj + "/topk_ids", c.topk_ids, c.n_vocab);
     validate_grammar(where, obj, c);
     validate_taps(where, obj, c, g.format_version);
+    validate_image(where, obj, c, g.format_version);
   }
 
   seen.clear();

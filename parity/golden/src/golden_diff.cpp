@@ -107,6 +107,13 @@ void diff_case(std::vector<std::string>& out, const GoldenCase& a, const GoldenC
   diff_bytes(out, who, "grammar_kind", a.grammar_kind, b.grammar_kind);
   diff_bytes(out, who, "grammar_text", a.grammar_text, b.grammar_text);
   diff_vec(out, who, "allowed_masks", a.allowed_masks, b.allowed_masks, a.mask_words());
+  diff_scalar(out, who, "image_at", a.image_at, b.image_at);
+  diff_scalar(out, who, "image_bidirectional", a.image_bidirectional, b.image_bidirectional);
+  diff_bytes(out, who, "image_sha256", a.image_sha256, b.image_sha256);
+  diff_bytes(out, who, "pixels_sha256", a.pixels_sha256, b.pixels_sha256);
+  diff_bytes(out, who, "mmproj_sha256", a.mmproj_sha256, b.mmproj_sha256);
+  diff_vec(out, who, "image_embeddings", a.image_embeddings, b.image_embeddings,
+           a.image_dim == b.image_dim ? size_t(a.image_dim) : 0);
 }
 
 void diff_scoring(std::vector<std::string>& out, const GoldenScoring& a, const GoldenScoring& b) {

@@ -317,6 +317,25 @@ class Reader {
         read<uint32_t>(g, "allowed_masks", obj, Kind::u32, {G, int64_t(c.mask_words())});
   }
 
+  // Image input (format 3, optional): where it goes and the embeddings the decoder takes.
+  void read_image(hid_t g, const std::string& obj, GoldenCase& c) const {
+    const auto P = static_cast<int64_t>(c.prompt_ids.size());
+    c.image_at = static_cast<int32_t>(attr_int(g, "image_at", obj, 1, std::max<int64_t>(1, P - 1)));
+    c.image_bidirectional = static_cast<int32_t>(attr_int(g, "image_bidirectional", obj, 0, 1));
+    c.image_sha256 = attr_string(g, "image_sha256", obj);
+    c.pixels_sha256 = attr_string(g, "pixels_sha256", obj);
+    c.mmproj_sha256 = attr_string(g, "mmproj_sha256", obj);
+    Opened o = open_dataset(g, "image_embeddings", obj, Kind::f32, {kAny, kAny});
+    if (o.dims[0] < 1 || o.dims[0] > (1u << 16) || o.dims[1] < 1 || o.dims[1] > (1u << 20))
+      fail(obj + "/image_embeddings", fmt::format("implausible shape {}", shape_str(o.dims)));
+    c.image_tokens = static_cast<int32_t>(o.dims[0]);
+    c.image_dim = static_cast<int32_t>(o.dims[1]);
+    c.image_embeddings.resize(static_cast<size_t>(o.total));
+    if (H5Dread(o.dset, mem_type(Kind::f32), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                c.image_embeddings.data()) < 0)
+      fail(obj + "/image_embeddings", "cannot read dataset");
+  }
+
   GoldenCase read_case(hid_t cases, const std::string& name, int version) const {
     const std::string obj = "/cases/" + name;
     Id g = open_group(cases, name, obj);
@@ -342,6 +361,7 @@ class Reader {
     c.lse = read<double>(g, "lse", obj, Kind::f64, {G});
     if (version >= 2 && exists(g, "taps")) read_taps(g, obj, c);
     if (exists(g, "grammar_text")) read_grammar(g, obj, c);
+    if (version >= 3 && exists(g, "image_embeddings")) read_image(g, obj, c);
     return c;
   }
 

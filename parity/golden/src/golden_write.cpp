@@ -160,6 +160,15 @@ class Writer {
         bytes(grp, "grammar_text", c.grammar_text, obj);
         words(grp, "allowed_masks", c.allowed_masks, {G, hsize_t(c.mask_words())}, obj);
       }
+      if (c.has_image()) {
+        attr_int(grp, "image_at", c.image_at, H5T_STD_I32LE, obj);
+        attr_int(grp, "image_bidirectional", c.image_bidirectional, H5T_STD_I8LE, obj);
+        attr_string(grp, "image_sha256", c.image_sha256, obj);
+        attr_string(grp, "pixels_sha256", c.pixels_sha256, obj);
+        attr_string(grp, "mmproj_sha256", c.mmproj_sha256, obj);
+        floats(grp, "image_embeddings", c.image_embeddings,
+               {hsize_t(c.image_tokens), hsize_t(c.image_dim)}, obj);
+      }
     }
 
     Id scoring = group(file, "scoring", "/scoring", true);

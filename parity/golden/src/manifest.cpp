@@ -370,7 +370,8 @@ class Parser {
   ManifestCase parse_case(const json& v, const std::string& p, const Manifest& m) const {
     const json& o = object(v, p);
     allow_keys(o, p,
-               {"name", "model", "prompt", "prompt_file", "chat", "n_predict", "tags", "grammar"});
+               {"name", "model", "prompt", "prompt_file", "chat", "n_predict", "tags", "grammar",
+                "image"});
     ManifestCase c;
     c.name = name(require(o, p, "name"), child(p, "name"));
     c.model = string(require(o, p, "model"), child(p, "model"));
@@ -381,7 +382,43 @@ class Parser {
     c.n_predict = positive_int(require(o, p, "n_predict"), child(p, "n_predict"), kMaxSteps);
     if (const json* t = find(o, "tags")) c.tags = strings(*t, child(p, "tags"));
     if (const json* g = find(o, "grammar")) c.grammar = parse_grammar(*g, child(p, "grammar"), m);
+    if (const json* i = find(o, "image")) c.image = parse_image(*i, child(p, "image"));
+    if (c.has_image()) check_image_prompt(c, p);
     return c;
+  }
+
+  // {"file": PNG, "sha256", "mmproj": GGUF, "mmproj_sha256"}, paths manifest-relative.
+  ManifestImage parse_image(const json& v, const std::string& p) const {
+    const json& o = object(v, p);
+    allow_keys(o, p, {"file", "sha256", "mmproj", "mmproj_sha256"});
+    ManifestImage i;
+    i.file = relative_path(require(o, p, "file"), child(p, "file"));
+    i.sha256 = sha256_field(require(o, p, "sha256"), child(p, "sha256"));
+    i.mmproj = relative_path(require(o, p, "mmproj"), child(p, "mmproj"));
+    i.mmproj_sha256 = sha256_field(require(o, p, "mmproj_sha256"), child(p, "mmproj_sha256"));
+    return i;
+  }
+  std::string sha256_field(const json& v, const std::string& p) const {
+    const std::string s = string(v, p);
+    const bool hex = s.size() == 64 && std::all_of(s.begin(), s.end(), [](char ch) {
+                       return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+                     });
+    if (!hex) fail(p, "expected 64 lower-case hex digits, got " + got(v));
+    return s;
+  }
+  // The placeholder exactly once, with text on both sides (the image is never the
+  // first or last input: the golden's image_at is in [1, P)).
+  void check_image_prompt(const ManifestCase& c, const std::string& p) const {
+    const size_t at = c.prompt.find(kImagePlaceholder);
+    if (at == std::string::npos || c.prompt.find(kImagePlaceholder, at + 1) != std::string::npos) {
+      fail(child(p, "prompt"), fmt::format("a case with an image needs \"{}\" exactly once in "
+                                           "its prompt",
+                                           kImagePlaceholder));
+    }
+    if (at + kImagePlaceholder.size() == c.prompt.size())
+      fail(child(p, "prompt"),
+           "the image is the prompt's end: put text (e.g. the end-of-image "
+           "marker) after it");
   }
 
   // {"kind": "json_schema" | "gbnf" | "regex", "text": "..."} or {"kind", "file"}.

@@ -53,7 +53,7 @@ TEST_F(GoldenTest, RoundTripIsBitExactAndKeepsOrder) {
   const GoldenFile r = touchstone::read_golden_file(p);
 
   EXPECT_TRUE(touchstone::diff_golden(g, r).empty());
-  EXPECT_EQ(r.format_version, touchstone::kGoldenFormatVersion);
+  EXPECT_EQ(r.format_version, touchstone::kGoldenTextFormatVersion);
   EXPECT_EQ(r.model_name, g.model_name);
   EXPECT_EQ(r.model_sha256, g.model_sha256);
   EXPECT_EQ(r.reference_version, g.reference_version);

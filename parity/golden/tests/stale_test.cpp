@@ -26,8 +26,8 @@ Manifest manifest() {
   m.path = "goldens/manifest.json";
   m.dir = "goldens";
   m.models.push_back({"m", "p", "1", "m.gguf", "m.gguf", kSha, "m.h5", "", {}, ""});
-  m.cases.push_back(ManifestCase{"plain", "m", "Once upon a time", false, 4, {}, "", {}});
-  m.cases.push_back(ManifestCase{"chat", "m", "Hi!", true, 3, {}, "", {}});
+  m.cases.push_back(ManifestCase{"plain", "m", "Once upon a time", false, 4, {}, "", {}, {}});
+  m.cases.push_back(ManifestCase{"chat", "m", "Hi!", true, 3, {}, "", {}, {}});
   m.scoring.push_back({"passage", "m", "passages/p.txt", "The passage.\n", 0, {}});
   return m;
 }
@@ -99,7 +99,7 @@ TEST(StaleGolden, ChatFlagStepsModelAndPassageAreCompared) {
   m.cases[1].n_predict = 5;
   m.models[0].sha256 = std::string(64, 'b');
   m.scoring[0].text = "Another passage.\n";
-  m.cases.push_back(ManifestCase{"new", "m", "x", false, 1, {}, "", {}});
+  m.cases.push_back(ManifestCase{"new", "m", "x", false, 1, {}, "", {}, {}});
   const std::string all = joined(touchstone::stale_golden_reasons(m, m.models[0], g, kChat));
   for (const char* part :
        {"case 'plain': chat is true in the manifest, false in the golden",

@@ -318,7 +318,7 @@ void run_case_steps(BackendSession& session, const Tokenizer& tok, const GoldenC
   session.rewind(0);
   std::optional<grammar::GrammarOracle> oracle = golden_case_oracle(tok, g);
   at = {"prefill", 0};
-  std::vector<float> logits = session.prefill(g.prompt_ids);
+  std::vector<float> logits = prefill_case_prompt(session, g);  // an image: its embeddings too
   if (oracle) {
     r.grammar_enforcement = enforce_grammar(session, g);
     at = {"set_grammar", 0};
@@ -424,8 +424,10 @@ CaseResult check_case(BackendSession& session, const Tokenizer& tok, const Golde
     r.failures.push_back(r.backend_error);
     r.violations.push_back({"backend_error", 0.0, 0.0});
   }
-  // Device greedy is unconstrained: not comparable with a grammar case's tokens.
-  if (r.backend_error.empty() && session.has_device_greedy() && !g.has_grammar()) {
+  // Device greedy is unconstrained: not comparable with a grammar case's tokens; it
+  // takes tokens only: not an image case's prompt.
+  if (r.backend_error.empty() && session.has_device_greedy() && !g.has_grammar() &&
+      !g.has_image()) {
     check_device_greedy(session, g, host_argmax, r);
   }
   if (!kls.empty()) {

@@ -58,14 +58,51 @@ std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat) {
   }
 }
 
+std::vector<float> prefill_case_prompt(BackendSession& session, const GoldenCase& g) {
+  if (!g.has_image()) return session.prefill(g.prompt_ids);
+  const std::span<const int32_t> ids(g.prompt_ids);
+  session.prefill(ids.first(size_t(g.image_at)));
+  session.prefill_embeddings(g.image_embeddings, g.image_dim, g.image_bidirectional != 0, false);
+  return session.prefill(ids.subspan(size_t(g.image_at)));
+}
+
+namespace {
+
+// The case's image into the golden: the prompt's ids around it and the embeddings.
+void place_image(const Tokenizer& tok, const ManifestCase& c, const CaseImage& image,
+                 GoldenCase& g) {
+  const auto [before, after] = split_at_image(g.prompt_text, c.name);
+  g.prompt_ids = tok.encode(before, /*add_bos=*/true, /*parse_special=*/true);
+  const std::vector<int32_t> rest = tok.encode(after, /*add_bos=*/false, /*parse_special=*/true);
+  if (g.prompt_ids.empty() || rest.empty())
+    throw Error("case '{}': the text before or after the image encodes to zero tokens", c.name);
+  g.image_at = int32_t(g.prompt_ids.size());
+  g.prompt_ids.insert(g.prompt_ids.end(), rest.begin(), rest.end());
+  g.image_tokens = image.n_tokens;
+  g.image_dim = image.dim;
+  g.image_bidirectional = image.bidirectional ? 1 : 0;
+  g.image_embeddings = image.embeddings;
+  g.image_sha256 = image.image_sha256;
+  g.pixels_sha256 = image.pixels_sha256;
+  g.mmproj_sha256 = image.mmproj_sha256;
+}
+
+}  // namespace
+
 GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const ChatTemplate& chat,
                        const ManifestCase& c, const RecordOptions& opt,
-                       const std::function<void(int, int)>& progress) {
+                       const std::function<void(int, int)>& progress, const CaseImage* image) {
   GoldenCase g;
   g.name = c.name;
   g.chat = c.chat;
   g.prompt_text = case_prompt_text(c, chat);
-  g.prompt_ids = tok.encode(g.prompt_text, /*add_bos=*/true, /*parse_special=*/true);
+  if (c.has_image() != (image != nullptr))
+    throw Error("case '{}': {}", c.name,
+                image ? "an image given for a case without one" : "its image was not prepared");
+  if (image)
+    place_image(tok, c, *image, g);
+  else
+    g.prompt_ids = tok.encode(g.prompt_text, /*add_bos=*/true, /*parse_special=*/true);
   if (g.prompt_ids.empty()) throw Error("case '{}': the prompt encodes to zero tokens", c.name);
   g.n_vocab = session.n_vocab();
   g.top_k = std::min(opt.case_top_k, g.n_vocab);
@@ -89,7 +126,7 @@ GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const Chat
     session.set_taps(!g.tap_steps.empty());
   }
   session.rewind(0);
-  std::vector<float> logits = session.prefill(g.prompt_ids);
+  std::vector<float> logits = prefill_case_prompt(session, g);
   for (int s = 0; s < c.n_predict; ++s) {
     if (oracle && oracle->is_completed()) break;
     if (taps && std::find(g.tap_steps.begin(), g.tap_steps.end(), s) != g.tap_steps.end()) {

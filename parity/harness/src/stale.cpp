@@ -74,6 +74,16 @@ void check_case(const ManifestCase& c, const GoldenFile& g, const ChatTemplate& 
   else if (gc->grammar_text != c.grammar.text)
     out.push_back(fmt::format("stale golden: case '{}': grammar differs from the manifest ({})",
                               c.name, text_diff(gc->grammar_text, c.grammar.text)));
+  if (gc->has_image() != c.has_image())
+    out.push_back(fmt::format("stale golden: case '{}': {} in the manifest, {} in the golden",
+                              c.name, c.has_image() ? "an image" : "no image",
+                              gc->has_image() ? "an image" : "none"));
+  else if (c.has_image() &&
+           (gc->image_sha256 != c.image.sha256 || gc->mmproj_sha256 != c.image.mmproj_sha256))
+    out.push_back(fmt::format(
+        "stale golden: case '{}': the golden's image / mmproj sha256 ({} / {}) differ from the "
+        "manifest's ({} / {})",
+        c.name, gc->image_sha256, gc->mmproj_sha256, c.image.sha256, c.image.mmproj_sha256));
   // A constrained continuation may end before n_predict (a stop token, or the
   // grammar complete); an unconstrained one has exactly n_predict steps.
   const size_t G = gc->greedy_ids.size(), N = static_cast<size_t>(c.n_predict);

@@ -32,6 +32,14 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
       --report.n_planned;
       continue;
     }
+    if (in.golden.find_case(n)->has_image() && !host.library().has_embeddings()) {
+      report.not_supported.push_back(
+          {n,
+           "an image case puts the image's embeddings in the prompt (ABI v8 prefill_embeddings, "
+           "TS_CAP_EMBEDDING_INPUT); the backend takes token ids only"});
+      --report.n_planned;
+      continue;
+    }
     obs.check_started(n, case_units(n));
     report.cases.push_back(guarded<CaseResult>(host, report, n, [&](BackendSession& s) {
       return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps, on_step);

@@ -16,8 +16,11 @@
 
 namespace touchstone {
 
-// 2: cases may carry layer taps (tap_steps, taps). Version-1 files are still read.
-inline constexpr int kGoldenFormatVersion = 2;
+// 2: cases may carry layer taps (tap_steps, taps); 3: cases may carry an image
+// (image_*). A file is written with the lowest version its content needs (2 without
+// images), so goldens of text models stay byte-identical. Version-1 files are still read.
+inline constexpr int kGoldenFormatVersion = 3;
+inline constexpr int kGoldenTextFormatVersion = 2;
 inline constexpr int kGoldenOldestFormatVersion = 1;
 inline constexpr int kTapPoints = 3;  // attention output, FFN output, residual (TS_TAP_*)
 
@@ -54,6 +57,18 @@ struct GoldenCase {
   std::vector<uint32_t> allowed_masks;
   bool has_grammar() const { return !grammar_kind.empty(); }
   size_t mask_words() const { return (size_t(n_vocab) + 31) / 32; }
+  // Image input (format 3, optional; image_tokens 0 = none; docs/vision.md): the
+  // prompt's positions [image_at, image_at + image_tokens) hold the image's embeddings
+  // (the reference's vision tower and projector) in place of tokens: the image goes
+  // before prompt_ids[image_at] (0 < image_at < P), so the sequence is P + image_tokens
+  // long. bidirectional: the block attends both ways (Gemma 3).
+  int32_t image_at = 0, image_tokens = 0, image_dim = 0;
+  int32_t image_bidirectional = 0;
+  std::vector<float> image_embeddings;  // [image_tokens, image_dim] float32
+  std::string image_sha256;             // the image file's bytes
+  std::string pixels_sha256;            // the processor's pixel tensor (float32 LE, 3 x H x W)
+  std::string mmproj_sha256;            // the mmproj GGUF the tower came from
+  bool has_image() const { return image_tokens > 0; }
 };
 
 struct GoldenScoring {  // teacher-forced passage
@@ -69,7 +84,7 @@ struct GoldenScoring {  // teacher-forced passage
 };
 
 struct GoldenFile {
-  int format_version = kGoldenFormatVersion;
+  int format_version = kGoldenTextFormatVersion;  // kGoldenFormatVersion with an image
   std::string model_name, model_sha256, reference_version, reference_revision;
   std::vector<GoldenCase> cases;
   std::vector<GoldenScoring> scoring;

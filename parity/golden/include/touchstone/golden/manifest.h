@@ -65,6 +65,17 @@ struct ManifestGrammar {
   std::string file;  // as written (manifest-relative); "" = inline text
 };
 
+// A case's image (docs/vision.md): a PNG and the mmproj GGUF whose vision tower and
+// projector turn it into the tokens placed where the prompt says kImagePlaceholder.
+struct ManifestImage {
+  std::string file;           // the PNG, as written (manifest-relative); "" = no image
+  std::string sha256;         // of the PNG's bytes (64 hex digits)
+  std::string mmproj;         // the mmproj GGUF, as written (manifest-relative)
+  std::string mmproj_sha256;  // of the mmproj's bytes
+};
+// Where a case's image goes in its prompt (exactly once, text on both sides).
+inline constexpr std::string_view kImagePlaceholder = "<image>";
+
 struct ManifestCase {
   std::string name;
   std::string model;              // refers to ManifestModel::name
@@ -75,6 +86,8 @@ struct ManifestCase {
   std::string prompt_file;        // optional, as written (manifest-relative); "" = inline prompt
   ManifestGrammar grammar;        // optional ("grammar": {"kind", "text" | "file"})
   bool has_grammar() const { return !grammar.kind.empty(); }
+  ManifestImage image;  // optional ("image": {"file", "sha256", "mmproj", "mmproj_sha256"})
+  bool has_image() const { return !image.file.empty(); }
 };
 
 struct ManifestScoring {

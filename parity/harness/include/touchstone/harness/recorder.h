@@ -1,6 +1,7 @@
 // touchstone/harness/recorder.h - records goldens by running a backend (normally the reference).
 #pragma once
 
+#include "touchstone/harness/case_image.h"
 #include "touchstone/harness/chat.h"
 
 #include <functional>
@@ -44,9 +45,17 @@ std::optional<grammar::GrammarOracle> golden_case_oracle(const Tokenizer& tok, c
 // allowed set of every step (docs/structured-output.md); no layer taps and no full logits rows
 // (top-K and log-sum-exp only). Step s stores the logits
 // that predicted greedy_ids[s]. `progress(step, total)` is called after every step.
+// A case with an image (c.has_image(); `image` from prepare_case_image) prefills the
+// text before the placeholder, the image's embeddings (prefill_embeddings), then the
+// text after it (no BOS); the golden keeps the embeddings and the digests.
 GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const ChatTemplate& chat,
                        const ManifestCase& c, const RecordOptions& opt,
-                       const std::function<void(int, int)>& progress = {});
+                       const std::function<void(int, int)>& progress = {},
+                       const CaseImage* image = nullptr);
+
+// The prompt's logits with a golden case's image in it (prefill_image_prompt): the
+// text before it, the image's embeddings, the text after; or the plain prefill.
+std::vector<float> prefill_case_prompt(BackendSession& session, const GoldenCase& g);
 
 // Teacher-forced pass over the passage (BOS first when the tokenizer adds one).
 GoldenScoring record_scoring(BackendSession& session, const Tokenizer& tok,

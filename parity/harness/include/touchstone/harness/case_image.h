@@ -1,0 +1,34 @@
+// touchstone/harness/case_image.h - a golden case's image as the decoder takes it
+// (docs/vision.md): the PNG through the mmproj's own processor, then the recording
+// backend's vision tower and projector (ABI v8 load_vision + encode_image).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "touchstone/golden/manifest.h"
+#include "touchstone/runtime/backend.h"
+
+namespace touchstone {
+
+struct CaseImage {
+  std::vector<float> embeddings;  // [n_tokens, dim] float32
+  int32_t n_tokens = 0, dim = 0;
+  bool bidirectional = false;  // the family attends the image block both ways (Gemma 3)
+  std::string image_sha256, pixels_sha256, mmproj_sha256;
+};
+
+// Reads the case's PNG and mmproj (each checked against the manifest's sha256, an
+// Error naming the file and both digests otherwise), preprocesses the image with the
+// processor the mmproj describes, attaches the tower to `model` and encodes the image.
+// Throws Error for a projector whose decoder input Touchstone does not judge yet
+// (Idefics3: several frames per image), and the backend's errors as they come.
+CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, BackendModel& model);
+
+// The prompt's text before and after kImagePlaceholder (Error naming the case when it
+// is not there exactly once).
+std::pair<std::string, std::string> split_at_image(const std::string& prompt,
+                                                   const std::string& case_name);
+
+}  // namespace touchstone
