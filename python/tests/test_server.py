@@ -99,7 +99,7 @@ class ServerTest(unittest.TestCase):
 class Hello(ServerTest):
     def test_identity(self):
         i = self.info
-        self.assertEqual((i.protocol_version, i.api_version), (5, P.API_VERSION))
+        self.assertEqual((i.protocol_version, i.api_version), (P.VERSION, P.API_VERSION))
         self.assertFalse(i.step_batch)
         self.assertFalse(i.fork)
         self.assertFalse(i.grammar)  # a Python engine enforces no grammar (ABI v7)

@@ -120,7 +120,7 @@ uint32_t bits(std::initializer_list<int32_t> tokens) {
 
 TEST(AdapterGrammar, MembersAndFlagFollowCompileGrammar) {
   Fixture f;
-  EXPECT_EQ(f.t->api_version, 7u);
+  EXPECT_EQ(f.t->api_version, uint32_t(TS_BACKEND_API_VERSION));
   ASSERT_NE(f.t->set_grammar, nullptr);
   ASSERT_NE(f.t->grammar_mask, nullptr);
   ASSERT_NE(f.t->grammar_greedy, nullptr);

@@ -1,8 +1,8 @@
 /* A minimal backend used to test the loader: built several times with
  * FAKE_API_VERSION / FAKE_NULL_ENTRY / FAKE_MISSING_FN / FAKE_CLAIMS_GREEDY /
  * FAKE_GREEDY_FN / FAKE_V4_CAPS / FAKE_V5_CAPS / FAKE_CLAIMS_BATCHED /
- * FAKE_CLAIMS_FORK to exercise every refusal path of BackendLibrary::load and
- * the version-1 compatibility rule. Every session call fails loudly. */
+ * FAKE_CLAIMS_FORK / FAKE_CLAIMS_GRAMMAR / FAKE_CLAIMS_MULTIMODAL to exercise every refusal path of
+ * BackendLibrary::load and the version-1 compatibility rule. Every session call fails loudly. */
 #include <stddef.h>
 #include <stdlib.h>
 
@@ -47,6 +47,9 @@ static ts_status capabilities(ts_capabilities* c) {
 #endif
 #ifdef FAKE_CLAIMS_GRAMMAR
   c->flags |= TS_CAP_STRUCTURED_OUTPUT;
+#endif
+#ifdef FAKE_CLAIMS_MULTIMODAL
+  c->flags |= TS_CAP_EMBEDDING_INPUT | TS_CAP_MULTIMODAL;
 #endif
 #endif
   c->weight_types = TS_WEIGHT_TYPE_BIT(0);
@@ -195,6 +198,38 @@ static ts_status grammar_greedy_trap(ts_session* s, int32_t n, int32_t* t) {
 #define FAKE_GRAMMAR_GREEDY NULL
 #endif
 
+/* Version 8 members; an older table carries entries here that a loader must
+ * neither read nor call (they abort). A version-8 table leaves them NULL. */
+static ts_status prefill_embeddings_trap(ts_session* s, const ts_embedding_input* in, int32_t a,
+                                         float* out) {
+  (void)s;
+  (void)in;
+  (void)a;
+  (void)out;
+  abort();
+}
+static ts_status load_vision_trap(ts_model* m, const char* p) {
+  (void)m;
+  (void)p;
+  abort();
+}
+static ts_status encode_image_trap(ts_model* m, const ts_image* i, float* out, int64_t n) {
+  (void)m;
+  (void)i;
+  (void)out;
+  (void)n;
+  abort();
+}
+#if FAKE_API_VERSION < 8
+#define FAKE_PREFILL_EMBEDDINGS prefill_embeddings_trap
+#define FAKE_LOAD_VISION load_vision_trap
+#define FAKE_ENCODE_IMAGE encode_image_trap
+#else
+#define FAKE_PREFILL_EMBEDDINGS NULL
+#define FAKE_LOAD_VISION NULL
+#define FAKE_ENCODE_IMAGE NULL
+#endif
+
 #ifdef FAKE_MISSING_FN
 #define FAKE_POSITION NULL
 #else
@@ -225,7 +260,10 @@ static const ts_backend kFake = {FAKE_API_VERSION,
                                  FAKE_FORK,
                                  FAKE_SET_GRAMMAR,
                                  FAKE_GRAMMAR_MASK,
-                                 FAKE_GRAMMAR_GREEDY};
+                                 FAKE_GRAMMAR_GREEDY,
+                                 FAKE_PREFILL_EMBEDDINGS,
+                                 FAKE_LOAD_VISION,
+                                 FAKE_ENCODE_IMAGE};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

@@ -154,6 +154,30 @@ TEST(Loader, Version7StructuredOutputNeedsItsMembers) {
   }
 }
 
+TEST(Loader, AcceptsVersion7WithoutReadingVersion8Members) {
+  for (const auto& lib :
+       {BackendLibrary::load(fake("v7")), BackendLibrary::spawn(fake("v7"), ChildOptions{})}) {
+    EXPECT_EQ(lib->api_version(), 7u);
+    EXPECT_FALSE(lib->has_embeddings());
+    EXPECT_FALSE(lib->has_vision());
+    EXPECT_EQ(lib->capabilities().flags & (TS_CAP_EMBEDDING_INPUT | TS_CAP_MULTIMODAL), 0u);
+    EXPECT_THROW(lib->channel().load_vision(1, "x.gguf"), Error);
+  }
+}
+
+TEST(Loader, Version8MultimodalNeedsItsMembers) {
+  const std::string msg = load_error(fake("multimodal_null"));
+  EXPECT_NE(msg.find("TS_CAP_EMBEDDING_INPUT"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("prefill_embeddings is NULL"), std::string::npos) << msg;
+  try {
+    BackendLibrary::spawn(fake("multimodal_null"), ChildOptions{});
+    ADD_FAILURE() << "the runner loaded a table the loader refuses";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prefill_embeddings is NULL"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Loader, LayerTapsNeedBothEntries) {
   EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_taps());
   const std::string msg = load_error(fake("taps_half"));

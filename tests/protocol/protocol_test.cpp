@@ -160,7 +160,8 @@ TEST(Protocol, BackendInfoCarriesServingMembersFromVersion4) {
   i.protocol_version = 3;
   Writer old;
   encode(old, i);
-  EXPECT_EQ(old.bytes().size() + 8 + 4, w.bytes().size());  // v4's two members, v5's one
+  // v4's two members, v5's one, v6's two
+  EXPECT_EQ(old.bytes().size() + 8 + 4 + 8, w.bytes().size());
   Reader ro(bytes(old.bytes()), "hello reply");
   const BackendInfo o = decode_info(ro);
   ro.finish();
@@ -173,6 +174,7 @@ TEST(Protocol, BackendInfoCarriesServingMembersFromVersion4) {
 // version-4 peer's hello ends before it, and its capabilities lose bit 9.
 TEST(Protocol, BackendInfoCarriesGrammarFromVersion5) {
   BackendInfo i;
+  i.protocol_version = 5;
   i.api_version = 7;
   i.name = "g";
   i.grammar = true;
@@ -198,6 +200,42 @@ TEST(Protocol, BackendInfoCarriesGrammarFromVersion5) {
     const ts_capabilities d = decode_capabilities(cr, note, v);
     EXPECT_EQ(d.flags, v >= 5 ? c.flags : uint32_t(TS_CAP_ALL_POSITION_LOGITS)) << v;
   }
+}
+
+// ABI v8 multimodal: BackendInfo.embeddings / vision from protocol version 6; a
+// version-5 peer's hello ends before them, and its capabilities lose bits 10 and 11.
+TEST(Protocol, BackendInfoCarriesMultimodalFromVersion6) {
+  BackendInfo i;
+  i.api_version = 8;
+  i.name = "m";
+  i.embeddings = true;
+  i.vision = true;
+  Writer w;
+  encode(w, i);
+  Reader r(bytes(w.bytes()), "hello reply");
+  const BackendInfo d = decode_info(r);
+  r.finish();
+  EXPECT_TRUE(d.embeddings && d.vision);
+  i.protocol_version = 5;
+  Writer old;
+  encode(old, i);
+  EXPECT_EQ(old.bytes().size() + 8, w.bytes().size());
+  Reader ro(bytes(old.bytes()), "hello reply");
+  const BackendInfo o = decode_info(ro);
+  ro.finish();
+  EXPECT_FALSE(o.embeddings || o.vision);
+  ts_capabilities c{};
+  c.flags = TS_CAP_EMBEDDING_INPUT | TS_CAP_MULTIMODAL | TS_CAP_ALL_POSITION_LOGITS;
+  for (uint32_t v : {5u, 6u}) {
+    Writer cw;
+    encode(cw, c, v);
+    Reader cr(bytes(cw.bytes()), "capabilities reply");
+    std::string note;
+    const ts_capabilities dc = decode_capabilities(cr, note, v);
+    EXPECT_EQ(dc.flags, v >= 6 ? c.flags : uint32_t(TS_CAP_ALL_POSITION_LOGITS)) << v;
+  }
+  EXPECT_STREQ(op_name(uint32_t(Op::kPrefillEmbeddings)), "prefill_embeddings");
+  EXPECT_STREQ(op_name(uint32_t(Op::kEncodeImage) | kReplyBit), "encode_image");
 }
 
 TEST(Protocol, VersionNegotiation) {

@@ -15,6 +15,7 @@
 #include "touchstone/abi/backend_impl.h"
 #include "touchstone/model/quant.h"
 #include "touchstone/model/session_fault.h"
+#include "vision.h"
 
 namespace touchstone::cpu_simd {
 namespace {
@@ -48,7 +49,38 @@ struct CpuSimd {
 
   struct Model {
     std::unique_ptr<touchstone::cpu_simd::SimdModel> m;
+    std::unique_ptr<SimdVision> vision;  // ABI v8 load_vision
     int32_t n_vocab() const { return m->config().n_vocab; }
+
+    // ABI v8: cpu_simd's own vision tower (vision.h), checked against the text model.
+    void load_vision(const std::string& path) {
+      auto v = touchstone::abi::load_or_status([&] { return std::make_unique<SimdVision>(path); });
+      if (v->config().n_embd_text != m->config().n_embd) {
+        throw StatusError(
+            TS_ERR_INVALID_ARGUMENT,
+            path + ": clip.vision.projection_dim = " + std::to_string(v->config().n_embd_text) +
+                " is not the model's embedding width " + std::to_string(m->config().n_embd));
+      }
+      vision = std::move(v);
+    }
+    void encode_image(const ts_image& img, float* out, int64_t n_floats) {
+      if (!vision) throw StatusError(TS_ERR_INVALID_ARGUMENT, "encode_image: load_vision first");
+      const auto& c = vision->config();
+      if (img.height != c.image_size || img.width != c.image_size) {
+        throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                          "encode_image: a " + std::to_string(img.height) + " x " +
+                              std::to_string(img.width) + " image; the tower takes " +
+                              std::to_string(c.image_size) + " x " + std::to_string(c.image_size));
+      }
+      const int64_t want = int64_t(c.n_tokens()) * c.n_embd_text;
+      if (n_floats != want) {
+        throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                          "encode_image: n_floats " + std::to_string(n_floats) +
+                              " != " + std::to_string(c.n_tokens()) + " image tokens x " +
+                              std::to_string(c.n_embd_text) + " = " + std::to_string(want));
+      }
+      vision->encode(img.pixels, out);
+    }
   };
 
   // position, max_context, prefill, rewind and the layer taps forward to

@@ -21,6 +21,10 @@
 //                 per n_batch tokens: one llama_decode for all of them, as
 //                 llama-server's continuous batching does
 //   full_precision  an F32 copy written by llama_model_quantize (f32_copy.h)
+//   prefill_embeddings  a llama_batch of input embeddings (llama_batch.embd), the
+//                 image's rows in one llama_decode with llama_set_causal_attn(false)
+//                 when bidirectional, as mtmd_helper_decode_image_chunk does for
+//                 Gemma 3 (tools/mtmd/mtmd-helper.cpp)
 //   compile_grammar GBNF through llama.cpp's grammar sampler
 //                 (llama_sampler_init_grammar, llamacpp_grammar.h); JSON schema
 //                 and regex are TS_ERR_UNSUPPORTED
@@ -227,6 +231,9 @@ struct LlamaCpp {
     int32_t position() const { return pos_; }
     int32_t max_context() const { return cap_; }
     void prefill(std::span<const int32_t> t, bool all, float* logits);
+    // ABI v8: input embeddings (the image's tokens).
+    int32_t n_embd() const { return llama_model_n_embd(ctx_->model); }
+    void prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all, float* logits);
     int32_t prefill_greedy(std::span<const int32_t> t);
     void rewind(int32_t p);
     std::unique_ptr<Session> fork(int32_t n_prefix);
@@ -436,6 +443,57 @@ void LlamaCpp::Session::prefill(std::span<const int32_t> t, bool all, float* log
     float* out = all ? logits + size_t(i) * V : logits;
     std::memcpy(out, row, V * sizeof(float));
   });
+}
+
+// The rows in llama_batch chunks of n_batch (a bidirectional block: one chunk, as
+// llama.cpp needs the whole non-causal block in one ubatch), each a llama_decode.
+void LlamaCpp::Session::prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all,
+                                           float* logits) {
+  Context& c = *ctx_;
+  if (bidirectional && n > c.n_batch) {
+    throw StatusError(TS_ERR_UNSUPPORTED,
+                      "prefill_embeddings: a bidirectional block of " + std::to_string(n) +
+                          " embeddings; llama.cpp's non-causal block must fit one ubatch of " +
+                          std::to_string(c.n_batch));
+  }
+  const size_t d = size_t(n_embd()), V = size_t(c.n_vocab);
+  const int32_t start = pos_;
+  llama_batch b = llama_batch_init(std::min(n, c.n_batch), int32_t(d), 1);
+  if (bidirectional) llama_set_causal_attn(c.ctx.get(), false);
+  try {
+    for (int32_t done = 0; done < n; done += c.n_batch) {
+      const int32_t take = std::min(c.n_batch, n - done);
+      const bool last = done + take == n;
+      std::memcpy(b.embd, e + size_t(done) * d, size_t(take) * d * sizeof(float));
+      for (int32_t i = 0; i < take; ++i) {
+        b.pos[i] = start + done + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = seq_;
+        b.logits[i] = int8_t(all || (last && i == take - 1));
+      }
+      b.n_tokens = take;
+      take_log_errors();
+      const int32_t rc = llama_decode(c.ctx.get(), b);
+      if (rc != 0)
+        throw StatusError(
+            rc == 1 ? TS_ERR_CONTEXT_FULL : TS_ERR_INTERNAL,
+            with_log("llama_decode of input embeddings returned " + std::to_string(rc) +
+                     " at position " + std::to_string(start + done)));
+      for (int32_t i = all ? 0 : take - 1; i < take && (all || last); ++i) {
+        const float* row = llama_get_logits_ith(c.ctx.get(), i);
+        if (!row) throw StatusError(TS_ERR_INTERNAL, with_log("llama_get_logits_ith failed"));
+        std::memcpy(all ? logits + size_t(done + i) * V : logits, row, V * sizeof(float));
+      }
+    }
+  } catch (...) {
+    if (bidirectional) llama_set_causal_attn(c.ctx.get(), true);
+    llama_batch_free(b);
+    llama_memory_seq_rm(c.memory(), seq_, start, -1);
+    throw;
+  }
+  if (bidirectional) llama_set_causal_attn(c.ctx.get(), true);
+  llama_batch_free(b);
+  pos_ = start + n;
 }
 
 // The "device" is the CPU: the argmax runs on llama.cpp's own logits buffer.

@@ -26,12 +26,14 @@ layout(push_constant) uniform PC {
   uint window;       // sliding window W: attend positions (pos - W, pos]; 0 = none
   uint row0;         // first row of this sequence in Q, O and the scratch (batched passes)
   uint sinks;        // 1: sink[h] joins the softmax (gpt-oss): max and denominator
+  uint whole_chunk;  // 1: every row attends the whole chunk (an image block, ABI v8)
 } pc;
 
 void main() {
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint pos = pc.pos0 + t;
-  const uint n_causal = FAULT_CAUSAL_MASK ? pc.kv_len : pc.kv_len - (pc.n_tok - 1u - t);
+  const uint n_causal =
+      (FAULT_CAUSAL_MASK || pc.whole_chunk != 0u) ? pc.kv_len : pc.kv_len - (pc.n_tok - 1u - t);
   const uint n_kv = (pc.drop_newest != 0u && pos > 0u) ? n_causal - 1u : n_causal;
   // Sliding window (HF sliding_window_overlay): entries [j0, n_kv) with j0 = pos - W + 1.
   const uint j0 = (pc.window != 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;

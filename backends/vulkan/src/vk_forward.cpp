@@ -82,6 +82,7 @@ Activations::Activations(Context& ctx, const ModelConfig& c, uint32_t n_rows,
   blk = Buffer(ctx, f32(T * d), K::Device);
   scores = Buffer(ctx, f32(T * size_t(c.n_head) * score_stride), K::Device);
   tokens = Buffer(ctx, T * sizeof(int32_t), K::Host);
+  embd = Buffer(ctx, f32(T * d), K::Host);
   logits = Buffer(ctx, f32(T * size_t(c.n_vocab)), K::Host);
 }
 
@@ -221,6 +222,31 @@ void Forward::prefill(const int32_t* tokens, int32_t n, bool all_positions, floa
   shift_rows(start, n, all_positions, logits);
 }
 
+void Forward::prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all_positions,
+                                 float* logits) {
+  bidirectional = bidirectional && !faults_.image_attended_causally;  // the fault: causal
+  if (bidirectional && n > kChunk) {
+    throw StatusError(TS_ERR_UNSUPPORTED, "prefill_embeddings: a bidirectional block of " +
+                                              std::to_string(n) +
+                                              " embeddings; vulkan runs at most " +
+                                              std::to_string(kChunk) + " rows in one pass");
+  }
+  check_room(n);
+  const size_t v = size_t(w_.config.n_vocab), d = size_t(w_.config.n_embd);
+  for (int32_t done = 0; done < n;) {
+    const uint32_t m = uint32_t(std::min(kChunk, n - done));
+    const bool last = done + int32_t(m) == n;
+    const uint32_t out_rows = all_positions ? m : (last ? 1u : 0u);
+    Segment seg = segment(0, m, out_rows, 0, taps_on_ && last);
+    seg.bidirectional = bidirectional;
+    const Pass p{act_, sets_, std::span<const Segment>(&seg, 1), m, out_rows, false, seg.tap, true};
+    std::memcpy(act_.embd.mapped(), e + size_t(done) * d, f32(size_t(m) * d));
+    run_pass(nullptr, p);
+    if (out_rows > 0) copy_logits(p, seg, all_positions ? logits + size_t(done) * v : logits);
+    done += int32_t(m);
+  }
+}
+
 // The faults logits_row_shift (any all-position call), verify_row_shift (one
 // that continues a sequence) and batch_all_positions_shift (an entry of a
 // step_batch of several): row i holds row i-1.
@@ -259,7 +285,7 @@ void Forward::run_chunk(const int32_t* tokens, uint32_t n, bool all_positions, f
 }
 
 void Forward::run_pass(const int32_t* tokens, const Pass& p) {
-  std::memcpy(p.act.tokens.mapped(), tokens, p.n * sizeof(int32_t));
+  if (tokens) std::memcpy(p.act.tokens.mapped(), tokens, p.n * sizeof(int32_t));
   // Block outputs of a skipped layer (last_layer_skipped fault) stay zero.
   for (const Segment& s : p.segs)
     if (s.tap) std::memset(s.f->taps_buf_.mapped(), 0, s.f->taps_buf_.size());

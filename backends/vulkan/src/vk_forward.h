@@ -33,7 +33,7 @@ struct Activations {
   void reserve_scores(Context& ctx, const ModelConfig& c, uint32_t stride);
   uint32_t rows = 0, score_stride = 0;
   Buffer x, xn, q, k, v, att, gate, up, blk, scores;  // device
-  Buffer tokens, logits;                              // host-visible
+  Buffer tokens, logits, embd;  // host-visible (embd: ABI v8 input embeddings, [rows][n_embd])
   // Mixture-of-experts models only (vk_moe.cpp), S = rows * n_expert_used slots:
   // moe_x the grouped input rows and moe_out the expert outputs ([S][n_embd],
   // device; gate and up then hold [S][n_ff_exp]); router the router logits
@@ -58,14 +58,15 @@ struct BatchWorkspace {
 
 // One sequence's rows [row0, row0 + n) of a pass.
 struct Segment {
-  Forward* f = nullptr;      // whose KV cache, RoPE tables and taps
-  uint32_t row0 = 0, n = 0;  // rows of the pass
-  uint32_t pos0 = 0;         // position of its first token
-  uint32_t rope_origin = 0;  // RoPE rotates pos - rope_origin (uint32 wrap-around)
-  uint32_t kv_len = 0;       // KV entries attended by its last token
-  uint32_t out_rows = 0;     // logits rows: 0, 1 (its last token) or n
-  uint32_t out_row0 = 0;     // their first row in the pass's logits
-  bool tap = false;          // record its last row's layer taps into f's taps
+  Forward* f = nullptr;        // whose KV cache, RoPE tables and taps
+  uint32_t row0 = 0, n = 0;    // rows of the pass
+  uint32_t pos0 = 0;           // position of its first token
+  uint32_t rope_origin = 0;    // RoPE rotates pos - rope_origin (uint32 wrap-around)
+  uint32_t kv_len = 0;         // KV entries attended by its last token
+  uint32_t out_rows = 0;       // logits rows: 0, 1 (its last token) or n
+  uint32_t out_row0 = 0;       // their first row in the pass's logits
+  bool tap = false;            // record its last row's layer taps into f's taps
+  bool bidirectional = false;  // ABI v8: its rows attend the whole segment (an image block)
   // batch_page_boundary_leak fault: entry i-1's sequence, whose KV row at a
   // page boundary in this segment replaces this sequence's own for the attention
   const Forward* page_from = nullptr;
@@ -81,6 +82,7 @@ struct Pass {
   uint32_t out_rows = 0;  // logits rows (the segments' out_rows)
   bool argmax = false;    // also the argmax of the last logits row into argmax_
   bool tap = false;       // some segment records taps
+  bool embd = false;      // ABI v8: the rows' inputs are act.embd, not token ids
 };
 
 // One sequence's share of step_batch (already checked by the adapter).
@@ -125,6 +127,12 @@ class Forward {
   // back (except under the logits_perturb fault, applied on the host). Throws
   // StatusError.
   int32_t prefill_greedy(const int32_t* tokens, int32_t n);
+  // ABI v8: n input embeddings (n x n_embd float32, used as given) appended as prefill()
+  // appends tokens; bidirectional: the block attends both ways, so it is one pass of at
+  // most kChunk rows (else TS_ERR_UNSUPPORTED).
+  void prefill_embeddings(const float* embd, int32_t n, bool bidirectional, bool all_positions,
+                          float* logits);
+  int32_t n_embd() const { return w_.config.n_embd; }
   // Entries >= p are overwritten before being read (the rewind_noop fault keeps
   // kv_len_, so attention reads them again).
   void rewind(int32_t p) {

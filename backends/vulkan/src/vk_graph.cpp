@@ -122,18 +122,19 @@ void Forward::record_attention(Recorder& r, const Pass& p, size_t l) {
   // rewind_noop (kv_len kept past a rewind: the stale entries are attended).
   const double scale = faults_.attention_scale ? 1.0 / double(hd) : c.attn_scale;
   for (const Segment& s : p.segs) {
-    const AttentionPush ap{s.n,
-                           s.pos0,
-                           uint32_t(c.n_head),
-                           uint32_t(c.n_head_kv),
-                           hd,
-                           a.score_stride,
-                           faults_.kv_off_by_one ? 1u : 0u,
-                           static_cast<float>(scale),
-                           s.kv_len,
-                           uint32_t(c.layers[l].sliding_window),
-                           s.row0,
-                           L.sinks.size() != 0 ? 1u : 0u};
+    AttentionPush ap{s.n,
+                     s.pos0,
+                     uint32_t(c.n_head),
+                     uint32_t(c.n_head_kv),
+                     hd,
+                     a.score_stride,
+                     faults_.kv_off_by_one ? 1u : 0u,
+                     static_cast<float>(scale),
+                     s.kv_len,
+                     uint32_t(c.layers[l].sliding_window),
+                     s.row0,
+                     L.sinks.size() != 0 ? 1u : 0u};
+    ap.whole_chunk = s.bidirectional ? 1u : 0u;
     const Buffer& sinks = L.sinks.size() != 0 ? L.sinks : a.q;  // bound, unread without sinks
     r.with(s.f->sets_)
         .dispatch(k_.attention(hd),
@@ -210,9 +211,13 @@ void Forward::record(Recorder& r, const Pass& p) {
   const ModelConfig& c = w_.config;
   const uint32_t d = uint32_t(c.n_embd), n = p.n;
   Activations& a = p.act;
-  for (const MatrixPart& part : w_.token_embd.parts) {  // each writes the tokens in its rows
-    r.dispatch(k_.get_rows(w_.token_embd.type), {&part.buf, &a.tokens, &a.x},
-               GetRowsPush{d, n, 0, part.n_rows, float(c.embd_scale), part.row0}, n);
+  if (p.embd) {  // ABI v8: the input embeddings as given (no embedding scale)
+    r.dispatch(k_.copy(), {&a.embd, &a.x}, CopyPush{n * d, 0, 0}, groups(n * d));
+  } else {
+    for (const MatrixPart& part : w_.token_embd.parts) {  // each writes the tokens in its rows
+      r.dispatch(k_.get_rows(w_.token_embd.type), {&part.buf, &a.tokens, &a.x},
+                 GetRowsPush{d, n, 0, part.n_rows, float(c.embd_scale), part.row0}, n);
+    }
   }
   r.barrier();
   // The last_layer_skipped fault: the loop stops one layer early (a skipped

@@ -162,9 +162,10 @@ struct AttentionPush {
   float scale;
   // KV entries filled, this chunk included: token t attends kv_len - (n_tok - 1 - t).
   uint32_t kv_len;
-  uint32_t window;     // sliding window W (positions pos - W + 1 .. pos), 0 = full causal
-  uint32_t row0 = 0;   // first row of the sequence in Q, O and the scratch (batched passes)
-  uint32_t sinks = 0;  // 1: a per-head sink logit joins the softmax (gpt-oss; binding 5)
+  uint32_t window;           // sliding window W (positions pos - W + 1 .. pos), 0 = full causal
+  uint32_t row0 = 0;         // first row of the sequence in Q, O and the scratch (batched passes)
+  uint32_t sinks = 0;        // 1: a per-head sink logit joins the softmax (gpt-oss; binding 5)
+  uint32_t whole_chunk = 0;  // 1: every row attends kv_len (a bidirectional image block)
 };
 struct GluPush {
   uint32_t n, act;  // elements; 0: SwiGLU, 1: GeGLU (tanh GELU), 2: gpt-oss's clamped SwiGLU

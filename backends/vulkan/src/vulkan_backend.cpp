@@ -62,7 +62,8 @@ bool implements_fault(const std::string& name) {
                                              "batch_all_positions_shift",
                                              "batch_page_boundary_leak",
                                              "moe_runner_up",
-                                             "moe_renorm_skipped"};
+                                             "moe_renorm_skipped",
+                                             "image_attended_causally"};
   for (const char* n : kImplemented)
     if (name == n) return true;
   return false;
@@ -141,6 +142,12 @@ struct Vulkan {
     int32_t prefill_greedy(std::span<const int32_t> t) {
       return s->prefill_greedy(t.data(), int32_t(t.size()));
     }
+    // ABI v8: input embeddings (Forward::prefill_embeddings).
+    int32_t n_embd() const { return s->n_embd(); }
+    void prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all,
+                            float* logits) {
+      s->prefill_embeddings(e, n, bidirectional, all, logits);
+    }
     // ABI v6: the KV prefix copied on the device (vk_batch.cpp).
     std::unique_ptr<Session> fork(int32_t n_prefix) {
       auto f = std::make_unique<Session>();
@@ -204,7 +211,8 @@ struct Vulkan {
 
   static std::unique_ptr<Session> open_session(Model& m, const ts_session_options& o) {
     // The mixture-of-experts routing faults are injected by the host router (vk_moe.cpp).
-    const touchstone::Faults faults = touchstone::abi::session_fault(o.fault, {.moe = true});
+    const touchstone::Faults faults =
+        touchstone::abi::session_fault(o.fault, {.moe = true, .image_attention = true});
     if (!faults.name.empty() && !implements_fault(faults.name)) {
       throw StatusError(TS_ERR_UNSUPPORTED,
                         "vulkan does not implement fault '" + faults.name + "'");

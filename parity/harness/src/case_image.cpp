@@ -1,6 +1,8 @@
 // case_image.cpp - see touchstone/harness/case_image.h.
 #include "touchstone/harness/case_image.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 
@@ -36,34 +38,75 @@ std::pair<std::string, std::string> split_at_image(const std::string& prompt,
   return {prompt.substr(0, at), prompt.substr(at + kImagePlaceholder.size())};
 }
 
-CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, BackendModel& model) {
+namespace {
+
+// The case's pixels as the mmproj's processor makes them, with the files' digests.
+struct CasePixels {
+  std::string mmproj, image_sha256, mmproj_sha256;
+  vision::VisionTowerConfig tower;
+  vision::PixelValues px;
+};
+
+CasePixels case_pixels(const Manifest& manifest, const ManifestCase& c) {
+  CasePixels out;
   const std::string png = manifest.resolve(c.image.file);
-  const std::string mmproj = manifest.resolve(c.image.mmproj);
-  CaseImage out;
+  out.mmproj = manifest.resolve(c.image.mmproj);
   out.image_sha256 = pinned_sha256(png, c.image.sha256, c.name);
-  out.mmproj_sha256 = pinned_sha256(mmproj, c.image.mmproj_sha256, c.name);
-  const vision::VisionTower tower = vision::load_vision_tower(mmproj);
+  out.mmproj_sha256 = pinned_sha256(out.mmproj, c.image.mmproj_sha256, c.name);
+  const vision::VisionTower tower = vision::load_vision_tower(out.mmproj);
   if (tower.config.projector != "gemma3")
     throw Error(
         "case '{}': {}: projector '{}': Touchstone judges the decoder with Gemma 3's "
         "image block only (Idefics3's tiles and their prompt layout are not judged yet)",
-        c.name, mmproj, tower.config.projector);
-  const vision::PixelValues px =
-      vision::preprocess(vision::read_png(png, true), vision::processor_of(tower));
-  out.pixels_sha256 = sha256_hex(std::string_view(reinterpret_cast<const char*>(px.values.data()),
-                                                  px.values.size() * sizeof(float)));
-  out.n_tokens = tower.config.n_tokens();
-  out.dim = tower.config.n_embd_text;
-  out.bidirectional = true;  // Gemma 3: HF's token_type_ids mask, llama.cpp's non-causal ubatch
-  if (!model.library()->has_vision())
-    throw Error(
-        "case '{}': the recording backend '{}' has no vision tower (ABI v8 "
-        "TS_CAP_MULTIMODAL)",
-        c.name, model.library()->name());
-  model.load_vision(mmproj);
-  out.embeddings =
-      model.encode_image(px.values, px.height, px.width, size_t(out.n_tokens) * size_t(out.dim));
+        c.name, out.mmproj, tower.config.projector);
+  out.tower = tower.config;
+  out.px = vision::preprocess(vision::read_png(png, true), vision::processor_of(tower));
   return out;
+}
+
+// The backend's tower on the pixels (its model's tower attached once per mmproj).
+std::vector<float> encode(BackendModel& model, const CasePixels& p, const std::string& name) {
+  if (!model.library()->has_vision())
+    throw Error("case '{}': backend '{}' has no vision tower (ABI v8 TS_CAP_MULTIMODAL)", name,
+                model.library()->name());
+  model.load_vision(p.mmproj);
+  return model.encode_image(p.px.values, p.px.height, p.px.width,
+                            size_t(p.tower.n_tokens()) * size_t(p.tower.n_embd_text));
+}
+
+}  // namespace
+
+CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, BackendModel& model) {
+  const CasePixels p = case_pixels(manifest, c);
+  CaseImage out;
+  out.image_sha256 = p.image_sha256;
+  out.mmproj_sha256 = p.mmproj_sha256;
+  out.pixels_sha256 = sha256_hex(std::string_view(reinterpret_cast<const char*>(p.px.values.data()),
+                                                  p.px.values.size() * sizeof(float)));
+  out.n_tokens = p.tower.n_tokens();
+  out.dim = p.tower.n_embd_text;
+  out.bidirectional = true;  // Gemma 3: HF's token_type_ids mask, llama.cpp's non-causal ubatch
+  out.embeddings = encode(model, p, c.name);
+  return out;
+}
+
+EncoderCheck check_case_encoder(const Manifest& manifest, const ManifestCase& c,
+                                const std::vector<float>& golden, BackendModel& model) {
+  EncoderCheck r;
+  r.embeddings = encode(model, case_pixels(manifest, c), c.name);
+  if (r.embeddings.size() != golden.size())
+    throw Error("case '{}': the backend's tower gives {} values, the golden holds {}", c.name,
+                r.embeddings.size(), golden.size());
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < golden.size(); ++i) {
+    const double e = double{r.embeddings[i]} - double{golden[i]};
+    num += e * e;
+    den += double{golden[i]} * double{golden[i]};
+    r.max_abs = std::max(r.max_abs, std::isnan(e) ? INFINITY : std::fabs(e));
+  }
+  r.nmse = den > 0.0 ? num / den : (num > 0.0 ? INFINITY : 0.0);
+  if (std::isnan(r.nmse)) r.nmse = INFINITY;
+  return r;
 }
 
 }  // namespace touchstone

@@ -1,4 +1,6 @@
 // The JSON report (docs/report-format.md; schema docs/report.schema.json).
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "report_text.h"
@@ -176,6 +178,11 @@ json case_json(const CaseResult& c) {
   for (const auto& d : c.near_ties) cj["near_ties"].push_back(divergence_json(d));
   cj["tap_steps_compared"] = c.tap_steps_compared;
   if (!c.routing.empty()) cj["routing"] = c.routing;
+  if (!std::isnan(c.encoder_nmse)) {
+    auto finite = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+    cj["encoder_nmse"] = finite(c.encoder_nmse);
+    cj["encoder_max_abs"] = finite(c.encoder_max_abs);
+  }
   cj["first_layer_divergence"] = layer_json(c.first_layer_divergence);
   cj["series"] = case_series_json(c);
   cj["verdict"] = item_verdict(c);

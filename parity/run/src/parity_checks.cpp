@@ -3,10 +3,47 @@
 #include <algorithm>
 
 #include "parity_internal.h"
+#include "touchstone/harness/case_image.h"
 #include "touchstone/harness/consistency.h"
 #include "touchstone/harness/structured.h"
 
 namespace touchstone::run_detail {
+namespace {
+
+// multimodal.encoder: an image case on a backend with its own tower. Its embeddings
+// against the golden's (the profile's layer tolerance, NMSE), then the case again with
+// the backend's embeddings in the prompt (the same profile). Failures join r's.
+void check_encoder(const Inputs& in, BackendHost& host, const GoldenCase& g, int max_steps,
+                   CaseResult& r) {
+  const std::optional<double> tol = in.profile->layer_tolerance();
+  try {
+    const ManifestCase& mc = in.manifest.find_case(g.name);
+    EncoderCheck e = check_case_encoder(in.manifest, mc, g.image_embeddings, host.model());
+    r.encoder_nmse = e.nmse;
+    r.encoder_max_abs = e.max_abs;
+    if (tol && !(e.nmse <= *tol)) {
+      r.failures.push_back(fmt::format(
+          "multimodal.encoder: the backend's image embeddings differ from the reference's: "
+          "NMSE {:.3e} > {:.1e} (max |diff| {:.3e})",
+          e.nmse, *tol, e.max_abs));
+      r.violations.push_back({"encoder", e.nmse, *tol});
+    }
+    GoldenCase own = g;
+    own.image_embeddings = std::move(e.embeddings);
+    const CaseResult again = check_case(host.session(), *in.tok, own, *in.profile, max_steps);
+    if (!again.passed) {
+      r.failures.push_back("multimodal.encoder: with the backend's own image embeddings: " +
+                           (again.failures.empty() ? std::string("failed") : again.failures[0]));
+      r.violations.push_back({"encoder_prefill", 0.0, 0.0});
+    }
+  } catch (const std::exception& e) {
+    r.failures.push_back(fmt::format("multimodal.encoder: {}", e.what()));
+    r.violations.push_back({"encoder", 0.0, 0.0});
+  }
+  r.passed = r.failures.empty();
+}
+
+}  // namespace
 
 // Every check of the plan, in order; reports rewritten after each.
 // with_scoring = false: a top-N backend, whose passages are NOT SUPPORTED rows.
@@ -44,6 +81,9 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
     report.cases.push_back(guarded<CaseResult>(host, report, n, [&](BackendSession& s) {
       return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps, on_step);
     }));
+    if (in.golden.find_case(n)->has_image() && host.library().has_vision() &&
+        report.cases.back().backend_error.empty())
+      check_encoder(in, host, *in.golden.find_case(n), max_steps, report.cases.back());
     explain_routing(in, *in.golden.find_case(n), report.cases.back());
     std::vector<float>().swap(report.cases.back().backend_taps);  // read: kept no longer
     in.known.apply(key, report.cases.back());

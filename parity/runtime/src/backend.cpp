@@ -162,7 +162,9 @@ std::vector<float> BackendSession::prefill_embeddings(std::span<const float> emb
 }
 
 void BackendModel::load_vision(const std::string& mmproj_path) {
+  if (mmproj_path == vision_path_) return;
   lib_->channel().load_vision(model_, mmproj_path);
+  vision_path_ = mmproj_path;
 }
 
 std::vector<float> BackendModel::encode_image(std::span<const float> pixels, int32_t height,

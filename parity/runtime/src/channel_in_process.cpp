@@ -127,6 +127,7 @@ class InProcessChannel final : public BackendChannel {
                       TS_CAP_BITWISE_NOT_ACROSS_FORKS);
     }
     if (api_->api_version < 7) caps.flags &= ~TS_CAP_STRUCTURED_OUTPUT;
+    if (api_->api_version < 8) caps.flags &= ~(TS_CAP_EMBEDDING_INPUT | TS_CAP_MULTIMODAL);
     caps.struct_size = sizeof(caps);
     return caps;
   }

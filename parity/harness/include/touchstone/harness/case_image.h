@@ -26,6 +26,16 @@ struct CaseImage {
 // (Idefics3: several frames per image), and the backend's errors as they come.
 CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, BackendModel& model);
 
+// multimodal.encoder: the backend's own vision tower (ABI v8 TS_CAP_MULTIMODAL) on the
+// case's image against the golden's embeddings (the reference's tower). nmse / max_abs
+// over every value; embeddings: the backend's, for the decoder run that follows.
+struct EncoderCheck {
+  double nmse = 0.0, max_abs = 0.0;
+  std::vector<float> embeddings;
+};
+EncoderCheck check_case_encoder(const Manifest& manifest, const ManifestCase& c,
+                                const std::vector<float>& golden, BackendModel& model);
+
 // The prompt's text before and after kImagePlaceholder (Error naming the case when it
 // is not there exactly once).
 std::pair<std::string, std::string> split_at_image(const std::string& prompt,

@@ -13,6 +13,7 @@
 // (docs/metrics.md#top-n-backends), NMSE / max-abs NOT SUPPORTED.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -156,6 +157,10 @@ struct CaseResult {
   // profile check that needs full rows is named in not_supported.
   int logprobs_top_n = 0;
   std::vector<std::string> not_supported;  // "logits_nmse", "logits_max_abs", ...
+  // multimodal.encoder (an image case on a backend with its own vision tower, ABI v8
+  // TS_CAP_MULTIMODAL; docs/vision.md): the backend's image embeddings against the
+  // golden's (NaN = not run); the case is then judged again with them in the prompt.
+  double encoder_nmse = NAN, encoder_max_abs = NAN;
   int topn_missing_max = 0;       // most reference top-K tokens absent from one returned row
   std::vector<DriftPoint> drift;  // serving checks: one per configuration run
 };

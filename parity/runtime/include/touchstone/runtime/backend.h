@@ -95,7 +95,8 @@ class BackendModel {
   int32_t n_vocab() const;
   Handle handle() const { return model_; }
   const std::shared_ptr<BackendLibrary>& library() const { return lib_; }
-  // ABI v8 (library()->has_vision(), else Error): attaches an mmproj GGUF's vision tower;
+  // ABI v8 (library()->has_vision(), else Error): attaches an mmproj GGUF's vision tower
+  // (once: the same path again is a no-op);
   // then an image's projected embeddings (pixels: 3 x height x width float32, the
   // processor's output), n_floats = n_image_tokens x n_embd.
   void load_vision(const std::string& mmproj_path);
@@ -106,6 +107,7 @@ class BackendModel {
   std::shared_ptr<BackendLibrary> lib_;
   Handle model_ = 0;
   int32_t n_vocab_ = 0;
+  std::string vision_path_;  // the mmproj attached by load_vision ("" = none)
 };
 
 struct BackendSessionOptions {
