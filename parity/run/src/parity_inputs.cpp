@@ -138,7 +138,7 @@ int32_t planned_context(const Opts& o, const Inputs& in) {
       const GoldenCase& g = *in.golden.find_case(n);
       size_t steps = g.greedy_ids.size();
       if (max_steps > 0) steps = std::min(steps, size_t(max_steps));
-      need = std::max(need, g.prompt_ids.size() + steps);
+      need = std::max(need, g.prompt_ids.size() + size_t(g.image_tokens) + steps);
     }
     for (const auto& n : in.plan.scoring) {
       size_t pos = in.golden.find_scoring(n)->token_ids.size();

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "parity_internal.h"
+#include "touchstone/harness/multimodal.h"
 #include "touchstone/harness/serving.h"
 #include "touchstone/report/report_merge.h"
 #include "touchstone/run/backend_identity.h"
@@ -11,6 +12,37 @@
 
 namespace touchstone {
 namespace run_detail {
+namespace {
+
+// multimodal.serving (touchstone/harness/multimodal.h) on the first two image cases of
+// the plan that share one prompt, where the backend takes input embeddings.
+void run_multimodal_serving(const Inputs& in, BackendHost& host, const KnownDivergenceKey& key,
+                            const ServingOptions& opt, Report& report) {
+  const GoldenCase* a = nullptr;
+  const GoldenCase* b = nullptr;
+  for (const std::string& n : in.plan.all_cases) {
+    const GoldenCase* g = in.golden.find_case(n);
+    if (!g || !g->has_image()) continue;
+    if (!a) {
+      a = g;
+    } else if (!b && g->prompt_ids == a->prompt_ids && g->image_at == a->image_at) {
+      b = g;
+    }
+  }
+  if (!b || !opt.runs("serving.batch_invariance")) return;
+  ++report.n_planned;
+  if (!host.library().has_embeddings()) {
+    report.not_supported.push_back(
+        {"multimodal.serving",
+         "image sequences need input embeddings (ABI v8 TS_CAP_EMBEDDING_INPUT)"});
+    --report.n_planned;
+    return;
+  }
+  report.cases.push_back(check_multimodal_serving(host.model(), *a, *b, *in.profile, opt));
+  in.known.apply(key, report.cases.back());
+}
+
+}  // namespace
 
 // Serving checks: asked for, or by default (no --case / --scoring) when the
 // backend has a serving member of its own (ABI v6).
@@ -91,6 +123,7 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
     add_check_rows(in, key,
                    check_serving(host.model(), g.prompt_ids, g.greedy_ids, *in.profile, opt),
                    opt.no_rows_reason(), report);
+    run_multimodal_serving(in, host, key, opt, report);
   } catch (const BackendError& e) {
     report.cases.push_back(backend_failure<CaseResult>(host, report, "serving", e));
   }
