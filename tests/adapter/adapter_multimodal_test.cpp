@@ -5,6 +5,7 @@
 // A toy backend whose logits row is the mean of the embedding rows it was given.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,7 +34,8 @@ struct Seeing {
     void load_vision(const std::string& path) { tower = path; }
     void encode_image(const ts_image& img, float* out, int64_t n) {
       if (tower.empty()) throw touchstone::abi::StatusError(TS_ERR_INVALID_ARGUMENT, "no tower");
-      for (int64_t i = 0; i < n; ++i) out[i] = img.pixels[i % (3 * img.height * img.width)];
+      const float* px = static_cast<const float*>(img.data);
+      for (int64_t i = 0; i < n; ++i) out[i] = px[i % (3 * img.height * img.width)];
     }
   };
   struct Session {
@@ -136,7 +138,7 @@ TEST(AdapterMultimodal, EncodeImageChecksTheImageThenAsksTheModel) {
   Fixture f;
   const std::vector<float> px(3 * 2 * 2, 0.25f);
   std::vector<float> out(2 * kEmbd, -1.0f);
-  ts_image img{sizeof img, px.data(), 3, 2, 2};
+  ts_image img{sizeof img, TS_IMAGE_PIXELS_F32, px.data(), 3, 2, 2};
   EXPECT_EQ(f.t->encode_image(f.m, &img, out.data(), int64_t(out.size())),
             TS_ERR_INVALID_ARGUMENT);  // no tower yet: the model's own check
   ASSERT_EQ(f.t->load_vision(f.m, "mmproj.gguf"), TS_OK);
@@ -144,7 +146,12 @@ TEST(AdapterMultimodal, EncodeImageChecksTheImageThenAsksTheModel) {
   EXPECT_EQ(out, std::vector<float>(2 * kEmbd, 0.25f));
   img.channels = 4;
   EXPECT_EQ(f.t->encode_image(f.m, &img, out.data(), int64_t(out.size())), TS_ERR_INVALID_ARGUMENT);
-  img = {sizeof img, nullptr, 3, 2, 2};
+  img.channels = 3;
+  const int bad = 7;  // no enumerator: set through its bytes
+  std::memcpy(&img.format, &bad, sizeof bad);
+  EXPECT_EQ(f.t->encode_image(f.m, &img, out.data(), int64_t(out.size())), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(f.t->last_error()).find("format"), std::string::npos);
+  img = {sizeof img, TS_IMAGE_PIXELS_F32, nullptr, 3, 2, 2};
   EXPECT_EQ(f.t->encode_image(f.m, &img, out.data(), int64_t(out.size())), TS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(f.t->load_vision(f.m, nullptr), TS_ERR_INVALID_ARGUMENT);
 }

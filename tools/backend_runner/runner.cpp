@@ -391,17 +391,21 @@ std::string Runner::load_vision(Reader& r) {
 std::string Runner::encode_image(Reader& r) {
   need(ch_->info().vision, "encode_image", 6, 8);
   const Handle m = model(r);
+  const int32_t format = r.i32("format");
   const int32_t c = r.i32("channels"), h = r.i32("height"), wd = r.i32("width");
   const uint64_t n = r.u64("n_floats");
-  if (c != 3 || h < 1 || wd < 1 || uint64_t(c) * uint64_t(h) * uint64_t(wd) * 4 != r.remaining())
-    throw Error("runner: encode_image: {} x {} x {} pixels, {} bytes sent", c, h, wd,
+  const uint64_t per = format == TS_IMAGE_PIXELS_F32 ? 4 : 1;
+  if ((format != TS_IMAGE_PIXELS_F32 && format != TS_IMAGE_RGB8) || c != 3 || h < 1 || wd < 1 ||
+      uint64_t(c) * uint64_t(h) * uint64_t(wd) * per != r.remaining())
+    throw Error("runner: encode_image: format {}, {} x {} x {}, {} bytes sent", format, c, h, wd,
                 r.remaining());
   if (n == 0 || n > (uint64_t{1} << 28))
     throw Error("runner: encode_image: n_floats {} outside [1, 2^28]", n);
-  std::vector<float> px(size_t(c) * size_t(h) * size_t(wd));
-  r.f32s("pixels", px);
+  std::vector<uint8_t> data(r.remaining());
+  r.u8s("image", data);
   r.finish();
-  ch_->encode_image(m, px, h, wd, std::span<float>(guarded(size_t(n)).data(), size_t(n)));
+  ch_->encode_image(m, ts_image_format(format), data, h, wd,
+                    std::span<float>(guarded(size_t(n)).data(), size_t(n)));
   check_guard(size_t(n), "encode_image");
   return floats_reply(size_t(n));
 }

@@ -66,20 +66,9 @@ struct CpuSimd {
     void encode_image(const ts_image& img, float* out, int64_t n_floats) {
       if (!vision) throw StatusError(TS_ERR_INVALID_ARGUMENT, "encode_image: load_vision first");
       const auto& c = vision->config();
-      if (img.height != c.image_size || img.width != c.image_size) {
-        throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                          "encode_image: a " + std::to_string(img.height) + " x " +
-                              std::to_string(img.width) + " image; the tower takes " +
-                              std::to_string(c.image_size) + " x " + std::to_string(c.image_size));
-      }
-      const int64_t want = int64_t(c.n_tokens()) * c.n_embd_text;
-      if (n_floats != want) {
-        throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                          "encode_image: n_floats " + std::to_string(n_floats) +
-                              " != " + std::to_string(c.n_tokens()) + " image tokens x " +
-                              std::to_string(c.n_embd_text) + " = " + std::to_string(want));
-      }
-      vision->encode(img.pixels, out);
+      vision->encode(
+          touchstone::abi::tower_pixels(img, c.image_size, c.n_tokens(), c.n_embd_text, n_floats),
+          out);
     }
   };
 

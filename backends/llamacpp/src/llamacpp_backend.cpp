@@ -25,6 +25,8 @@
 //                 image's rows in one llama_decode with llama_set_causal_attn(false)
 //                 when bidirectional, as mtmd_helper_decode_image_chunk does for
 //                 Gemma 3 (tools/mtmd/mtmd-helper.cpp)
+//   load_vision / encode_image  libmtmd: the mmproj, llama.cpp's own preprocessing of
+//                 the decoded image, its tower and projector (llamacpp_vision.h)
 //   compile_grammar GBNF through llama.cpp's grammar sampler
 //                 (llama_sampler_init_grammar, llamacpp_grammar.h); JSON schema
 //                 and regex are TS_ERR_UNSUPPORTED
@@ -46,6 +48,9 @@
 
 #include "f32_copy.h"
 #include "llamacpp_grammar.h"
+#ifdef TOUCHSTONE_LLAMACPP_MTMD
+#include "llamacpp_vision.h"
+#endif
 #include "touchstone/abi/backend_adapter.hpp"
 #include "touchstone/abi/backend_impl.h"
 
@@ -171,6 +176,19 @@ struct LlamaCpp {
     int32_t vocab = 0;
     int32_t n_ctx_train = 0;
     int32_t n_vocab() const { return vocab; }
+#ifdef TOUCHSTONE_LLAMACPP_MTMD
+    std::unique_ptr<MtmdTower> tower;  // ABI v8 load_vision (libmtmd)
+    // ABI v8: llama.cpp's own vision path (llamacpp_vision.h), tied to the file's model.
+    void load_vision(const std::string& mmproj) {
+      init_llama();
+      tower = std::make_unique<MtmdTower>(mmproj, quantized.get(),
+                                          int32_t(std::thread::hardware_concurrency()));
+    }
+    void encode_image(const ts_image& img, float* out, int64_t n_floats) {
+      if (!tower) throw StatusError(TS_ERR_INVALID_ARGUMENT, "encode_image: load_vision first");
+      tower->encode(img, out, n_floats);
+    }
+#endif
 
     llama_model* weights(bool quant) {
       if (quant) return quantized.get();

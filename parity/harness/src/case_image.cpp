@@ -44,6 +44,7 @@ namespace {
 struct CasePixels {
   std::string mmproj, image_sha256, mmproj_sha256;
   vision::VisionTowerConfig tower;
+  vision::Image rgb;  // the decoded image, alpha composited over white (convert_to_rgb)
   vision::PixelValues px;
 };
 
@@ -60,18 +61,33 @@ CasePixels case_pixels(const Manifest& manifest, const ManifestCase& c) {
         "image block only (Idefics3's tiles and their prompt layout are not judged yet)",
         c.name, out.mmproj, tower.config.projector);
   out.tower = tower.config;
-  out.px = vision::preprocess(vision::read_png(png, true), vision::processor_of(tower));
+  const vision::Image image = vision::read_png(png, true);
+  out.rgb = vision::convert_to_rgb(image);
+  out.px = vision::preprocess(image, vision::processor_of(tower));
   return out;
 }
 
-// The backend's tower on the pixels (its model's tower attached once per mmproj).
-std::vector<float> encode(BackendModel& model, const CasePixels& p, const std::string& name) {
+// The backend's tower (attached once per mmproj) on the harness's pixel tensor, or, where
+// it takes only a decoded image (TS_ERR_UNSUPPORTED: an engine that preprocesses
+// itself), on the decoded RGB image; *by_backend says which.
+std::vector<float> encode(BackendModel& model, const CasePixels& p, const std::string& name,
+                          bool* by_backend = nullptr) {
   if (!model.library()->has_vision())
     throw Error("case '{}': backend '{}' has no vision tower (ABI v8 TS_CAP_MULTIMODAL)", name,
                 model.library()->name());
   model.load_vision(p.mmproj);
-  return model.encode_image(p.px.values, p.px.height, p.px.width,
-                            size_t(p.tower.n_tokens()) * size_t(p.tower.n_embd_text));
+  const size_t n = size_t(p.tower.n_tokens()) * size_t(p.tower.n_embd_text);
+  if (by_backend) *by_backend = false;
+  try {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(p.px.values.data());
+    return model.encode_image(TS_IMAGE_PIXELS_F32,
+                              std::span(bytes, p.px.values.size() * sizeof(float)), p.px.height,
+                              p.px.width, n);
+  } catch (const BackendError& e) {
+    if (e.status() != TS_ERR_UNSUPPORTED || !by_backend) throw;
+  }
+  *by_backend = true;
+  return model.encode_image(TS_IMAGE_RGB8, p.rgb.pixels, p.rgb.height, p.rgb.width, n);
 }
 
 }  // namespace
@@ -93,7 +109,7 @@ CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, Ba
 EncoderCheck check_case_encoder(const Manifest& manifest, const ManifestCase& c,
                                 const std::vector<float>& golden, BackendModel& model) {
   EncoderCheck r;
-  r.embeddings = encode(model, case_pixels(manifest, c), c.name);
+  r.embeddings = encode(model, case_pixels(manifest, c), c.name, &r.preprocessed_by_backend);
   if (r.embeddings.size() != golden.size())
     throw Error("case '{}': the backend's tower gives {} values, the golden holds {}", c.name,
                 r.embeddings.size(), golden.size());

@@ -182,6 +182,7 @@ json case_json(const CaseResult& c) {
     auto finite = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
     cj["encoder_nmse"] = finite(c.encoder_nmse);
     cj["encoder_max_abs"] = finite(c.encoder_max_abs);
+    cj["encoder_preprocessing"] = c.encoder_preprocessing;
   }
   cj["first_layer_divergence"] = layer_json(c.first_layer_divergence);
   cj["series"] = case_series_json(c);

@@ -21,20 +21,22 @@ void check_encoder(const Inputs& in, BackendHost& host, const GoldenCase& g, int
     EncoderCheck e = check_case_encoder(in.manifest, mc, g.image_embeddings, host.model());
     r.encoder_nmse = e.nmse;
     r.encoder_max_abs = e.max_abs;
+    r.encoder_preprocessing = e.preprocessed_by_backend ? "the backend" : "the harness";
     if (tol && !(e.nmse <= *tol)) {
       r.failures.push_back(fmt::format(
           "multimodal.encoder: the backend's image embeddings differ from the reference's: "
-          "NMSE {:.3e} > {:.1e} (max |diff| {:.3e})",
-          e.nmse, *tol, e.max_abs));
+          "NMSE {:.3e} > {:.1e} (max |diff| {:.3e}; image preprocessed by {})",
+          e.nmse, *tol, e.max_abs, r.encoder_preprocessing));
       r.violations.push_back({"encoder", e.nmse, *tol});
     }
     GoldenCase own = g;
     own.image_embeddings = std::move(e.embeddings);
     const CaseResult again = check_case(host.session(), *in.tok, own, *in.profile, max_steps);
-    if (!again.passed) {
+    if (!again.passed) {  // its violations join the case's, by the same names
       r.failures.push_back("multimodal.encoder: with the backend's own image embeddings: " +
                            (again.failures.empty() ? std::string("failed") : again.failures[0]));
-      r.violations.push_back({"encoder_prefill", 0.0, 0.0});
+      r.violations.insert(r.violations.end(), again.violations.begin(), again.violations.end());
+      if (again.violations.empty()) r.violations.push_back({"backend_error", 0.0, 0.0});
     }
   } catch (const std::exception& e) {
     r.failures.push_back(fmt::format("multimodal.encoder: {}", e.what()));

@@ -45,9 +45,17 @@ void BackendChannel::prefill_embeddings(Handle /*session*/, std::span<const floa
 void BackendChannel::load_vision(Handle /*model*/, const std::string& /*mmproj_path*/) {
   throw Error("backend '{}' has no load_vision (ABI v8 TS_CAP_MULTIMODAL)", info().name);
 }
-void BackendChannel::encode_image(Handle /*model*/, std::span<const float> /*pixels*/,
-                                  int32_t /*height*/, int32_t /*width*/, std::span<float> /*out*/) {
+void BackendChannel::encode_image(Handle /*model*/, ts_image_format /*format*/,
+                                  std::span<const uint8_t> /*data*/, int32_t /*height*/,
+                                  int32_t /*width*/, std::span<float> /*out*/) {
   throw Error("backend '{}' has no encode_image (ABI v8 TS_CAP_MULTIMODAL)", info().name);
+}
+
+void check_image_bytes(ts_image_format format, size_t bytes, int32_t height, int32_t width) {
+  const size_t per = format == TS_IMAGE_PIXELS_F32 ? sizeof(float) : 1;
+  if (height < 1 || width < 1 || bytes != size_t(3) * size_t(height) * size_t(width) * per)
+    throw Error("encode_image: {} bytes for a 3 x {} x {} image of {} bytes per value", bytes,
+                height, width, per);
 }
 
 void BackendChannel::set_grammar(Handle /*session*/, const ts_grammar* /*grammar*/) {
@@ -167,10 +175,10 @@ void BackendModel::load_vision(const std::string& mmproj_path) {
   vision_path_ = mmproj_path;
 }
 
-std::vector<float> BackendModel::encode_image(std::span<const float> pixels, int32_t height,
-                                              int32_t width, size_t n_floats) {
+std::vector<float> BackendModel::encode_image(ts_image_format format, std::span<const uint8_t> data,
+                                              int32_t height, int32_t width, size_t n_floats) {
   std::vector<float> out(n_floats);
-  lib_->channel().encode_image(model_, pixels, height, width, out);
+  lib_->channel().encode_image(model_, format, data, height, width, out);
   return out;
 }
 

@@ -201,8 +201,8 @@ class ChildChannel final : public BackendChannel {
   void prefill_embeddings(Handle s, std::span<const float> e, int32_t n_embd, bool bidirectional,
                           bool all, std::span<float> out) override;
   void load_vision(Handle m, const std::string& path) override;
-  void encode_image(Handle m, std::span<const float> pixels, int32_t height, int32_t width,
-                    std::span<float> out) override;
+  void encode_image(Handle m, ts_image_format format, std::span<const uint8_t> data, int32_t height,
+                    int32_t width, std::span<float> out) override;
 
  private:
   void check_serving_flags(uint32_t flags);
@@ -378,11 +378,12 @@ void ChildChannel::load_vision(Handle m, const std::string& path) {
   r.finish();
 }
 
-void ChildChannel::encode_image(Handle m, std::span<const float> pixels, int32_t height,
-                                int32_t width, std::span<float> out) {
-  if (!info_.vision) BackendChannel::encode_image(m, pixels, height, width, out);
+void ChildChannel::encode_image(Handle m, ts_image_format format, std::span<const uint8_t> data,
+                                int32_t height, int32_t width, std::span<float> out) {
+  if (!info_.vision) BackendChannel::encode_image(m, format, data, height, width, out);
+  check_image_bytes(format, data.size(), height, width);
   Writer w;
-  w.u64(m).i32(3).i32(height).i32(width).u64(out.size()).f32s(pixels);
+  w.u64(m).i32(int32_t(format)).i32(3).i32(height).i32(width).u64(out.size()).u8s(data);
   floats_call(Op::kEncodeImage, w, "encode_image", out);
 }
 

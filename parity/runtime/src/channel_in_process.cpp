@@ -216,14 +216,14 @@ class InProcessChannel final : public BackendChannel {
     if (!info_.vision) BackendChannel::load_vision(m, path);
     check(api_->load_vision(model(m), path.c_str()), "load_vision");
   }
-  void encode_image(Handle m, std::span<const float> pixels, int32_t height, int32_t width,
-                    std::span<float> out) override {
-    if (!info_.vision) BackendChannel::encode_image(m, pixels, height, width, out);
-    if (pixels.size() != size_t(3) * size_t(height) * size_t(width))
-      throw Error("encode_image: {} pixel values for 3 x {} x {}", pixels.size(), height, width);
+  void encode_image(Handle m, ts_image_format format, std::span<const uint8_t> data, int32_t height,
+                    int32_t width, std::span<float> out) override {
+    if (!info_.vision) BackendChannel::encode_image(m, format, data, height, width, out);
+    check_image_bytes(format, data.size(), height, width);
     ts_image img{};
     img.struct_size = sizeof img;
-    img.pixels = pixels.data();
+    img.format = format;
+    img.data = data.data();
     img.channels = 3;
     img.height = height;
     img.width = width;

@@ -130,6 +130,11 @@ Writer& Writer::f32s(std::span<const float> v) {
   return *this;
 }
 
+Writer& Writer::u8s(std::span<const uint8_t> v) {
+  buf_.append(reinterpret_cast<const char*>(v.data()), v.size());
+  return *this;
+}
+
 std::span<const uint8_t> Reader::take(size_t n, const char* field) {
   if (n > remaining()) {
     throw ProtocolError("{}: field '{}' needs {} bytes at offset {}, {} left", what_, field, n,
@@ -164,6 +169,11 @@ void Reader::i32s(const char* field, std::span<int32_t> out) {
 
 void Reader::f32s(const char* field, std::span<float> out) {
   const auto s = take(out.size_bytes(), field);
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+}
+
+void Reader::u8s(const char* field, std::span<uint8_t> out) {
+  const auto s = take(out.size(), field);
   if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
 }
 

@@ -53,24 +53,12 @@ struct Reference {
     void encode_image(const ts_image& img, float* out, int64_t n_floats) {
       if (!tower) throw StatusError(TS_ERR_INVALID_ARGUMENT, "encode_image: load_vision first");
       const touchstone::vision::VisionTowerConfig& c = tower->config;
-      if (img.height != c.image_size || img.width != c.image_size) {
-        throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                          "encode_image: a " + std::to_string(img.height) + " x " +
-                              std::to_string(img.width) + " image; the tower takes " +
-                              std::to_string(c.image_size) + " x " + std::to_string(c.image_size));
-      }
-      const int64_t want = int64_t(c.n_tokens()) * c.n_embd_text;
-      if (n_floats != want) {
-        throw StatusError(TS_ERR_INVALID_ARGUMENT,
-                          "encode_image: n_floats " + std::to_string(n_floats) +
-                              " != " + std::to_string(c.n_tokens()) + " image tokens x " +
-                              std::to_string(c.n_embd_text) + " = " + std::to_string(want));
-      }
+      const float* px =
+          touchstone::abi::tower_pixels(img, c.image_size, c.n_tokens(), c.n_embd_text, n_floats);
       const size_t n = size_t(3) * size_t(img.height) * size_t(img.width);
-      touchstone::vision::PixelValues px{3, img.height, img.width,
-                                         std::vector<float>(img.pixels, img.pixels + n)};
+      touchstone::vision::PixelValues pv{3, img.height, img.width, std::vector<float>(px, px + n)};
       const std::vector<float> e =
-          touchstone::vision::project(*tower, touchstone::vision::encode_patches(*tower, px));
+          touchstone::vision::project(*tower, touchstone::vision::encode_patches(*tower, pv));
       std::copy(e.begin(), e.end(), out);
     }
   };

@@ -168,13 +168,22 @@ typedef struct ts_embedding_input {
                               (Gemma 3's image block); 0: causally, as n tokens would */
 } ts_embedding_input;
 
-/* A preprocessed image for encode_image (api_version >= 8): the pixel tensor the model's
- * processor produces (resized, rescaled, normalised), planar channels x height x width. */
+/* An image for encode_image (api_version >= 8), in one of two forms. */
+typedef enum ts_image_format {
+  /* the pixel tensor the model's processor produces (resized, rescaled, normalised):
+   * float32 [channels][height][width], the tower's input size */
+  TS_IMAGE_PIXELS_F32 = 0,
+  /* the decoded image before any processing (alpha composited over white): uint8
+   * [height][width][channels], any size; the backend preprocesses it itself */
+  TS_IMAGE_RGB8 = 1
+} ts_image_format;
+
 typedef struct ts_image {
   uint32_t struct_size; /* sizeof(ts_image), set by the caller */
-  const float* pixels;  /* channels x height x width float32 */
-  int32_t channels;     /* 3 (RGB) */
-  int32_t height;       /* pixels; the tower's image_size */
+  ts_image_format format;
+  const void* data; /* as format says */
+  int32_t channels; /* 3 (RGB) */
+  int32_t height;   /* pixels */
   int32_t width;
 } ts_image;
 
@@ -258,7 +267,8 @@ typedef struct ts_backend {
   /* TS_CAP_MULTIMODAL (else both NULL): attaches the vision tower and projector of a
    * llama.cpp mmproj GGUF to the model (its projection width must be the model's n_embd);
    * then encode_image writes the image's projected embeddings, n_image_tokens x n_embd
-   * float32 (n_floats must equal that size; the error names it). */
+   * float32 (n_floats must equal that size; the error names it). A format the backend
+   * does not take is TS_ERR_UNSUPPORTED (the harness then offers the other). */
   ts_status (*load_vision)(ts_model* model, const char* mmproj_path);
   ts_status (*encode_image)(ts_model* model, const ts_image* image, float* embeddings_out,
                             int64_t n_floats);

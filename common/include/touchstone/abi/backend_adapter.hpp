@@ -44,8 +44,9 @@
 //       //           and "no grammar set" checked)
 //     // optional (ABI v8), on Model: void load_vision(const std::string& mmproj_path);
 //     //   void encode_image(const ts_image& image, float* out, int64_t n_floats);
-//     //   (sets TS_CAP_MULTIMODAL; the image's pointers and sizes checked; the Model
-//     //   checks that a tower is loaded and that n_floats is its output's size)
+//     //   (sets TS_CAP_MULTIMODAL; the image's pointer, format and sizes checked; the
+//     //   Model checks the format it takes, that a tower is loaded and that n_floats is
+//     //   its output's size)
 //     // optional (ABI v6): static void step_batch(std::span<const abi::BatchItem<Session>>);
 //     //   (step_batch; every entry already checked: distinct sessions of one model
 //     //   and weight path, tokens, room, buffers. Set TS_CAP_BATCHED_SESSIONS in
@@ -728,10 +729,15 @@ class BackendAdapter {
                                 int64_t n_floats) noexcept {
     return abi::guard([&] {
       abi::require(m && img && out, "encode_image: null argument");
-      abi::require(img->struct_size >= sizeof(ts_image) && img->pixels,
-                   "encode_image: null pixels or struct_size too small");
+      abi::require(img->struct_size >= sizeof(ts_image) && img->data,
+                   "encode_image: null data or struct_size too small");
+      int format = 0;
+      static_assert(sizeof format == sizeof img->format);
+      std::memcpy(&format, &img->format, sizeof format);
+      abi::require(format == TS_IMAGE_PIXELS_F32 || format == TS_IMAGE_RGB8,
+                   "encode_image: unknown image format");
       abi::require(img->channels == 3 && img->height > 0 && img->width > 0,
-                   "encode_image: the image must be 3 x height x width with height, width > 0");
+                   "encode_image: the image must have 3 channels, height and width > 0");
       abi::require(n_floats > 0, "encode_image: n_floats <= 0");
       if constexpr (kVision) box(m)->model->encode_image(*img, out, n_floats);
     });

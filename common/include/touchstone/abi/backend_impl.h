@@ -31,6 +31,29 @@ auto load_or_status(F&& f) -> decltype(f()) {
   }
 }
 
+// encode_image (ABI v8) for a backend whose tower takes the processor's pixel tensor
+// (TS_IMAGE_PIXELS_F32) of image_size x image_size and writes n_tokens x n_embd floats:
+// the pixels, or TS_ERR_UNSUPPORTED (another format) / TS_ERR_INVALID_ARGUMENT (another
+// size, n_floats not the output's size), each naming what it expected.
+inline const float* tower_pixels(const ts_image& img, int32_t image_size, int64_t n_tokens,
+                                 int64_t n_embd, int64_t n_floats) {
+  if (img.format != TS_IMAGE_PIXELS_F32)
+    throw StatusError(TS_ERR_UNSUPPORTED,
+                      "encode_image: this backend's tower takes the processor's pixel tensor "
+                      "(TS_IMAGE_PIXELS_F32), not the decoded image");
+  if (img.height != image_size || img.width != image_size)
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "encode_image: a " + std::to_string(img.height) + " x " +
+                          std::to_string(img.width) + " image; the tower takes " +
+                          std::to_string(image_size) + " x " + std::to_string(image_size));
+  if (n_floats != n_tokens * n_embd)
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "encode_image: n_floats " + std::to_string(n_floats) +
+                          " != " + std::to_string(n_tokens) + " image tokens x " +
+                          std::to_string(n_embd) + " = " + std::to_string(n_tokens * n_embd));
+  return static_cast<const float*>(img.data);
+}
+
 // The start of a CPU backend's device_name: "CPU: <model name of
 // /proc/cpuinfo> (<N> hardware threads" (the caller closes the parenthesis
 // after adding its own facts). "unknown CPU" where /proc/cpuinfo has no model.

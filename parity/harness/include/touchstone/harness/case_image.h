@@ -27,11 +27,15 @@ struct CaseImage {
 CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, BackendModel& model);
 
 // multimodal.encoder: the backend's own vision tower (ABI v8 TS_CAP_MULTIMODAL) on the
-// case's image against the golden's embeddings (the reference's tower). nmse / max_abs
+// case's image against the golden's embeddings (the reference's tower): the harness's
+// pixel tensor, or the decoded image where the backend preprocesses itself. nmse / max_abs
 // over every value; embeddings: the backend's, for the decoder run that follows.
 struct EncoderCheck {
   double nmse = 0.0, max_abs = 0.0;
   std::vector<float> embeddings;
+  // The backend took the decoded image (TS_IMAGE_RGB8) and preprocessed it itself: its
+  // preprocessing is judged with its tower (else the harness's pixel tensor went in).
+  bool preprocessed_by_backend = false;
 };
 EncoderCheck check_case_encoder(const Manifest& manifest, const ManifestCase& c,
                                 const std::vector<float>& golden, BackendModel& model);

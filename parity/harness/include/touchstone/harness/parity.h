@@ -161,6 +161,9 @@ struct CaseResult {
   // TS_CAP_MULTIMODAL; docs/vision.md): the backend's image embeddings against the
   // golden's (NaN = not run); the case is then judged again with them in the prompt.
   double encoder_nmse = NAN, encoder_max_abs = NAN;
+  // Who preprocessed the image for it: "the harness" (the pixel tensor went in) or "the
+  // backend" (it took the decoded image, TS_IMAGE_RGB8); "" = not run.
+  std::string encoder_preprocessing;
   int topn_missing_max = 0;       // most reference top-K tokens absent from one returned row
   std::vector<DriftPoint> drift;  // serving checks: one per configuration run
 };

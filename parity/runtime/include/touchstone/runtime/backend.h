@@ -100,8 +100,8 @@ class BackendModel {
   // then an image's projected embeddings (pixels: 3 x height x width float32, the
   // processor's output), n_floats = n_image_tokens x n_embd.
   void load_vision(const std::string& mmproj_path);
-  std::vector<float> encode_image(std::span<const float> pixels, int32_t height, int32_t width,
-                                  size_t n_floats);
+  std::vector<float> encode_image(ts_image_format format, std::span<const uint8_t> data,
+                                  int32_t height, int32_t width, size_t n_floats);
 
  private:
   std::shared_ptr<BackendLibrary> lib_;

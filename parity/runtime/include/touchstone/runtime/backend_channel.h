@@ -105,13 +105,14 @@ class BackendChannel {
   // ABI v8 (info().embeddings / info().vision): n = embeddings.size() / n_embd input
   // embeddings appended as a prefill (out.size(): n_vocab, or n * n_vocab when
   // all_positions); a vision tower attached to the model from an mmproj GGUF; an image's
-  // projected embeddings (pixels: 3 x height x width float32; out.size(): the tower's
-  // n_image_tokens x n_embd). All throw Error when the backend lacks them.
+  // projected embeddings (data: the image's bytes in `format`, TS_IMAGE_PIXELS_F32 3 x
+  // height x width float32 or TS_IMAGE_RGB8 height x width x 3 bytes; out.size(): the
+  // tower's n_image_tokens x n_embd). All throw Error when the backend lacks them.
   virtual void prefill_embeddings(Handle session, std::span<const float> embeddings, int32_t n_embd,
                                   bool bidirectional, bool all_positions, std::span<float> out);
   virtual void load_vision(Handle model, const std::string& mmproj_path);
-  virtual void encode_image(Handle model, std::span<const float> pixels, int32_t height,
-                            int32_t width, std::span<float> out);
+  virtual void encode_image(Handle model, ts_image_format format, std::span<const uint8_t> data,
+                            int32_t height, int32_t width, std::span<float> out);
   // Child process only: false once the process died or was killed; restart()
   // starts a fresh one (every handle of the old one is gone).
   virtual bool alive() const { return true; }
@@ -122,6 +123,10 @@ class BackendChannel {
     return std::nullopt;
   }
 };
+
+// The bytes an image of `format` (ABI v8 ts_image_format) with 3 channels of height x
+// width holds (float32 pixels or uint8 RGB); Error for a size that is not that.
+void check_image_bytes(ts_image_format format, size_t bytes, int32_t height, int32_t width);
 
 // dlopen()s the library (name or path, see BackendLibrary::load) and checks
 // the table; throws Error naming the problem (an "exec:" command is refused:

@@ -83,8 +83,10 @@ enum class Op : uint32_t {
                             //    i32 bidirectional, f32 embeddings[n * n_embd];
                             //    reply: f32 logits[n_vocab or n * n_vocab]
   kLoadVision = 20,         // -> u64 model, str mmproj path; reply: status only
-  kEncodeImage = 21         // -> u64 model, i32 channels, i32 height, i32 width, u64 n_floats,
-                            //    f32 pixels[channels * height * width]; reply: f32 out[n_floats]
+  kEncodeImage = 21         // -> u64 model, i32 format, i32 channels, i32 height, i32 width,
+                            //    u64 n_floats, then the image: f32 [channels][height][width]
+                            //    (TS_IMAGE_PIXELS_F32) or u8 [height][width][channels]
+                            //    (TS_IMAGE_RGB8); reply: f32 out[n_floats]
 };
 const char* op_name(uint32_t op);
 
@@ -116,6 +118,7 @@ class Writer {
   Writer& str(std::string_view s);
   Writer& i32s(std::span<const int32_t> v);  // raw, no count
   Writer& f32s(std::span<const float> v);    // raw, no count
+  Writer& u8s(std::span<const uint8_t> v);   // raw, no count
   const std::string& bytes() const { return buf_; }
 
  private:
@@ -133,6 +136,7 @@ class Reader {
   std::string str(const char* field, uint32_t max_len = 1u << 20);
   void i32s(const char* field, std::span<int32_t> out);
   void f32s(const char* field, std::span<float> out);
+  void u8s(const char* field, std::span<uint8_t> out);
   size_t remaining() const { return b_.size() - pos_; }
   // Throws unless every byte was consumed.
   void finish();
