@@ -96,6 +96,10 @@ VisionLayer read_layer(const gguf::File& f, const VisionTowerConfig& c, int32_t 
 
 }  // namespace
 
+VisionTowerConfig read_vision_config(const std::string& path) {
+  return read_config(gguf::File::open_metadata(path));
+}
+
 VisionTower load_vision_tower(const std::string& path) {
   const gguf::File f = gguf::File::open(path);
   VisionTower t;
@@ -120,12 +124,15 @@ VisionTower load_vision_tower(const std::string& path) {
 }
 
 ImageProcessor processor_of(const VisionTower& tower) {
-  const VisionTowerConfig& c = tower.config;
+  return processor_of(tower.config, tower.path);
+}
+
+ImageProcessor processor_of(const VisionTowerConfig& c, const std::string& path) {
   if (c.projector != "gemma3")
     throw Error(
         "{}: the {} image processor makes several frames (tiles and a global view): "
         "split_image (touchstone/vision/image_splitting.h), not one resize",
-        tower.path, c.projector);
+        path, c.projector);
   ImageProcessor p;
   p.name = c.projector;
   p.width = p.height = c.image_size;

@@ -76,6 +76,8 @@ struct VisionTower {
 // than gemma3 or idefics3, lacks a key or tensor, or a tensor has the wrong number of
 // elements.
 VisionTower load_vision_tower(const std::string& path);
+// Only its clip.* keys (the tensors are not read), with the same errors for them.
+VisionTowerConfig read_vision_config(const std::string& path);
 
 // The image processor the tower's file describes: image_size x image_size, its mean and
 // std, rescale 1/255, and the projector family's resampling filter (Gemma 3: bilinear,
@@ -83,6 +85,8 @@ VisionTower load_vision_tower(const std::string& path);
 // Idefics3, whose processor makes several frames (tiles plus a global view):
 // touchstone/vision/image_splitting.h.
 ImageProcessor processor_of(const VisionTower& tower);
+// The same from the keys alone (`path` names the file in errors).
+ImageProcessor processor_of(const VisionTowerConfig& config, const std::string& path);
 
 // The tower's output for one image of pixel values (processor_of's size, 3 channels):
 // [n_patches][n_embd] fp32. Throws Error on another shape.
