@@ -564,14 +564,16 @@ GraphFaults GraphSession::graph_faults() const {
   return g;
 }
 
-GraphSession::Graph& GraphSession::graph(int32_t T, int32_t W, bool argmax) {
-  auto it = graphs_.find({T, W, argmax});
+GraphSession::Graph& GraphSession::graph(int32_t T, int32_t W, bool argmax, Input input) {
+  auto it = graphs_.find({T, W, argmax, input});
   if (it != graphs_.end()) return it->second;
   GraphSpec spec = w_.spec_template;
   spec.T = T;
   spec.W = W;
   spec.capacity = cap_;
   spec.argmax = argmax;
+  spec.embeddings = input != Input::Tokens;
+  spec.block = input == Input::Block;
   spec.faults = graph_faults();
   // One thread: the sequential pipeline (no strips, no OpenMP region). The
   // strips cost the fp32 decode matmuls (fallback schedule) ~40% on one
@@ -587,7 +589,11 @@ GraphSession::Graph& GraphSession::graph(int32_t T, int32_t W, bool argmax) {
                                                   : "";
   const std::string key = (mode_ == WeightMode::FullPrecision ? "f" : "q") + std::to_string(T) +
                           "_" + std::to_string(W) + "_" + std::to_string(cap_) +
-                          (argmax ? "_argmax" : "") + (parallel ? "_par" : "") + fault_key;
+                          (argmax ? "_argmax" : "") +
+                          (input == Input::Embeddings ? "_embd"
+                           : input == Input::Block    ? "_block"
+                                                      : "") +
+                          (parallel ? "_par" : "") + fault_key;
   {
     std::lock_guard<std::mutex> lock(m_.mu);
     auto git = m_.graphs.find(key);
@@ -616,7 +622,7 @@ GraphSession::Graph& GraphSession::graph(int32_t T, int32_t W, bool argmax) {
         "static_graph: lowered signature has " + std::to_string(g.compiled->lowered_num_args) +
         " arguments, expected " + std::to_string(expected) + " (KV caches not updated in place?)");
   }
-  return graphs_.emplace(std::make_tuple(T, W, argmax), std::move(g)).first->second;
+  return graphs_.emplace(std::make_tuple(T, W, argmax, input), std::move(g)).first->second;
 }
 
 namespace {
@@ -639,11 +645,18 @@ struct Desc {
 };
 }  // namespace
 
-void GraphSession::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy) {
-  Graph& g = graph(c.T, c.W, greedy != nullptr);
+void GraphSession::run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy,
+                       const float* embd, bool block) {
+  const Input input = !embd ? Input::Tokens : block ? Input::Block : Input::Embeddings;
+  Graph& g = graph(c.T, c.W, greedy != nullptr, input);
   const int64_t V = m_.dims.n_vocab;
-  std::vector<int32_t> tok(size_t(c.T), 0);
-  std::copy(tokens + c.start, tokens + c.start + c.n, tok.begin());
+  const size_t d = size_t(m_.dims.n_embd);
+  std::vector<int32_t> tok(embd ? 0 : size_t(c.T), 0);
+  std::vector<float> rows(embd ? size_t(c.T) * d : 0, 0.0f);  // padding rows: zeros
+  if (embd)
+    std::copy(embd + size_t(c.start) * d, embd + size_t(c.start + c.n) * d, rows.begin());
+  else
+    std::copy(tokens + c.start, tokens + c.start + c.n, tok.begin());
   int32_t pos = pos_, kv_len = kv_len_, tap_row = c.n - 1;
   out_.resize(size_t(c.T * V));
   taps_out_.resize(size_t(m_.dims.n_layer) * 3 * size_t(m_.dims.n_embd));
@@ -659,6 +672,8 @@ void GraphSession::run(const Chunk& c, const int32_t* tokens, float* logits_rows
     void* p = nullptr;
     if (a.name == "tokens")
       p = tok.data();
+    else if (a.name == "embd")
+      p = rows.data();
     else if (a.name == "pos")
       p = &pos;
     else if (a.name == "kv_len")  // rewind_noop fault only
@@ -765,6 +780,25 @@ void GraphSession::prefill(const int32_t* tokens, int32_t n, bool all_positions,
   shift_rope_tables(0);
   if (faults_.logits_row_shift && all_positions && n > 1)  // the fault: row i holds row i-1
     std::memmove(logits + V, logits, size_t(n - 1) * size_t(V) * sizeof(float));
+}
+
+void GraphSession::prefill_embeddings(const float* embd, int32_t n, bool bidirectional,
+                                      bool all_positions, float* logits) {
+  // image_attended_causally fault: the block attended causally, as text.
+  const bool block = bidirectional && !faults_.image_attended_causally;
+  const int64_t V = m_.dims.n_vocab;
+  const std::vector<Chunk> plan =
+      block ? std::vector<Chunk>{{0, n, n, pick_window(pos_ + n, cap_, buckets)}}
+            : plan_prefill(pos_, n, cap_, buckets);
+  for (const Chunk& c : plan) {
+    if (all_positions) {
+      run(c, nullptr, logits + int64_t(c.start) * V, nullptr, embd, block);
+    } else {
+      run(c, nullptr, nullptr, nullptr, embd, block);
+      if (c.start + c.n == n)
+        std::memcpy(logits, out_.data() + int64_t(c.n - 1) * V, size_t(V) * sizeof(float));
+    }
+  }
 }
 
 int32_t GraphSession::prefill_greedy(const int32_t* tokens, int32_t n) {

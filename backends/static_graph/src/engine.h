@@ -119,6 +119,13 @@ class GraphSession {
   // graph (tosa.argmax): the last chunk runs a graph variant with an argmax
   // output, compiled on first use; the logits are not copied out.
   int32_t prefill_greedy(const int32_t* tokens, int32_t n);
+  // ABI v8: n input embeddings (n x n_embd() floats, the rows as given) at the current
+  // position, logits as prefill. bidirectional: the n rows are one block attending
+  // both ways (Gemma 3's image), run as one call of exactly n rows (a graph per block
+  // size, compiled on first use); otherwise the prefill's buckets, causally.
+  void prefill_embeddings(const float* embd, int32_t n, bool bidirectional, bool all_positions,
+                          float* logits);
+  int32_t n_embd() const { return m_.dims.n_embd; }
   void rewind(int32_t p);
   int32_t position() const { return pos_; }
   int32_t max_context() const { return cap_; }
@@ -145,11 +152,16 @@ class GraphSession {
     BuiltGraph built;
     std::shared_ptr<CompiledGraph> compiled;
   };
-  Graph& graph(int32_t T, int32_t W, bool argmax);
+  // The graph's input: token ids, input embeddings, or embeddings as one block.
+  enum class Input { Tokens, Embeddings, Block };
+  Graph& graph(int32_t T, int32_t W, bool argmax, Input input = Input::Tokens);
   GraphFaults graph_faults() const;     // the graph-side part of faults_
   void perturb_logits(int32_t n_rows);  // logits_perturb_1e-3 fault, on out_
   // greedy != nullptr: runs the argmax variant and stores the argmax of row c.n-1.
-  void run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy = nullptr);
+  // embd != nullptr: the chunk's rows are input embeddings (tokens unused), a block
+  // when `block`.
+  void run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy = nullptr,
+           const float* embd = nullptr, bool block = false);
 
   GraphModel& m_;
   WeightMode mode_;
@@ -171,7 +183,7 @@ class GraphSession {
   // session_order_reduction fault: this session's matmul slices, decided at
   // its first graph (1: the first session of the process to run, 2: later ones).
   mutable int32_t session_slices_ = 0;
-  std::map<std::tuple<int32_t, int32_t, bool>, Graph> graphs_;  // (T, W, argmax)
+  std::map<std::tuple<int32_t, int32_t, bool, Input>, Graph> graphs_;  // (T, W, argmax, input)
   std::vector<GraphStats> stats_;
   std::vector<float> out_;
 };

@@ -205,7 +205,8 @@ Val rope(Emitter& em, const Ctx& C, const Val& x, const Val& c, const Val& s) {
 }
 
 // Mask [1, T*G, W] (i1, true = hidden): key j is visible from query row
-// r = t*G + g iff j <= pos + t. Faults: causal_mask: iff j <= pos + T - 1 (the
+// r = t*G + g iff j <= pos + t; in a block (GraphSpec::block, an image attended both
+// ways) iff j <= pos + T - 1. Faults: causal_mask: iff j <= pos + T - 1 (the
 // whole bucket, padding rows included); kv_off_by_one: iff j <= pos + t - 1 or
 // j = 0; rewind_noop (kv_len != nullptr): also every j < kv_len. A sliding
 // window (> 0) also hides j <= pos + t - window (reference: t0 = pos - window + 1).
@@ -213,7 +214,8 @@ Val attention_mask(Emitter& e, const Ctx& C, const Val& pos, const Val* kv_len, 
   const int64_t W = C.W, TG = C.T * C.G, off = C.F.kv_off_by_one ? 1 : 0;
   std::vector<int64_t> jcol(static_cast<size_t>(W)), trow(static_cast<size_t>(TG));
   for (int64_t j = 0; j < W; ++j) jcol[size_t(j)] = j + off;
-  for (int64_t r = 0; r < TG; ++r) trow[size_t(r)] = C.F.causal_mask ? C.T - 1 : r / C.G;
+  const bool whole = C.F.causal_mask || C.block;  // every row sees the call's last key
+  for (int64_t r = 0; r < TG; ++r) trow[size_t(r)] = whole ? C.T - 1 : r / C.G;
   Val diff = e.sub(e.const_i32({1, 1, W}, jcol), e.const_i32({1, TG, 1}, trow));  // j - t
   Val masked = e.greater(diff, e.reshape(pos, {1, 1, 1}));
   if (C.F.kv_off_by_one) {  // key 0 stays visible: position 0 still attends to itself
@@ -412,7 +414,7 @@ Ctx make_ctx(const ModelDims& D, const GraphSpec& S) {
   Ctx C{S.T,      S.W,      S.capacity,  D.n_layer,  D.n_embd,
         D.n_ff,   D.n_head, D.n_head_kv, D.head_dim, D.n_vocab,
         0,        0,        0,           0,          double(D.rms_eps) * S.faults.rms_eps_scale,
-        S.faults, D};
+        S.faults, D,        S.block};
   C.G = C.H / C.KVH;
   C.qd = C.H * C.hd;
   C.kvd = C.KVH * C.hd;
@@ -422,6 +424,7 @@ Ctx make_ctx(const ModelDims& D, const GraphSpec& S) {
   if (D.rot() % 2 || D.rot() > D.head_dim || D.n_rope_tables < 1)
     throw std::logic_error("build_step_graph: bad n_rot or RoPE tables");
   if (C.F.reduction_slices < 1) throw std::logic_error("build_step_graph: reduction_slices < 1");
+  if (S.block && !S.embeddings) throw std::logic_error("build_step_graph: a block of token ids");
   return C;
 }
 
@@ -719,7 +722,7 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
   MainFn m{Fn{}, &out};
   Emitter& e = m.f.e;
 
-  Val tokens = m.arg("tokens", {1, T}, "i32");
+  Val tokens = S.embeddings ? m.arg("embd", {1, T, C.d}, "f32") : m.arg("tokens", {1, T}, "i32");
   Val pos = m.arg("pos", {1, 1}, "i32");
   Val kv_len;  // rewind_noop fault only
   if (C.F.kv_len_input) kv_len = m.arg("kv_len", {1, 1}, "i32");
@@ -729,7 +732,7 @@ BuiltGraph build_step_graph(const ModelDims& D, const GraphSpec& S, const std::s
   for (int64_t t = 0; t < T; ++t) iota_t[size_t(t)] = t;
   Val pidx = e.add(e.const_i32({1, T}, iota_t), pos);  // [1, T] positions
   position_inputs(m, C, pidx, pos, C.F.kv_len_input ? &kv_len : nullptr, mi);
-  mi.shared.x = embed(m, C, S, tokens);
+  mi.shared.x = S.embeddings ? e.reshape(tokens, {T, C.d}) : embed(m, C, S, tokens);
   std::tie(mi.shared.kidx, mi.shared.vidx) = write_indices(e, C, pos, pidx);
 
   MainWeights w = declare_weights(m, C, S);

@@ -162,7 +162,14 @@ struct GraphSpec {
   MatrixFormat embd_format = MatrixFormat::F32;
   std::optional<MatrixFormat> head_format;
   bool argmax = false;  // also return argmax token ids (tensor<Txi32>)
-  GraphFaults faults;   // test only; default: none
+  // ABI v8 input embeddings: the graph takes "embd" [1, T, n_embd] f32, the rows as
+  // given (no embedding scale, as the reference's prefill_embeddings), instead of
+  // "tokens". block: the T rows are one block that attends both ways (Gemma 3's
+  // image): every row sees the keys up to pos + T - 1, its sliding window as a text
+  // row's (the reference's attention_out with visible_end).
+  bool embeddings = false;
+  bool block = false;
+  GraphFaults faults;  // test only; default: none
 };
 
 // One function argument: name (for export), MLIR tensor type, shape, element type.

@@ -210,7 +210,8 @@ struct Ctx {
   int64_t T, W, CAP, L, d, ff, H, KVH, hd, V, G, qd, kvd, half;  // half = n_rot / 2
   double eps;  // RMSNorm epsilon (times the rms_eps_10x fault's scale)
   GraphFaults F;
-  ModelDims M;  // the family features
+  ModelDims M;         // the family features
+  bool block = false;  // GraphSpec::block: the T rows attend one another both ways
 };
 
 // A layer function's parameters: weights by name (matrices as their fp32

@@ -41,6 +41,13 @@ struct StaticGraph {
     int32_t prefill_greedy(std::span<const int32_t> t) {
       return s->prefill_greedy(t.data(), int32_t(t.size()));
     }
+    // ABI v8: input embeddings (GraphSession::prefill_embeddings: an image block is
+    // one graph call of exactly its rows).
+    int32_t n_embd() const { return s->n_embd(); }
+    void prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all,
+                            float* logits) {
+      s->prefill_embeddings(e, n, bidirectional, all, logits);
+    }
   };
 
   static std::string device_name() {
@@ -74,8 +81,8 @@ struct StaticGraph {
     // Test only: one deliberate bug of the catalog (docs/backends/static_graph.md#fault-catalog).
     // The mixture-of-experts and attention-sink faults are in the graph (graph.cpp
     // route(), moe_ffn(), attend()).
-    const touchstone::Faults faults =
-        touchstone::abi::session_fault(o.fault, {.moe = true, .sinks = true});
+    const touchstone::Faults faults = touchstone::abi::session_fault(
+        o.fault, {.moe = true, .sinks = true, .image_attention = true});
     if (faults.serving()) {
       throw StatusError(TS_ERR_UNSUPPORTED, "static_graph does not implement the serving fault '" +
                                                 faults.name + "' (docs/serving-checks.md)");
