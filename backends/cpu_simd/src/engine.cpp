@@ -489,11 +489,24 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
       governed_(pool_.size() > 1 && !env_is("TOUCHSTONE_CPU_SIMD_SOLO_FALLBACK", "0") &&
                 !opt.faults.thread_order_reduction && !opt.faults.session_order_reduction),
       governor_key_(pool_.size() * 4 + (quant_ ? 1 : 0) + (int8_ ? 2 : 0)) {
+  const size_t kvd = size_t(c_.n_head_kv) * size_t(c_.head_dim);
+  kv_ = std::make_shared<KvCache>(size_t(c_.n_layer) * size_t(max_ctx_) * kvd);
+  reserve_scores(max_ctx_);
+  rope_tables();
+  if (faults_.session_order_reduction) {
+    // The fault: the split depends on how many sessions this process opened
+    // (a stand-in for a scheduling-dependent reduction order).
+    static std::atomic<int> sessions{0};
+    faults_.session_slices = 2 + sessions.fetch_add(1) % 16;
+  }
+  size_pass_scratch(kMaxBatch);
+  if (faults_.quantized_only() && quant_) corrupt_quantized_copy(*w_);
+}
+
+void SimdSession::size_pass_scratch(size_t B) {
   const size_t d = size_t(c_.n_embd), hd = size_t(c_.head_dim), ff = size_t(c_.n_ff);
   const size_t qd = size_t(c_.n_head) * hd, kvd = size_t(c_.n_head_kv) * hd;
-  const size_t B = kMaxBatch;
-  const size_t kv = size_t(c_.n_layer) * size_t(max_ctx_) * kvd;
-  kv_ = std::make_shared<KvCache>(kv);
+  pass_cap_ = B;
   x_.resize(B * d);
   xn_.resize(B * std::max(d, qd));
   q_.resize(B * qd);
@@ -519,20 +532,12 @@ SimdSession::SimdSession(SimdModel& model, const SimdSessionOptions& opt)
     moe_count_.resize(ne + 1);
     moe_fill_.reserve(ne);
   }
-  reserve_scores(max_ctx_);
   tok_seg_.resize(B);
   blocks_.reserve(2 * B);
-  rope_tables();
-  if (faults_.session_order_reduction) {
-    // The fault: the split depends on how many sessions this process opened
-    // (a stand-in for a scheduling-dependent reduction order).
-    static std::atomic<int> sessions{0};
-    faults_.session_slices = 2 + sessions.fetch_add(1) % 16;
-  }
+  rope_cs_.resize(rope_params_.size() * B * size_t(c_.n_rot));
   if (faults_.thread_order_reduction || faults_.session_order_reduction ||
       faults_.batch_token_count_split)
     partial_.resize(size_t(pool_.size()) * B * 128);
-  if (faults_.quantized_only() && quant_) corrupt_quantized_copy(*w_);
   const size_t max_in = std::max({d, qd, ff_max});
   act_qs_.resize(B * max_in);
   act_d_.resize(B * max_in / 32);
@@ -553,7 +558,6 @@ void SimdSession::rope_tables() {
     layer_rope_.push_back(int(it - rope_params_.begin()));
     if (it == rope_params_.end()) rope_params_.push_back(key);
   }
-  rope_cs_.resize(rope_params_.size() * size_t(kMaxBatch) * size_t(c_.n_rot));
   if (c_.rope_yarn.factor != 0.0) {
     for (const auto& [base, scale] : rope_params_)
       rope_yarn_.push_back(touchstone::ops::yarn_frequencies(c_.rope_yarn, c_.n_rot, base));
@@ -667,7 +671,7 @@ void SimdSession::linear_per_thread(const Linear& W, size_t r0, size_t r1, const
                                                      : size_t(pool_.size());
   const size_t be = W.f ? 1 : W.generic ? W.block_elems : 32;  // slice granularity
   const size_t nb = W.n_in / be, rows = r1 - r0;
-  float* part = partial_.data() + size_t(thread) * kMaxBatch * 128;
+  float* part = partial_.data() + size_t(thread) * pass_cap_ * 128;
   for (size_t k = 0; k < T; ++k) {
     const size_t b0 = nb * k / T, b1 = nb * (k + 1) / T, c0 = b0 * be, nc = (b1 - b0) * be;
     if (nc == 0) continue;

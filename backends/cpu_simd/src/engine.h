@@ -187,7 +187,7 @@ class SimdSession {
   // ABI v8 prefill_embeddings: n input embeddings (n x n_embd float32, used as given,
   // without the embedding scale) in place of token ids, as prefill() otherwise.
   // bidirectional: the n also attend to the block's later rows (Gemma 3's image block),
-  // so the block is one forward pass: n <= kMaxBatch there (else TS_ERR_UNSUPPORTED).
+  // so the block is one forward pass (the pass scratch grown to n rows when n > kMaxBatch).
   void prefill_embeddings(const float* embd, int32_t n, bool bidirectional, bool all_positions,
                           float* logits);
   int32_t n_embd() const { return c_.n_embd; }
@@ -252,10 +252,13 @@ class SimdSession {
   };
   void forward_chunk(const int32_t* tokens, int32_t n, bool all_positions, float* logits,
                      int32_t rope_origin);
-  // One forward pass over the segments' tokens (at most kMaxBatch), on this
+  // One forward pass over the segments' tokens (at most pass_cap_), on this
   // session's pool and scratch; advances every segment's session (engine_pass.cpp).
   void forward_pass(const Seg* segs, int n_segs);
   void rope_tables();  // layer_rope_, rope_params_, rope_yarn_ (the constructor)
+  // The per-pass scratch (activations, RoPE angles, MoE, int8 rows) for B tokens:
+  // kMaxBatch at construction, grown for a bidirectional block of more rows (one pass).
+  void size_pass_scratch(size_t B);
   void embed_and_rope();
   void attention_block(int32_t layer);
   void ffn_block(int32_t layer);
@@ -341,13 +344,14 @@ class SimdSession {
     KvCache& operator=(const KvCache&) = delete;
   };
   std::shared_ptr<KvCache> kv_;
-  // Scratch for kMaxBatch tokens, allocated once (scores_: max_ctx_ per thread).
+  // Scratch for pass_cap_ tokens (scores_: max_ctx_ per thread).
+  size_t pass_cap_ = 0;  // tokens the pass scratch holds (size_pass_scratch)
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
-  // MoE scratch: router logits [kMaxBatch][n_expert]; each token's k chosen experts
+  // MoE scratch: router logits [pass_cap_][n_expert]; each token's k chosen experts
   // and weights in the router's order; the slots (token * k + j) of each expert;
-  // the gathered inputs and each slot's expert output [kMaxBatch * k][n_embd].
+  // the gathered inputs and each slot's expert output [pass_cap_ * k][n_embd].
   std::vector<float> moe_logits_, moe_x_, moe_out_,
-      moe_shared_;                       // moe_shared_: [kMaxBatch][n_embd]
+      moe_shared_;                       // moe_shared_: [pass_cap_][n_embd]
   std::vector<double> moe_shared_gate_;  // sigmoid(w_shexp . h) per token
   std::vector<int32_t> moe_expert_, moe_slots_, moe_count_, moe_fill_;
   std::vector<double> moe_weight_;

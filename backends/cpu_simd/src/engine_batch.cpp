@@ -43,15 +43,13 @@ void SimdSession::prefill_embeddings(const float* embd, int32_t n, bool bidirect
                                      bool all_positions, float* logits) {
   // image_attended_causally fault: the block attended causally, as text.
   bidirectional = bidirectional && !faults_.image_attended_causally;
-  if (bidirectional && n > kMaxBatch) {
-    throw touchstone::abi::StatusError(
-        TS_ERR_UNSUPPORTED, "prefill_embeddings: a bidirectional block of " + std::to_string(n) +
-                                " embeddings; cpu_simd runs at most " + std::to_string(kMaxBatch) +
-                                " in one forward pass");
-  }
+  // A bidirectional block is one pass: its rows attend one another's K/V in every
+  // layer (the pass scratch grown to n rows; a real Gemma 3 image is 256).
+  const int32_t step = bidirectional ? n : kMaxBatch;
+  if (size_t(step) > pass_cap_) size_pass_scratch(size_t(step));
   const size_t V = size_t(c_.n_vocab), d = size_t(c_.n_embd);
-  for (int32_t i = 0; i < n; i += kMaxBatch) {
-    const int32_t m = std::min(kMaxBatch, n - i);
+  for (int32_t i = 0; i < n; i += step) {
+    const int32_t m = std::min(step, n - i);
     Seg g;
     g.s = this;
     g.embd = embd + size_t(i) * d;

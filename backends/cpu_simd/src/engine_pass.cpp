@@ -60,7 +60,7 @@ void SimdSession::forward_pass(const Seg* segs, int n_segs) {
     ffn_block(l);
   }
   // a skipped layer (fault) adds nothing: zero outputs, residual unchanged
-  const std::vector<float> zero(n_layer < c_.n_layer ? size_t(kMaxBatch) * size_t(c_.n_embd) : 0);
+  const std::vector<float> zero(n_layer < c_.n_layer ? pass_cap_ * size_t(c_.n_embd) : 0);
   for (int32_t l = n_layer; l < c_.n_layer; ++l) {
     taps_last_token(l, TS_TAP_ATTN_OUT, zero.data());
     taps_last_token(l, TS_TAP_FFN_OUT, zero.data());
@@ -77,7 +77,7 @@ void SimdSession::forward_pass(const Seg* segs, int n_segs) {
 }
 
 void SimdSession::embed_and_rope() {
-  const size_t d = size_t(c_.n_embd), N = size_t(n_tok_), B = kMaxBatch;
+  const size_t d = size_t(c_.n_embd), N = size_t(n_tok_), B = pass_cap_;
   const size_t half = size_t(c_.n_rot) / 2;
   const float* freq_factors = model_.rope_freqs();
   for (size_t i = 0; i < N; ++i) {
@@ -129,7 +129,7 @@ void SimdSession::attention_block(int32_t l) {
   const bool neox = (c_.rope_style == touchstone::RopeStyle::NeoX) != faults_.rope_layout;
   const LayerView& L = w_->layers[size_t(l)];
   const double* rope_table =
-      rope_cs_.data() + size_t(layer_rope_[size_t(l)]) * size_t(kMaxBatch) * 2 * half;
+      rope_cs_.data() + size_t(layer_rope_[size_t(l)]) * pass_cap_ * 2 * half;
   for (size_t i = 0; i < N; ++i)
     rms_norm(x_.data() + i * d, L.attn_norm, xn_.data() + i * d, d, eps);
   const Job qkv[3] = {{&L.wq, q_.data(), qd}, {&L.wk, k_.data(), kvd}, {&L.wv, v_.data(), kvd}};

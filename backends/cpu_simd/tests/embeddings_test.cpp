@@ -38,9 +38,10 @@ std::vector<float> image_tokens(int32_t* n) {
 }
 
 // Every position's logits of kBefore, the image, kAfter through the reference.
-std::vector<float> reference(const std::vector<float>& img, int32_t m, bool bidirectional) {
+std::vector<float> reference(const std::vector<float>& img, int32_t m, bool bidirectional,
+                             int32_t ctx = 64) {
   const touchstone::StoredWeights w = touchstone::load_stored_weights(kModel);
-  touchstone::ReferenceTransformer ref(w, 64, 1);
+  touchstone::ReferenceTransformer ref(w, ctx, 1);
   const size_t V = size_t(w.config.n_vocab), a = kBefore.size(), b = kAfter.size();
   std::vector<float> out((a + size_t(m) + b) * V);
   ref.prefill(kBefore, true, std::span(out.data(), a * V));
@@ -54,6 +55,7 @@ struct Run {
   int threads = 1;
   const char* fault = nullptr;
   bool bidirectional = true;
+  int32_t max_context = 64;
 };
 
 std::vector<float> cpu_simd(ts_model* model, const std::vector<float>& img, int32_t m, size_t V,
@@ -63,7 +65,7 @@ std::vector<float> cpu_simd(ts_model* model, const std::vector<float>& img, int3
   o.struct_size = sizeof o;
   o.weight_path = r.path;
   o.n_threads = r.threads;
-  o.max_context = 64;
+  o.max_context = r.max_context;
   o.fault = r.fault;
   ts_session* s = nullptr;
   EXPECT_EQ(api->open_session(model, &o, &s), TS_OK) << api->last_error();
@@ -138,6 +140,23 @@ TEST_F(Embeddings, TheImageFaultsChangeWhatTheyName) {
   EXPECT_GT(nmse(off, bidi), 1e-8);
 }
 
+// A bidirectional block longer than a forward pass's 128 tokens (a real Gemma 3 image
+// has 256) is still one pass, its scratch grown: 200 rows against the reference.
+TEST_F(Embeddings, ABlockLongerThanAPassMatchesTheReference) {
+  constexpr int32_t kRows = 200, kCtx = 256;
+  const size_t d = img.size() / size_t(m);
+  std::vector<float> rows(size_t(kRows) * d);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = img[i % img.size()] * float(1 + i % 3);
+  const std::vector<float> bidi = reference(rows, kRows, true, kCtx);
+  ASSERT_GT(nmse(reference(rows, kRows, false, kCtx), bidi), 1e-6);
+  for (ts_weight_path path : {TS_WEIGHTS_FULL_PRECISION, TS_WEIGHTS_QUANTIZED}) {
+    SCOPED_TRACE(path == TS_WEIGHTS_QUANTIZED ? "quantized" : "full_precision");
+    const std::vector<float> got = cpu_simd(model, rows, kRows, V, {path, 1, nullptr, true, kCtx});
+    EXPECT_LT(nmse(got, bidi), 1e-11);
+    EXPECT_EQ(cpu_simd(model, rows, kRows, V, {path, 2, nullptr, true, kCtx}), got);
+  }
+}
+
 TEST_F(Embeddings, BadCallsFailWithTheirStatus) {
   ts_session_options o{};
   o.struct_size = sizeof o;
@@ -150,10 +169,7 @@ TEST_F(Embeddings, BadCallsFailWithTheirStatus) {
   EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(api->last_error()).find("n_embd"), std::string::npos);
   std::vector<float> big(size_t(200) * size_t(d), 0.25f);
-  in = {sizeof(ts_embedding_input), big.data(), 200, d, 1};
-  EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_ERR_UNSUPPORTED);
-  EXPECT_EQ(api->position(s), 0);
-  in.bidirectional = 0;  // causally, any length: chunks of the forward pass
+  in = {sizeof(ts_embedding_input), big.data(), 200, d, 0};  // causally: chunks of a pass
   EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_OK) << api->last_error();
   EXPECT_EQ(api->position(s), 200);
   in.n_tokens = 101;  // no room

@@ -225,22 +225,26 @@ void Forward::prefill(const int32_t* tokens, int32_t n, bool all_positions, floa
 void Forward::prefill_embeddings(const float* e, int32_t n, bool bidirectional, bool all_positions,
                                  float* logits) {
   bidirectional = bidirectional && !faults_.image_attended_causally;  // the fault: causal
-  if (bidirectional && n > kChunk) {
-    throw StatusError(TS_ERR_UNSUPPORTED, "prefill_embeddings: a bidirectional block of " +
-                                              std::to_string(n) +
-                                              " embeddings; vulkan runs at most " +
-                                              std::to_string(kChunk) + " rows in one pass");
-  }
   check_room(n);
+  // A bidirectional block is one pass: every row reads every other row's K/V in every
+  // layer (a real Gemma 3 image is 256 rows, a pass holds kChunk).
+  const int32_t step = bidirectional ? n : kChunk;
+  Activations* act = &act_;
+  if (step > kChunk) {
+    if (!block_act_ || block_act_->rows < uint32_t(step))
+      block_act_ =
+          std::make_unique<Activations>(ctx_, w_.config, uint32_t(step), uint32_t(max_ctx_));
+    act = block_act_.get();
+  }
   const size_t v = size_t(w_.config.n_vocab), d = size_t(w_.config.n_embd);
   for (int32_t done = 0; done < n;) {
-    const uint32_t m = uint32_t(std::min(kChunk, n - done));
+    const uint32_t m = uint32_t(std::min(step, n - done));
     const bool last = done + int32_t(m) == n;
     const uint32_t out_rows = all_positions ? m : (last ? 1u : 0u);
     Segment seg = segment(0, m, out_rows, 0, taps_on_ && last);
     seg.bidirectional = bidirectional;
-    const Pass p{act_, sets_, std::span<const Segment>(&seg, 1), m, out_rows, false, seg.tap, true};
-    std::memcpy(act_.embd.mapped(), e + size_t(done) * d, f32(size_t(m) * d));
+    const Pass p{*act, sets_, std::span<const Segment>(&seg, 1), m, out_rows, false, seg.tap, true};
+    std::memcpy(act->embd.mapped(), e + size_t(done) * d, f32(size_t(m) * d));
     run_pass(nullptr, p);
     if (out_rows > 0) copy_logits(p, seg, all_positions ? logits + size_t(done) * v : logits);
     done += int32_t(m);

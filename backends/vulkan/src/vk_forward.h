@@ -128,8 +128,8 @@ class Forward {
   // StatusError.
   int32_t prefill_greedy(const int32_t* tokens, int32_t n);
   // ABI v8: n input embeddings (n x n_embd float32, used as given) appended as prefill()
-  // appends tokens; bidirectional: the block attends both ways, so it is one pass of at
-  // most kChunk rows (else TS_ERR_UNSUPPORTED).
+  // appends tokens; bidirectional: the block attends both ways, so it is one pass of all
+  // its rows (beyond kChunk rows in buffers of its size, block_act_).
   void prefill_embeddings(const float* embd, int32_t n, bool bidirectional, bool all_positions,
                           float* logits);
   int32_t n_embd() const { return w_.config.n_embd; }
@@ -230,7 +230,10 @@ class Forward {
   DescriptorCache sets_;
   std::unique_ptr<Profiler> prof_;  // TOUCHSTONE_VULKAN_PROFILE=1
   Activations act_;                 // this sequence's own passes
-  Buffer argmax_, taps_buf_;        // host-visible
+  // A bidirectional block of more than kChunk rows (prefill_embeddings): one pass of
+  // all its rows in buffers of its size, made on first use and grown as needed.
+  std::unique_ptr<Activations> block_act_;
+  Buffer argmax_, taps_buf_;  // host-visible
   // Per layer [max_ctx][n_head_kv * head_dim], RoPE applied. Owned by this
   // sequence alone, except under the fork_shared_kv fault.
   struct KvCache {
