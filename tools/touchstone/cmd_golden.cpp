@@ -146,9 +146,20 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
       image = prepare_case_image(m, c, model);
       g.format_version = kGoldenFormatVersion;
     }
-    g.cases.push_back(record_case(
-        session, tok, chat, c, ropt, [&](int d, int t) { progress_line("case " + c.name, d, t); },
-        image ? &*image : nullptr));
+    try {
+      g.cases.push_back(record_case(
+          session, tok, chat, c, ropt, [&](int d, int t) { progress_line("case " + c.name, d, t); },
+          image ? &*image : nullptr));
+    } catch (const BackendError& e) {
+      if (e.status() != TS_ERR_CONTEXT_FULL) throw;
+      // Name what did not fit: an image's tokens count as prompt positions.
+      const std::string what =
+          image ? fmt::format("the prompt with its image ({}: {} tokens from {})", c.image.file,
+                              image->n_tokens, c.image.mmproj)
+                : std::string("the prompt");
+      throw Error("{}: case '{}': {} and its {} steps do not fit the model's context: {}", m.path,
+                  c.name, what, c.n_predict, e.what());
+    }
   }
   for (const ManifestScoring& s : m.scoring) {
     if (s.model != mm.name) continue;

@@ -94,7 +94,15 @@ Image read_png(const std::string& path, bool keep_alpha) {
   Image out;
   const bool ok = read_into(png, info, f.get(), err, out, keep_alpha);
   png_destroy_read_struct(&png, &info, nullptr);
-  if (!ok) throw Error("{}: {}", path, err.message);
+  if (!ok) {
+    // Where libpng stopped: at the end of the file, the file is truncated.
+    const long at = std::ftell(f.get());
+    const bool at_end = std::fseek(f.get(), 0, SEEK_END) == 0 && std::ftell(f.get()) == at;
+    if (at_end)
+      throw Error("{}: truncated: the file ends at byte {} before its image data does ({})", path,
+                  at, err.message);
+    throw Error("{}: {} (libpng stopped reading at byte offset {})", path, err.message, at);
+  }
   if (out.channels < 1 || out.channels > (keep_alpha ? 4 : 3) || (out.channels == 2 && !keep_alpha))
     throw Error("{}: {} channels after conversion (expected 1 or 3{})", path, out.channels,
                 keep_alpha ? ", or 2 or 4 with alpha" : "");
