@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "touchstone/metrics/metrics.h"
 #include "touchstone/runtime/backend.h"
 
 namespace touchstone {
@@ -27,14 +28,9 @@ const std::string kModel = TOUCHSTONE_TEST_MODEL_DIR "/vision/gemma3vl-test-f32.
 constexpr int32_t kRows = 200, kCtx = 256;
 const std::vector<int32_t> kBefore = {2, 9, 3}, kAfter = {4, 11, 7, 8};
 
+// metrics::nmse with the reference first.
 double nmse(const std::vector<float>& x, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double e = double{x[i]} - double{ref[i]};
-    num += e * e;
-    den += double{ref[i]} * double{ref[i]};
-  }
-  return num / den;
+  return metrics::nmse(ref, x);
 }
 
 struct Lib {
