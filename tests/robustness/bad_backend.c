@@ -32,6 +32,16 @@
  *               cross-sequence leak) and one call in four is shifted by +0.5
  *               (repeats that would hide the leak as noise)
  *   fork_null   fork_session returns TS_OK and a NULL session
+ * Vision faults (ABI v8 encode_image; each must fail multimodal.encoder):
+ *   tower_transposed    the reference's image tokens with their square grid
+ *                       (TOUCHSTONE_BAD_IMAGE_TOKENS tokens) transposed (row r,
+ *                       column c taken from row c, column r): a projector that pools
+ *                       or pixel-shuffles the patch grid transposed
+ *   preprocess_nearest  refuses the harness's pixel tensor and preprocesses the
+ *                       decoded image itself, resizing it to TOUCHSTONE_BAD_IMAGE_SIZE
+ *                       square with nearest-neighbour sampling where the processor
+ *                       resamples bilinearly (Gemma 3), then rescales and normalises
+ *                       as the processor does (1/255, mean = std = 0.5)
  * Consistency faults (always on; each breaks one golden-free check):
  *   rewind_noop      rewind returns TS_OK without truncating the KV cache
  *   prefill_all_skew all-position prefill rows but the last scaled by 1 + 1e-3
@@ -229,6 +239,69 @@ static ts_status bad_step_batch(const ts_batch_entry* e, int32_t n) {
   return st;
 }
 
+/* tower_transposed: row r * side + c of the tokens from row c * side + r, with
+ * side * side = TOUCHSTONE_BAD_IMAGE_TOKENS (the image's token count). */
+static ts_status transpose_tokens(float* out, int64_t n_floats) {
+  const char* tokens = getenv("TOUCHSTONE_BAD_IMAGE_TOKENS");
+  const int64_t n = tokens ? atoll(tokens) : 0;
+  int64_t side = 1;
+  while ((side + 1) * (side + 1) <= n) ++side;
+  if (n < 4 || side * side != n || n_floats % n != 0) {
+    g_error = "bad backend: tower_transposed needs TOUCHSTONE_BAD_IMAGE_TOKENS, a square count";
+    return TS_ERR_INTERNAL;
+  }
+  const int64_t dim = n_floats / n;
+  float* copy = malloc((size_t)n_floats * sizeof(float));
+  if (!copy) return TS_ERR_INTERNAL;
+  memcpy(copy, out, (size_t)n_floats * sizeof(float));
+  for (int64_t r = 0; r < side; ++r)
+    for (int64_t c = 0; c < side; ++c)
+      memcpy(out + (r * side + c) * dim, copy + (c * side + r) * dim, (size_t)dim * sizeof(float));
+  free(copy);
+  return TS_OK;
+}
+
+/* preprocess_nearest: the decoded RGB8 image [h][w][3] to the pixel tensor [3][s][s]
+ * with nearest-neighbour sampling (pixel centres), 1/255, (v - 0.5) / 0.5. */
+static ts_status nearest_pixels(ts_model* m, const ts_image* img, float* out, int64_t n_floats) {
+  const char* size = getenv("TOUCHSTONE_BAD_IMAGE_SIZE");
+  const int32_t s = size ? atoi(size) : 0;
+  if (img->format != TS_IMAGE_RGB8 || s <= 0 || img->channels != 3) {
+    g_error = "bad backend: preprocess_nearest takes an RGB8 image (TOUCHSTONE_BAD_IMAGE_SIZE set)";
+    return TS_ERR_UNSUPPORTED;
+  }
+  const uint8_t* rgb = img->data;
+  float* px = malloc((size_t)3 * (size_t)s * (size_t)s * sizeof(float));
+  if (!px) return TS_ERR_INTERNAL;
+  for (int32_t y = 0; y < s; ++y) {
+    const int32_t sy = (int32_t)(((double)y + 0.5) * img->height / s);
+    for (int32_t x = 0; x < s; ++x) {
+      const int32_t sx = (int32_t)(((double)x + 0.5) * img->width / s);
+      for (int32_t ch = 0; ch < 3; ++ch) {
+        const float v =
+            (float)(rgb[((size_t)sy * (size_t)img->width + (size_t)sx) * 3 + (size_t)ch] *
+                    0.00392156862745098);
+        px[((size_t)ch * (size_t)s + (size_t)y) * (size_t)s + (size_t)x] = (v - 0.5f) / 0.5f;
+      }
+    }
+  }
+  ts_image pixels = *img;
+  pixels.format = TS_IMAGE_PIXELS_F32;
+  pixels.data = px;
+  pixels.height = s;
+  pixels.width = s;
+  const ts_status st = g_ref->encode_image(m, &pixels, out, n_floats);
+  free(px);
+  return st;
+}
+
+static ts_status bad_encode_image(ts_model* m, const ts_image* img, float* out, int64_t n_floats) {
+  if (is_mode("preprocess_nearest")) return nearest_pixels(m, img, out, n_floats);
+  const ts_status st = g_ref->encode_image(m, img, out, n_floats);
+  if (st == TS_OK && is_mode("tower_transposed")) return transpose_tokens(out, n_floats);
+  return st;
+}
+
 static ts_status bad_fork_session(ts_session* src, int32_t n_prefix, ts_session** out) {
   if (!is_mode("fork_null")) return g_ref->fork_session(src, n_prefix, out);
   *out = NULL;
@@ -255,6 +328,7 @@ __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entr
   g_table.capabilities = bad_capabilities;
   if (g_ref->step_batch) g_table.step_batch = bad_step_batch;
   if (g_ref->fork_session) g_table.fork_session = bad_fork_session;
+  if (g_ref->encode_image) g_table.encode_image = bad_encode_image;
   g_table.last_error = bad_last_error;
   g_table.prefill = bad_prefill;
   g_table.decode = bad_decode;
