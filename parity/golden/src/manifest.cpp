@@ -261,15 +261,15 @@ class Parser {
       const json& suites = object(*sv, "/suites");
       for (const auto& [sname, val] : suites.items())
         m.suites.push_back(parse_suite(sname, val, child("/suites", sname), m));
-    } else {  // no suites: "quick" and "full" both run everything
+    } else {  // no suites: "quick", "full" and "smoke" each run everything
       Suite all;
-      all.name = "quick";
       all.description = "every case and passage (the manifest declares no suites)";
       for (const ManifestCase& c : m.cases) all.cases.push_back(c.name);
       for (const ManifestScoring& sc : m.scoring) all.scoring.push_back(sc.name);
-      m.suites.push_back(all);
-      all.name = "full";
-      m.suites.push_back(all);
+      for (const char* name : {"quick", "full", "smoke"}) {
+        all.name = name;
+        m.suites.push_back(all);
+      }
     }
     return m;
   }

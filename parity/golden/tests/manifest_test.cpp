@@ -401,7 +401,7 @@ TEST_F(ManifestTest, GoldenAndModelPathsStayInside) {
 }
 
 // A user's own model: "path" (relative to the manifest's directory) instead of
-// package fields; no suites means "quick" and "full" run everything.
+// package fields; no suites means "quick", "full" and "smoke" run everything.
 TEST_F(ManifestTest, OwnModelPathAndDefaultSuites) {
   ordered_json j = valid_manifest();
   for (const char* k : {"package", "package_version", "file_in_package"}) j["models"][0].erase(k);
@@ -410,7 +410,7 @@ TEST_F(ManifestTest, OwnModelPathAndDefaultSuites) {
   const auto m = touchstone::load_manifest(write(j.dump()));
   EXPECT_EQ(m.models[0].path, (dir_ / "models/my.gguf").string());
   EXPECT_EQ(m.models[0].package, "");
-  for (const char* s : {"quick", "full"}) {
+  for (const char* s : {"quick", "full", "smoke"}) {
     EXPECT_EQ(m.find_suite(s).cases, (std::vector<std::string>{"narrative", "chat-hello"}));
     EXPECT_EQ(m.find_suite(s).scoring, (std::vector<std::string>{"passage"}));
   }

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -132,19 +133,29 @@ void write_ignoring_sigpipe(int fd, const std::string& data) {
   ::pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
 }
 
-// Runs `py -I -c script` with `input` on stdin.
+// Runs `py -I -c script` with `input` on stdin. posix_spawnp, not fork: the caller may
+// hold a model of many GB (an 8B model's 4.9 GB of blocks while recording goldens), and
+// fork would have to reserve a copy of it (ENOMEM) only for the child to exec at once.
 PythonRun run_python(const std::string& py, const std::string& input) {
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC))
     throw Error("chat template: pipe: {}", std::strerror(errno));
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error("chat template: fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::execlp(py.c_str(), py.c_str(), "-I", "-c", kRenderScript, static_cast<char*>(nullptr));
-    ::_exit(127);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  std::string a0 = py, a1 = "-I", a2 = "-c", a3 = kRenderScript;
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawnp(&pid, py.c_str(), &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {  // not found or not runnable: "cannot run", as an exec failure in a child
+    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) ::close(fd);
+    PythonRun r;
+    r.status = 127 << 8;  // exited with 127
+    r.err = std::strerror(rc);
+    return r;
   }
   ::close(in[0]);
   ::close(out[1]);
