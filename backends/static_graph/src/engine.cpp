@@ -767,16 +767,8 @@ void GraphSession::shift_rope_tables(int32_t origin) {
 void GraphSession::prefill(const int32_t* tokens, int32_t n, bool all_positions, float* logits) {
   const int64_t V = m_.dims.n_vocab;
   shift_rope_tables(faults_.prefill_position_reset && n > 1 ? pos_ : 0);
-  for (const Chunk& c : plan_prefill(pos_, n, cap_, buckets)) {
-    if (all_positions) {
-      run(c, tokens, logits + int64_t(c.start) * V);
-    } else {
-      run(c, tokens, nullptr);
-      if (c.start + c.n == n) {
-        std::memcpy(logits, out_.data() + int64_t(c.n - 1) * V, size_t(V) * sizeof(float));
-      }
-    }
-  }
+  run_chunks(plan_prefill(pos_, n, cap_, buckets), n, tokens, nullptr, false, all_positions,
+             logits);
   shift_rope_tables(0);
   if (faults_.logits_row_shift && all_positions && n > 1)  // the fault: row i holds row i-1
     std::memmove(logits + V, logits, size_t(n - 1) * size_t(V) * sizeof(float));
@@ -786,15 +778,20 @@ void GraphSession::prefill_embeddings(const float* embd, int32_t n, bool bidirec
                                       bool all_positions, float* logits) {
   // image_attended_causally fault: the block attended causally, as text.
   const bool block = bidirectional && !faults_.image_attended_causally;
-  const int64_t V = m_.dims.n_vocab;
   const std::vector<Chunk> plan =
       block ? std::vector<Chunk>{{0, n, n, pick_window(pos_ + n, cap_, buckets)}}
             : plan_prefill(pos_, n, cap_, buckets);
+  run_chunks(plan, n, nullptr, embd, block, all_positions, logits);
+}
+
+void GraphSession::run_chunks(const std::vector<Chunk>& plan, int32_t n, const int32_t* tokens,
+                              const float* embd, bool block, bool all_positions, float* logits) {
+  const int64_t V = m_.dims.n_vocab;
   for (const Chunk& c : plan) {
     if (all_positions) {
-      run(c, nullptr, logits + int64_t(c.start) * V, nullptr, embd, block);
+      run(c, tokens, logits + int64_t(c.start) * V, nullptr, embd, block);
     } else {
-      run(c, nullptr, nullptr, nullptr, embd, block);
+      run(c, tokens, nullptr, nullptr, embd, block);
       if (c.start + c.n == n)
         std::memcpy(logits, out_.data() + int64_t(c.n - 1) * V, size_t(V) * sizeof(float));
     }

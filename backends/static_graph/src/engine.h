@@ -162,6 +162,10 @@ class GraphSession {
   // when `block`.
   void run(const Chunk& c, const int32_t* tokens, float* logits_rows, int32_t* greedy = nullptr,
            const float* embd = nullptr, bool block = false);
+  // The chunks of one call of n rows (token ids, or embd): every row's logits into
+  // logits when all_positions, else the last row's.
+  void run_chunks(const std::vector<Chunk>& plan, int32_t n, const int32_t* tokens,
+                  const float* embd, bool block, bool all_positions, float* logits);
 
   GraphModel& m_;
   WeightMode mode_;
