@@ -174,8 +174,15 @@ def main() -> int:
               f"  patches NMSE {r['patches_nmse']:.1e}"
               f"  embeddings NMSE {r['emb_nmse']:.1e}  {'PASS' if r['pass'] else 'FAIL'}")
     ok &= all(r["pass"] for r in rows3)
+    rows3d = idefics3_decoder_rows(args, photos() + [p for p in images if p.name.startswith(("wide", "gray-50"))])
+    for r in rows3d:
+        print(f"idefics3 decoder {r['image']:21s} {r['frames']:3d} frames {r['positions']} positions"
+              f"  layout {'identical' if r['layout_same'] else 'DIFFERS'}  logits NMSE {r['nmse']:.1e} max {r['max']:.1e}"
+              f"  argmax {'identical' if r['argmax_same'] else 'DIFFER'}  (frames rotated {r['rotated_nmse']:.2e})"
+              f"  {'PASS' if r['pass'] else 'FAIL'}")
+    ok &= all(r["pass"] for r in rows3d)
     if args.write_doc:
-        write_doc(args.write_doc, rows, rows_dec, rows3, transformers.__version__, torch.__version__)
+        write_doc(args.write_doc, rows, rows_dec, rows3, rows3d, transformers.__version__, torch.__version__)
     return 0 if ok else 1
 
 
@@ -255,7 +262,61 @@ def idefics3_rows(args, images: list[Path]) -> list[dict]:
     return rows
 
 
-def write_doc(path: Path, rows: list[dict], rows_dec: list[dict], rows3: list[dict], tf: str, pt: str) -> None:
+IDEFICS3_IMAGE_TOKEN = 5   # "<image>" in the Idefics3 test tokenizer
+IDEFICS3_PROMPT = "User:<image>Describe this image.\nAssistant:"
+
+
+def idefics3_decoder_rows(args, images: list[Path]) -> list[dict]:
+    """The Idefics3 decoder with an image's tiles and global view in its prompt: the
+    processor's text for the image (touchstone-vlm-reference --layout-out against HF's
+    Idefics3Processor.replace_image_token on HF's rows and cols), then every position's
+    logits of the prompt HF's tokenizer makes of it, the reference (--image-token: each
+    run of <image> one frame, attended causally) against HF's forward on the same ids and
+    pixel values. Control: HF with the frames rotated by one (a tile-order bug)."""
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+    hf = args.models_dir / "hf" / "idefics3vl"
+    mmproj, text = args.models_dir / "mmproj-idefics3vl-test-f32.gguf", args.models_dir / "idefics3vl-test-f32.gguf"
+    if not text.exists():
+        raise SystemExit(f"no {text}: run tools/make-test-models/make-test-models --vision")
+    iproc = transformers.AutoImageProcessor.from_pretrained(hf, backend="pil")
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    proc = transformers.Idefics3Processor(image_processor=iproc, tokenizer=tok, image_seq_len=16)
+    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(
+        hf, dtype=torch.float32, attn_implementation="eager").eval()
+    rows = []
+    with tempfile.TemporaryDirectory() as t:
+        for image in images:
+            inputs = iproc(images=Image.open(image), return_tensors="pt", return_row_col_info=True)
+            pv = inputs["pixel_values"]   # [1, frames, 3, M, M]
+            want = proc.replace_image_token({"rows": inputs["rows"], "cols": inputs["cols"]}, 0)
+            prompt = IDEFICS3_PROMPT.replace("<image>", want)
+            ids = tok(prompt, return_tensors="pt")["input_ids"]
+            out, layout = Path(t) / "logits.f32", Path(t) / "layout.txt"
+            r = subprocess.run([args.vlm_reference, "--mmproj", str(mmproj), "--model", str(text), "--in", str(image),
+                                "--ids", ",".join(map(str, ids[0].tolist())), "--image-token",
+                                str(IDEFICS3_IMAGE_TOKEN), "--out", str(out), "--layout-out", str(layout)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"touchstone-vlm-reference failed on {image}: {r.stderr}")
+            ours = np.fromfile(out, np.float32).reshape(json.loads(r.stdout)["shape"]).astype(np.float64)
+            with torch.no_grad():
+                got = model(input_ids=ids, pixel_values=pv).logits[0].double().numpy()
+                rotated = model(input_ids=ids, pixel_values=pv.roll(1, dims=1)).logits[0].double().numpy()
+            rr = dict(image=image.name, frames=int(pv.shape[1]), positions=int(ids.shape[1]),
+                      layout_same=layout.read_text() == want, nmse=nmse(ours, got),
+                      max=float(np.abs(ours - got).max()),
+                      argmax_same=bool((ours.argmax(-1) == got.argmax(-1)).all()),
+                      rotated_nmse=nmse(rotated, got))
+            rr["pass"] = rr["layout_same"] and rr["nmse"] <= NMSE_MAX and rr["argmax_same"]
+            rows.append(rr)
+    return rows
+
+
+def write_doc(path: Path, rows: list[dict], rows_dec: list[dict], rows3: list[dict], rows3d: list[dict], tf: str,
+              pt: str) -> None:
     sys.path.insert(0, str(ROOT / "ci"))
     from validate_families import host_description
     cpu = host_description()
@@ -302,6 +363,21 @@ def write_doc(path: Path, rows: list[dict], rows_dec: list[dict], rows3: list[di
     for r in rows3:
         out.append(f"| {r['image']} | {r['tiles']} | {'identical' if r['pixels_identical'] else 'differ'} "
                    f"| {r['patches_nmse']:.1e} | {r['emb_nmse']:.1e} | {'PASS' if r['pass'] else 'FAIL'} |")
+    out += ["", "The Idefics3 decoder with the image (`tests/models/vision/idefics3vl-test-f32.gguf`: the tiny "
+            "model's Llama decoder, extracted as a `LlamaForCausalLM` and converted by the same converter). The "
+            "prompt `User:<image>Describe this image.\\nAssistant:` with the processor's text for the image in place "
+            "of `<image>` (the reference's, `touchstone/vision/image_prompt.h`, against HF's "
+            "`Idefics3Processor.replace_image_token` on HF's rows and columns: the layout column), tokenized by HF; "
+            "every position's logits, the reference (`touchstone-vlm-reference --image-token`: each run of `<image>` "
+            "one frame's 16 tokens, attended causally) against `Idefics3ForConditionalGeneration` on the same ids and "
+            "pixel values. The control column: HF with the frames rotated by one (the global view first) against HF.",
+            "", "| image | frames | positions | layout | logits NMSE (max abs) | argmax | frames rotated | verdict |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in rows3d:
+        out.append(f"| {r['image']} | {r['frames']} | {r['positions']} | "
+                   f"{'identical' if r['layout_same'] else 'differs'} | {r['nmse']:.1e} ({r['max']:.1e}) | "
+                   f"{'identical' if r['argmax_same'] else 'differs'} | {r['rotated_nmse']:.2e} | "
+                   f"{'PASS' if r['pass'] else 'FAIL'} |")
     out.append(END)
     text = path.read_text()
     block = "\n".join(out)

@@ -5,8 +5,9 @@ Usage: image_bad_input_test.py TOUCHSTONE VISION_DIR
 
 Every variant is one image case of the vision test model (tests/models/vision) changed
 in a scratch copy of its manifest: the PNG's sha256 wrong, a truncated PNG, a file that
-is not a PNG, a text model given as the mmproj, an Idefics3 mmproj (its tiles are not
-judged yet), and a prompt whose image no longer fits the model's context. Each must
+is not a PNG, a text model given as the mmproj, another model's mmproj (Idefics3's,
+whose processor writes "<image>" tokens the Gemma 3 tokenizer does not have), and a
+prompt whose image no longer fits the model's context. Each must
 exit 2 naming the file (or the case and the image) and what is wrong, and write no
 golden file.
 """
@@ -55,8 +56,8 @@ def variants(d):
         ("not_a_png", image(file="images/gif.png"), ["gif.png", "not a PNG"]),
         ("text_model_as_mmproj", image(mmproj="gemma3vl-test-f32.gguf"),
          ["gemma3vl-test-f32.gguf", "not an mmproj"]),
-        ("idefics3_mmproj", image(mmproj="mmproj-idefics3vl-test-f32.gguf"),
-         ["mmproj-idefics3vl-test-f32.gguf", "idefics3"]),
+        ("another_models_mmproj", image(mmproj="mmproj-idefics3vl-test-f32.gguf"),
+         ["mmproj-idefics3vl-test-f32.gguf", "gemma3vl-test-f32", "has no \"<image>\" token"]),
         ("image_beyond_context", long_prompt,
          [CASE, "astronaut-96x80.png", "16 tokens", "context"]),
     ]

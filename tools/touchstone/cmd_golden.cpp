@@ -140,16 +140,14 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
       left_out->push_back(c.name);
       continue;
     }
-    // An image case (format 3): the recording backend's own vision tower.
+    // An image case (format 3, several frames 4): the recording backend's own tower.
     std::optional<CaseImage> image;
-    if (c.has_image()) {
-      image = prepare_case_image(m, c, model);
-      g.format_version = kGoldenFormatVersion;
-    }
+    if (c.has_image()) image = prepare_case_image(m, c, model);
     try {
       g.cases.push_back(record_case(
           session, tok, chat, c, ropt, [&](int d, int t) { progress_line("case " + c.name, d, t); },
           image ? &*image : nullptr));
+      g.format_version = std::max(g.format_version, g.cases.back().needed_format());
     } catch (const BackendError& e) {
       if (e.status() != TS_ERR_CONTEXT_FULL) throw;
       // Name what did not fit: an image's tokens count as prompt positions.

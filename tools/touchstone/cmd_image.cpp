@@ -22,7 +22,7 @@
 #include "touchstone/common/error.h"
 #include "touchstone/golden/file_io.h"
 #include "touchstone/vision/image.h"
-#include "touchstone/vision/image_splitting.h"
+#include "touchstone/vision/image_prompt.h"
 #include "touchstone/vision/preprocess.h"
 #include "touchstone/vision/resample.h"
 #include "touchstone/vision/vision_tower.h"
@@ -53,19 +53,14 @@ vision::PixelValues read_pixels(const std::string& path, const vision::VisionTow
 }
 
 // The frames the tower runs on: --pixels (one), Idefics3's tiles plus its global view
-// (image_splitting.h; --longest-edge, default 4 tiles), or the tower's own processor's
-// one (or --processor's).
+// (image_splitting.h; --longest-edge, default the mmproj's or 4 tiles), or the tower's own
+// processor's one (or --processor's).
 std::vector<vision::PixelValues> frames_of(const ImageOpts& o, const vision::VisionTower& tower) {
   const vision::VisionTowerConfig& c = tower.config;
   if (!o.pixels.empty()) return {read_pixels(o.pixels, c)};
   const vision::Image im = vision::read_png(o.in, true);
   if (c.projector == "idefics3" && o.processor.empty()) {
-    vision::SplittingProcessor sp;
-    sp.tile = c.image_size;
-    sp.longest_edge = o.longest_edge > 0 ? o.longest_edge : 4 * c.image_size;
-    sp.mean = c.mean;
-    sp.std = c.std;
-    return vision::split_image(im, sp);
+    return vision::split_image(im, vision::splitting_processor_of(c, o.longest_edge));
   }
   return {vision::preprocess(
       im, o.processor.empty() ? vision::processor_of(tower) : vision::find_processor(o.processor))};
@@ -149,7 +144,8 @@ void add_image(CLI::App& app, int& exit_code) {
   cmd->add_option("--stage", o->stage, "With --mmproj: pixels, patches or embeddings (default)")
       ->check(CLI::IsMember({"pixels", "patches", "embeddings"}));
   cmd->add_option("--longest-edge", o->longest_edge,
-                  "With an Idefics3 mmproj: size[\"longest_edge\"] (default 4 x the tile size)");
+                  "With an Idefics3 mmproj: size[\"longest_edge\"] (default: its "
+                  "clip.vision.preproc_image_size, else 4 x the tile size)");
   r->excludes(p);
   r->excludes(m);
   px->excludes(in);

@@ -170,7 +170,8 @@ struct CpuSimd {
     so.n_threads = o.n_threads;
     so.max_context = o.max_context;
     so.faults = touchstone::abi::session_fault(
-        o.fault, {.sinks = true, .image_attention = true, .image_position = true});
+        o.fault,
+        {.sinks = true, .image_attention = true, .image_position = true, .image_split = true});
     // OpenBLAS runs single-threaded inside our own pool's tasks.
     openblas_set_num_threads(1);
     auto s = std::make_unique<Session>();

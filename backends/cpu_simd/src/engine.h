@@ -209,6 +209,7 @@ class SimdSession {
   int32_t max_context() const { return max_ctx_; }
   void rewind(int32_t p) {
     pos_ = p;
+    embd_last_ = false;
     if (!faults_.rewind_noop) kv_len_ = p;  // the fault keeps stale entries attended
   }
   int n_threads() const { return pool_.size(); }
@@ -346,6 +347,10 @@ class SimdSession {
   std::shared_ptr<KvCache> kv_;
   // Scratch for pass_cap_ tokens (scores_: max_ctx_ per thread).
   size_t pass_cap_ = 0;  // tokens the pass scratch holds (size_pass_scratch)
+  // The last call appended input embeddings, and the position where that run of
+  // embeddings calls began (the image_split_position_reset fault).
+  bool embd_last_ = false;
+  int32_t embd_run_ = 0;
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
   // MoE scratch: router logits [pass_cap_][n_expert]; each token's k chosen experts
   // and weights in the router's order; the slots (token * k + j) of each expert;

@@ -48,6 +48,10 @@ void SimdSession::prefill_embeddings(const float* embd, int32_t n, bool bidirect
   const int32_t step = bidirectional ? n : kMaxBatch;
   if (size_t(step) > pass_cap_) size_pass_scratch(size_t(step));
   const size_t V = size_t(c_.n_vocab), d = size_t(c_.n_embd);
+  // image_split_position_reset fault: a call continuing an image rotates its rows from
+  // the image's first position again.
+  if (!embd_last_) embd_run_ = pos_;
+  const bool restart = faults_.image_split_position_reset && embd_last_;
   for (int32_t i = 0; i < n; i += step) {
     const int32_t m = std::min(step, n - i);
     Seg g;
@@ -57,7 +61,7 @@ void SimdSession::prefill_embeddings(const float* embd, int32_t n, bool bidirect
     g.n = m;
     g.pos = pos_;
     // image_position_offset fault: the block rotated one position later.
-    g.rope_pos = pos_ + (faults_.image_position_offset ? 1 : 0);
+    g.rope_pos = (restart ? embd_run_ + i : pos_) + (faults_.image_position_offset ? 1 : 0);
     g.all_positions = all_positions;
     g.logits = all_positions ? logits + size_t(i) * V : (i + m == n ? logits : nullptr);
     forward_pass(&g, 1);

@@ -71,6 +71,7 @@ void SimdSession::forward_pass(const Seg* segs, int n_segs) {
     SimdSession& s = *segs[k].s;
     s.pos_ += segs[k].n;
     s.kv_len_ = std::max(s.kv_len_, s.pos_);
+    s.embd_last_ = segs[k].embd != nullptr;
   }
   segs_ = nullptr;
   n_segs_ = 0;

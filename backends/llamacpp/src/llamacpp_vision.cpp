@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "touchstone/abi/backend_adapter.hpp"
 
@@ -77,22 +78,30 @@ void MtmdTower::encode(const ts_image& img, float* out, int64_t n_floats) {
   const mtmd_bitmap* bitmaps[] = {bitmap.get()};
   if (mtmd_tokenize(ctx_, chunks.get(), &text, bitmaps, 1) != 0)
     throw StatusError(TS_ERR_INTERNAL, "mtmd_tokenize failed: " + take_log());
-  const mtmd_input_chunk* image = nullptr;
+  // Every image chunk in order: one for most projectors, one per tile and the global
+  // view for Idefics3 (libmtmd's slices, with text chunks between them).
+  std::vector<const mtmd_input_chunk*> images;
+  int64_t want = 0;
   for (size_t i = 0; i < mtmd_input_chunks_size(chunks.get()); ++i) {
     const mtmd_input_chunk* c = mtmd_input_chunks_get(chunks.get(), i);
-    if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_IMAGE) image = c;
+    if (mtmd_input_chunk_get_type(c) != MTMD_INPUT_CHUNK_TYPE_IMAGE) continue;
+    images.push_back(c);
+    want += int64_t(mtmd_input_chunk_get_n_tokens(c)) * n_embd_;
   }
-  if (!image) throw StatusError(TS_ERR_INTERNAL, "mtmd_tokenize made no image chunk");
-  const int64_t want = int64_t(mtmd_input_chunk_get_n_tokens(image)) * n_embd_;
+  if (images.empty()) throw StatusError(TS_ERR_INTERNAL, "mtmd_tokenize made no image chunk");
   if (n_floats != want)
     throw StatusError(TS_ERR_INVALID_ARGUMENT,
                       "encode_image: n_floats " + std::to_string(n_floats) +
-                          " != " + std::to_string(mtmd_input_chunk_get_n_tokens(image)) +
-                          " image tokens (libmtmd) x " + std::to_string(n_embd_) + " = " +
-                          std::to_string(want));
-  if (mtmd_encode_chunk(ctx_, image) != 0)
-    throw StatusError(TS_ERR_INTERNAL, "mtmd_encode_chunk failed: " + take_log());
-  std::memcpy(out, mtmd_get_output_embd(ctx_), size_t(want) * sizeof(float));
+                          " != " + std::to_string(want / n_embd_) + " image tokens in " +
+                          std::to_string(images.size()) + " image chunk(s) (libmtmd) x " +
+                          std::to_string(n_embd_));
+  for (const mtmd_input_chunk* image : images) {
+    if (mtmd_encode_chunk(ctx_, image) != 0)
+      throw StatusError(TS_ERR_INTERNAL, "mtmd_encode_chunk failed: " + take_log());
+    const size_t n = mtmd_input_chunk_get_n_tokens(image) * size_t(n_embd_);
+    std::memcpy(out, mtmd_get_output_embd(ctx_), n * sizeof(float));
+    out += n;
+  }
 }
 
 }  // namespace touchstone::llamacpp

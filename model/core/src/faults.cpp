@@ -59,6 +59,7 @@ constexpr FaultEntry kFaults[] = {
     {"attention_sinks_ignored", [](Faults& f) { f.attention_sinks_ignored = true; }},
     {"image_attended_causally", [](Faults& f) { f.image_attended_causally = true; }},
     {"image_position_offset", [](Faults& f) { f.image_position_offset = true; }},
+    {"image_split_position_reset", [](Faults& f) { f.image_split_position_reset = true; }},
 };
 
 }  // namespace

@@ -64,6 +64,10 @@ Image crop(const Image& im, int y0, int x0, int M) {
 }  // namespace
 
 std::vector<PixelValues> split_image(const Image& image, const SplittingProcessor& p) {
+  return split_image_grid(image, p).frames;
+}
+
+SplitImage split_image_grid(const Image& image, const SplittingProcessor& p) {
   if (p.tile < 1 || p.longest_edge < 1)
     throw Error("split_image: tile {} and longest edge {} must be at least 1", p.tile,
                 p.longest_edge);
@@ -73,17 +77,19 @@ std::vector<PixelValues> split_image(const Image& image, const SplittingProcesso
   const auto [h2, w2] = tile_multiple_size(h1, w1, p.tile);
   const Image b = resize(a, w2, h2, p.resample);
   std::vector<Image> frames;
+  SplitImage out;
   const int M = p.tile;
   if (h2 > M || w2 > M) {
-    for (int r = 0; r < (h2 - M) / M + 1; ++r)
-      for (int c = 0; c < (w2 - M) / M + 1; ++c) frames.push_back(crop(b, r * M, c * M, M));
+    out.rows = (h2 - M) / M + 1;
+    out.cols = (w2 - M) / M + 1;
+    for (int r = 0; r < out.rows; ++r)
+      for (int c = 0; c < out.cols; ++c) frames.push_back(crop(b, r * M, c * M, M));
     frames.push_back(resize(b, M, M, p.resample));
   } else {
     frames.push_back(b);
   }
-  std::vector<PixelValues> out;
   for (const Image& f : frames)
-    out.push_back(rescale_normalize(f, p.rescale_factor, p.mean, p.std));
+    out.frames.push_back(rescale_normalize(f, p.rescale_factor, p.mean, p.std));
   return out;
 }
 

@@ -58,6 +58,8 @@ VisionTowerConfig read_config(const gguf::File& f) {
   c.n_embd_text = size_key(f, "clip.vision.projection_dim");
   if (f.has("clip.vision.projector.scale_factor"))
     c.pool = size_key(f, "clip.vision.projector.scale_factor");
+  if (f.has("clip.vision.preproc_image_size"))
+    c.longest_edge = size_key(f, "clip.vision.preproc_image_size");
   c.eps = f.get_float("clip.vision.attention.layer_norm_epsilon");
   c.mean = rgb_key(f, "clip.vision.image_mean");
   c.std = rgb_key(f, "clip.vision.image_std");

@@ -101,6 +101,26 @@ void validate_grammar(const std::string& where, const std::string& obj, const Go
              fmt::format("G * ceil(n_vocab / 32) = {} * {}", c.greedy_ids.size(), c.mask_words()));
 }
 
+// image_frames (format 4): non-decreasing positions in [image_at, P), the first
+// image_at, dividing the image's rows evenly.
+void validate_frames(const std::string& where, const std::string& obj, const GoldenCase& c,
+                     int format_version) {
+  const std::vector<int32_t>& f = c.image_frames;
+  if (f.empty()) return;
+  if (format_version < 4)
+    throw Error("{}: {}/image_frames: needs format_version 4, the file says {}", where, obj,
+                format_version);
+  if (f.size() < 2 || f[0] != c.image_at || c.image_tokens % int32_t(f.size()) != 0)
+    throw Error(
+        "{}: {}/image_frames: {} frames, the first at {}: expected at least 2, the "
+        "first at image_at = {}, dividing image_tokens = {}",
+        where, obj, f.size(), f[0], c.image_at, c.image_tokens);
+  for (size_t i = 1; i < f.size(); ++i)
+    if (f[i] < f[i - 1] || size_t(f[i]) >= c.prompt_ids.size())
+      throw Error("{}: {}/image_frames[{}] = {}: must be in [{}, P = {})", where, obj, i, f[i],
+                  f[i - 1], c.prompt_ids.size());
+}
+
 void validate_image(const std::string& where, const std::string& obj, const GoldenCase& c,
                     int format_version) {
   if (!c.has_image()) {
@@ -115,6 +135,7 @@ void validate_image(const std::string& where, const std::string& obj, const Gold
     throw Error("{}: {}@image_at = {}: must be in [1, P = {}) (text before and after the image)",
                 where, obj, c.image_at, c.prompt_ids.size());
   if (c.image_dim < 1) throw Error("{}: {}@image_dim = {}: must be >= 1", where, obj, c.image_dim);
+  validate_frames(where, obj, c, format_version);
   check_size(where, obj + "/image_embeddings", c.image_embeddings.size(),
              mul(uint64_t(c.image_tokens), uint64_t(c.image_dim)),
              fmt::format("image_tokens * image_dim = {} * {}", c.image_tokens, c.image_dim));

@@ -108,6 +108,7 @@ void diff_case(std::vector<std::string>& out, const GoldenCase& a, const GoldenC
   diff_bytes(out, who, "grammar_text", a.grammar_text, b.grammar_text);
   diff_vec(out, who, "allowed_masks", a.allowed_masks, b.allowed_masks, a.mask_words());
   diff_scalar(out, who, "image_at", a.image_at, b.image_at);
+  diff_vec(out, who, "image_frames", a.image_frames, b.image_frames);
   diff_scalar(out, who, "image_bidirectional", a.image_bidirectional, b.image_bidirectional);
   diff_bytes(out, who, "image_sha256", a.image_sha256, b.image_sha256);
   diff_bytes(out, who, "pixels_sha256", a.pixels_sha256, b.pixels_sha256);

@@ -318,10 +318,12 @@ class Reader {
   }
 
   // Image input (format 3, optional): where it goes and the embeddings the decoder takes.
-  void read_image(hid_t g, const std::string& obj, GoldenCase& c) const {
+  void read_image(hid_t g, const std::string& obj, GoldenCase& c, int version) const {
     const auto P = static_cast<int64_t>(c.prompt_ids.size());
     c.image_at = static_cast<int32_t>(attr_int(g, "image_at", obj, 1, std::max<int64_t>(1, P - 1)));
     c.image_bidirectional = static_cast<int32_t>(attr_int(g, "image_bidirectional", obj, 0, 1));
+    if (version >= 4 && exists(g, "image_frames"))
+      c.image_frames = read<int32_t>(g, "image_frames", obj, Kind::i32, {kAny});
     c.image_sha256 = attr_string(g, "image_sha256", obj);
     c.pixels_sha256 = attr_string(g, "pixels_sha256", obj);
     c.mmproj_sha256 = attr_string(g, "mmproj_sha256", obj);
@@ -361,7 +363,7 @@ class Reader {
     c.lse = read<double>(g, "lse", obj, Kind::f64, {G});
     if (version >= 2 && exists(g, "taps")) read_taps(g, obj, c);
     if (exists(g, "grammar_text")) read_grammar(g, obj, c);
-    if (version >= 3 && exists(g, "image_embeddings")) read_image(g, obj, c);
+    if (version >= 3 && exists(g, "image_embeddings")) read_image(g, obj, c, version);
     return c;
   }
 

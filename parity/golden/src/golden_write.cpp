@@ -162,6 +162,8 @@ class Writer {
       }
       if (c.has_image()) {
         attr_int(grp, "image_at", c.image_at, H5T_STD_I32LE, obj);
+        if (c.image_frames.size() > 1)
+          ints(grp, "image_frames", c.image_frames, {c.image_frames.size()}, obj);
         attr_int(grp, "image_bidirectional", c.image_bidirectional, H5T_STD_I8LE, obj);
         attr_string(grp, "image_sha256", c.image_sha256, obj);
         attr_string(grp, "pixels_sha256", c.pixels_sha256, obj);

@@ -9,6 +9,7 @@
 #include "touchstone/common/error.h"
 #include "touchstone/golden/golden.h"
 #include "touchstone/vision/image.h"
+#include "touchstone/vision/image_prompt.h"
 #include "touchstone/vision/preprocess.h"
 #include "touchstone/vision/vision_tower.h"
 
@@ -44,8 +45,8 @@ namespace {
 struct CasePixels {
   std::string mmproj, image_sha256, mmproj_sha256;
   vision::VisionTowerConfig tower;
-  vision::Image rgb;  // the decoded image, alpha composited over white (convert_to_rgb)
-  vision::PixelValues px;
+  vision::Image rgb;          // the decoded image, alpha composited over white (convert_to_rgb)
+  vision::PromptImage image;  // the frames, the grid and the prompt text
 };
 
 CasePixels case_pixels(const Manifest& manifest, const ManifestCase& c) {
@@ -55,14 +56,9 @@ CasePixels case_pixels(const Manifest& manifest, const ManifestCase& c) {
   out.image_sha256 = pinned_sha256(png, c.image.sha256, c.name);
   out.mmproj_sha256 = pinned_sha256(out.mmproj, c.image.mmproj_sha256, c.name);
   out.tower = vision::read_vision_config(out.mmproj);  // the keys only: the backend has the tower
-  if (out.tower.projector != "gemma3")
-    throw Error(
-        "case '{}': {}: projector '{}': Touchstone judges the decoder with Gemma 3's "
-        "image block only (Idefics3's tiles and their prompt layout are not judged yet)",
-        c.name, out.mmproj, out.tower.projector);
   const vision::Image image = vision::read_png(png, true);
   out.rgb = vision::convert_to_rgb(image);
-  out.px = vision::preprocess(image, vision::processor_of(out.tower, out.mmproj));
+  out.image = vision::prompt_image(image, out.tower, out.mmproj);
   return out;
 }
 
@@ -78,15 +74,22 @@ std::vector<float> encode(BackendModel& model, const CasePixels& p, const std::s
   const size_t n = size_t(p.tower.n_tokens()) * size_t(p.tower.n_embd_text);
   if (by_backend) *by_backend = false;
   try {
-    const auto* bytes = reinterpret_cast<const uint8_t*>(p.px.values.data());
-    return model.encode_image(TS_IMAGE_PIXELS_F32,
-                              std::span(bytes, p.px.values.size() * sizeof(float)), p.px.height,
-                              p.px.width, n);
+    std::vector<float> out;
+    for (const vision::PixelValues& px : p.image.frames) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(px.values.data());
+      const std::vector<float> e = model.encode_image(
+          TS_IMAGE_PIXELS_F32, std::span(bytes, px.values.size() * sizeof(float)), px.height,
+          px.width, n);
+      out.insert(out.end(), e.begin(), e.end());
+    }
+    return out;
   } catch (const BackendError& e) {
     if (e.status() != TS_ERR_UNSUPPORTED || !by_backend) throw;
   }
+  // An engine that preprocesses itself returns every frame's tokens for the image.
   *by_backend = true;
-  return model.encode_image(TS_IMAGE_RGB8, p.rgb.pixels, p.rgb.height, p.rgb.width, n);
+  return model.encode_image(TS_IMAGE_RGB8, p.rgb.pixels, p.rgb.height, p.rgb.width,
+                            n * p.image.frames.size());
 }
 
 }  // namespace
@@ -96,11 +99,16 @@ CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, Ba
   CaseImage out;
   out.image_sha256 = p.image_sha256;
   out.mmproj_sha256 = p.mmproj_sha256;
-  out.pixels_sha256 = sha256_hex(std::string_view(reinterpret_cast<const char*>(p.px.values.data()),
-                                                  p.px.values.size() * sizeof(float)));
-  out.n_tokens = p.tower.n_tokens();
+  std::string px;  // every frame's pixel values, float32, in order
+  for (const vision::PixelValues& f : p.image.frames)
+    px.append(reinterpret_cast<const char*>(f.values.data()), f.values.size() * sizeof(float));
+  out.pixels_sha256 = sha256_hex(px);
+  out.n_frames = int32_t(p.image.frames.size());
+  out.n_tokens = p.tower.n_tokens() * out.n_frames;
   out.dim = p.tower.n_embd_text;
-  out.bidirectional = true;  // Gemma 3: HF's token_type_ids mask, llama.cpp's non-causal ubatch
+  // Gemma 3: HF's token_type_ids mask, llama.cpp's non-causal ubatch; Idefics3: causal.
+  out.bidirectional = p.image.bidirectional;
+  out.layout = p.image.layout;
   out.embeddings = encode(model, p, c.name);
   return out;
 }

@@ -59,7 +59,8 @@ CaseResult check_multimodal_serving(const BackendModel& model, const GoldenCase&
   const auto t0 = std::chrono::steady_clock::now();
   CaseResult r;
   r.name = "multimodal.serving";
-  if (a.prompt_ids != b.prompt_ids || a.image_at != b.image_at || !a.has_image() || !b.has_image())
+  if (a.prompt_ids != b.prompt_ids || a.frame_positions() != b.frame_positions() ||
+      !a.has_image() || !b.has_image())
     throw Error("multimodal.serving: cases '{}' and '{}' are not one prompt with two images",
                 a.name, b.name);
   const int n = std::min({steps, int(a.greedy_ids.size()), int(b.greedy_ids.size())});
@@ -76,6 +77,7 @@ CaseResult check_multimodal_serving(const BackendModel& model, const GoldenCase&
   GoldenCase filler = a;
   filler.image_tokens = 0;
   filler.image_embeddings.clear();
+  filler.image_frames.clear();
   BackendSession sa(model, so), sb(model, so), sf(model, so);
   std::vector<Rows> rows(3);
   rows[0].push_back(prefill_case_prompt(sa, a));

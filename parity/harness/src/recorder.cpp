@@ -7,6 +7,7 @@
 #include "touchstone/grammar/oracle.h"
 #include "touchstone/harness/chat.h"
 #include "touchstone/metrics/metrics.h"
+#include "touchstone/vision/image_prompt.h"
 
 namespace touchstone {
 namespace {
@@ -61,23 +62,74 @@ std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat) {
 std::vector<float> prefill_case_prompt(BackendSession& session, const GoldenCase& g) {
   if (!g.has_image()) return session.prefill(g.prompt_ids);
   const std::span<const int32_t> ids(g.prompt_ids);
-  session.prefill(ids.first(size_t(g.image_at)));
-  session.prefill_embeddings(g.image_embeddings, g.image_dim, g.image_bidirectional != 0, false);
-  return session.prefill(ids.subspan(size_t(g.image_at)));
+  const std::span<const float> embd(g.image_embeddings);
+  const size_t rows = size_t(g.frame_rows()) * size_t(g.image_dim);
+  size_t done = 0, f = 0;
+  for (const int32_t at : g.frame_positions()) {
+    if (size_t(at) > done) session.prefill(ids.subspan(done, size_t(at) - done));
+    done = size_t(at);
+    session.prefill_embeddings(embd.subspan(f++ * rows, rows), g.image_dim,
+                               g.image_bidirectional != 0, false);
+  }
+  return session.prefill(ids.subspan(done));
 }
 
 namespace {
 
+// Idefics3: the prompt with the processor's text in place of the placeholder, tokenized
+// whole (as HF's processor does), then each run of "<image>" tokens taken out: the
+// frame positions.
+void place_frames(const Tokenizer& tok, const ManifestCase& c, const CaseImage& image,
+                  GoldenCase& g) {
+  const auto [before, after] = split_at_image(g.prompt_text, c.name);
+  const std::vector<int32_t> token =
+      tok.encode(std::string(vision::kIdefics3ImageToken), false, /*parse_special=*/true);
+  if (token.size() != 1)
+    throw Error(
+        "case '{}': {}: the text model's tokenizer has no \"{}\" token, which the "
+        "mmproj's processor puts in the prompt: is {} this model's mmproj?",
+        c.name, c.model, vision::kIdefics3ImageToken, c.image.mmproj);
+  const std::vector<int32_t> all =
+      tok.encode(before + image.layout + after, /*add_bos=*/true, /*parse_special=*/true);
+  const size_t per_frame = size_t(image.n_tokens / image.n_frames);
+  for (size_t i = 0; i < all.size();) {
+    if (all[i] != token[0]) {
+      g.prompt_ids.push_back(all[i++]);
+      continue;
+    }
+    size_t j = i;
+    while (j < all.size() && all[j] == token[0]) ++j;
+    if (j - i != per_frame)
+      throw Error(
+          "case '{}': a run of {} \"{}\" tokens at position {}; a frame has {} (the "
+          "prompt's own text holds the token?)",
+          c.name, j - i, vision::kIdefics3ImageToken, i, per_frame);
+    g.image_frames.push_back(int32_t(g.prompt_ids.size()));
+    i = j;
+  }
+  if (g.image_frames.size() != size_t(image.n_frames))
+    throw Error("case '{}': {} runs of \"{}\" tokens for an image of {} frames", c.name,
+                g.image_frames.size(), vision::kIdefics3ImageToken, image.n_frames);
+  if (g.image_frames.front() < 1 || size_t(g.image_frames.back()) >= g.prompt_ids.size())
+    throw Error("case '{}': the text before or after the image encodes to zero tokens", c.name);
+  g.image_at = g.image_frames.front();
+  if (g.image_frames.size() == 1) g.image_frames.clear();
+}
+
 // The case's image into the golden: the prompt's ids around it and the embeddings.
 void place_image(const Tokenizer& tok, const ManifestCase& c, const CaseImage& image,
                  GoldenCase& g) {
-  const auto [before, after] = split_at_image(g.prompt_text, c.name);
-  g.prompt_ids = tok.encode(before, /*add_bos=*/true, /*parse_special=*/true);
-  const std::vector<int32_t> rest = tok.encode(after, /*add_bos=*/false, /*parse_special=*/true);
-  if (g.prompt_ids.empty() || rest.empty())
-    throw Error("case '{}': the text before or after the image encodes to zero tokens", c.name);
-  g.image_at = int32_t(g.prompt_ids.size());
-  g.prompt_ids.insert(g.prompt_ids.end(), rest.begin(), rest.end());
+  if (!image.layout.empty()) {
+    place_frames(tok, c, image, g);
+  } else {
+    const auto [before, after] = split_at_image(g.prompt_text, c.name);
+    g.prompt_ids = tok.encode(before, /*add_bos=*/true, /*parse_special=*/true);
+    const std::vector<int32_t> rest = tok.encode(after, /*add_bos=*/false, /*parse_special=*/true);
+    if (g.prompt_ids.empty() || rest.empty())
+      throw Error("case '{}': the text before or after the image encodes to zero tokens", c.name);
+    g.image_at = int32_t(g.prompt_ids.size());
+    g.prompt_ids.insert(g.prompt_ids.end(), rest.begin(), rest.end());
+  }
   g.image_tokens = image.n_tokens;
   g.image_dim = image.dim;
   g.image_bidirectional = image.bidirectional ? 1 : 0;

@@ -5,6 +5,7 @@
 #include "parity_internal.h"
 #include "touchstone/harness/case_image.h"
 #include "touchstone/harness/consistency.h"
+#include "touchstone/harness/multimodal.h"
 #include "touchstone/harness/structured.h"
 
 namespace touchstone::run_detail {
@@ -113,6 +114,34 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
   }
 }
 
+namespace {
+
+// multimodal.consistency (touchstone/harness/multimodal.h) on the plan's first image
+// case the family attends causally, where the backend takes input embeddings (else
+// the image cases are NOT SUPPORTED already); none for a bidirectional image (Gemma 3:
+// one block, one call).
+void run_image_split(const Inputs& in, BackendHost& host, const BackendSessionOptions& so,
+                     Report& report, ParityObserver& obs) {
+  const GoldenCase* g = nullptr;
+  for (const std::string& n : in.plan.all_cases) {
+    const GoldenCase* c = in.golden.find_case(n);
+    if (c && c->has_image() && c->image_bidirectional == 0) {
+      g = c;
+      break;
+    }
+  }
+  if (!g || !host.library().has_embeddings()) return;
+  obs.note(fmt::format("multimodal.consistency on case '{}' ({} frames)", g->name,
+                       g->frame_positions().size()));
+  ++report.n_planned;
+  const KnownDivergenceKey key{report.info.backend, report.info.model_name, report.info.weight_path,
+                               report.info.profile};
+  report.cases.push_back(check_image_split(host.model(), *g, *in.profile, so));
+  in.known.apply(key, report.cases.back());
+}
+
+}  // namespace
+
 // The golden-free checks (touchstone/harness/consistency.h) on the first case's prompt and
 // golden continuation (at most --consistency-tokens, else the suite's
 // consistency_tokens, else 96), as five more result rows.
@@ -136,6 +165,7 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
       co.buckets.push_back(caps.shape_buckets[i]);
     for (CaseResult& r : check_consistency(host.model(), tokens, *in.profile, co))
       report.cases.push_back(std::move(r));
+    run_image_split(in, host, co.session, report, obs);
   } catch (const BackendError& e) {
     report.cases.push_back(backend_failure<CaseResult>(host, report, "consistency", e));
   }

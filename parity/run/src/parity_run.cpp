@@ -25,7 +25,8 @@ void run_multimodal_serving(const Inputs& in, BackendHost& host, const KnownDive
     if (!g || !g->has_image()) continue;
     if (!a) {
       a = g;
-    } else if (!b && g->prompt_ids == a->prompt_ids && g->image_at == a->image_at) {
+    } else if (!b && g->prompt_ids == a->prompt_ids &&
+               g->frame_positions() == a->frame_positions()) {
       b = g;
     }
   }

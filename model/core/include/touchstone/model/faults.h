@@ -110,13 +110,22 @@ struct Faults {
                                          // that implements no sinks)
   // Multimodal faults (ABI v8 prefill_embeddings; caught by the image cases'
   // parity, docs/vision.md#faults; a no-op without image input):
-  bool image_attended_causally = false;  // "image_attended_causally": an image block asked
-                                         // to attend bidirectionally (Gemma 3) attended
-                                         // causally, as text (llama.cpp's non-causal ubatch
-                                         // missed)
-  bool image_position_offset = false;    // "image_position_offset": the image's embeddings
-                                         // rotated (RoPE) one position later than the
-                                         // positions they occupy
+  bool image_attended_causally = false;     // "image_attended_causally": an image block asked
+                                            // to attend bidirectionally (Gemma 3) attended
+                                            // causally, as text (llama.cpp's non-causal ubatch
+                                            // missed)
+  bool image_position_offset = false;       // "image_position_offset": the image's embeddings
+                                            // rotated (RoPE) one position later than the
+                                            // positions they occupy
+  bool image_split_position_reset = false;  // "image_split_position_reset": a
+                                            // prefill_embeddings call that continues the
+                                            // previous one (an image cut into several
+                                            // calls) rotates its rows from the image's
+                                            // first position again, as an engine that
+                                            // does not advance its position across an
+                                            // image's batches; no effect when each image
+                                            // block is one call (caught by
+                                            // multimodal.consistency only)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
@@ -132,7 +141,9 @@ struct Faults {
     return moe_runner_up || moe_renorm_skipped || moe_softmax_order || moe_shared_expert_dropped;
   }
   // The multimodal faults (a backend that does not implement them refuses them).
-  bool multimodal() const { return image_attended_causally || image_position_offset; }
+  bool multimodal() const {
+    return image_attended_causally || image_position_offset || image_split_position_reset;
+  }
   // The attention-sink faults (a backend that does not implement them refuses them).
   bool sinks() const { return attention_sinks_ignored; }
   // The serving faults (a backend without step_batch / fork_session refuses them).

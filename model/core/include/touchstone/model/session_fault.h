@@ -16,6 +16,7 @@ struct FaultSupport {
   // The image-input faults (Faults::multimodal), one by one:
   bool image_attention = false;  // image_attended_causally
   bool image_position = false;   // image_position_offset
+  bool image_split = false;      // image_split_position_reset
 };
 
 // The catalog entry named by `name` (NULL or "" = no fault). An unknown name
@@ -48,7 +49,8 @@ inline touchstone::Faults session_fault(const char* name, FaultSupport support =
                                               "backend does not implement");
   }
   if ((f.image_attended_causally && !support.image_attention) ||
-      (f.image_position_offset && !support.image_position)) {
+      (f.image_position_offset && !support.image_position) ||
+      (f.image_split_position_reset && !support.image_split)) {
     throw StatusError(TS_ERR_UNSUPPORTED, "fault '" + f.name +
                                               "' is an image-input fault, which this backend "
                                               "does not implement");

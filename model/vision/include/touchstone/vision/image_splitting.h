@@ -38,4 +38,13 @@ struct SplittingProcessor {
 // for a tile or longest edge below 1.
 std::vector<PixelValues> split_image(const Image& image, const SplittingProcessor& p);
 
+// split_image's frames with the grid they came from: rows x cols tiles, then the global
+// view; rows = cols = 0 when the image is one frame (HF's image_inputs["rows"], ["cols"],
+// which Idefics3Processor's prompt needs: touchstone/vision/image_prompt.h).
+struct SplitImage {
+  std::vector<PixelValues> frames;
+  int rows = 0, cols = 0;
+};
+SplitImage split_image_grid(const Image& image, const SplittingProcessor& p);
+
 }  // namespace touchstone::vision

@@ -46,6 +46,9 @@ struct VisionTowerConfig {
   int32_t n_embd_text = 0;                                // clip.vision.projection_dim
   int32_t pool = 4;   // clip.vision.projector.scale_factor (Gemma 3: default 4; Idefics3: 2)
   double eps = 1e-6;  // clip.vision.attention.layer_norm_epsilon
+  // clip.vision.preproc_image_size (Idefics3: the processor's size["longest_edge"], as
+  // llama.cpp's converter writes it for SmolVLM); 0: absent.
+  int32_t longest_edge = 0;
   std::array<double, 3> mean{}, std{};                      // clip.vision.image_mean, image_std
   int32_t grid() const { return image_size / patch_size; }  // patches per side
   int32_t n_patches() const { return grid() * grid(); }

@@ -17,9 +17,12 @@
 namespace touchstone {
 
 // 2: cases may carry layer taps (tap_steps, taps); 3: cases may carry an image
-// (image_*). A file is written with the lowest version its content needs (2 without
-// images), so goldens of text models stay byte-identical. Version-1 files are still read.
-inline constexpr int kGoldenFormatVersion = 3;
+// (image_*); 4: an image may be several frames at several places (image_frames,
+// Idefics3's tiles). A file is written with the lowest version its content needs (2
+// without images, 3 with one-frame images), so older goldens stay byte-identical.
+// Version-1 files are still read.
+inline constexpr int kGoldenFormatVersion = 4;
+inline constexpr int kGoldenImageFormatVersion = 3;
 inline constexpr int kGoldenTextFormatVersion = 2;
 inline constexpr int kGoldenOldestFormatVersion = 1;
 inline constexpr int kTapPoints = 3;  // attention output, FFN output, residual (TS_TAP_*)
@@ -62,13 +65,27 @@ struct GoldenCase {
   // (the reference's vision tower and projector) in place of tokens: the image goes
   // before prompt_ids[image_at] (0 < image_at < P), so the sequence is P + image_tokens
   // long. bidirectional: the block attends both ways (Gemma 3).
+  // image_frames (format 4, Idefics3: F > 1 frames, each image_tokens / F rows): frame f
+  // goes before prompt_ids[image_frames[f]], non-decreasing, image_frames[0] = image_at;
+  // empty for one frame. The sequence is still P + image_tokens long.
   int32_t image_at = 0, image_tokens = 0, image_dim = 0;
   int32_t image_bidirectional = 0;
+  std::vector<int32_t> image_frames;
   std::vector<float> image_embeddings;  // [image_tokens, image_dim] float32
   std::string image_sha256;             // the image file's bytes
   std::string pixels_sha256;            // the processor's pixel tensor (float32 LE, 3 x H x W)
   std::string mmproj_sha256;            // the mmproj GGUF the tower came from
   bool has_image() const { return image_tokens > 0; }
+  // Where each frame goes ({image_at} for one frame) and its rows.
+  std::vector<int32_t> frame_positions() const {
+    return image_frames.empty() ? std::vector<int32_t>{image_at} : image_frames;
+  }
+  int32_t frame_rows() const { return image_tokens / int32_t(frame_positions().size()); }
+  // The format a file with this case needs.
+  int needed_format() const {
+    return image_frames.size() > 1 ? kGoldenFormatVersion
+                                   : (has_image() ? kGoldenImageFormatVersion : 0);
+  }
 };
 
 struct GoldenScoring {  // teacher-forced passage

@@ -13,17 +13,22 @@
 namespace touchstone {
 
 struct CaseImage {
-  std::vector<float> embeddings;  // [n_tokens, dim] float32
-  int32_t n_tokens = 0, dim = 0;
-  bool bidirectional = false;  // the family attends the image block both ways (Gemma 3)
+  std::vector<float> embeddings;  // [n_tokens, dim] float32, the frames' tokens in order
+  int32_t n_tokens = 0, dim = 0;  // n_tokens: every frame's
+  int32_t n_frames = 1;           // Idefics3: its tiles and the global view
+  bool bidirectional = false;     // the family attends the image block both ways (Gemma 3)
+  // Idefics3: the processor's text in place of the prompt's placeholder, with one run of
+  // "<image>" per frame (touchstone/vision/image_prompt.h); empty: the one frame goes
+  // where the placeholder is (Gemma 3).
+  std::string layout;
   std::string image_sha256, pixels_sha256, mmproj_sha256;
 };
 
 // Reads the case's PNG and mmproj (each checked against the manifest's sha256, an
 // Error naming the file and both digests otherwise), preprocesses the image with the
 // processor the mmproj describes, attaches the tower to `model` and encodes the image.
-// Throws Error for a projector whose decoder input Touchstone does not judge yet
-// (Idefics3: several frames per image), and the backend's errors as they come.
+// Idefics3's frames are encoded one by one (each a tower-sized pixel tensor). Throws the
+// backend's errors as they come.
 CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, BackendModel& model);
 
 // multimodal.encoder: the backend's own vision tower (ABI v8 TS_CAP_MULTIMODAL) on the

@@ -32,4 +32,20 @@ CaseResult check_multimodal_serving(const BackendModel& model, const GoldenCase&
                                     const GoldenCase& b, const Profile& profile,
                                     const ServingOptions& opt, int steps = 8);
 
+// multimodal.consistency: an image the family attends causally (Idefics3; not a
+// bidirectional block, which must be one call) split across more prefill_embeddings
+// calls than its frames. The case's prompt is run as the parity run gives it (each
+// frame one call) and again with each frame's rows in calls of 1, 3 and 7 rows (the
+// text between frames as before), then `steps` decodes teacher-forced on its golden
+// continuation: the rows at each frame's end, the prompt's end and each decode must
+// agree within the profile (the computation order legitimately differs, as in
+// consistency.chunked_prefill) and keep the argmax unless the top-2 margin is a near
+// tie. The failure it is built for: an engine that loses an image's positions or KV
+// rows when the image is cut into batches (positions restarted per call, a chunk's
+// rows not attending the image's earlier rows). Golden-free: the golden gives only the
+// image's embeddings and the continuation. One CaseResult, "multimodal.consistency";
+// Error for a case without an image or with a bidirectional one.
+CaseResult check_image_split(const BackendModel& model, const GoldenCase& g, const Profile& profile,
+                             const BackendSessionOptions& so, int steps = 4);
+
 }  // namespace touchstone
