@@ -34,6 +34,12 @@ tower, pixel-shuffle connector): its processor splits each image into tiles plus
 global view (touchstone/vision/image_splitting.h); every frame's pixel values must be
 bit-identical to HF's, and the patches and embeddings of each frame are compared with
 `vision_model(...)` and `connector(...)` on HF's pixel values (worst frame reported).
+Then its decoder with an image's frames in the prompt: the processor's text for the
+image (touchstone-vlm-reference --layout-out) must equal HF's
+Idefics3Processor.replace_image_token on HF's rows and columns, and every position's
+logits of the prompt HF's tokenizer makes (`--image-token 5`: each run of <image> one
+frame, attended causally) must match Idefics3ForConditionalGeneration's on the same ids
+and pixel values (NMSE <= 1e-10, argmax identical). Control: the frames rotated by one.
 
     ci/validate_vision.py [--models-dir DIR] [--touchstone BIN] [--write-doc docs/validation.md]
 
