@@ -147,7 +147,7 @@ GoldenFile record_model(const std::shared_ptr<BackendLibrary>& lib, const Manife
       g.cases.push_back(record_case(
           session, tok, chat, c, ropt, [&](int d, int t) { progress_line("case " + c.name, d, t); },
           image ? &*image : nullptr));
-      g.format_version = std::max(g.format_version, g.cases.back().needed_format());
+      g.format_version = g.needed_format();
     } catch (const BackendError& e) {
       if (e.status() != TS_ERR_CONTEXT_FULL) throw;
       // Name what did not fit: an image's tokens count as prompt positions.
@@ -221,6 +221,7 @@ GoldenFile merge_with_committed(const Manifest& m, const ManifestModel& mm, Gold
                   m.resolve(mm.golden));
     g.scoring.push_back(*x);
   }
+  g.format_version = g.needed_format();
   return g;
 }
 

@@ -77,6 +77,7 @@ GoldenFile merge_golden_parts(const Manifest& m, const std::vector<std::string>&
     if (!rest.empty())
       throw Error("golden --merge: '{}' is not an item of model {} in {}", rest, mm.name, m.path);
   }
+  g.format_version = g.needed_format();
   *mm_out = &mm;
   return g;
 }

@@ -449,3 +449,53 @@ TEST_F(GoldenTest, ReadRejectsMissingObjectsAndWrongTypes) {
                            }),
                     {"/@model_name", "expected a string, got int32"});
 }
+
+namespace {
+
+// The golden's first case given an image of `frames` frames of 2 rows of width 3.
+GoldenFile with_image(std::vector<int32_t> frames) {
+  GoldenFile g = make_golden();
+  GoldenCase& c = g.cases[0];
+  c.image_at = frames[0];
+  c.image_tokens = 2 * int32_t(frames.size());
+  c.image_dim = 3;
+  for (int32_t i = 0; i < c.image_tokens * c.image_dim; ++i)
+    c.image_embeddings.push_back(0.25f * float(i));
+  c.image_sha256 = c.pixels_sha256 = c.mmproj_sha256 = std::string(64, 'a');
+  if (frames.size() > 1) c.image_frames = std::move(frames);
+  g.format_version = g.needed_format();
+  return g;
+}
+
+}  // namespace
+
+// Format 4: an image of several frames (Idefics3's tiles) keeps where each goes; a file
+// is written in the lowest version its images need.
+TEST_F(GoldenTest, ImageFramesRoundTripInFormat4) {
+  const GoldenFile one = with_image({2});
+  EXPECT_EQ(one.format_version, touchstone::kGoldenImageFormatVersion);
+  const GoldenFile g = with_image({1, 3, 3, 5});
+  EXPECT_EQ(g.format_version, touchstone::kGoldenFormatVersion);
+  const std::string p = path("frames.h5");
+  touchstone::write_golden_file(p, g);
+  const GoldenFile r = touchstone::read_golden_file(p);
+  EXPECT_TRUE(touchstone::diff_golden(g, r).empty());
+  EXPECT_EQ(r.format_version, 4);
+  EXPECT_EQ(r.cases[0].frame_positions(), (std::vector<int32_t>{1, 3, 3, 5}));
+  EXPECT_EQ(r.cases[0].frame_rows(), 2);
+  EXPECT_EQ(one.cases[0].frame_positions(), (std::vector<int32_t>{2}));
+}
+
+TEST_F(GoldenTest, ImageFramesOutOfOrderOrPastThePromptAreRefused) {
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{1, 4, 3}, {1, 3, 6}}) {
+    const GoldenFile g = with_image(bad);  // the first case's prompt has 6 ids
+    EXPECT_THROW(touchstone::validate_golden(g, "x.h5"), touchstone::Error) << bad[1];
+  }
+  GoldenFile three = with_image({1, 3});
+  three.format_version = 3;  // frames need format 4
+  EXPECT_THROW(touchstone::validate_golden(three, "x.h5"), touchstone::Error);
+  GoldenFile odd = with_image({1, 3});
+  odd.cases[0].image_tokens = 3;  // 3 rows do not divide into 2 frames
+  odd.cases[0].image_embeddings.resize(9);
+  EXPECT_THROW(touchstone::validate_golden(odd, "x.h5"), touchstone::Error);
+}

@@ -7,6 +7,7 @@
 // touchstone::Error naming the file and the HDF5 object.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -106,6 +107,12 @@ struct GoldenFile {
   std::vector<GoldenCase> cases;
   std::vector<GoldenScoring> scoring;
 
+  // The lowest format_version its cases need (kGoldenTextFormatVersion without images).
+  int needed_format() const {
+    int v = kGoldenTextFormatVersion;
+    for (const GoldenCase& c : cases) v = std::max(v, c.needed_format());
+    return v;
+  }
   // nullptr when absent.
   const GoldenCase* find_case(std::string_view name) const;
   const GoldenScoring* find_scoring(std::string_view name) const;
