@@ -98,26 +98,17 @@ std::vector<size_t> frame_positions(const Opts& o, std::vector<int32_t>& ids, si
       throw Error("--image-at: the image has {} frames; give --image-token", n_frames);
     return {size_t(o.image_at)};
   }
-  std::vector<int32_t> text;
-  std::vector<size_t> at;
-  for (size_t i = 0; i < ids.size();) {
-    if (ids[i] != o.image_token) {
-      text.push_back(ids[i++]);
-      continue;
-    }
-    size_t j = i;
-    while (j < ids.size() && ids[j] == o.image_token) ++j;
-    if (j - i != per_frame)
-      throw Error("--ids: a run of {} --image-token {} at position {}; a frame has {} tokens",
-                  j - i, o.image_token, i, per_frame);
-    at.push_back(text.size());
-    i = j;
+  vision::ImageRuns runs;
+  try {
+    runs = vision::take_image_runs(ids, o.image_token, per_frame);
+  } catch (const Error& e) {
+    throw Error("--ids: {}", e.what());
   }
-  if (at.size() != n_frames)
-    throw Error("--ids: {} runs of --image-token {}; the image has {} frames", at.size(),
+  if (runs.at.size() != n_frames)
+    throw Error("--ids: {} runs of --image-token {}; the image has {} frames", runs.at.size(),
                 o.image_token, n_frames);
-  ids = std::move(text);
-  return at;
+  ids = std::move(runs.text);
+  return std::vector<size_t>(runs.at.begin(), runs.at.end());
 }
 
 int run(const Opts& o) {

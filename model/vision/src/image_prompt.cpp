@@ -33,6 +33,24 @@ std::string idefics3_image_prompt(int rows, int cols, int tokens_per_frame) {
   return out + "\n" + global;
 }
 
+ImageRuns take_image_runs(std::span<const int32_t> ids, int32_t token, size_t per_frame) {
+  ImageRuns out;
+  for (size_t i = 0; i < ids.size();) {
+    if (ids[i] != token) {
+      out.text.push_back(ids[i++]);
+      continue;
+    }
+    size_t j = i;
+    while (j < ids.size() && ids[j] == token) ++j;
+    if (j - i != per_frame)
+      throw Error("a run of {} image tokens (id {}) at position {}; a frame has {}", j - i, token,
+                  i, per_frame);
+    out.at.push_back(int32_t(out.text.size()));
+    i = j;
+  }
+  return out;
+}
+
 PromptImage prompt_image(const Image& image, const VisionTowerConfig& c, const std::string& path) {
   PromptImage out;
   if (c.projector == "idefics3") {

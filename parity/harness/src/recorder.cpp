@@ -91,22 +91,15 @@ void place_frames(const Tokenizer& tok, const ManifestCase& c, const CaseImage& 
         c.name, c.model, vision::kIdefics3ImageToken, c.image.mmproj);
   const std::vector<int32_t> all =
       tok.encode(before + image.layout + after, /*add_bos=*/true, /*parse_special=*/true);
-  const size_t per_frame = size_t(image.n_tokens / image.n_frames);
-  for (size_t i = 0; i < all.size();) {
-    if (all[i] != token[0]) {
-      g.prompt_ids.push_back(all[i++]);
-      continue;
-    }
-    size_t j = i;
-    while (j < all.size() && all[j] == token[0]) ++j;
-    if (j - i != per_frame)
-      throw Error(
-          "case '{}': a run of {} \"{}\" tokens at position {}; a frame has {} (the "
-          "prompt's own text holds the token?)",
-          c.name, j - i, vision::kIdefics3ImageToken, i, per_frame);
-    g.image_frames.push_back(int32_t(g.prompt_ids.size()));
-    i = j;
+  vision::ImageRuns runs;
+  try {
+    runs = vision::take_image_runs(all, token[0], size_t(image.n_tokens / image.n_frames));
+  } catch (const Error& e) {
+    throw Error("case '{}': {} (the prompt's own text holds \"{}\"?)", c.name, e.what(),
+                vision::kIdefics3ImageToken);
   }
+  g.prompt_ids = std::move(runs.text);
+  g.image_frames = std::move(runs.at);
   if (g.image_frames.size() != size_t(image.n_frames))
     throw Error("case '{}': {} runs of \"{}\" tokens for an image of {} frames", c.name,
                 g.image_frames.size(), vision::kIdefics3ImageToken, image.n_frames);

@@ -18,6 +18,8 @@
 // order, as the goldens do (docs/vision.md).
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,5 +53,15 @@ PromptImage prompt_image(const Image& image, const VisionTowerConfig& c, const s
 
 // Idefics3Processor.replace_image_token's text for one image (see above).
 std::string idefics3_image_prompt(int rows, int cols, int tokens_per_frame);
+
+// A tokenized prompt with its image's runs of `token` taken out (HF's inputs_merger
+// reversed): `text` the other ids in order, `at[f]` the index in `text` before which
+// run f stood. Throws Error ("a run of N image tokens at position P; a frame has M")
+// for a run of another length than `per_frame`.
+struct ImageRuns {
+  std::vector<int32_t> text;
+  std::vector<int32_t> at;
+};
+ImageRuns take_image_runs(std::span<const int32_t> ids, int32_t token, size_t per_frame);
 
 }  // namespace touchstone::vision
