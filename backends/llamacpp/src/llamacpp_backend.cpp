@@ -48,6 +48,7 @@
 
 #include "f32_copy.h"
 #include "llamacpp_grammar.h"
+#include "log_tail.h"
 #ifdef TOUCHSTONE_LLAMACPP_MTMD
 #include "llamacpp_vision.h"
 #endif
@@ -61,27 +62,12 @@ using touchstone::abi::StatusError;
 
 // ---- llama.cpp's log: nothing reaches stdout/stderr; errors are kept --------
 // (the latest ~2 KB) to explain a failed load or decode in last_error().
-std::mutex g_log_mu;
-std::string g_log_errors;
-ggml_log_level g_last_level = GGML_LOG_LEVEL_NONE;
+LogTail g_log(GGML_LOG_LEVEL_ERROR);
 
-void log_callback(ggml_log_level level, const char* text, void*) {
-  std::lock_guard<std::mutex> lock(g_log_mu);
-  if (level != GGML_LOG_LEVEL_CONT) g_last_level = level;
-  if (g_last_level != GGML_LOG_LEVEL_ERROR || !text) return;
-  g_log_errors += text;
-  if (g_log_errors.size() > 2048) g_log_errors.erase(0, g_log_errors.size() - 2048);
-}
+void log_callback(ggml_log_level level, const char* text, void*) { g_log.add(level, text); }
 
 // The errors logged since the last call, on one line ("" when none).
-std::string take_log_errors() {
-  std::lock_guard<std::mutex> lock(g_log_mu);
-  std::string s;
-  s.swap(g_log_errors);
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  while (!s.empty() && s.back() == ' ') s.pop_back();
-  return s;
-}
+std::string take_log_errors() { return g_log.take(); }
 
 std::string with_log(std::string message) {
   const std::string log = take_log_errors();

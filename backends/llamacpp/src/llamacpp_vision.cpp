@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "log_tail.h"
 #include "touchstone/abi/backend_adapter.hpp"
 
 namespace touchstone::llamacpp {
@@ -18,20 +19,9 @@ using abi::StatusError;
 
 // libmtmd's log: kept (the latest ~2 KB of warnings and errors) for the error messages,
 // never printed.
-std::mutex g_mu;
-std::string g_log;
-void mtmd_log(ggml_log_level level, const char* text, void*) {
-  if (level < GGML_LOG_LEVEL_WARN) return;
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_log += text;
-  if (g_log.size() > 2048) g_log.erase(0, g_log.size() - 2048);
-}
-std::string take_log() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  std::string s;
-  s.swap(g_log);
-  return s;
-}
+LogTail g_log(GGML_LOG_LEVEL_WARN);
+void mtmd_log(ggml_log_level level, const char* text, void*) { g_log.add(level, text); }
+std::string take_log() { return g_log.take(); }
 
 struct ChunksFree {
   void operator()(mtmd_input_chunks* c) const { mtmd_input_chunks_free(c); }
