@@ -8,6 +8,7 @@
 #include "touchstone/harness/serving.h"
 #include "touchstone/report/report_merge.h"
 #include "touchstone/run/backend_identity.h"
+#include "touchstone/run/model_facts.h"
 #include "touchstone/run/top_n_plan.h"
 
 namespace touchstone {
@@ -79,12 +80,34 @@ ServingPlan serving_plan(const Opts& o, const Inputs& in, BackendLibrary& lib) {
 
 }  // namespace
 
+namespace {
+
+// A backend may hold a session to the model's trained context ({arch}.context_length,
+// as llama.cpp does): a serving plan that needs more positions than that is NOT
+// SUPPORTED there, with both numbers. Within the trained context, CONTEXT_FULL stays a
+// failure. True when it recorded that.
+bool serving_beyond_context(const Inputs& in, int32_t needed, const BackendError& e,
+                            Report& report) {
+  if (e.status() != TS_ERR_CONTEXT_FULL) return false;
+  const std::optional<ModelConfig>& c = model_facts(in.model_path).config;
+  if (!c || c->n_ctx_train <= 0 || needed <= c->n_ctx_train) return false;
+  report.not_supported.push_back(
+      {"serving", fmt::format("the serving plan needs {} positions, beyond the model's trained "
+                              "context of {}, which the backend keeps to: {}",
+                              needed, c->n_ctx_train, e.what())});
+  return true;
+}
+
+}  // namespace
+
 // The serving checks (touchstone/harness/serving.h) on the first case's prompt and
 // golden continuation, as four more result rows; sessions sized for the plan.
 void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& report,
                  ParityObserver& obs) {
   const std::string& first = anchor_case(in);
   const GoldenCase& g = *in.golden.find_case(first);
+  int32_t needed = 0;  // the plan's positions, once known
+  int planned = 0;     // the rows it planned
   try {
     BackendLibrary& lib = host.library();
     const ServingPlan plan = serving_plan(o, in, lib);
@@ -94,8 +117,8 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
                          report.info.batching, report.info.fork));
     const ts_capabilities caps = lib.capabilities();
     BackendSessionOptions so{in.weights, o.threads, planned_context(o, in), o.fault};
-    so.max_context = std::max(so.max_context,
-                              plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
+    needed = int32_t(plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
+    so.max_context = std::max(so.max_context, needed);
     ServingOptions opt = serving_options(caps, so, plan);
     opt.checks = o.serving_checks;
     // A failing batch or fork comparison names its first divergent layer
@@ -112,7 +135,8 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
       opt.extension.insert(opt.extension.end(), c.greedy_ids.begin(), c.greedy_ids.end());
     }
     const bool verify = opt.runs("serving.speculative_verify");
-    report.n_planned += int(opt.n_checks()) - (verify && !opt.all_positions ? 1 : 0);
+    planned = int(opt.n_checks()) - (verify && !opt.all_positions ? 1 : 0);
+    report.n_planned += planned;
     if (verify && !opt.all_positions) {
       report.not_supported.push_back(
           {"serving.speculative_verify",
@@ -126,7 +150,11 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
                    opt.no_rows_reason(), report);
     run_multimodal_serving(in, host, key, opt, report);
   } catch (const BackendError& e) {
-    report.cases.push_back(backend_failure<CaseResult>(host, report, "serving", e));
+    if (serving_beyond_context(in, needed, e, report)) {
+      report.n_planned -= planned;
+    } else {
+      report.cases.push_back(backend_failure<CaseResult>(host, report, "serving", e));
+    }
   }
   obs.report_updated(report);
 }
