@@ -58,6 +58,23 @@ void copy_passages(ordered_json& scoring, const std::string& cases_path, const f
   }
 }
 
+// An image case (docs/vision.md): its PNG and mmproj, relative to the cases file, as
+// absolute paths (the manifest lives in --out), and their sha256 filled in where the
+// cases file leaves them out (given ones are kept, and checked when recording).
+void place_image_files(ordered_json& image, const std::string& cases_path, const std::string& ptr) {
+  if (!image.is_object()) throw Error("{}: {}/image: expected an object", cases_path, ptr);
+  for (const char* key : {"file", "mmproj"}) {
+    if (!image.contains(key) || !image[key].is_string())
+      throw Error("{}: {}/image: needs a string \"{}\"", cases_path, ptr, key);
+    const fs::path f = fs::path(fileio::dir_of(cases_path)) / image[key].get<std::string>();
+    if (!fs::is_regular_file(f))
+      throw Error("{}: {}/image/{}: no such file {}", cases_path, ptr, key, f.string());
+    image[key] = fs::absolute(f).lexically_normal().string();
+    const std::string sum = std::string(key) == "file" ? "sha256" : "mmproj_sha256";
+    if (!image.contains(sum)) image[sum] = sha256_file_cached(image[key].get<std::string>());
+  }
+}
+
 }  // namespace
 
 std::string write_own_manifest(const std::string& gguf_path, const std::string& cases_path,
@@ -78,9 +95,12 @@ std::string write_own_manifest(const std::string& gguf_path, const std::string& 
     if (key != "cases" && key != "scoring" && key != "suites")
       throw Error("{}: /{}: unknown key (allowed: cases, scoring, suites)", cases_path, key);
   }
-  for (auto& c : in["cases"]) {
+  for (size_t i = 0; i < in["cases"].size(); ++i) {
+    ordered_json& c = in["cases"][i];
     if (!c.is_object()) continue;
     if (!c.contains("model")) c["model"] = name;
+    if (c.contains("image"))
+      place_image_files(c["image"], cases_path, "/cases/" + std::to_string(i));
     // prompt_file is relative to the cases file: inline it (load_manifest then
     // checks the case as written, prompt and prompt_file both given included).
     if (c.contains("prompt_file") && c["prompt_file"].is_string() && !c.contains("prompt")) {

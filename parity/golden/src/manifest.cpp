@@ -171,6 +171,14 @@ class Parser {
                got(v));
     return s;
   }
+  // A file the run only reads, pinned by its sha256 (an image, its mmproj): an absolute
+  // path (a manifest `touchstone golden --cases` writes beside someone's own files), or
+  // relative_path's.
+  std::string input_path(const json& v, const std::string& ptr) const {
+    const std::string s = string(v, ptr);
+    if (s.size() > 1 && s.front() == '/' && s.find('\0') == s.npos) return s;
+    return relative_path(v, ptr);
+  }
   // An integer in [1, max]; floats (64.5), strings and out-of-range values fail.
   int positive_int(const json& v, const std::string& ptr, int64_t max = INT32_MAX) const {
     if (!v.is_number_integer())
@@ -392,9 +400,9 @@ class Parser {
     const json& o = object(v, p);
     allow_keys(o, p, {"file", "sha256", "mmproj", "mmproj_sha256"});
     ManifestImage i;
-    i.file = relative_path(require(o, p, "file"), child(p, "file"));
+    i.file = input_path(require(o, p, "file"), child(p, "file"));
     i.sha256 = sha256_field(require(o, p, "sha256"), child(p, "sha256"));
-    i.mmproj = relative_path(require(o, p, "mmproj"), child(p, "mmproj"));
+    i.mmproj = input_path(require(o, p, "mmproj"), child(p, "mmproj"));
     i.mmproj_sha256 = sha256_field(require(o, p, "mmproj_sha256"), child(p, "mmproj_sha256"));
     return i;
   }

@@ -504,3 +504,19 @@ TEST_F(ManifestTest, SuiteTrimsAndPlans) {
   j["suites"]["default"]["consistency_tokens"] = 5000;
   expect_json_error(j, {"/suites/default/consistency_tokens"});
 }
+
+// An image's PNG and mmproj are only read (and pinned by sha256): relative to the
+// manifest or absolute; a relative path may not leave the manifest's directory.
+TEST_F(ManifestTest, ImageFilesMayBeAbsoluteButNotEscape) {
+  ordered_json j = valid_manifest();
+  j["cases"][0]["prompt"] = "Look: <image> it shows";
+  j["cases"][0]["image"] = {{"file", "/data/photo.png"},
+                            {"sha256", kSha},
+                            {"mmproj", "mmproj.gguf"},
+                            {"mmproj_sha256", kSha}};
+  const auto m = touchstone::load_manifest(write(j.dump(2)));
+  EXPECT_EQ(m.resolve(m.cases[0].image.file), "/data/photo.png");
+  EXPECT_EQ(m.resolve(m.cases[0].image.mmproj), (dir_ / "mmproj.gguf").string());
+  j["cases"][0]["image"]["file"] = "../photo.png";
+  expect_json_error(j, {"/cases/0/image/file", "no '..'"});
+}
