@@ -8,6 +8,7 @@
 #include "row_compare.h"
 #include "touchstone/common/error.h"
 #include "touchstone/harness/multimodal.h"
+#include "touchstone/harness/recorder.h"
 
 namespace touchstone {
 namespace {
@@ -20,24 +21,9 @@ using Rows = std::vector<std::vector<float>>;
 Rows split_rows(const BackendModel& model, const BackendSessionOptions& so, const GoldenCase& g,
                 int32_t chunk, int n) {
   BackendSession s(model, so);
-  const std::span<const int32_t> ids(g.prompt_ids);
-  const std::span<const float> embd(g.image_embeddings);
-  const size_t rows = size_t(g.frame_rows()), dim = size_t(g.image_dim);
-  const size_t step = chunk > 0 ? size_t(chunk) : rows;
   Rows out;
-  size_t done = 0, f = 0;
-  for (const int32_t at : g.frame_positions()) {
-    if (size_t(at) > done) s.prefill(ids.subspan(done, size_t(at) - done));
-    done = size_t(at);
-    const std::span<const float> frame = embd.subspan(f++ * rows * dim, rows * dim);
-    std::vector<float> last;
-    for (size_t r = 0; r < rows; r += step) {
-      const size_t m = std::min(step, rows - r);
-      last = s.prefill_embeddings(frame.subspan(r * dim, m * dim), g.image_dim, false, false);
-    }
-    out.push_back(std::move(last));
-  }
-  out.push_back(s.prefill(ids.subspan(done)));
+  std::vector<float> last = prefill_case_prompt(s, g, chunk, &out);
+  out.push_back(std::move(last));
   for (int i = 0; i < n; ++i) {
     out.emplace_back(size_t(s.n_vocab()));
     s.decode(g.greedy_ids[size_t(i)], out.back());

@@ -59,17 +59,25 @@ std::string case_prompt_text(const ManifestCase& c, const ChatTemplate& chat) {
   }
 }
 
-std::vector<float> prefill_case_prompt(BackendSession& session, const GoldenCase& g) {
+std::vector<float> prefill_case_prompt(BackendSession& session, const GoldenCase& g, int32_t chunk,
+                                       std::vector<std::vector<float>>* frame_ends) {
   if (!g.has_image()) return session.prefill(g.prompt_ids);
   const std::span<const int32_t> ids(g.prompt_ids);
   const std::span<const float> embd(g.image_embeddings);
-  const size_t rows = size_t(g.frame_rows()) * size_t(g.image_dim);
+  const size_t rows = size_t(g.frame_rows()), dim = size_t(g.image_dim);
+  const size_t step = chunk > 0 ? size_t(chunk) : rows;
   size_t done = 0, f = 0;
   for (const int32_t at : g.frame_positions()) {
     if (size_t(at) > done) session.prefill(ids.subspan(done, size_t(at) - done));
     done = size_t(at);
-    session.prefill_embeddings(embd.subspan(f++ * rows, rows), g.image_dim,
-                               g.image_bidirectional != 0, false);
+    const std::span<const float> frame = embd.subspan(f++ * rows * dim, rows * dim);
+    std::vector<float> last;
+    for (size_t r = 0; r < rows; r += step) {
+      const size_t m = std::min(step, rows - r);
+      last = session.prefill_embeddings(frame.subspan(r * dim, m * dim), g.image_dim,
+                                        g.image_bidirectional != 0, false);
+    }
+    if (frame_ends) frame_ends->push_back(std::move(last));
   }
   return session.prefill(ids.subspan(done));
 }

@@ -53,9 +53,13 @@ GoldenCase record_case(BackendSession& session, const Tokenizer& tok, const Chat
                        const std::function<void(int, int)>& progress = {},
                        const CaseImage* image = nullptr);
 
-// The prompt's logits with a golden case's image in it (prefill_image_prompt): the
-// text before it, the image's embeddings, the text after; or the plain prefill.
-std::vector<float> prefill_case_prompt(BackendSession& session, const GoldenCase& g);
+// The prompt's logits with a golden case's image in it: the text before each frame, that
+// frame's embeddings (one prefill_embeddings call, or calls of at most `chunk` rows),
+// the text after the last; or the plain prefill. frame_ends: the logits at each frame's
+// last row, appended (nullptr: not kept).
+std::vector<float> prefill_case_prompt(BackendSession& session, const GoldenCase& g,
+                                       int32_t chunk = 0,
+                                       std::vector<std::vector<float>>* frame_ends = nullptr);
 
 // Teacher-forced pass over the passage (BOS first when the tokenizer adds one).
 GoldenScoring record_scoring(BackendSession& session, const Tokenizer& tok,
