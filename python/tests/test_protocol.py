@@ -135,7 +135,7 @@ class Records(unittest.TestCase):
                 P.decode_step_batch(P.Reader(data, "step_batch request"))
 
     def test_negotiation(self):
-        self.assertEqual([P.negotiate(v) for v in (2, 3, 4, 5, 6, 7)], [6, 3, 4, 5, 6, 6])
+        self.assertEqual([P.negotiate(v) for v in (2, 3, 4, 5, 6, 7, 8)], [7, 3, 4, 5, 6, 7, 7])
         self.assertEqual(P.API_VERSION_OF[3], 5)
 
     def test_capabilities_buckets_bounded(self):
@@ -150,14 +150,15 @@ class Records(unittest.TestCase):
                           declares_models=True, architectures="llama", model_features="", taps=True)
         i.fork = True
         b = i.encode(P.Writer()).bytes()
-        expect = struct.pack("<II", 6, P.API_VERSION)
+        expect = struct.pack("<II", 7, P.API_VERSION)
         for s in (b"n", b"v", b"p", b"d"):
             expect += struct.pack("<I", len(s)) + s
         expect += struct.pack("<II", 1, 1) + struct.pack("<I", 5) + b"llama" + struct.pack("<I", 0)
         expect += struct.pack("<I", 1)
-        # protocol 4: step_batch, fork; protocol 5: grammar; protocol 6: embeddings, vision
+        # protocol 4: step_batch, fork; protocol 5: grammar; protocol 6: embeddings, vision;
+        # protocol 7: preprocess, vision_options
         self.assertEqual(b, expect + struct.pack("<II", 0, 1) + struct.pack("<I", 0)
-                         + struct.pack("<II", 0, 0))
+                         + struct.pack("<II", 0, 0) + struct.pack("<II", 0, 0))
         d = P.BackendInfo.decode(P.Reader(b, "hello reply"))
         self.assertEqual((d.name, d.architectures, d.taps, d.device_greedy), ("n", "llama", True, True))
         self.assertEqual((d.step_batch, d.fork, d.grammar), (False, True, False))

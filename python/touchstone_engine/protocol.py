@@ -13,10 +13,10 @@ and raises ProtocolError naming the message and the field.
 
 import struct
 
-VERSION = 6
+VERSION = 7
 MIN_VERSION = 3  # the oldest harness an engine still answers (with that version's fields)
-API_VERSION = 8  # TS_BACKEND_API_VERSION of common/include/touchstone/abi/backend_abi.h
-API_VERSION_OF = {3: 5, 4: 6, 5: 7, 6: API_VERSION}  # the newest ABI each protocol version carries
+API_VERSION = 9  # TS_BACKEND_API_VERSION of common/include/touchstone/abi/backend_abi.h
+API_VERSION_OF = {3: 5, 4: 6, 5: 7, 6: 8, 7: API_VERSION}  # the newest ABI each protocol version carries
 MAGIC = 0x31505354  # bytes "TSP1"
 REPLY_BIT = 0x8000
 HEADER_SIZE = 16
@@ -44,6 +44,8 @@ GRAMMAR_GREEDY = 18  # version 5 (ABI v7)
 PREFILL_EMBEDDINGS = 19  # version 6 (ABI v8)
 LOAD_VISION = 20  # version 6 (ABI v8)
 ENCODE_IMAGE = 21  # version 6 (ABI v8)
+PREPROCESS_IMAGE = 22  # version 7 (ABI v9)
+SET_VISION_OPTIONS = 23  # version 7 (ABI v9)
 MAX_BATCH_ENTRIES = 1 << 16
 
 OP_NAMES = {
@@ -68,6 +70,8 @@ OP_NAMES = {
     PREFILL_EMBEDDINGS: "prefill_embeddings",
     LOAD_VISION: "load_vision",
     ENCODE_IMAGE: "encode_image",
+    PREPROCESS_IMAGE: "preprocess_image",
+    SET_VISION_OPTIONS: "set_vision_options",
 }
 
 # ts_status
@@ -307,7 +311,8 @@ class BackendInfo:
 
     FIELDS = ("protocol_version", "api_version", "name", "version", "path", "device",
               "device_greedy", "declares_models", "architectures", "model_features", "taps",
-              "step_batch", "fork", "grammar", "embeddings", "vision")
+              "step_batch", "fork", "grammar", "embeddings", "vision", "preprocess",
+              "vision_options")
 
     def __init__(self, **kw):
         self.protocol_version = VERSION
@@ -317,6 +322,7 @@ class BackendInfo:
         self.step_batch = self.fork = False
         self.grammar = False  # ABI v7, protocol >= 5
         self.embeddings = self.vision = False  # ABI v8, protocol >= 6
+        self.preprocess = self.vision_options = False  # ABI v9, protocol >= 7
         self.architectures = self.model_features = ""
         for k, v in kw.items():
             if k not in self.FIELDS:
@@ -339,6 +345,8 @@ class BackendInfo:
             w.u32(1 if self.grammar else 0)
         if v >= 6:
             w.u32(1 if self.embeddings else 0).u32(1 if self.vision else 0)
+        if v >= 7:
+            w.u32(1 if self.preprocess else 0).u32(1 if self.vision_options else 0)
         return w
 
     @staticmethod
@@ -365,6 +373,9 @@ class BackendInfo:
         if v >= 6:
             i.embeddings = r.u32("embeddings") != 0
             i.vision = r.u32("vision") != 0
+        if v >= 7:
+            i.preprocess = r.u32("preprocess") != 0
+            i.vision_options = r.u32("vision_options") != 0
         return i
 
 

@@ -160,8 +160,8 @@ TEST(Protocol, BackendInfoCarriesServingMembersFromVersion4) {
   i.protocol_version = 3;
   Writer old;
   encode(old, i);
-  // v4's two members, v5's one, v6's two
-  EXPECT_EQ(old.bytes().size() + 8 + 4 + 8, w.bytes().size());
+  // v4's two members, v5's one, v6's two, v7's two
+  EXPECT_EQ(old.bytes().size() + 8 + 4 + 8 + 8, w.bytes().size());
   Reader ro(bytes(old.bytes()), "hello reply");
   const BackendInfo o = decode_info(ro);
   ro.finish();
@@ -219,7 +219,7 @@ TEST(Protocol, BackendInfoCarriesMultimodalFromVersion6) {
   i.protocol_version = 5;
   Writer old;
   encode(old, i);
-  EXPECT_EQ(old.bytes().size() + 8, w.bytes().size());
+  EXPECT_EQ(old.bytes().size() + 8 + 8, w.bytes().size());  // v6's two, v7's two
   Reader ro(bytes(old.bytes()), "hello reply");
   const BackendInfo o = decode_info(ro);
   ro.finish();
@@ -236,6 +236,32 @@ TEST(Protocol, BackendInfoCarriesMultimodalFromVersion6) {
   }
   EXPECT_STREQ(op_name(uint32_t(Op::kPrefillEmbeddings)), "prefill_embeddings");
   EXPECT_STREQ(op_name(uint32_t(Op::kEncodeImage) | kReplyBit), "encode_image");
+}
+
+// ABI v9 preprocessing: BackendInfo.preprocess / vision_options from protocol version 7; a
+// version-6 peer's hello ends before them.
+TEST(Protocol, BackendInfoCarriesPreprocessFromVersion7) {
+  BackendInfo i;
+  i.api_version = 9;
+  i.name = "p";
+  i.vision = i.preprocess = i.vision_options = true;
+  Writer w;
+  encode(w, i);
+  Reader r(bytes(w.bytes()), "hello reply");
+  const BackendInfo d = decode_info(r);
+  r.finish();
+  EXPECT_TRUE(d.vision && d.preprocess && d.vision_options);
+  i.protocol_version = 6;
+  Writer old;
+  encode(old, i);
+  EXPECT_EQ(old.bytes().size() + 8, w.bytes().size());
+  Reader ro(bytes(old.bytes()), "hello reply");
+  const BackendInfo o = decode_info(ro);
+  ro.finish();
+  EXPECT_TRUE(o.vision);
+  EXPECT_FALSE(o.preprocess || o.vision_options);
+  EXPECT_STREQ(op_name(uint32_t(Op::kPreprocessImage)), "preprocess_image");
+  EXPECT_STREQ(op_name(uint32_t(Op::kSetVisionOptions) | kReplyBit), "set_vision_options");
 }
 
 TEST(Protocol, VersionNegotiation) {

@@ -101,6 +101,8 @@ class Runner {
   std::string prefill_embeddings(Reader& r);
   std::string load_vision(Reader& r);
   std::string encode_image(Reader& r);
+  std::string preprocess_image(Reader& r);
+  std::string set_vision_options(Reader& r);
   // The other ops with arguments beyond a handle, each answering TS_OK + its result.
   std::string load_model(Reader& r);
   std::string open_session(Reader& r);
@@ -410,6 +412,32 @@ std::string Runner::encode_image(Reader& r) {
   return floats_reply(size_t(n));
 }
 
+std::string Runner::preprocess_image(Reader& r) {
+  need(ch_->info().preprocess, "preprocess_image", 7, 9);
+  const Handle m = model(r);
+  const int32_t c = r.i32("channels"), h = r.i32("height"), wd = r.i32("width");
+  if (c != 3 || h < 1 || wd < 1 || uint64_t(c) * uint64_t(h) * uint64_t(wd) != r.remaining())
+    throw Error("runner: preprocess_image: {} x {} x {}, {} bytes sent", c, h, wd, r.remaining());
+  std::vector<uint8_t> data(r.remaining());
+  r.u8s("image", data);
+  r.finish();
+  const PixelTensor t = ch_->preprocess_image(m, data, h, wd);
+  Writer w;
+  w.i32(TS_OK).i32(t.n_frames).i32(t.channels).i32(t.height).i32(t.width).f32s(t.values);
+  return w.bytes();
+}
+
+std::string Runner::set_vision_options(Reader& r) {
+  need(ch_->info().vision_options, "set_vision_options", 7, 9);
+  const Handle m = model(r);
+  const std::string fault = r.str("fault", 4096);
+  r.finish();
+  ch_->set_vision_options(m, fault);
+  Writer w;
+  w.i32(TS_OK);
+  return w.bytes();
+}
+
 std::string Runner::prefill_greedy(Reader& r) {
   const Handle s = session(r);
   const std::vector<int32_t> tokens = request_tokens(r, "prefill_greedy");
@@ -507,6 +535,10 @@ std::string Runner::handle(Op op, Reader& r) {
       return load_vision(r);
     case Op::kEncodeImage:
       return encode_image(r);
+    case Op::kPreprocessImage:
+      return preprocess_image(r);
+    case Op::kSetVisionOptions:
+      return set_vision_options(r);
     case Op::kHello:
       break;
   }

@@ -78,7 +78,7 @@ void generate(const RunOpts& o) {
   // buffers are sized by it.
   BackendHost host(HostOptions{
       o.backend, o.in_process, o.timeout, o.model,
-      BackendSessionOptions{parse_weight_path(o.weights), o.threads, 0, ""}, tok.n_vocab()});
+      BackendSessionOptions{parse_weight_path(o.weights), o.threads, 0, ""}, tok.n_vocab(), ""});
   BackendSession& session = host.session();
   fmt::print(stderr, "[{} on {}; {} prompt tokens]\n", host.library().name(),
              host.library().device_name(), ids.size());

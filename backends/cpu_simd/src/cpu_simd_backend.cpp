@@ -70,6 +70,22 @@ struct CpuSimd {
           touchstone::abi::tower_pixels(img, c.image_size, c.n_tokens(), c.n_embd_text, n_floats),
           out);
     }
+    // ABI v9: the project's processor (vision.h), with the image_resample_filter fault.
+    ts_pixel_shape preprocess_image(const ts_image& img, float* out, int64_t n_floats) {
+      if (!vision)
+        throw StatusError(TS_ERR_INVALID_ARGUMENT, "preprocess_image: load_vision first");
+      const auto* b = static_cast<const uint8_t*>(img.data);
+      const touchstone::vision::Image rgb{
+          img.width, img.height, 3,
+          std::vector<uint8_t>(b, b + size_t(img.height) * img.width * 3)};
+      return touchstone::abi::pixel_frames(vision->preprocess(rgb).frames, out, n_floats);
+    }
+    // ABI v9: image_resample_filter and projector_grid_transposed; no other fault.
+    void set_vision_fault(const std::string& name) {
+      if (!vision)
+        throw StatusError(TS_ERR_INVALID_ARGUMENT, "set_vision_options: load_vision first");
+      vision->set_faults(touchstone::abi::vision_fault(name));
+    }
   };
 
   // position, max_context, prefill, rewind and the layer taps forward to

@@ -69,7 +69,17 @@ void add_into(std::vector<float>& x, const std::vector<float>& y) {
 
 }  // namespace
 
-SimdVision::SimdVision(const std::string& path) : t_(vision::load_vision_tower(path)) {}
+SimdVision::SimdVision(const std::string& path)
+    : path_(path), t_(vision::load_vision_tower(path)) {}
+
+// image_resample_filter: bilinear where the processor says bicubic or lanczos (Idefics3's
+// LANCZOS), bicubic where it says bilinear (Gemma 3).
+vision::PromptImage SimdVision::preprocess(const vision::Image& rgb) const {
+  std::optional<vision::Filter> wrong;
+  if (faults_.image_resample_filter)
+    wrong = t_.config.projector == "idefics3" ? vision::Filter::Bilinear : vision::Filter::Bicubic;
+  return vision::prompt_image(rgb, t_.config, path_, wrong);
+}
 
 // The patch convolution (kernel = stride = p) as im2col . W^T, plus bias and position.
 std::vector<float> SimdVision::patches(const float* px) const {
@@ -144,7 +154,17 @@ void SimdVision::encode(const float* pixels, float* out) const {
   const vision::VisionTowerConfig& c = t_.config;
   std::vector<float> x = patches(pixels);
   for (const vision::VisionLayer& L : t_.layers) layer(L, x);
-  project(layer_norm(x, size_t(c.n_patches()), size_t(c.n_embd), t_.post_w, t_.post_b, c.eps), out);
+  std::vector<float> y =
+      layer_norm(x, size_t(c.n_patches()), size_t(c.n_embd), t_.post_w, t_.post_b, c.eps);
+  if (faults_.projector_grid_transposed) {  // patch (row, col) handed over as (col, row)
+    const size_t s = size_t(c.grid()), d = size_t(c.n_embd);
+    for (size_t r = 0; r < s; ++r)
+      for (size_t col = r + 1; col < s; ++col)
+        std::swap_ranges(y.begin() + std::ptrdiff_t((r * s + col) * d),
+                         y.begin() + std::ptrdiff_t((r * s + col + 1) * d),
+                         y.begin() + std::ptrdiff_t((col * s + r) * d));
+  }
+  project(y, out);
 }
 
 }  // namespace touchstone::cpu_simd

@@ -60,6 +60,8 @@ constexpr FaultEntry kFaults[] = {
     {"image_attended_causally", [](Faults& f) { f.image_attended_causally = true; }},
     {"image_position_offset", [](Faults& f) { f.image_position_offset = true; }},
     {"image_split_position_reset", [](Faults& f) { f.image_split_position_reset = true; }},
+    {"image_resample_filter", [](Faults& f) { f.image_resample_filter = true; }},
+    {"projector_grid_transposed", [](Faults& f) { f.projector_grid_transposed = true; }},
 };
 
 }  // namespace

@@ -51,17 +51,22 @@ ImageRuns take_image_runs(std::span<const int32_t> ids, int32_t token, size_t pe
   return out;
 }
 
-PromptImage prompt_image(const Image& image, const VisionTowerConfig& c, const std::string& path) {
+PromptImage prompt_image(const Image& image, const VisionTowerConfig& c, const std::string& path,
+                         std::optional<Filter> resample) {
   PromptImage out;
   if (c.projector == "idefics3") {
-    SplitImage s = split_image_grid(image, splitting_processor_of(c));
+    SplittingProcessor sp = splitting_processor_of(c);
+    if (resample) sp.resample = *resample;
+    SplitImage s = split_image_grid(image, sp);
     out.frames = std::move(s.frames);
     out.rows = s.rows;
     out.cols = s.cols;
     out.layout = idefics3_image_prompt(s.rows, s.cols, c.n_tokens());
     return out;
   }
-  out.frames.push_back(preprocess(image, processor_of(c, path)));
+  ImageProcessor p = processor_of(c, path);
+  if (resample) p.resample = *resample;
+  out.frames.push_back(preprocess(image, p));
   out.bidirectional = true;  // gemma3 (processor_of refuses any other projector)
   return out;
 }

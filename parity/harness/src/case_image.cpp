@@ -113,6 +113,37 @@ CaseImage prepare_case_image(const Manifest& manifest, const ManifestCase& c, Ba
   return out;
 }
 
+PreprocessCheck check_case_preprocess(const Manifest& manifest, const ManifestCase& c,
+                                      BackendModel& model) {
+  const CasePixels p = case_pixels(manifest, c);
+  model.load_vision(p.mmproj);
+  const PixelTensor t = model.preprocess_image(p.rgb.pixels, p.rgb.height, p.rgb.width);
+  PreprocessCheck r;
+  r.n_frames = t.n_frames;
+  r.height = t.height;
+  r.width = t.width;
+  r.want_frames = int32_t(p.image.frames.size());
+  r.want_height = p.image.frames.at(0).height;
+  r.want_width = p.image.frames.at(0).width;
+  if (!r.same_shape()) return r;
+  double num = 0.0, den = 0.0;
+  const size_t plane = size_t(r.height) * size_t(r.width);
+  size_t i = 0;
+  for (const vision::PixelValues& f : p.image.frames) {
+    for (size_t k = 0; k < f.values.size(); ++k, ++i) {
+      const double want = f.values[k], e = double{t.values[i]} - want;
+      const double level = (1.0 / 255.0) / p.tower.std[k / plane];
+      num += e * e;
+      den += want * want;
+      const double a = std::isnan(e) ? INFINITY : std::fabs(e);
+      r.max_abs = std::max(r.max_abs, a);
+      r.max_levels = std::max(r.max_levels, a / level);
+    }
+  }
+  r.nmse = den > 0.0 ? num / den : (num > 0.0 ? INFINITY : 0.0);
+  return r;
+}
+
 EncoderCheck check_case_encoder(const Manifest& manifest, const ManifestCase& c,
                                 const std::vector<float>& golden, BackendModel& model) {
   EncoderCheck r;

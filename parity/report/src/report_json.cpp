@@ -184,6 +184,13 @@ json case_json(const CaseResult& c) {
     cj["encoder_max_abs"] = finite(c.encoder_max_abs);
     cj["encoder_preprocessing"] = c.encoder_preprocessing;
   }
+  if (!std::isnan(c.preprocess_nmse) || !c.preprocess_shape.empty()) {
+    auto finite = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+    cj["preprocess_nmse"] = finite(c.preprocess_nmse);
+    cj["preprocess_max_abs"] = finite(c.preprocess_max_abs);
+    cj["preprocess_max_levels"] = finite(c.preprocess_max_levels);
+    if (!c.preprocess_shape.empty()) cj["preprocess_shape"] = c.preprocess_shape;
+  }
   cj["first_layer_divergence"] = layer_json(c.first_layer_divergence);
   cj["series"] = case_series_json(c);
   cj["verdict"] = item_verdict(c);

@@ -47,6 +47,7 @@ BackendSession& BackendHost::session() {
       throw BackendError(TS_ERR_UNSUPPORTED, *why);
     }
     model_ = std::make_unique<BackendModel>(lib_, o_.model_path);
+    if (!o_.vision_fault.empty()) model_->set_vision_fault(o_.vision_fault);
   }
   if (o_.expected_n_vocab > 0 && model_->n_vocab() != o_.expected_n_vocab) {
     const int32_t got = model_->n_vocab();

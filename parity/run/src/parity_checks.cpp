@@ -46,6 +46,43 @@ void check_encoder(const Inputs& in, BackendHost& host, const GoldenCase& g, int
   r.passed = r.failures.empty();
 }
 
+// multimodal.preprocess: an image case on a backend that returns its own pixel tensor
+// (ABI v9 preprocess_image), against the processor's (at most one 8-bit level apart).
+// Failures join r's.
+void check_preprocess(const Inputs& in, BackendHost& host, const GoldenCase& g, CaseResult& r) {
+  try {
+    const PreprocessCheck p =
+        check_case_preprocess(in.manifest, in.manifest.find_case(g.name), host.model());
+    if (!p.same_shape()) {
+      r.preprocess_shape =
+          fmt::format("{} x 3 x {} x {}, the processor's {} x 3 x {} x {}", p.n_frames, p.height,
+                      p.width, p.want_frames, p.want_height, p.want_width);
+      r.failures.push_back(fmt::format(
+          "multimodal.preprocess: the backend's pixel tensor is {} (frames x channels x height "
+          "x width)",
+          r.preprocess_shape));
+      r.violations.push_back({"preprocess", double(p.n_frames), double(p.want_frames)});
+    } else {
+      r.preprocess_nmse = p.nmse;
+      r.preprocess_max_abs = p.max_abs;
+      r.preprocess_max_levels = p.max_levels;
+      if (!p.passed()) {
+        r.failures.push_back(fmt::format(
+            "multimodal.preprocess: the backend's pixel tensor differs from the processor's: "
+            "max |diff| {:.3g} ({:.1f} 8-bit levels > {:g}), NMSE {:.3e}, {} frame(s) of 3 x {} x "
+            "{}",
+            p.max_abs, p.max_levels, PreprocessCheck::kMaxLevels, p.nmse, p.n_frames, p.height,
+            p.width));
+        r.violations.push_back({"preprocess", p.max_levels, PreprocessCheck::kMaxLevels});
+      }
+    }
+  } catch (const std::exception& e) {
+    r.failures.push_back(fmt::format("multimodal.preprocess: {}", e.what()));
+    r.violations.push_back({"preprocess", 0.0, 0.0});
+  }
+  r.passed = r.failures.empty();
+}
+
 }  // namespace
 
 // Every check of the plan, in order; reports rewritten after each.
@@ -84,6 +121,9 @@ void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& repo
     report.cases.push_back(guarded<CaseResult>(host, report, n, [&](BackendSession& s) {
       return check_case(s, *in.tok, *in.golden.find_case(n), *in.profile, max_steps, on_step);
     }));
+    if (in.golden.find_case(n)->has_image() && host.library().has_preprocess() &&
+        report.cases.back().backend_error.empty())
+      check_preprocess(in, host, *in.golden.find_case(n), report.cases.back());
     if (in.golden.find_case(n)->has_image() && host.library().has_vision() &&
         report.cases.back().backend_error.empty())
       check_encoder(in, host, *in.golden.find_case(n), max_steps, report.cases.back());
@@ -157,7 +197,7 @@ void run_consistency(const Opts& o, const Inputs& in, BackendHost& host, Report&
   try {
     const ts_capabilities caps = host.library().capabilities();
     ConsistencyOptions co{
-        BackendSessionOptions{in.weights, o.threads, planned_context(o, in), o.fault},
+        BackendSessionOptions{in.weights, o.threads, planned_context(o, in), session_fault(o)},
         (caps.flags & TS_CAP_BITWISE_DETERMINISM) != 0,
         (caps.flags & TS_CAP_ALL_POSITION_LOGITS) != 0,
         {}};
@@ -212,7 +252,7 @@ const GoldenCase* structured_case(const Opts& o, const Inputs& in, BackendHost& 
   if (cases.empty()) return nullptr;
   if (host.library().has_grammar()) {
     for (const GoldenCase* c : cases) {
-      BackendSession probe(host.model(), BackendSessionOptions{in.weights, 1, 0, o.fault});
+      BackendSession probe(host.model(), BackendSessionOptions{in.weights, 1, 0, session_fault(o)});
       if (enforce_grammar(probe, *c) == kGrammarByBackend) return c;
     }
   }
@@ -230,7 +270,8 @@ void run_structured(const Opts& o, const Inputs& in, BackendHost& host, Report& 
     return obs.report_updated(report);
   }
   StructuredOptions opt;
-  opt.session = BackendSessionOptions{in.weights, o.threads, planned_context(o, in), o.fault};
+  opt.session =
+      BackendSessionOptions{in.weights, o.threads, planned_context(o, in), session_fault(o)};
   opt.checks = o.structured_checks;
   if (o.max_steps > 0) opt.max_steps = o.max_steps;
   opt.session.max_context = std::max<int32_t>(

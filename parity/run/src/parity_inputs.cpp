@@ -10,6 +10,7 @@
 #include "touchstone/harness/chat.h"
 #include "touchstone/harness/model_store.h"
 #include "touchstone/harness/stale.h"
+#include "touchstone/model/faults.h"
 #include "touchstone/run/build_info.h"
 #include "touchstone/run/model_facts.h"
 
@@ -128,6 +129,13 @@ int consistency_tokens(const Opts& o, const Suite& suite) {
 // positions any planned check uses, rounded up to a multiple of 1024. A
 // backend's own default (max_context = 0) may be smaller than the 4,096-token
 // long-context items need (static_graph's is 2048).
+std::string session_fault(const Opts& o) {
+  return parse_fault(o.fault).vision_path() ? std::string() : o.fault;
+}
+std::string vision_fault(const Opts& o) {
+  return parse_fault(o.fault).vision_path() ? o.fault : std::string();
+}
+
 int32_t planned_context(const Opts& o, const Inputs& in) {
   if (in.context > 0) return in.context;  // fixed for the whole plan (ParityRun)
   const Suite& suite = in.manifest.find_suite(o.suite);

@@ -72,6 +72,10 @@ int consistency_tokens(const Opts& o, const Suite& suite);
 bool wants_consistency(const Opts& o);
 bool wants_structured(const Opts& o);
 int32_t planned_context(const Opts& o, const Inputs& in);
+// --fault split by where it goes: a vision-path fault (Faults::vision_path) to the model's
+// vision path (ABI v9 set_vision_options), any other to every session; "" elsewhere.
+std::string session_fault(const Opts& o);
+std::string vision_fault(const Opts& o);
 RunInfo run_info(const Opts& o, const Inputs& in);
 
 void run_checks(const Opts& o, const Inputs& in, BackendHost& host, Report& report,

@@ -116,7 +116,7 @@ void run_serving(const Opts& o, const Inputs& in, BackendHost& host, Report& rep
     obs.note(fmt::format("serving checks on case '{}' (batching: {}; fork: {})", first,
                          report.info.batching, report.info.fork));
     const ts_capabilities caps = lib.capabilities();
-    BackendSessionOptions so{in.weights, o.threads, planned_context(o, in), o.fault};
+    BackendSessionOptions so{in.weights, o.threads, planned_context(o, in), session_fault(o)};
     needed = int32_t(plan.context_needed(g.prompt_ids.size() + size_t(plan.decode_steps)));
     so.max_context = std::max(so.max_context, needed);
     ServingOptions opt = serving_options(caps, so, plan);
@@ -277,10 +277,10 @@ Report ParityRun::run(ParityObserver& obs) {
   if (wants_consistency(o)) report.n_planned += 5;
   report.info = run_info(o, in);
   report.shard = in.shard;
-  BackendHost host(
-      HostOptions{o.backend, o.in_process, o.timeout_s, in.model_path,
-                  BackendSessionOptions{in.weights, o.threads, planned_context(o, in), o.fault},
-                  golden_n_vocab(in.golden)});
+  BackendHost host(HostOptions{
+      o.backend, o.in_process, o.timeout_s, in.model_path,
+      BackendSessionOptions{in.weights, o.threads, planned_context(o, in), session_fault(o)},
+      golden_n_vocab(in.golden), vision_fault(o)});
   report.info.execution = host.execution();
   obs.report_updated(report);  // an observer writing files checks its paths here
   if (o.in_process) arm_exit_guard(o.backend);

@@ -51,6 +51,24 @@ void BackendChannel::encode_image(Handle /*model*/, ts_image_format /*format*/,
   throw Error("backend '{}' has no encode_image (ABI v8 TS_CAP_MULTIMODAL)", info().name);
 }
 
+PixelTensor BackendChannel::preprocess_image(Handle /*model*/, std::span<const uint8_t> /*rgb*/,
+                                             int32_t /*height*/, int32_t /*width*/) {
+  throw Error("backend '{}' has no preprocess_image (ABI v9)", info().name);
+}
+void BackendChannel::set_vision_options(Handle /*model*/, const std::string& /*fault*/) {
+  throw Error("backend '{}' has no set_vision_options (ABI v9)", info().name);
+}
+
+size_t pixel_tensor_size(const PixelTensor& t, const char* what) {
+  const int64_t n = int64_t(t.n_frames) * t.channels * t.height * t.width;
+  if (t.n_frames < 1 || t.channels != 3 || t.height < 1 || t.width < 1 || n > (int64_t{1} << 28))
+    throw Error(
+        "{}: the backend's pixel tensor is {} frame(s) of {} x {} x {} (want >= 1 frame of "
+        "3 x height x width, at most 2^28 values)",
+        what, t.n_frames, t.channels, t.height, t.width);
+  return size_t(n);
+}
+
 void check_image_bytes(ts_image_format format, size_t bytes, int32_t height, int32_t width) {
   const size_t per = format == TS_IMAGE_PIXELS_F32 ? sizeof(float) : 1;
   if (height < 1 || width < 1 || bytes != size_t(3) * size_t(height) * size_t(width) * per)
@@ -173,6 +191,20 @@ void BackendModel::load_vision(const std::string& mmproj_path) {
   if (mmproj_path == vision_path_) return;
   lib_->channel().load_vision(model_, mmproj_path);
   vision_path_ = mmproj_path;
+  if (!vision_fault_.empty()) lib_->channel().set_vision_options(model_, vision_fault_);
+}
+
+PixelTensor BackendModel::preprocess_image(std::span<const uint8_t> rgb, int32_t height,
+                                           int32_t width) {
+  return lib_->channel().preprocess_image(model_, rgb, height, width);
+}
+
+void BackendModel::set_vision_fault(const std::string& fault) {
+  if (!lib_->has_vision_options())
+    throw Error("backend '{}' takes no fault for its vision path (ABI v9 set_vision_options)",
+                lib_->name());
+  vision_fault_ = fault;
+  if (!vision_path_.empty()) lib_->channel().set_vision_options(model_, fault);
 }
 
 std::vector<float> BackendModel::encode_image(ts_image_format format, std::span<const uint8_t> data,

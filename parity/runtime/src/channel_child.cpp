@@ -203,6 +203,9 @@ class ChildChannel final : public BackendChannel {
   void load_vision(Handle m, const std::string& path) override;
   void encode_image(Handle m, ts_image_format format, std::span<const uint8_t> data, int32_t height,
                     int32_t width, std::span<float> out) override;
+  PixelTensor preprocess_image(Handle m, std::span<const uint8_t> rgb, int32_t height,
+                               int32_t width) override;
+  void set_vision_options(Handle m, const std::string& fault) override;
 
  private:
   void check_serving_flags(uint32_t flags);
@@ -387,6 +390,45 @@ void ChildChannel::encode_image(Handle m, ts_image_format format, std::span<cons
   floats_call(Op::kEncodeImage, w, "encode_image", out);
 }
 
+// ABI v9: the reply carries the shape, then the tensor (at most 2^28 floats).
+PixelTensor ChildChannel::preprocess_image(Handle m, std::span<const uint8_t> rgb, int32_t height,
+                                           int32_t width) {
+  if (!info_.preprocess) return BackendChannel::preprocess_image(m, rgb, height, width);
+  check_image_bytes(TS_IMAGE_RGB8, rgb.size(), height, width);
+  Writer w;
+  w.u64(m).i32(3).i32(height).i32(width).u8s(rgb);
+  auto reply = call(Op::kPreprocessImage, w, kMaxErrorReply + 16 + (uint64_t{1} << 30));
+  Reader r(reply, "preprocess_image reply");
+  ok_or_throw(r, "preprocess_image");
+  PixelTensor t;
+  t.n_frames = r.i32("n_frames");
+  t.channels = r.i32("channels");
+  t.height = r.i32("height");
+  t.width = r.i32("width");
+  size_t n = 0;
+  try {
+    n = pixel_tensor_size(t, "preprocess_image");
+  } catch (const Error& e) {
+    violation("preprocess_image", e.what());
+  }
+  if (r.remaining() != n * sizeof(float))
+    violation("preprocess_image", fmt::format("{} bytes of pixels, expected {} ({} floats)",
+                                              r.remaining(), n * sizeof(float), n));
+  t.values.resize(n);
+  r.f32s("pixels", t.values);
+  return t;
+}
+
+void ChildChannel::set_vision_options(Handle m, const std::string& fault) {
+  if (!info_.vision_options) BackendChannel::set_vision_options(m, fault);
+  Writer w;
+  w.u64(m).str(fault);
+  auto reply = call(Op::kSetVisionOptions, w, kMaxErrorReply);
+  Reader r(reply, "set_vision_options reply");
+  ok_or_throw(r, "set_vision_options");
+  r.finish();
+}
+
 // A capability flag of ABI v6 that claims a call the hello said is missing is a
 // table the loader would refuse.
 void ChildChannel::check_serving_flags(uint32_t flags) {
@@ -466,6 +508,11 @@ void ChildChannel::check_exec_info() {
     bad = fmt::format("set_grammar claimed by an api_version {} backend (needs 7)", v);
   } else if ((info_.embeddings || info_.vision) && v < 8) {
     bad = fmt::format("multimodal calls claimed by an api_version {} backend (needs 8)", v);
+  } else if ((info_.preprocess || info_.vision_options) && (v < 9 || !info_.vision)) {
+    bad = fmt::format(
+        "preprocess_image / set_vision_options claimed by an api_version {} backend{} (needs 9 "
+        "and load_vision)",
+        v, info_.vision ? "" : " without load_vision");
   } else if (info_.name.empty()) {
     bad = "empty backend name";
   }

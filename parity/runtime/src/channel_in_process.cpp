@@ -103,6 +103,10 @@ class InProcessChannel final : public BackendChannel {
     if (api->api_version >= 6) serving_members(api);
     if (api->api_version >= 7) grammar_members(api);
     if (api->api_version >= 8) multimodal_members(api);
+    if (api->api_version >= 9) {  // both need the tower (ABI v9)
+      info_.preprocess = info_.vision && api->preprocess_image != nullptr;
+      info_.vision_options = info_.vision && api->set_vision_options != nullptr;
+    }
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -228,6 +232,35 @@ class InProcessChannel final : public BackendChannel {
     img.height = height;
     img.width = width;
     check(api_->encode_image(model(m), &img, out.data(), int64_t(out.size())), "encode_image");
+  }
+  // ABI v9: the shape first (pixels_out NULL), then the tensor.
+  PixelTensor preprocess_image(Handle m, std::span<const uint8_t> rgb, int32_t height,
+                               int32_t width) override {
+    if (!info_.preprocess) return BackendChannel::preprocess_image(m, rgb, height, width);
+    check_image_bytes(TS_IMAGE_RGB8, rgb.size(), height, width);
+    ts_image img{};
+    img.struct_size = sizeof img;
+    img.format = TS_IMAGE_RGB8;
+    img.data = rgb.data();
+    img.channels = 3;
+    img.height = height;
+    img.width = width;
+    ts_pixel_shape shape{};
+    shape.struct_size = sizeof shape;
+    check(api_->preprocess_image(model(m), &img, &shape, nullptr, 0), "preprocess_image");
+    PixelTensor out{shape.n_frames, shape.channels, shape.height, shape.width, {}};
+    out.values.resize(pixel_tensor_size(out, "preprocess_image"));
+    check(api_->preprocess_image(model(m), &img, &shape, out.values.data(),
+                                 int64_t(out.values.size())),
+          "preprocess_image");
+    return out;
+  }
+  void set_vision_options(Handle m, const std::string& fault) override {
+    if (!info_.vision_options) BackendChannel::set_vision_options(m, fault);
+    ts_vision_options o{};
+    o.struct_size = sizeof o;
+    o.fault = fault.empty() ? nullptr : fault.c_str();
+    check(api_->set_vision_options(model(m), &o), "set_vision_options");
   }
 
  private:

@@ -62,6 +62,10 @@ const char* op_name(uint32_t op) {
       return "load_vision";
     case Op::kEncodeImage:
       return "encode_image";
+    case Op::kPreprocessImage:
+      return "preprocess_image";
+    case Op::kSetVisionOptions:
+      return "set_vision_options";
   }
   return "unknown op";
 }
@@ -193,6 +197,7 @@ void encode(Writer& w, const BackendInfo& info) {
   if (v >= 4) w.u32(info.step_batch ? 1 : 0).u32(info.fork ? 1 : 0);
   if (v >= 5) w.u32(info.grammar ? 1 : 0);
   if (v >= 6) w.u32(info.embeddings ? 1 : 0).u32(info.vision ? 1 : 0);
+  if (v >= 7) w.u32(info.preprocess ? 1 : 0).u32(info.vision_options ? 1 : 0);
 }
 
 BackendInfo decode_info(Reader& r) {
@@ -219,6 +224,10 @@ BackendInfo decode_info(Reader& r) {
   if (v >= 6) {
     i.embeddings = r.u32("embeddings") != 0;
     i.vision = r.u32("vision") != 0;
+  }
+  if (v >= 7) {
+    i.preprocess = r.u32("preprocess") != 0;
+    i.vision_options = r.u32("vision_options") != 0;
   }
   return i;
 }

@@ -41,7 +41,7 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_API_VERSION 8
+#define TS_BACKEND_API_VERSION 9
 #define TS_BACKEND_ENTRY_SYMBOL "touchstone_backend_entry"
 
 typedef enum ts_status {
@@ -187,6 +187,23 @@ typedef struct ts_image {
   int32_t width;
 } ts_image;
 
+/* The shape of the pixel tensor preprocess_image writes (api_version >= 9). */
+typedef struct ts_pixel_shape {
+  uint32_t struct_size; /* sizeof(ts_pixel_shape), set by the caller */
+  int32_t n_frames;     /* frames in prompt order (Idefics3: its tiles, then the global view;
+                           1 for a family that does not tile) */
+  int32_t channels;     /* each frame's: 3 */
+  int32_t height;       /* pixels, the tower's input size */
+  int32_t width;
+} ts_pixel_shape;
+
+/* Options of the vision path attached by load_vision (api_version >= 9). */
+typedef struct ts_vision_options {
+  uint32_t struct_size; /* sizeof(ts_vision_options), set by the caller */
+  const char* fault;    /* test-only fault injection name for the preprocessing, tower and
+                           projector (touchstone/model/faults.h), NULL = none */
+} ts_vision_options;
+
 /* Allowed-token masks (grammar_mask): ceil(n_vocab / 32) uint32 words; token i is
  * allowed iff bit (i % 32) of word (i / 32) is set. */
 #define TS_MASK_WORDS(n_vocab) (((n_vocab) + 31) / 32)
@@ -272,6 +289,20 @@ typedef struct ts_backend {
   ts_status (*load_vision)(ts_model* model, const char* mmproj_path);
   ts_status (*encode_image)(ts_model* model, const ts_image* image, float* embeddings_out,
                             int64_t n_floats);
+
+  /* ---- api_version >= 9 [multimodal preprocessing] ---- (each NULL = not implemented;
+   * both need TS_CAP_MULTIMODAL and a load_vision first; rules: docs/contract.md,
+   * "Version 9: preprocessing") */
+  /* The backend's own preprocessing of a decoded image (image->format TS_IMAGE_RGB8): the
+   * pixel tensor encode_image would hand its tower for that image, every frame in order,
+   * float32 [n_frames][channels][height][width]. On TS_OK *shape_out is set; pixels_out
+   * NULL asks for the shape only, else n_floats must equal the tensor's size
+   * (TS_ERR_INVALID_ARGUMENT naming both). */
+  ts_status (*preprocess_image)(ts_model* model, const ts_image* image, ts_pixel_shape* shape_out,
+                                float* pixels_out, int64_t n_floats);
+  /* Options for the vision path attached to the model (options NULL: the defaults). A fault
+   * the backend does not implement is TS_ERR_UNSUPPORTED. */
+  ts_status (*set_vision_options)(ts_model* model, const ts_vision_options* options);
 } ts_backend;
 
 /* The one exported symbol. */

@@ -47,6 +47,12 @@
 //     //   (sets TS_CAP_MULTIMODAL; the image's pointer, format and sizes checked; the
 //     //   Model checks the format it takes, that a tower is loaded and that n_floats is
 //     //   its output's size)
+//     // optional (ABI v9), on Model, with the two above:
+//     //   ts_pixel_shape preprocess_image(const ts_image& rgb8, float* out, int64_t n_floats);
+//     //   (out nullptr: the shape only; the image's pointer and sizes and the RGB8 format
+//     //   checked; the Model checks n_floats against the shape it returns)
+//     //   void set_vision_fault(const std::string& fault);  ("" = none; refuses with
+//     //   abi::StatusError(TS_ERR_UNSUPPORTED) a fault it does not implement)
 //     // optional (ABI v6): static void step_batch(std::span<const abi::BatchItem<Session>>);
 //     //   (step_batch; every entry already checked: distinct sessions of one model
 //     //   and weight path, tokens, room, buffers. Set TS_CAP_BATCHED_SESSIONS in
@@ -307,6 +313,13 @@ class BackendAdapter {
   static constexpr bool kVision = requires(Model & m, const ts_image& img, float* out) {
     m.load_vision(std::string());
     m.encode_image(img, out, int64_t{1});
+  };
+  static constexpr bool kPreprocess =
+      kVision && requires(Model & m, const ts_image& img, float* out) {
+    { m.preprocess_image(img, out, int64_t{1}) } -> std::convertible_to<ts_pixel_shape>;
+  };
+  static constexpr bool kVisionOptions = kVision && requires(Model & m) {
+    m.set_vision_fault(std::string());
   };
   // Tells the session which grammar state is its own now (optional hook).
   static void grammar_changed(SessionBox& b) {
@@ -743,6 +756,41 @@ class BackendAdapter {
     });
   }
 
+  static ts_status preprocess_image(ts_model* m, const ts_image* img, ts_pixel_shape* shape,
+                                    float* out, int64_t n_floats) noexcept {
+    return abi::guard([&] {
+      abi::require(m && img && shape, "preprocess_image: null argument");
+      abi::require(img->struct_size >= sizeof(ts_image) && img->data,
+                   "preprocess_image: null data or struct_size too small");
+      abi::require(shape->struct_size >= sizeof(ts_pixel_shape),
+                   "preprocess_image: shape_out's struct_size too small");
+      int format = 0;
+      static_assert(sizeof format == sizeof img->format);
+      std::memcpy(&format, &img->format, sizeof format);
+      abi::require(format == TS_IMAGE_RGB8, "preprocess_image: the image must be TS_IMAGE_RGB8");
+      abi::require(img->channels == 3 && img->height > 0 && img->width > 0,
+                   "preprocess_image: the image must have 3 channels, height and width > 0");
+      abi::require(!out || n_floats > 0, "preprocess_image: n_floats <= 0");
+      if constexpr (kPreprocess) {
+        const ts_pixel_shape got = box(m)->model->preprocess_image(*img, out, n_floats);
+        shape->n_frames = got.n_frames;
+        shape->channels = got.channels;
+        shape->height = got.height;
+        shape->width = got.width;
+      }
+    });
+  }
+
+  static ts_status set_vision_options(ts_model* m, const ts_vision_options* o) noexcept {
+    return abi::guard([&] {
+      abi::require(m != nullptr, "set_vision_options: null model");
+      abi::require(!o || o->struct_size >= sizeof(ts_vision_options),
+                   "set_vision_options: struct_size too small");
+      if constexpr (kVisionOptions)
+        box(m)->model->set_vision_fault(o && o->fault ? std::string(o->fault) : std::string());
+    });
+  }
+
   static int32_t position(const ts_session* s) noexcept {
     return s ? box(s)->session->position() : 0;
   }
@@ -792,6 +840,8 @@ class BackendAdapter {
         kEmbeddings ? prefill_embeddings : nullptr,
         kVision ? load_vision : nullptr,
         kVision ? encode_image : nullptr,
+        kPreprocess ? preprocess_image : nullptr,
+        kVisionOptions ? set_vision_options : nullptr,
     };
     return &t;
   }

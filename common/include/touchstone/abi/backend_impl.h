@@ -54,6 +54,29 @@ inline const float* tower_pixels(const ts_image& img, int32_t image_size, int64_
   return static_cast<const float*>(img.data);
 }
 
+// preprocess_image (ABI v9) for a backend whose preprocessing gives frames of 3 x height x
+// width float32 (each with .height, .width and .values, all of one size): their shape, and
+// with `out` the frames in order, or TS_ERR_INVALID_ARGUMENT when n_floats is not their size.
+template <class Frame>
+ts_pixel_shape pixel_frames(const std::vector<Frame>& frames, float* out, int64_t n_floats) {
+  ts_pixel_shape s{};
+  s.struct_size = sizeof s;
+  s.n_frames = int32_t(frames.size());
+  s.channels = 3;
+  s.height = frames.empty() ? 0 : int32_t(frames[0].height);
+  s.width = frames.empty() ? 0 : int32_t(frames[0].width);
+  if (!out) return s;
+  const int64_t n = int64_t(s.n_frames) * 3 * s.height * s.width;
+  if (n_floats != n)
+    throw StatusError(TS_ERR_INVALID_ARGUMENT,
+                      "preprocess_image: n_floats " + std::to_string(n_floats) +
+                          " != " + std::to_string(s.n_frames) + " frame(s) x 3 x " +
+                          std::to_string(s.height) + " x " + std::to_string(s.width) + " = " +
+                          std::to_string(n));
+  for (const Frame& f : frames) out = std::copy(f.values.begin(), f.values.end(), out);
+  return s;
+}
+
 // The start of a CPU backend's device_name: "CPU: <model name of
 // /proc/cpuinfo> (<N> hardware threads" (the caller closes the parenthesis
 // after adding its own facts). "unknown CPU" where /proc/cpuinfo has no model.

@@ -126,6 +126,16 @@ struct Faults {
                                             // image's batches; no effect when each image
                                             // block is one call (caught by
                                             // multimodal.consistency only)
+  // Vision-path faults (ABI v9 set_vision_options: handed to the model's vision path,
+  // never to a session; docs/vision.md#faults):
+  bool image_resample_filter = false;      // "image_resample_filter": the processor's resize
+                                           // with bilinear where it says bicubic or lanczos,
+                                           // and bicubic where it says bilinear (llama.cpp
+                                           // issue 24629) (multimodal.preprocess)
+  bool projector_grid_transposed = false;  // "projector_grid_transposed": the projector reads
+                                           // the tower's patch grid transposed, as a Gemma 3
+                                           // pooling or Idefics3 pixel shuffle that swaps x
+                                           // and y (multimodal.encoder)
 
   // The faults that corrupt only the quantized weight path (GGUF blocks).
   bool quantized_only() const { return quant_scale_min_swap || nibble_order; }
@@ -144,6 +154,9 @@ struct Faults {
   bool multimodal() const {
     return image_attended_causally || image_position_offset || image_split_position_reset;
   }
+  // The vision-path faults: the harness hands them to BackendModel::set_vision_fault (ABI
+  // v9), not to a session.
+  bool vision_path() const { return image_resample_filter || projector_grid_transposed; }
   // The attention-sink faults (a backend that does not implement them refuses them).
   bool sinks() const { return attention_sinks_ignored; }
   // The serving faults (a backend without step_batch / fork_session refuses them).

@@ -48,6 +48,12 @@ inline touchstone::Faults session_fault(const char* name, FaultSupport support =
                                               "' is an attention-sink fault, which this "
                                               "backend does not implement");
   }
+  if (f.vision_path()) {
+    throw StatusError(TS_ERR_UNSUPPORTED,
+                      "fault '" + f.name +
+                          "' sits in the vision path: it goes to set_vision_options (ABI v9), "
+                          "not to a session");
+  }
   if ((f.image_attended_causally && !support.image_attention) ||
       (f.image_position_offset && !support.image_position) ||
       (f.image_split_position_reset && !support.image_split)) {
@@ -55,6 +61,22 @@ inline touchstone::Faults session_fault(const char* name, FaultSupport support =
                                               "' is an image-input fault, which this backend "
                                               "does not implement");
   }
+  return f;
+}
+
+// The fault for a backend's vision path (ts_vision_options.fault, ABI v9; "" = none): a
+// vision-path fault of the catalog (Faults::vision_path), else TS_ERR_UNSUPPORTED naming it.
+inline touchstone::Faults vision_fault(const std::string& name) {
+  touchstone::Faults f;
+  try {
+    f = touchstone::parse_fault(name);
+  } catch (const touchstone::Error& e) {
+    throw StatusError(TS_ERR_UNSUPPORTED, e.what());
+  }
+  if (!name.empty() && !f.vision_path())
+    throw StatusError(TS_ERR_UNSUPPORTED, "set_vision_options: fault '" + name +
+                                              "' is not a vision-path fault (those go to a "
+                                              "session)");
   return f;
 }
 

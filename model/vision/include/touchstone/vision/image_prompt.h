@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,8 +49,11 @@ struct PromptImage {
 SplittingProcessor splitting_processor_of(const VisionTowerConfig& c, int longest_edge = 0);
 
 // The image (read_png(path, true)'s) through the processor the tower's keys describe.
-// `path` names the mmproj in errors (an unknown projector).
-PromptImage prompt_image(const Image& image, const VisionTowerConfig& c, const std::string& path);
+// `path` names the mmproj in errors (an unknown projector). `resample`: every resize with
+// this filter instead of the processor's (only a deliberately wrong backend sets it: the
+// image_resample_filter fault).
+PromptImage prompt_image(const Image& image, const VisionTowerConfig& c, const std::string& path,
+                         std::optional<Filter> resample = std::nullopt);
 
 // Idefics3Processor.replace_image_token's text for one image (see above).
 std::string idefics3_image_prompt(int rows, int cols, int tokens_per_frame);

@@ -45,6 +45,25 @@ struct EncoderCheck {
 EncoderCheck check_case_encoder(const Manifest& manifest, const ManifestCase& c,
                                 const std::vector<float>& golden, BackendModel& model);
 
+// multimodal.preprocess: the backend's own preprocessing (ABI v9 preprocess_image) of the
+// case's decoded image against the harness's pixel tensor (the mmproj's processor, HF's
+// bit for bit). The processors resize in 8-bit (Pillow), so a value is a whole number of
+// levels of rescale_factor / std; an engine resampling with the same filter and rounding
+// its own way differs by at most one level, another filter or geometry by more.
+struct PreprocessCheck {
+  int32_t n_frames = 0, height = 0, width = 0;               // the backend's tensor
+  int32_t want_frames = 0, want_height = 0, want_width = 0;  // the processor's
+  double nmse = 0.0, max_abs = 0.0;
+  double max_levels = 0.0;  // max |diff| in levels (rescale_factor / the channel's std)
+  bool same_shape() const {
+    return n_frames == want_frames && height == want_height && width == want_width;
+  }
+  static constexpr double kMaxLevels = 1.0;  // the pass limit on max_levels
+  bool passed() const { return same_shape() && max_levels <= kMaxLevels + 1e-6; }
+};
+PreprocessCheck check_case_preprocess(const Manifest& manifest, const ManifestCase& c,
+                                      BackendModel& model);
+
 // The prompt's text before and after kImagePlaceholder (Error naming the case when it
 // is not there exactly once).
 std::pair<std::string, std::string> split_at_image(const std::string& prompt,

@@ -164,6 +164,11 @@ struct CaseResult {
   // Who preprocessed the image for it: "the harness" (the pixel tensor went in) or "the
   // backend" (it took the decoded image, TS_IMAGE_RGB8); "" = not run.
   std::string encoder_preprocessing;
+  // multimodal.preprocess (ABI v9 preprocess_image; docs/vision.md): the backend's pixel
+  // tensor against the processor's: NMSE, max |diff| and max |diff| in 8-bit levels (NaN =
+  // not run); preprocess_shape: "F x 3 x H x W (want F' x 3 x H' x W')" when they differ.
+  double preprocess_nmse = NAN, preprocess_max_abs = NAN, preprocess_max_levels = NAN;
+  std::string preprocess_shape;
   int topn_missing_max = 0;       // most reference top-K tokens absent from one returned row
   std::vector<DriftPoint> drift;  // serving checks: one per configuration run
 };

@@ -19,6 +19,9 @@ struct HostOptions {
   // The model's vocabulary size (tokenizer / goldens); a backend reporting
   // another n_vocab is refused before any logits are requested from it.
   int32_t expected_n_vocab = 0;
+  // A vision-path fault (touchstone/model/faults.h, Faults::vision_path) for the model's
+  // tower (BackendModel::set_vision_fault), "" = none.
+  std::string vision_fault;
 };
 
 class BackendHost {

@@ -69,6 +69,9 @@ class BackendLibrary {
   // (TS_CAP_MULTIMODAL).
   bool has_embeddings() const { return info().embeddings; }
   bool has_vision() const { return info().vision; }
+  // ABI v9: preprocess_image (the backend's own pixel tensor) and set_vision_options.
+  bool has_preprocess() const { return info().preprocess; }
+  bool has_vision_options() const { return info().vision_options; }
   const std::string& name() const { return info().name; }
   const std::string& version() const { return info().version; }
   const std::string& path() const { return info().path; }
@@ -102,12 +105,20 @@ class BackendModel {
   void load_vision(const std::string& mmproj_path);
   std::vector<float> encode_image(ts_image_format format, std::span<const uint8_t> data,
                                   int32_t height, int32_t width, size_t n_floats);
+  // ABI v9 (library()->has_preprocess(), else Error): the backend's own pixel tensor for a
+  // decoded image (rgb: height x width x 3 bytes), after load_vision.
+  PixelTensor preprocess_image(std::span<const uint8_t> rgb, int32_t height, int32_t width);
+  // A fault for the vision path (a fault name of touchstone/model/faults.h, "" = none),
+  // handed to the backend (ABI v9 set_vision_options) by every later load_vision, and at
+  // once when a tower is attached. Error when the backend has no set_vision_options.
+  void set_vision_fault(const std::string& fault);
 
  private:
   std::shared_ptr<BackendLibrary> lib_;
   Handle model_ = 0;
   int32_t n_vocab_ = 0;
-  std::string vision_path_;  // the mmproj attached by load_vision ("" = none)
+  std::string vision_path_;   // the mmproj attached by load_vision ("" = none)
+  std::string vision_fault_;  // set_vision_fault's ("" = none)
 };
 
 struct BackendSessionOptions {

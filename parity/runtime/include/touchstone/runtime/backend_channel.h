@@ -68,6 +68,12 @@ struct BatchCall {
   std::span<float> out;
 };
 
+// preprocess_image's result: n_frames x channels x height x width float32.
+struct PixelTensor {
+  int32_t n_frames = 0, channels = 0, height = 0, width = 0;
+  std::vector<float> values;
+};
+
 class BackendChannel {
  public:
   virtual ~BackendChannel() = default;
@@ -113,6 +119,12 @@ class BackendChannel {
   virtual void load_vision(Handle model, const std::string& mmproj_path);
   virtual void encode_image(Handle model, ts_image_format format, std::span<const uint8_t> data,
                             int32_t height, int32_t width, std::span<float> out);
+  // ABI v9 (info().preprocess / info().vision_options): the backend's own pixel tensor for
+  // a decoded image (rgb: height x width x 3 bytes), and the vision path's fault ("" =
+  // none). Both throw Error when the backend lacks them.
+  virtual PixelTensor preprocess_image(Handle model, std::span<const uint8_t> rgb, int32_t height,
+                                       int32_t width);
+  virtual void set_vision_options(Handle model, const std::string& fault);
   // Child process only: false once the process died or was killed; restart()
   // starts a fresh one (every handle of the old one is gone).
   virtual bool alive() const { return true; }
@@ -127,6 +139,9 @@ class BackendChannel {
 // The bytes an image of `format` (ABI v8 ts_image_format) with 3 channels of height x
 // width holds (float32 pixels or uint8 RGB); Error for a size that is not that.
 void check_image_bytes(ts_image_format format, size_t bytes, int32_t height, int32_t width);
+// t's value count (n_frames x channels x height x width); Error naming `what` and the
+// shape unless it is at least one frame of 3 channels, at most 2^28 values.
+size_t pixel_tensor_size(const PixelTensor& t, const char* what);
 
 // dlopen()s the library (name or path, see BackendLibrary::load) and checks
 // the table; throws Error naming the problem (an "exec:" command is refused:

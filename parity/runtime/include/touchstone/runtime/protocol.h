@@ -35,8 +35,9 @@ namespace touchstone::protocol {
 // fork, ts_capabilities.batch_invariant_paths / max_batch; 5: ABI v7 structured
 // output (kSetGrammar, kGrammarMask, kGrammarGreedy), BackendInfo.grammar; 6: ABI v8
 // multimodal (kPrefillEmbeddings, kLoadVision, kEncodeImage), BackendInfo.embeddings /
-// vision.
-inline constexpr uint32_t kVersion = 6;
+// vision; 7: ABI v9 preprocessing (kPreprocessImage, kSetVisionOptions),
+// BackendInfo.preprocess / vision_options.
+inline constexpr uint32_t kVersion = 7;
 // The oldest version either end still speaks: the hello reply carries
 // min(the harness's version, the child's), and an older peer simply has none of
 // the newer ops or fields (the harness never sends them).
@@ -83,10 +84,15 @@ enum class Op : uint32_t {
                             //    i32 bidirectional, f32 embeddings[n * n_embd];
                             //    reply: f32 logits[n_vocab or n * n_vocab]
   kLoadVision = 20,         // -> u64 model, str mmproj path; reply: status only
-  kEncodeImage = 21         // -> u64 model, i32 format, i32 channels, i32 height, i32 width,
+  kEncodeImage = 21,        // -> u64 model, i32 format, i32 channels, i32 height, i32 width,
                             //    u64 n_floats, then the image: f32 [channels][height][width]
                             //    (TS_IMAGE_PIXELS_F32) or u8 [height][width][channels]
                             //    (TS_IMAGE_RGB8); reply: f32 out[n_floats]
+  // ---- version 7 (ABI v9) ----
+  kPreprocessImage = 22,  // -> u64 model, i32 channels, i32 height, i32 width, then the
+                          //    image: u8 [height][width][channels]; reply: i32 n_frames,
+                          //    i32 channels, i32 height, i32 width, f32 pixels[the product]
+  kSetVisionOptions = 23  // -> u64 model, str fault (empty = none); reply: status only
 };
 const char* op_name(uint32_t op);
 
@@ -169,6 +175,9 @@ struct BackendInfo {
   // encode_image both set.
   bool embeddings = false;
   bool vision = false;
+  // api_version >= 9 (protocol >= 7): preprocess_image / set_vision_options set.
+  bool preprocess = false;
+  bool vision_options = false;
 };
 // The fields a version added are written and read only when
 // info.protocol_version (the first field) is at least that version.
