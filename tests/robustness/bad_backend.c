@@ -32,16 +32,19 @@
  *               cross-sequence leak) and one call in four is shifted by +0.5
  *               (repeats that would hide the leak as noise)
  *   fork_null   fork_session returns TS_OK and a NULL session
- * Vision faults (ABI v8 encode_image; each must fail multimodal.encoder):
+ * Vision faults (ABI v8 encode_image, ABI v9 preprocess_image):
  *   tower_transposed    the reference's image tokens with their square grid
  *                       (TOUCHSTONE_BAD_IMAGE_TOKENS tokens) transposed (row r,
  *                       column c taken from row c, column r): a projector that pools
- *                       or pixel-shuffles the patch grid transposed
+ *                       or pixel-shuffles the patch grid transposed (must fail
+ *                       multimodal.encoder)
  *   preprocess_nearest  refuses the harness's pixel tensor and preprocesses the
  *                       decoded image itself, resizing it to TOUCHSTONE_BAD_IMAGE_SIZE
  *                       square with nearest-neighbour sampling where the processor
  *                       resamples bilinearly (Gemma 3), then rescales and normalises
- *                       as the processor does (1/255, mean = std = 0.5)
+ *                       as the processor does (1/255, mean = std = 0.5); its
+ *                       preprocess_image returns that tensor (must fail
+ *                       multimodal.preprocess)
  * Consistency faults (always on; each breaks one golden-free check):
  *   rewind_noop      rewind returns TS_OK without truncating the KV cache
  *   prefill_all_skew all-position prefill rows but the last scaled by 1 + 1e-3
@@ -262,17 +265,19 @@ static ts_status transpose_tokens(float* out, int64_t n_floats) {
 }
 
 /* preprocess_nearest: the decoded RGB8 image [h][w][3] to the pixel tensor [3][s][s]
- * with nearest-neighbour sampling (pixel centres), 1/255, (v - 0.5) / 0.5. */
-static ts_status nearest_pixels(ts_model* m, const ts_image* img, float* out, int64_t n_floats) {
+ * with nearest-neighbour sampling (pixel centres), 1/255, (v - 0.5) / 0.5; malloc'ed,
+ * NULL with g_error set on a bad image or size. */
+static float* nearest_tensor(const ts_image* img, int32_t* side) {
   const char* size = getenv("TOUCHSTONE_BAD_IMAGE_SIZE");
   const int32_t s = size ? atoi(size) : 0;
+  *side = s;
   if (img->format != TS_IMAGE_RGB8 || s <= 0 || img->channels != 3) {
     g_error = "bad backend: preprocess_nearest takes an RGB8 image (TOUCHSTONE_BAD_IMAGE_SIZE set)";
-    return TS_ERR_UNSUPPORTED;
+    return NULL;
   }
   const uint8_t* rgb = img->data;
   float* px = malloc((size_t)3 * (size_t)s * (size_t)s * sizeof(float));
-  if (!px) return TS_ERR_INTERNAL;
+  if (!px) return NULL;
   for (int32_t y = 0; y < s; ++y) {
     const int32_t sy = (int32_t)(((double)y + 0.5) * img->height / s);
     for (int32_t x = 0; x < s; ++x) {
@@ -285,6 +290,13 @@ static ts_status nearest_pixels(ts_model* m, const ts_image* img, float* out, in
       }
     }
   }
+  return px;
+}
+
+static ts_status nearest_pixels(ts_model* m, const ts_image* img, float* out, int64_t n_floats) {
+  int32_t s = 0;
+  float* px = nearest_tensor(img, &s);
+  if (!px) return s > 0 ? TS_ERR_INTERNAL : TS_ERR_UNSUPPORTED;
   ts_image pixels = *img;
   pixels.format = TS_IMAGE_PIXELS_F32;
   pixels.data = px;
@@ -299,6 +311,27 @@ static ts_status bad_encode_image(ts_model* m, const ts_image* img, float* out, 
   if (is_mode("preprocess_nearest")) return nearest_pixels(m, img, out, n_floats);
   const ts_status st = g_ref->encode_image(m, img, out, n_floats);
   if (st == TS_OK && is_mode("tower_transposed")) return transpose_tokens(out, n_floats);
+  return st;
+}
+
+static ts_status bad_preprocess_image(ts_model* m, const ts_image* img, ts_pixel_shape* shape,
+                                     float* out, int64_t n_floats) {
+  if (!is_mode("preprocess_nearest")) return g_ref->preprocess_image(m, img, shape, out, n_floats);
+  int32_t s = 0;
+  float* px = nearest_tensor(img, &s);
+  if (!px) return s > 0 ? TS_ERR_INTERNAL : TS_ERR_UNSUPPORTED;
+  shape->n_frames = 1;
+  shape->channels = 3;
+  shape->height = shape->width = s;
+  const int64_t n = (int64_t)3 * s * s;
+  ts_status st = TS_OK;
+  if (out && n_floats != n) {
+    g_error = "bad backend: preprocess_image: n_floats is not 3 x s x s";
+    st = TS_ERR_INVALID_ARGUMENT;
+  } else if (out) {
+    memcpy(out, px, (size_t)n * sizeof(float));
+  }
+  free(px);
   return st;
 }
 
@@ -329,6 +362,7 @@ __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entr
   if (g_ref->step_batch) g_table.step_batch = bad_step_batch;
   if (g_ref->fork_session) g_table.fork_session = bad_fork_session;
   if (g_ref->encode_image) g_table.encode_image = bad_encode_image;
+  if (g_ref->preprocess_image) g_table.preprocess_image = bad_preprocess_image;
   g_table.last_error = bad_last_error;
   g_table.prefill = bad_prefill;
   g_table.decode = bad_decode;

@@ -74,10 +74,8 @@ struct CpuSimd {
     ts_pixel_shape preprocess_image(const ts_image& img, float* out, int64_t n_floats) {
       if (!vision)
         throw StatusError(TS_ERR_INVALID_ARGUMENT, "preprocess_image: load_vision first");
-      const auto* b = static_cast<const uint8_t*>(img.data);
-      const touchstone::vision::Image rgb{
-          img.width, img.height, 3,
-          std::vector<uint8_t>(b, b + size_t(img.height) * img.width * 3)};
+      const touchstone::vision::Image rgb = touchstone::vision::rgb8_image(
+          static_cast<const uint8_t*>(img.data), img.height, img.width);
       return touchstone::abi::pixel_frames(vision->preprocess(rgb).frames, out, n_floats);
     }
     // ABI v9: image_resample_filter and projector_grid_transposed; no other fault.

@@ -174,6 +174,11 @@ struct LlamaCpp {
       if (!tower) throw StatusError(TS_ERR_INVALID_ARGUMENT, "encode_image: load_vision first");
       tower->encode(img, out, n_floats);
     }
+    // ABI v9: the pixel tensor libmtmd's tower receives (llamacpp_vision.h).
+    ts_pixel_shape preprocess_image(const ts_image& img, float* out, int64_t n_floats) {
+      if (!tower) throw StatusError(TS_ERR_INVALID_ARGUMENT, "preprocess_image: load_vision first");
+      return tower->pixels(img, out, n_floats);
+    }
 #endif
 
     llama_model* weights(bool quant) {

@@ -23,10 +23,10 @@ using json = nlohmann::json;
 // withdrawn where it does not hold, never waived (docs/known-divergences.md).
 // mask_difference: tokens one grammar engine allows and the golden's does not
 // (or the reverse) at one step of a structured case.
-constexpr std::array<const char*, 11> kCoverable = {
+constexpr std::array<const char*, 12> kCoverable = {
     "logits_nmse",       "logits_max_abs",  "kld_mean", "kld_p99",
     "top1_agreement",    "ppl_ratio",       "greedy",   "argmax",
-    "isolation_max_abs", "mask_difference", "encoder"};
+    "isolation_max_abs", "mask_difference", "encoder",  "preprocess"};
 const std::set<std::string> kEntryKeys = {"id",          "backend", "model", "weights",
                                           "profile",     "item",    "why",   "measured_on",
                                           "reviewed_by", "checks"};

@@ -61,7 +61,7 @@ void check_preprocess(const Inputs& in, BackendHost& host, const GoldenCase& g, 
           "multimodal.preprocess: the backend's pixel tensor is {} (frames x channels x height "
           "x width)",
           r.preprocess_shape));
-      r.violations.push_back({"preprocess", double(p.n_frames), double(p.want_frames)});
+      r.violations.push_back({"preprocess_frames", double(p.n_frames), double(p.want_frames)});
     } else {
       r.preprocess_nmse = p.nmse;
       r.preprocess_max_abs = p.max_abs;

@@ -21,6 +21,12 @@ struct Image {
   }
 };
 
+// An RGB image from height x width x 3 bytes (ABI ts_image TS_IMAGE_RGB8), copied.
+inline Image rgb8_image(const uint8_t* rgb, int height, int width) {
+  const size_t n = static_cast<size_t>(height) * static_cast<size_t>(width) * 3;
+  return Image{width, height, 3, std::vector<uint8_t>(rgb, rgb + n)};
+}
+
 // A PNG file as PIL's Image.open(path).convert(...) gives it for 8-bit files:
 // gray and gray + alpha as 1 channel ("L"), RGB, RGBA and palette images as 3
 // ("RGB"): alpha dropped without compositing, palette expanded, transparency
