@@ -1,8 +1,9 @@
 /* A minimal backend used to test the loader: built several times with
  * FAKE_API_VERSION / FAKE_NULL_ENTRY / FAKE_MISSING_FN / FAKE_CLAIMS_GREEDY /
  * FAKE_GREEDY_FN / FAKE_V4_CAPS / FAKE_V5_CAPS / FAKE_CLAIMS_BATCHED /
- * FAKE_CLAIMS_FORK / FAKE_CLAIMS_GRAMMAR / FAKE_CLAIMS_MULTIMODAL to exercise every refusal path of
- * BackendLibrary::load and the version-1 compatibility rule. Every session call fails loudly. */
+ * FAKE_CLAIMS_FORK / FAKE_CLAIMS_GRAMMAR / FAKE_CLAIMS_MULTIMODAL / FAKE_PREPROCESS_ORPHAN to
+ * exercise every refusal path of BackendLibrary::load and the version-1 compatibility rule. Every
+ * session call fails loudly. */
 #include <stddef.h>
 #include <stdlib.h>
 
@@ -230,6 +231,31 @@ static ts_status encode_image_trap(ts_model* m, const ts_image* i, float* out, i
 #define FAKE_ENCODE_IMAGE NULL
 #endif
 
+/* Version 9 members; an older table carries entries here that a loader must neither read
+ * nor call (they abort). FAKE_PREPROCESS_ORPHAN: a version-9 table setting them without
+ * load_vision, refused. */
+static ts_status preprocess_image_trap(ts_model* m, const ts_image* i, ts_pixel_shape* s,
+                                       float* out, int64_t n) {
+  (void)m;
+  (void)i;
+  (void)s;
+  (void)out;
+  (void)n;
+  abort();
+}
+static ts_status set_vision_options_trap(ts_model* m, const ts_vision_options* o) {
+  (void)m;
+  (void)o;
+  abort();
+}
+#if FAKE_API_VERSION < 9 || defined(FAKE_PREPROCESS_ORPHAN)
+#define FAKE_PREPROCESS_IMAGE preprocess_image_trap
+#define FAKE_SET_VISION_OPTIONS set_vision_options_trap
+#else
+#define FAKE_PREPROCESS_IMAGE NULL
+#define FAKE_SET_VISION_OPTIONS NULL
+#endif
+
 #ifdef FAKE_MISSING_FN
 #define FAKE_POSITION NULL
 #else
@@ -263,7 +289,9 @@ static const ts_backend kFake = {FAKE_API_VERSION,
                                  FAKE_GRAMMAR_GREEDY,
                                  FAKE_PREFILL_EMBEDDINGS,
                                  FAKE_LOAD_VISION,
-                                 FAKE_ENCODE_IMAGE};
+                                 FAKE_ENCODE_IMAGE,
+                                 FAKE_PREPROCESS_IMAGE,
+                                 FAKE_SET_VISION_OPTIONS};
 
 __attribute__((visibility("default"))) const ts_backend* touchstone_backend_entry(void) {
 #ifdef FAKE_NULL_ENTRY

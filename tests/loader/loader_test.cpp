@@ -178,6 +178,28 @@ TEST(Loader, Version8MultimodalNeedsItsMembers) {
   }
 }
 
+TEST(Loader, AcceptsVersion8WithoutReadingVersion9Members) {
+  for (const auto& lib :
+       {BackendLibrary::load(fake("v8")), BackendLibrary::spawn(fake("v8"), ChildOptions{})}) {
+    EXPECT_EQ(lib->api_version(), 8u);
+    EXPECT_FALSE(lib->has_preprocess());
+    EXPECT_FALSE(lib->has_vision_options());
+    EXPECT_THROW(lib->channel().preprocess_image(1, std::vector<uint8_t>(3), 1, 1), Error);
+    EXPECT_THROW(lib->channel().set_vision_options(1, ""), Error);
+  }
+}
+
+TEST(Loader, Version9PreprocessNeedsTheTower) {
+  const std::string msg = load_error(fake("preprocess_orphan"));
+  EXPECT_NE(msg.find("without load_vision"), std::string::npos) << msg;
+  try {
+    BackendLibrary::spawn(fake("preprocess_orphan"), ChildOptions{});
+    ADD_FAILURE() << "the runner loaded a table the loader refuses";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without load_vision"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Loader, LayerTapsNeedBothEntries) {
   EXPECT_FALSE(BackendLibrary::load(fake("ok"))->has_taps());
   const std::string msg = load_error(fake("taps_half"));

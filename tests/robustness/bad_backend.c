@@ -315,7 +315,7 @@ static ts_status bad_encode_image(ts_model* m, const ts_image* img, float* out, 
 }
 
 static ts_status bad_preprocess_image(ts_model* m, const ts_image* img, ts_pixel_shape* shape,
-                                     float* out, int64_t n_floats) {
+                                      float* out, int64_t n_floats) {
   if (!is_mode("preprocess_nearest")) return g_ref->preprocess_image(m, img, shape, out, n_floats);
   int32_t s = 0;
   float* px = nearest_tensor(img, &s);

@@ -5,7 +5,8 @@
 // tokens: every position's logits on both weight paths equal the reference's
 // (ReferenceTransformer::prefill_embeddings) to fp32 accumulation noise, with the image
 // block attended bidirectionally or causally as asked; 1 and 3 threads agree bitwise;
-// the image faults change what they should; bad calls fail with their status.
+// the image faults change what they should; bad calls fail with their status; ABI v9
+// preprocess_image and the vision-path faults.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "touchstone/abi/backend_abi.h"
 #include "touchstone/model/model_weights.h"
 #include "touchstone/reference/reference_forward.h"
+#include "touchstone/vision/image_prompt.h"
 #include "touchstone/vision/vision_tower.h"
 
 namespace {
@@ -175,6 +177,60 @@ TEST_F(Embeddings, BadCallsFailWithTheirStatus) {
   in.n_tokens = 101;  // no room
   EXPECT_EQ(api->prefill_embeddings(s, &in, 0, logits.data()), TS_ERR_CONTEXT_FULL);
   api->free_session(s);
+}
+
+// ABI v9: preprocess_image is the processor's pixel tensor (a size query first, then the
+// values), set_vision_options takes the vision-path faults only, and image_resample_filter
+// changes the pixels while projector_grid_transposed changes the embeddings.
+TEST_F(Embeddings, PreprocessImageAndTheVisionFaults) {
+  const std::string mmproj = kDir + "/mmproj-gemma3vl-test-f32.gguf";
+  ASSERT_EQ(api->load_vision(model, mmproj.c_str()), TS_OK) << api->last_error();
+  touchstone::vision::Image rgb{40, 30, 3, std::vector<uint8_t>(size_t(40) * 30 * 3)};
+  for (size_t i = 0; i < rgb.pixels.size(); ++i) rgb.pixels[i] = uint8_t((i * 37) % 251);
+  const ts_image decoded{sizeof(ts_image), TS_IMAGE_RGB8, rgb.pixels.data(), 3, 30, 40};
+  const touchstone::vision::VisionTower t = touchstone::vision::load_vision_tower(mmproj);
+  const touchstone::vision::PromptImage want =
+      touchstone::vision::prompt_image(rgb, t.config, mmproj);
+  auto pixels = [&] {
+    ts_pixel_shape shape{sizeof(ts_pixel_shape), 0, 0, 0, 0};
+    EXPECT_EQ(api->preprocess_image(model, &decoded, &shape, nullptr, 0), TS_OK)
+        << api->last_error();
+    EXPECT_EQ(shape.n_frames, 1);
+    EXPECT_EQ(shape.height, t.config.image_size);
+    std::vector<float> px(size_t(shape.n_frames) * 3 * size_t(shape.height) * size_t(shape.width));
+    EXPECT_EQ(api->preprocess_image(model, &decoded, &shape, px.data(), int64_t(px.size()) + 1),
+              TS_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(api->preprocess_image(model, &decoded, &shape, px.data(), int64_t(px.size())), TS_OK);
+    return px;
+  };
+  auto embeddings = [&] {
+    const std::vector<float>& f = want.frames[0].values;
+    const ts_image p{sizeof(ts_image),    TS_IMAGE_PIXELS_F32, f.data(), 3,
+                     t.config.image_size, t.config.image_size};
+    std::vector<float> e(size_t(t.config.n_tokens()) * size_t(t.config.n_embd_text));
+    EXPECT_EQ(api->encode_image(model, &p, e.data(), int64_t(e.size())), TS_OK);
+    return e;
+  };
+  EXPECT_EQ(pixels(), want.frames[0].values);
+  const std::vector<float> clean = embeddings();
+  ts_vision_options o{sizeof(ts_vision_options), "image_resample_filter"};
+  ASSERT_EQ(api->set_vision_options(model, &o), TS_OK) << api->last_error();
+  EXPECT_GT(nmse(pixels(), want.frames[0].values), 1e-5);
+  EXPECT_EQ(embeddings(), clean);  // the tower is untouched
+  o.fault = "projector_grid_transposed";
+  ASSERT_EQ(api->set_vision_options(model, &o), TS_OK);
+  EXPECT_EQ(pixels(), want.frames[0].values);
+  EXPECT_GT(nmse(embeddings(), clean), 1e-2);
+  o.fault = "image_attended_causally";  // a session's fault
+  EXPECT_EQ(api->set_vision_options(model, &o), TS_ERR_UNSUPPORTED);
+  EXPECT_EQ(api->set_vision_options(model, nullptr), TS_OK);  // the defaults again
+  EXPECT_EQ(embeddings(), clean);
+  ts_session_options so{};
+  so.struct_size = sizeof so;
+  so.fault = "image_resample_filter";  // a vision-path fault is no session's
+  ts_session* s = nullptr;
+  EXPECT_EQ(api->open_session(model, &so, &s), TS_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(api->last_error()).find("set_vision_options"), std::string::npos);
 }
 
 }  // namespace

@@ -104,8 +104,13 @@ class InProcessChannel final : public BackendChannel {
     if (api->api_version >= 7) grammar_members(api);
     if (api->api_version >= 8) multimodal_members(api);
     if (api->api_version >= 9) {  // both need the tower (ABI v9)
-      info_.preprocess = info_.vision && api->preprocess_image != nullptr;
-      info_.vision_options = info_.vision && api->set_vision_options != nullptr;
+      info_.preprocess = api->preprocess_image != nullptr;
+      info_.vision_options = api->set_vision_options != nullptr;
+      if ((info_.preprocess || info_.vision_options) && !info_.vision)
+        throw Error(
+            "backend '{}' sets preprocess_image or set_vision_options without load_vision "
+            "(ABI v9: both work on the tower load_vision attaches)",
+            info_.path);
     }
   }
 
