@@ -65,13 +65,11 @@ struct Reference {
     // ABI v9: the processor the mmproj's keys describe (touchstone/vision/image_prompt.h),
     // the definition multimodal.preprocess judges other backends by.
     ts_pixel_shape preprocess_image(const ts_image& img, float* out, int64_t n_floats) {
-      if (!tower)
-        throw StatusError(TS_ERR_INVALID_ARGUMENT, "preprocess_image: load_vision first");
+      if (!tower) throw StatusError(TS_ERR_INVALID_ARGUMENT, "preprocess_image: load_vision first");
       const touchstone::vision::Image rgb = touchstone::vision::rgb8_image(
           static_cast<const uint8_t*>(img.data), img.height, img.width);
       return touchstone::abi::pixel_frames(
-          touchstone::vision::prompt_image(rgb, tower->config, tower->path).frames, out,
-          n_floats);
+          touchstone::vision::prompt_image(rgb, tower->config, tower->path).frames, out, n_floats);
     }
   };
 
