@@ -15,6 +15,11 @@ before an engine sees it, so an engine computes and nothing else:
         # optional: decode(token) -> n_vocab logits       (default: prefill([token], False))
         # optional: prefill_greedy(tokens) -> int         (sets TS_CAP_DEVICE_GREEDY)
         # optional: set_taps(on); read_taps() -> floats or None   (ABI v4 layer taps)
+        # optional (ABI v8, both or neither; sets TS_CAP_EMBEDDING_INPUT): n_embd() -> int and
+        #   prefill_embeddings(embeddings, n_embd, bidirectional, all_positions) -> logits
+        #   (embeddings: bytes, n x n_embd little-endian float32 rows used in place of token
+        #   embeddings; bidirectional: the rows also attend to each other's later rows;
+        #   sizes, room and "no grammar set" checked)
         # optional: close()                                (free_session)
 
     class MyEngine(Engine):

@@ -248,6 +248,10 @@ class Reader:
     def f32s(self, field, n):
         return list(struct.unpack(f"<{n}f", self._take(4 * n, field)))
 
+    def raw(self, field, n):
+        """The next n bytes as they are."""
+        return bytes(self._take(n, field))
+
     def finish(self):
         if self.remaining() != 0:
             raise ProtocolError(f"{self._what}: {self.remaining()} unexpected trailing bytes "

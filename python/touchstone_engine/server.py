@@ -202,6 +202,11 @@ class Server:
         self.has_step_batch = serving and _overrides(engine, "step_batch")
         self.has_fork = serving and _overrides(engine, "fork")
         self.has_grammar = self.version >= 5 and _has(cls, "compile_grammar")
+        has_pe, has_dim = _has(cls, "prefill_embeddings"), _has(cls, "n_embd")
+        if has_pe != has_dim:
+            raise EngineError(P.TS_ERR_INTERNAL, f"engine '{engine.name}': its session class "
+                              "defines only one of prefill_embeddings and n_embd (both or neither)")
+        self.has_embeddings = self.version >= 6 and has_pe
         return P.BackendInfo(
             protocol_version=self.version, api_version=P.API_VERSION_OF[self.version],
             name=str(engine.name), version=str(engine.version), path=self.command_line,
@@ -209,7 +214,8 @@ class Server:
             declares_models=engine.architectures is not None,
             architectures=str(engine.architectures or ""),
             model_features=str(engine.model_features or ""), taps=self.taps,
-            step_batch=self.has_step_batch, fork=self.has_fork, grammar=self.has_grammar)
+            step_batch=self.has_step_batch, fork=self.has_fork, grammar=self.has_grammar,
+            embeddings=self.has_embeddings)
 
     # ---- the loop ----
     def run(self):
@@ -324,6 +330,11 @@ class Server:
             caps.flags |= P.TS_CAP_STRUCTURED_OUTPUT
         else:
             caps.flags &= ~P.TS_CAP_STRUCTURED_OUTPUT
+        if self.has_embeddings:
+            caps.flags |= P.TS_CAP_EMBEDDING_INPUT
+        else:
+            caps.flags &= ~P.TS_CAP_EMBEDDING_INPUT
+        caps.flags &= ~P.TS_CAP_MULTIMODAL  # no vision tower through serve()
         if self.version < 4:
             caps.flags &= ~P.TS_CAP_V6_FLAGS
         return caps.encode(P.Writer().i32(P.TS_OK), self.version).bytes()
@@ -653,6 +664,41 @@ def grammar_greedy(server, r):
     return w.bytes()
 
 
+def prefill_embeddings(server, r):
+    """PREFILL_EMBEDDINGS (ABI v8): n rows of input embeddings appended as a prefill;
+    checked as the C++ adapter checks them (sizes, the model's n_embd, room, no grammar)."""
+    if not server.has_embeddings:
+        raise EngineError(P.TS_ERR_UNSUPPORTED, f"engine '{server.engine.name}' takes no input "
+                          "embeddings (ABI v8 TS_CAP_EMBEDDING_INPUT)")
+    h = server._session(r)
+    all_positions = r.i32("all_positions") != 0
+    n, n_embd, bidirectional = r.i32("n_tokens"), r.i32("n_embd"), r.i32("bidirectional") != 0
+    if n < 1 or n_embd < 1 or n * n_embd * 4 != r.remaining():
+        raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"prefill_embeddings: {n} x {n_embd} "
+                          f"floats do not match the {r.remaining()} bytes sent")
+    data = r.raw("embeddings", n * n_embd * 4)
+    r.finish()
+    session, n_vocab = server.sessions[h][:2]
+    want = _index(session.n_embd(), "n_embd()")
+    if n_embd != want:
+        raise EngineError(P.TS_ERR_INVALID_ARGUMENT, f"prefill_embeddings: n_embd {n_embd} is "
+                          f"not the model's embedding width {want}")
+    if h in server.grammars:
+        raise EngineError(P.TS_ERR_INVALID_ARGUMENT, "prefill_embeddings: a grammar is set on "
+                          "the session (grammars constrain tokens)")
+    before = _index(session.position(), "position()")
+    max_ctx = _index(session.max_context(), "max_context()")
+    if before + n > max_ctx:
+        raise EngineError(P.TS_ERR_CONTEXT_FULL, f"position {before} + {n} tokens exceeds max "
+                          f"context {max_ctx}")
+    server.rows.pop(h, None)
+    fn = "prefill_embeddings(all positions)" if all_positions else "prefill_embeddings"
+    out = session.prefill_embeddings(data, n_embd, bidirectional, all_positions)
+    data = f32_bytes(out, n_vocab * (n if all_positions else 1), fn)
+    server._appended(session, before, n, fn)
+    return [P.Writer().i32(P.TS_OK).bytes(), data]
+
+
 def _size_of(values):
     """Number of values in an array-like (NumPy size, buffer or nested sequence)."""
     if hasattr(values, "size") and not callable(values.size):
@@ -682,6 +728,7 @@ _HANDLERS = {
     P.SET_GRAMMAR: set_grammar,
     P.GRAMMAR_MASK: grammar_mask,
     P.GRAMMAR_GREEDY: grammar_greedy,
+    P.PREFILL_EMBEDDINGS: prefill_embeddings,
 }
 
 

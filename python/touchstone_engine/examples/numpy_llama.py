@@ -303,6 +303,7 @@ class LlamaSession(Session):
         self.k_cache = np.zeros((c.n_layer, self.max_ctx, kv_dim), F32)
         self.v_cache = np.zeros((c.n_layer, self.max_ctx, kv_dim), F32)
         self.pos = 0
+        self.block_end = 0  # > 0 inside a bidirectional prefill_embeddings: its end position
         self.taps_on = False
         self.taps = None
 
@@ -339,6 +340,22 @@ class LlamaSession(Session):
         x = self.forward(np.asarray(tokens, dtype=np.int64))
         return output_logits(self.m, x if all_positions else x[-1:])
 
+    def n_embd(self):
+        return self.m.c.n_embd
+
+    def prefill_embeddings(self, embeddings, n_embd, bidirectional, all_positions):
+        """ABI v8: rows given in place of looked-up tokens (no embedding scale); with
+        bidirectional, each row also attends to the block's later rows (Gemma 3's image
+        block: HF's token_type_ids mask OR'ed with the causal one, the sliding window
+        still applied to earlier keys)."""
+        rows = np.frombuffer(embeddings, dtype="<f4").reshape(-1, n_embd).astype(F32)
+        self.block_end = self.pos + rows.shape[0] if bidirectional else 0
+        try:
+            x = forward_segments(self.m, [(self, rows.shape[0])], None, rows)
+        finally:
+            self.block_end = 0
+        return output_logits(self.m, x if all_positions else x[-1:])
+
     def fork(self, n_prefix):
         """A new session whose cache holds this one's first n_prefix positions (copied)."""
         s = LlamaSession(self.m, self.max_ctx)
@@ -364,14 +381,14 @@ class LlamaSession(Session):
         t = np.arange(first, T)
         for i0 in range(0, n, QUERY_BLOCK):
             i1 = min(n, i0 + QUERY_BLOCK)
-            # keys after the block's last query, or before its first query's window,
-            # are masked anyway
-            end = p0 + i1 - first
+            # keys after the block's last query (the bidirectional block's end), or before
+            # its first query's window, are masked anyway
+            end = max(p0 + i1, self.block_end) - first
             lo = max(0, p0 + i0 - window + 1 - first) if window > 0 else 0
             qb = q[i0:i1].astype(dt).reshape(i1 - i0, c.n_head_kv, group, hd)
             s = (qb.transpose(1, 2, 0, 3) @ kT[..., lo:end]).astype(F64) * c.attn_scale
             pos = (p0 + np.arange(i0, i1))[:, None]
-            masked = t[None, lo:end] > pos
+            masked = t[None, lo:end] > np.maximum(pos, self.block_end - 1)
             if window > 0:
                 masked |= t[None, lo:end] < pos - window + 1
             s[:, :, masked] = -np.inf
@@ -433,9 +450,10 @@ def ffn_block(m, li, x):
     return rms_norm(f, L["post_ffw_norm"], c.eps) if c.post_norms else f
 
 
-def forward_segments(m, segments, tokens):
+def forward_segments(m, segments, tokens, rows=None):
     """The hidden rows of the concatenated tokens of several sequences in one pass:
-    segments = [(session, n_tokens)] in order, each appended at its own position.
+    segments = [(session, n_tokens)] in order, each appended at its own position
+    (rows: input embeddings in place of the tokens' looked-up ones).
     Every matrix product runs once over all the rows; attention runs per sequence
     over its own cache. Advances each session; returns x [len(tokens), n_embd]."""
     c = m.c
@@ -444,7 +462,7 @@ def forward_segments(m, segments, tokens):
         spans.append((session, session.pos, n, o))
         o += n
     positions = np.concatenate([np.arange(p0, p0 + n) for _, p0, n, _ in spans])
-    x = embed(m, tokens)
+    x = embed(m, tokens) if rows is None else rows
     taps = {i: np.zeros((c.n_layer, 3, c.n_embd), F32)
             for i, (s, _, _, _) in enumerate(spans) if s.taps_on}
     for li in range(c.n_layer):
