@@ -56,6 +56,22 @@ class FakeSession(Session):
         self.closed = True
 
 
+class EmbeddingSession(FakeSession):
+    """ABI v8 input embeddings of width 2: row i of the result is the row FakeSession
+    gives for a token equal to the sum of the embedding's two values (+ 100 when the
+    block is bidirectional)."""
+
+    def n_embd(self):
+        return 2
+
+    def prefill_embeddings(self, embeddings, n_embd, bidirectional, all_positions):
+        v = array("f")
+        v.frombytes(embeddings)
+        tokens = [int(v[i] + v[i + 1]) + (100 if bidirectional else 0)
+                  for i in range(0, len(v), n_embd)]
+        return self.prefill(tokens, all_positions)
+
+
 class GreedyTapsSession(FakeSession):
     def prefill_greedy(self, tokens):
         logits = self.prefill(tokens, False)
@@ -99,6 +115,10 @@ class FakeEngine(Engine):
 
     def open_session(self, model, options):
         return self.session_class(model, options)
+
+
+class EmbeddingEngine(FakeEngine):
+    session_class = EmbeddingSession
 
 
 class GreedyTapsEngine(FakeEngine):

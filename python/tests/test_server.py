@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import unittest
+from array import array
 
 import fake_engines as F
 from touchstone_engine import protocol as P
@@ -289,6 +290,62 @@ class GreedyAndTaps(ServerTest):
         self.assertEqual(r.f32s("taps", 6), [2.0] * 6)
         r = self.h.call(P.READ_TAPS, P.Writer().u64(s).u64(0).bytes())
         self.assertEqual(status(r), (P.TS_ERR_INTERNAL, "read_taps: n_floats 0 outside [1, 2^28]"))
+
+
+def f32(values):
+    return list(array("f", values))
+
+
+class Embeddings(ServerTest):
+    """ABI v8 PREFILL_EMBEDDINGS: declared at hello, checked as the C++ adapter checks."""
+    engine = F.EmbeddingEngine
+
+    def call(self, s, rows, n_embd=2, bidirectional=False, all_positions=True):
+        flat = [x for r in rows for x in r]
+        w = P.Writer().u64(s).i32(1 if all_positions else 0).i32(len(rows)).i32(n_embd)
+        w.i32(1 if bidirectional else 0).raw(struct.pack(f"<{len(flat)}f", *flat))
+        return self.h.call(P.PREFILL_EMBEDDINGS, w.bytes())
+
+    def test_hello_and_capabilities(self):
+        self.assertTrue(self.info.embeddings)
+        self.assertFalse(self.info.vision)
+        r = self.h.call(P.CAPABILITIES)
+        r.i32("status")
+        flags = P.Capabilities.decode(r).flags
+        self.assertTrue(flags & P.TS_CAP_EMBEDDING_INPUT)
+        self.assertFalse(flags & P.TS_CAP_MULTIMODAL)
+
+    def test_rows_reach_the_session(self):
+        s = self.session()
+        r = self.call(s, [[1.0, 2.0], [0.5, 0.5]])
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(r.f32s("logits", 2 * F.N_VOCAB), f32(F.row(3, 0) + F.row(1, 1)))
+        r = self.call(s, [[1.0, 1.0]], bidirectional=True, all_positions=False)
+        self.assertEqual(r.i32("status"), P.TS_OK)
+        self.assertEqual(r.f32s("logits", F.N_VOCAB), f32(F.row(102, 2)))
+        r = self.h.call(P.POSITION, P.Writer().u64(s).bytes())
+        self.assertEqual((r.i32("status"), r.i32("position")), (P.TS_OK, 3))
+
+    def test_checks(self):
+        s = self.session(max_context=2)
+        self.assertEqual(status(self.call(s, [[1.0, 2.0, 3.0]], n_embd=3)), (
+            P.TS_ERR_INVALID_ARGUMENT,
+            "prefill_embeddings: n_embd 3 is not the model's embedding width 2"))
+        self.assertEqual(status(self.call(s, [[1.0, 2.0]] * 3)), (
+            P.TS_ERR_CONTEXT_FULL, "position 0 + 3 tokens exceeds max context 2"))
+        w = P.Writer().u64(s).i32(0).i32(2).i32(2).i32(0).raw(struct.pack("<3f", 1, 2, 3))
+        self.assertEqual(status(self.h.call(P.PREFILL_EMBEDDINGS, w.bytes())), (
+            P.TS_ERR_INVALID_ARGUMENT,
+            "prefill_embeddings: 2 x 2 floats do not match the 12 bytes sent"))
+
+
+class NoEmbeddings(ServerTest):
+    def test_refused_and_not_declared(self):
+        self.assertFalse(self.info.embeddings)
+        s = self.session()
+        w = P.Writer().u64(s).i32(0).i32(1).i32(2).i32(0).raw(struct.pack("<2f", 1, 2))
+        self.assertEqual(status(self.h.call(P.PREFILL_EMBEDDINGS, w.bytes()))[0],
+                         P.TS_ERR_UNSUPPORTED)
 
 
 def batch(entries):
