@@ -190,6 +190,8 @@ json case_json(const CaseResult& c) {
     cj["preprocess_max_abs"] = finite(c.preprocess_max_abs);
     cj["preprocess_max_levels"] = finite(c.preprocess_max_levels);
     if (!c.preprocess_shape.empty()) cj["preprocess_shape"] = c.preprocess_shape;
+    if (!c.preprocess_matching_filter.empty())
+      cj["preprocess_matching_filter"] = c.preprocess_matching_filter;
   }
   cj["first_layer_divergence"] = layer_json(c.first_layer_divergence);
   cj["series"] = case_series_json(c);

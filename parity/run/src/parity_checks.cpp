@@ -67,12 +67,21 @@ void check_preprocess(const Inputs& in, BackendHost& host, const GoldenCase& g, 
       r.preprocess_max_abs = p.max_abs;
       r.preprocess_max_levels = p.max_levels;
       if (!p.passed()) {
+        r.preprocess_matching_filter = p.matching_filter;
+        const std::string why =
+            p.matching_filter.empty()
+                ? "none of Pillow's resampling filters reproduces it (another geometry: "
+                  "padding, cropping or tiling)"
+                : fmt::format(
+                      "the processor resizing with {} instead reproduces it within one "
+                      "level (a resampling-filter bug)",
+                      p.matching_filter);
         r.failures.push_back(fmt::format(
             "multimodal.preprocess: the backend's pixel tensor differs from the processor's: "
             "max |diff| {:.3g} ({:.1f} 8-bit levels > {:g}), NMSE {:.3e}, {} frame(s) of 3 x {} x "
-            "{}",
+            "{}; {}",
             p.max_abs, p.max_levels, PreprocessCheck::kMaxLevels, p.nmse, p.n_frames, p.height,
-            p.width));
+            p.width, why));
         r.violations.push_back({"preprocess", p.max_levels, PreprocessCheck::kMaxLevels});
       }
     }

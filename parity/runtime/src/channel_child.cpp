@@ -168,10 +168,7 @@ class ChildChannel final : public BackendChannel {
   void rewind(Handle s, int32_t p) override {
     Writer w;
     w.u64(s).i32(p);
-    auto reply = call(Op::kRewind, w, kMaxErrorReply);
-    Reader r(reply, "rewind reply");
-    ok_or_throw(r, "rewind");
-    r.finish();
+    status_call(Op::kRewind, w, "rewind");
   }
   int32_t position(Handle s) override {
     Writer w;
@@ -182,10 +179,7 @@ class ChildChannel final : public BackendChannel {
     if (!info_.taps) throw Error("{}: backend has no layer taps (ABI v4)", info_.name);
     Writer w;
     w.u64(s).i32(enable ? 1 : 0);
-    auto reply = call(Op::kSetTaps, w, kMaxErrorReply);
-    Reader r(reply, "set_taps reply");
-    ok_or_throw(r, "set_taps");
-    r.finish();
+    status_call(Op::kSetTaps, w, "set_taps");
   }
   void read_taps(Handle s, std::span<float> out) override {
     if (!info_.taps) throw Error("{}: backend has no layer taps (ABI v4)", info_.name);
@@ -248,6 +242,13 @@ class ChildChannel final : public BackendChannel {
                                   out.size_bytes(), out.size()));
     }
     r.f32s("logits", out);
+  }
+  // A call whose reply is its status only.
+  void status_call(Op op, const Writer& w, const char* what) {
+    auto reply = call(op, w, kMaxErrorReply);
+    Reader r(reply, fmt::format("{} reply", what));
+    ok_or_throw(r, what);
+    r.finish();
   }
   int32_t i32_call(Op op, const Writer& w, const char* what, const char* field) {
     auto reply = call(op, w, kMaxErrorReply);
@@ -327,10 +328,7 @@ void ChildChannel::set_grammar(Handle s, const ts_grammar* g) {
   if (!info_.grammar) BackendChannel::set_grammar(s, g);
   Writer w;
   w.u64(s).i32(g ? int32_t(g->kind) : -1).str(g && g->text ? g->text : "");
-  auto reply = call(Op::kSetGrammar, w, kMaxErrorReply);
-  Reader r(reply, "set_grammar reply");
-  ok_or_throw(r, "set_grammar");
-  r.finish();
+  status_call(Op::kSetGrammar, w, "set_grammar");
 }
 
 void ChildChannel::grammar_mask(Handle s, std::span<uint32_t> out) {
@@ -375,10 +373,7 @@ void ChildChannel::load_vision(Handle m, const std::string& path) {
   if (!info_.vision) BackendChannel::load_vision(m, path);
   Writer w;
   w.u64(m).str(path);
-  auto reply = call(Op::kLoadVision, w, kMaxErrorReply);
-  Reader r(reply, "load_vision reply");
-  ok_or_throw(r, "load_vision");
-  r.finish();
+  status_call(Op::kLoadVision, w, "load_vision");
 }
 
 void ChildChannel::encode_image(Handle m, ts_image_format format, std::span<const uint8_t> data,
@@ -423,10 +418,7 @@ void ChildChannel::set_vision_options(Handle m, const std::string& fault) {
   if (!info_.vision_options) BackendChannel::set_vision_options(m, fault);
   Writer w;
   w.u64(m).str(fault);
-  auto reply = call(Op::kSetVisionOptions, w, kMaxErrorReply);
-  Reader r(reply, "set_vision_options reply");
-  ok_or_throw(r, "set_vision_options");
-  r.finish();
+  status_call(Op::kSetVisionOptions, w, "set_vision_options");
 }
 
 // A capability flag of ABI v6 that claims a call the hello said is missing is a

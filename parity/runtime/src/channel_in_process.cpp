@@ -228,28 +228,14 @@ class InProcessChannel final : public BackendChannel {
   void encode_image(Handle m, ts_image_format format, std::span<const uint8_t> data, int32_t height,
                     int32_t width, std::span<float> out) override {
     if (!info_.vision) BackendChannel::encode_image(m, format, data, height, width, out);
-    check_image_bytes(format, data.size(), height, width);
-    ts_image img{};
-    img.struct_size = sizeof img;
-    img.format = format;
-    img.data = data.data();
-    img.channels = 3;
-    img.height = height;
-    img.width = width;
+    const ts_image img = image_of(format, data, height, width);
     check(api_->encode_image(model(m), &img, out.data(), int64_t(out.size())), "encode_image");
   }
   // ABI v9: the shape first (pixels_out NULL), then the tensor.
   PixelTensor preprocess_image(Handle m, std::span<const uint8_t> rgb, int32_t height,
                                int32_t width) override {
     if (!info_.preprocess) return BackendChannel::preprocess_image(m, rgb, height, width);
-    check_image_bytes(TS_IMAGE_RGB8, rgb.size(), height, width);
-    ts_image img{};
-    img.struct_size = sizeof img;
-    img.format = TS_IMAGE_RGB8;
-    img.data = rgb.data();
-    img.channels = 3;
-    img.height = height;
-    img.width = width;
+    const ts_image img = image_of(TS_IMAGE_RGB8, rgb, height, width);
     ts_pixel_shape shape{};
     shape.struct_size = sizeof shape;
     check(api_->preprocess_image(model(m), &img, &shape, nullptr, 0), "preprocess_image");
@@ -325,6 +311,19 @@ class InProcessChannel final : public BackendChannel {
 
   void need_taps() const {
     if (!info_.taps) throw Error("{}: backend has no layer taps (ABI v4)", info_.name);
+  }
+  // A 3-channel ts_image over `data` (its byte count checked).
+  static ts_image image_of(ts_image_format format, std::span<const uint8_t> data, int32_t height,
+                           int32_t width) {
+    check_image_bytes(format, data.size(), height, width);
+    ts_image img{};
+    img.struct_size = sizeof img;
+    img.format = format;
+    img.data = data.data();
+    img.channels = 3;
+    img.height = height;
+    img.width = width;
+    return img;
   }
   static ts_model* model(Handle h) { return reinterpret_cast<ts_model*>(h); }
   static ts_session* session(Handle h) { return reinterpret_cast<ts_session*>(h); }

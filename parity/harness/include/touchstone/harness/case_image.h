@@ -55,6 +55,11 @@ struct PreprocessCheck {
   int32_t want_frames = 0, want_height = 0, want_width = 0;  // the processor's
   double nmse = 0.0, max_abs = 0.0;
   double max_levels = 0.0;  // max |diff| in levels (rescale_factor / the channel's std)
+  // Where it fails with the right shape: the resampling filter with which the processor
+  // reproduces the backend's tensor within one level ("bicubic": the backend resizes
+  // with bicubic where the processor does not), or "" when none of Pillow's five does
+  // (another geometry: padding, cropping, tiling).
+  std::string matching_filter;
   bool same_shape() const {
     return n_frames == want_frames && height == want_height && width == want_width;
   }

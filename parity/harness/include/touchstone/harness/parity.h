@@ -166,9 +166,12 @@ struct CaseResult {
   std::string encoder_preprocessing;
   // multimodal.preprocess (ABI v9 preprocess_image; docs/vision.md): the backend's pixel
   // tensor against the processor's: NMSE, max |diff| and max |diff| in 8-bit levels (NaN =
-  // not run); preprocess_shape: "F x 3 x H x W (want F' x 3 x H' x W')" when they differ.
+  // not run); preprocess_shape: the backend's shape and the processor's when they differ.
   double preprocess_nmse = NAN, preprocess_max_abs = NAN, preprocess_max_levels = NAN;
   std::string preprocess_shape;
+  // A failing tensor of the right shape: the filter with which the processor reproduces it
+  // ("" = none; PreprocessCheck::matching_filter).
+  std::string preprocess_matching_filter;
   int topn_missing_max = 0;       // most reference top-K tokens absent from one returned row
   std::vector<DriftPoint> drift;  // serving checks: one per configuration run
 };
