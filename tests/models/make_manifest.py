@@ -4,9 +4,10 @@ e.g. tests/models/moe, the mixture-of-experts models): one manifest model per co
 (tests/models/*.gguf, pinned by SHA256SUMS, found by a manifest-relative "path"),
 two cases and a short scoring passage each. A model with an mmproj beside it
 (mmproj-<name>.gguf, tests/models/vision) also gets one image case per PNG in images/
-(docs/vision.md), the image between Gemma 3's <start_of_image> and <end_of_image>. Goldens: `touchstone golden --manifest
-tests/models/manifest.json` (tests/models/goldens/<name>.h5). The profiles are the
-project's (goldens/manifest.json)."""
+(docs/vision.md) with its family's prompt and choices (VISION below). Goldens: `touchstone
+golden --manifest tests/models/manifest.json` (tests/models/goldens/<name>.h5), which also
+pins each golden's sha256 in the manifest. The profiles are the project's
+(goldens/manifest.json)."""
 import json, os, sys
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,6 +22,20 @@ images = sorted(os.listdir(os.path.join(here, "images"))) if os.path.isdir(
     os.path.join(here, "images")) else []
 
 
+# Vision-language models, by name prefix: the image prompt (the placeholder where the
+# processor's image text goes), whether the model gets the one_token text case, and the
+# images it leaves out. Gemma 3: the image between <start_of_image> and <end_of_image>;
+# Idefics3: SmolVLM's chat layout, no one_token (its image cases fill the plan), and every
+# image (strip-240x24 is a tile-grid case: Gemma 3 only stretches it).
+VISION = {
+    "gemma3vl": {"prompt": "Look at this: <start_of_image><image><end_of_image> It shows",
+                 "one_token": True, "skip": ("strip-",)},
+    "idefics3vl": {"prompt": "User:<image>Describe this image.\nAssistant:",
+                   "one_token": False, "skip": ()},
+}
+TEXT = {"prompt": "", "one_token": True, "skip": ()}
+
+
 def sha256_of(path):
     import hashlib
     with open(path, "rb") as f:
@@ -32,17 +47,20 @@ for name in sorted(sums):
     if name.startswith("mmproj-"):  # a vision tower, not a text model
         continue
     m = name[:-len(".gguf")]
+    family = next((v for k, v in VISION.items() if m.startswith(k)), TEXT)
     models.append({"name": m, "path": name, "filename": name, "sha256": sums[name],
                    "golden": f"goldens/{m}.h5"})
     cases.append({"name": f"{m}.story", "model": m, "prompt": "Once upon a time, in a small village",
                   "n_predict": 16})
-    cases.append({"name": f"{m}.one_token", "model": m, "prompt": "The", "n_predict": 16})
+    if family["one_token"]:
+        cases.append({"name": f"{m}.one_token", "model": m, "prompt": "The", "n_predict": 16})
     scoring.append({"name": f"{m}.passage", "model": m, "text_file": "passages/short.txt"})
     mmproj = f"mmproj-{name}"
     for png in images if mmproj in sums else []:
+        if png.startswith(family["skip"]):
+            continue
         cases.append({"name": f"{m}.image-{png[:-len('.png')]}", "model": m,
-                      "prompt": "Look at this: <start_of_image><image><end_of_image> It shows",
-                      "n_predict": 8, "tags": ["image"],
+                      "prompt": family["prompt"], "n_predict": 8, "tags": ["image"],
                       "image": {"file": f"images/{png}",
                                 "sha256": sha256_of(os.path.join(here, "images", png)),
                                 "mmproj": mmproj, "mmproj_sha256": sums[mmproj]}})
