@@ -45,6 +45,12 @@
  *                       as the processor does (1/255, mean = std = 0.5); its
  *                       preprocess_image returns that tensor (must fail
  *                       multimodal.preprocess)
+ *   preprocess_nan      preprocess_image's tensor has a NaN (the first value)
+ *   preprocess_frames   preprocess_image claims one frame more than the reference's
+ *                       (and writes the reference's tensor twice over the first frame:
+ *                       a tiler that adds a view)
+ *   preprocess_huge     preprocess_image claims a shape of 2^30 values (the harness
+ *                       must refuse it before allocating)
  * Consistency faults (always on; each breaks one golden-free check):
  *   rewind_noop      rewind returns TS_OK without truncating the KV cache
  *   prefill_all_skew all-position prefill rows but the last scaled by 1 + 1e-3
@@ -314,8 +320,37 @@ static ts_status bad_encode_image(ts_model* m, const ts_image* img, float* out, 
   return st;
 }
 
+/* preprocess_nan / preprocess_frames / preprocess_huge: the reference's tensor, then the lie. */
+static ts_status lying_pixels(ts_model* m, const ts_image* img, ts_pixel_shape* shape, float* out,
+                              int64_t n_floats) {
+  ts_status st = g_ref->preprocess_image(m, img, shape, NULL, 0);
+  if (st != TS_OK) return st;
+  const int64_t frame = (int64_t)shape->channels * shape->height * shape->width;
+  const int64_t n = frame * shape->n_frames;
+  if (is_mode("preprocess_huge")) {
+    shape->n_frames = (int32_t)(((int64_t)1 << 30) / frame + 1);
+    return TS_OK; /* the harness must not ask for the values */
+  }
+  if (is_mode("preprocess_frames")) {
+    if (out && n_floats != n + frame) {
+      g_error = "bad backend: preprocess_image: n_floats is not the claimed size";
+      return TS_ERR_INVALID_ARGUMENT;
+    }
+    if (out) st = g_ref->preprocess_image(m, img, shape, out + frame, n);
+    if (out && st == TS_OK) memcpy(out, out + frame, (size_t)frame * sizeof(float));
+    shape->n_frames += 1;
+    return st;
+  }
+  if (!out) return TS_OK;
+  st = g_ref->preprocess_image(m, img, shape, out, n_floats);
+  if (st == TS_OK) out[0] = NAN; /* preprocess_nan */
+  return st;
+}
+
 static ts_status bad_preprocess_image(ts_model* m, const ts_image* img, ts_pixel_shape* shape,
                                       float* out, int64_t n_floats) {
+  if (is_mode("preprocess_nan") || is_mode("preprocess_frames") || is_mode("preprocess_huge"))
+    return lying_pixels(m, img, shape, out, n_floats);
   if (!is_mode("preprocess_nearest")) return g_ref->preprocess_image(m, img, shape, out, n_floats);
   int32_t s = 0;
   float* px = nearest_tensor(img, &s);

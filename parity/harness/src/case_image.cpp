@@ -7,6 +7,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <fmt/format.h>
+
 #include "touchstone/common/error.h"
 #include "touchstone/golden/golden.h"
 #include "touchstone/vision/image.h"
@@ -137,6 +139,16 @@ void compare_pixels(const std::vector<vision::PixelValues>& frames, const std::v
     }
   }
   r.nmse = den > 0.0 ? num / den : (num > 0.0 ? INFINITY : 0.0);
+  if (std::isnan(r.nmse)) r.nmse = INFINITY;
+}
+
+// Where the first non-finite value of `got` sits (frames of 3 x h x w), "" = none.
+std::string first_non_finite(const std::vector<float>& got, int32_t h, int32_t w) {
+  const auto it = std::find_if(got.begin(), got.end(), [](float v) { return !std::isfinite(v); });
+  if (it == got.end()) return "";
+  const size_t i = size_t(it - got.begin()), plane = size_t(h) * size_t(w);
+  return fmt::format("frame {}, channel {}, y {}, x {}", i / (3 * plane), i / plane % 3,
+                     i % plane / size_t(w), i % size_t(w));
 }
 
 }  // namespace
@@ -156,6 +168,8 @@ PreprocessCheck check_case_preprocess(const Manifest& manifest, const ManifestCa
   if (!r.same_shape()) return r;
   compare_pixels(p.image.frames, t.values, p.tower.std, r);
   if (r.passed()) return r;
+  r.non_finite = first_non_finite(t.values, t.height, t.width);
+  if (!r.non_finite.empty()) return r;
   // Why: the processor again with each of Pillow's filters in place of its own.
   for (const vision::Filter f :
        {vision::Filter::Box, vision::Filter::Bilinear, vision::Filter::Hamming,

@@ -69,7 +69,8 @@ void check_preprocess(const Inputs& in, BackendHost& host, const GoldenCase& g, 
       if (!p.passed()) {
         r.preprocess_matching_filter = p.matching_filter;
         const std::string why =
-            p.matching_filter.empty()
+            !p.non_finite.empty() ? fmt::format("a non-finite value at {}", p.non_finite)
+            : p.matching_filter.empty()
                 ? "none of Pillow's resampling filters reproduces it (another geometry: "
                   "padding, cropping or tiling)"
                 : fmt::format(

@@ -60,6 +60,8 @@ struct PreprocessCheck {
   // with bicubic where the processor does not), or "" when none of Pillow's five does
   // (another geometry: padding, cropping, tiling).
   std::string matching_filter;
+  // The first value that is NaN or infinite: "frame F, channel C, y Y, x X" ("" = none).
+  std::string non_finite;
   bool same_shape() const {
     return n_frames == want_frames && height == want_height && width == want_width;
   }
