@@ -19,6 +19,15 @@ struct FaultSupport {
   bool image_split = false;      // image_split_position_reset
 };
 
+// parse_fault, with an unknown name as TS_ERR_UNSUPPORTED naming it and the catalog.
+inline touchstone::Faults catalog_fault(const std::string& name) {
+  try {
+    return touchstone::parse_fault(name);
+  } catch (const touchstone::Error& e) {
+    throw StatusError(TS_ERR_UNSUPPORTED, e.what());
+  }
+}
+
 // The catalog entry named by `name` (NULL or "" = no fault). An unknown name
 // is TS_ERR_UNSUPPORTED naming it and the catalog (parse_fault's message); so
 // is a fault of a group the backend does not implement (`support`): a
@@ -26,12 +35,7 @@ struct FaultSupport {
 // fault or an attention-sink fault unless it implements those. Whether the backend
 // implements any other fault is the backend's own check.
 inline touchstone::Faults session_fault(const char* name, FaultSupport support = {}) {
-  touchstone::Faults f;
-  try {
-    f = touchstone::parse_fault(name ? name : "");
-  } catch (const touchstone::Error& e) {
-    throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-  }
+  const touchstone::Faults f = catalog_fault(name ? name : "");
   if (f.grammar() && !support.grammar) {
     throw StatusError(TS_ERR_UNSUPPORTED,
                       "fault '" + f.name +
@@ -67,12 +71,7 @@ inline touchstone::Faults session_fault(const char* name, FaultSupport support =
 // The fault for a backend's vision path (ts_vision_options.fault, ABI v9; "" = none): a
 // vision-path fault of the catalog (Faults::vision_path), else TS_ERR_UNSUPPORTED naming it.
 inline touchstone::Faults vision_fault(const std::string& name) {
-  touchstone::Faults f;
-  try {
-    f = touchstone::parse_fault(name);
-  } catch (const touchstone::Error& e) {
-    throw StatusError(TS_ERR_UNSUPPORTED, e.what());
-  }
+  const touchstone::Faults f = catalog_fault(name);
   if (!name.empty() && !f.vision_path())
     throw StatusError(TS_ERR_UNSUPPORTED, "set_vision_options: fault '" + name +
                                               "' is not a vision-path fault (those go to a "
